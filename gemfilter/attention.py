@@ -1,0 +1,101 @@
+"""The single integration point: an attention wrapper registered with transformers.
+
+transformers 5.x looks an attention kernel up by ``config._attn_implementation`` in
+``AttentionInterface`` and the matching mask builder in ``AttentionMaskInterface``. We register a
+wrapper under ``"gemfilter_<base>"`` in *both* (the mask builder is the base kernel's own one;
+without it padding and sliding windows are silently dropped), and switch the model to that name
+only inside :func:`wrapped_attention`, which restores the original name in ``finally``.
+
+The wrapper is stateless. Per-call state travels as the forward keyword ``gemfilter_state``,
+which transformers passes through every decoder layer to the attention kernel. A state object
+implements ``attention(module, query, key, value, attention_mask, base, **kwargs)``.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from contextlib import contextmanager
+
+STATE_KWARG = "gemfilter_state"
+_PREFIX = "gemfilter_"
+
+
+class FilterLayerReached(Exception):
+    """Private early exit: raised inside the filter layer once its q and k exist."""
+
+    def __init__(self, payload):
+        super().__init__("filter layer reached")
+        self.payload = payload
+
+
+def _base_kernel(base: str, module):
+    """The attention function the model would have used without us."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if base == "eager":
+        # "eager" is not in the global interface: each model file defines its own
+        # ``eager_attention_forward`` (Gemma's has soft-capping, for example). Use the model's own.
+        fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if fn is None:
+            raise TypeError(f"{type(module).__name__}'s module defines no eager_attention_forward to delegate to")
+        return fn
+    return ALL_ATTENTION_FUNCTIONS[base]
+
+
+def _make_wrapper(base: str):
+    def gemfilter_attention(module, query, key, value, attention_mask, **kwargs):
+        state = kwargs.pop(STATE_KWARG, None)
+        kernel = _base_kernel(base, module)
+        if state is None:
+            return kernel(module, query, key, value, attention_mask, **kwargs)
+        return state.attention(module, query, key, value, attention_mask, kernel, **kwargs)
+
+    gemfilter_attention.__name__ = f"{_PREFIX}{base}"
+    return gemfilter_attention
+
+
+def register(base: str) -> str:
+    """Register the wrapper around ``base`` (sdpa, eager, flash_attention_2, ...) and return its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    name = f"{_PREFIX}{base}"
+    if base not in ALL_MASK_ATTENTION_FUNCTIONS:
+        allowed = ", ".join(sorted(k for k in ALL_MASK_ATTENTION_FUNCTIONS if not k.startswith(_PREFIX)))
+        raise ValueError(f"attention implementation {base!r} has no mask builder in transformers; allowed: {allowed}")
+    AttentionInterface.register(name, _make_wrapper(base))
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+    return name
+
+
+def check_dispatch(model) -> None:
+    """Raise TypeError unless the model's attention goes through ``AttentionInterface``."""
+    can_set = getattr(type(model), "_can_set_attn_implementation", None)
+    ok = bool(can_set()) if callable(can_set) else False
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if not ok or impl is None:
+        raise TypeError(
+            f"{type(model).__name__} does not dispatch its attention through transformers' AttentionInterface, "
+            "so GemFilter cannot hook it. Supported: models whose attention calls "
+            "ALL_ATTENTION_FUNCTIONS.get_interface(...) (Llama, Mistral, Qwen2, Phi3, Gemma3 and most current "
+            "decoder-only models in transformers 5.x)."
+        )
+
+
+@contextmanager
+def wrapped_attention(model):
+    """Switch ``model`` to the wrapper around its current kernel; restore it on exit, errors included."""
+    check_dispatch(model)
+    base = model.config._attn_implementation
+    if base.startswith(_PREFIX):  # nested use: already wrapped
+        yield base
+        return
+    name = register(base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.set_attn_implementation(name)
+    try:
+        yield name
+    finally:
+        model.set_attn_implementation(base)

@@ -1,0 +1,48 @@
+"""Default filter layers: the paper's choices, the embedded model's measured one, and a rule.
+
+Paper (Shi et al. 2024, Sec. 9.4): Llama 3.1 8B -> 13 of 32 (13-25 all robust), Mistral Nemo 12B -> 19
+of 40, Phi 3.5 Mini -> 19 of 32, all 0-based. Layer choice rule from the paper: the first layer whose
+top-k reaches the needle (Fig. 9.5); ``gemfilter calibrate`` (when present) automates it.
+
+Rule for unknown models: the first full-attention layer at or after ceil(0.4 * m). That gives 13 for
+a 32-layer Llama, the paper's choice, and skips sliding-window layers, whose q.k beyond the window
+was never trained to mean anything.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .selection import num_layers, sliding_window_of
+
+EMBEDDED_DIR_NAME = "gemma3-270m-dequantized"
+
+#: name_or_path (lower-cased, or a suffix of it) -> 0-based filter layer.
+PAPER_LAYERS = {
+    "meta-llama/llama-3.1-8b-instruct": 13,
+    "meta-llama/meta-llama-3.1-8b-instruct": 13,
+    "mistralai/mistral-nemo-instruct-2407": 19,
+    "microsoft/phi-3.5-mini-instruct": 19,
+    # Embedded Gemma 3 270M (18 layers; full attention at 5, 11, 17): 11, measured on the Kamradt
+    # needle (README, "Choosing the embedded model's layer").
+    EMBEDDED_DIR_NAME: 11,
+}
+
+
+def rule_layer(model) -> int:
+    """First full-attention layer at or after ceil(0.4 m); the last layer if none is full-attention."""
+    m = num_layers(model)
+    start = min(math.ceil(0.4 * m), m - 1)
+    for layer in range(start, m):
+        if sliding_window_of(model, layer) is None:
+            return layer
+    return start
+
+
+def default_layer(model) -> int:
+    """The documented default for this model: the table above, else :func:`rule_layer`."""
+    name = str(getattr(model.config, "name_or_path", "") or getattr(model, "name_or_path", "")).rstrip("/").lower()
+    for key, layer in PAPER_LAYERS.items():
+        if name == key or name.endswith("/" + key) or name.endswith(key):
+            return layer
+    return rule_layer(model)

@@ -1,0 +1,218 @@
+"""GemFilter's filter pass: run the first r layers, score tokens from layer r's q and k, keep top-k.
+
+Paper: Shi et al. 2024, "Discovering the Gems in Early Layers", Algorithm 2, steps 1-4.
+The pass stops *inside* layer r, as soon as its post-RoPE query and key exist, and keeps no KV
+cache: layers r+1..m-1 and layer r's own attention kernel never run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .attention import STATE_KWARG, FilterLayerReached, wrapped_attention
+
+
+@dataclass
+class Selection:
+    """Result of a filter pass.
+
+    indices: one ascending LongTensor per batch row, positions into that row of ``input_ids``.
+    scores: (b, n) float32 pooled scores; padding positions are -inf.
+    layer: the filter layer used.
+    kept_ids: one LongTensor of kept token ids per row.
+    """
+
+    indices: list
+    scores: torch.Tensor
+    layer: int
+    kept_ids: list
+
+    def kept_text(self, tokenizer) -> list:
+        return [tokenizer.decode(ids, skip_special_tokens=False) for ids in self.kept_ids]
+
+
+def last_row_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """Raw score_j = sum_h q_last,h . k_j,h, no softmax, no 1/sqrt(d).
+
+    query: (b, h, n, d) post-RoPE; key: (b, h_kv, n, d) post-RoPE, h = g * h_kv (GQA).
+    Returns (b, n) float32. Summing the g query heads of a group before the dot product equals
+    repeating the keys to h heads, and needs no (b, h, n, d) copy of the keys.
+    """
+    b, h, _, d = query.shape
+    h_kv = key.shape[1]
+    q_last = query[:, :, -1, :].float().reshape(b, h_kv, h // h_kv, d).sum(2)  # (b, h_kv, d)
+    return torch.einsum("bkd,bknd->bn", q_last, key.float())
+
+
+def pool_scores(scores: torch.Tensor, valid: torch.Tensor, kernel: int) -> torch.Tensor:
+    """avg_pool1d with stride 1 and zero padding kernel//2, per row; padding tokens end at -inf.
+
+    scores: (b, n); valid: (b, n) bool. Padding scores are zeroed before pooling so a left-padded row
+    pools exactly as it would alone (where the padding of avg_pool1d supplies the zeros).
+    """
+    x = scores.masked_fill(~valid, 0.0)
+    if kernel > 1:
+        x = F.avg_pool1d(x.unsqueeze(1), kernel_size=kernel, stride=1, padding=kernel // 2).squeeze(1)
+    return x.masked_fill(~valid, float("-inf"))
+
+
+def topk_sorted(scores: torch.Tensor, valid: torch.Tensor, topk: int) -> list:
+    """Per row: indices of the top min(topk, #valid) scores, sorted ascending."""
+    out = []
+    for row, ok in zip(scores, valid):
+        k = min(topk, int(ok.sum()))
+        out.append(torch.topk(row, k).indices.sort().values)
+    return out
+
+
+def text_config(model):
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def num_layers(model) -> int:
+    return int(text_config(model).num_hidden_layers)
+
+
+def sliding_window_of(model, layer: int):
+    """The window of ``layer`` if it is a sliding-window layer, else None."""
+    cfg = text_config(model)
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if window is None:
+        return None
+    if types is not None:
+        return window if types[layer] == "sliding_attention" else None
+    return window  # e.g. Mistral: one window for every layer
+
+
+def as_batch(input_ids, attention_mask=None):
+    """Turn a (b, n) tensor, a 1-D tensor or a list of token lists into a (b, n) LongTensor.
+
+    Rows of unequal length are refused: padding is the tokenizer's job (padding_side='left'), and it
+    must come with the attention_mask that says which tokens are padding.
+    """
+    if isinstance(input_ids, (list, tuple)):
+        rows = [list(r) for r in input_ids] if input_ids and isinstance(input_ids[0], (list, tuple)) else [list(input_ids)]
+        lengths = sorted({len(r) for r in rows})
+        if len(lengths) > 1 and attention_mask is None:
+            raise ValueError(
+                f"batch rows have unequal lengths {lengths} and no attention_mask: left-pad them "
+                "(tokenizer(..., padding=True) with padding_side='left') and pass the attention_mask"
+            )
+        if len(lengths) > 1:
+            raise ValueError(f"batch rows have unequal lengths {lengths}: pad them to one length first")
+        input_ids = torch.tensor(rows, dtype=torch.long)
+    if torch.is_tensor(input_ids) and input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+    if torch.is_tensor(attention_mask) and attention_mask.dim() == 1:
+        attention_mask = attention_mask.unsqueeze(0)
+    return input_ids, attention_mask
+
+
+def check_inputs(model, input_ids, attention_mask, layer, topk, kernel=5):
+    """Validate user input; raise ValueError/TypeError saying what is wrong and what is allowed."""
+    if not torch.is_tensor(input_ids) or input_ids.dtype not in (torch.long, torch.int, torch.int32):
+        raise TypeError(f"input_ids must be an integer torch.Tensor of shape (batch, seq), got {type(input_ids).__name__}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape (batch, seq); got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: input_ids has 0 tokens; give at least one token")
+    m = num_layers(model)
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise TypeError(f"layer must be an int in [0, {m}), got {layer!r}")
+    if not 0 <= layer < m:
+        raise ValueError(f"layer={layer} is outside [0, {m}): this model has {m} decoder layers (0-based)")
+    if isinstance(topk, bool) or not isinstance(topk, int):
+        raise TypeError(f"topk must be an int >= 1, got {topk!r}")
+    if topk < 1:
+        raise ValueError(f"topk={topk} must be >= 1 (the number of prompt tokens to keep)")
+    if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
+        raise ValueError(f"kernel={kernel!r} must be an odd int >= 1 (the paper uses 5)")
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}"
+            )
+        valid = attention_mask.bool()
+        if not valid[:, -1].all():
+            raise ValueError("padding must be on the left (tokenizer.padding_side = 'left'): the last token of every row must be real")
+        if (valid.sum(1) == 0).any():
+            raise ValueError("the prompt is empty: a batch row has no real tokens in attention_mask")
+    window = sliding_window_of(model, layer)
+    if window is not None:
+        warnings.warn(
+            f"filter layer {layer} is a sliding-window layer (window {window}). It was trained to attend only to "
+            f"the last {window} tokens, so its q.k for farther tokens is not a learned relevance signal and the "
+            "selection may miss distant evidence. Prefer a full-attention layer.",
+            stacklevel=3,
+        )
+    return m
+
+
+class _SelectState:
+    """Per-call state of one filter pass: stops the forward inside ``layer``."""
+
+    def __init__(self, layer: int, score_fn):
+        self.layer = layer
+        self.score_fn = score_fn
+
+    def attention(self, module, query, key, value, attention_mask, kernel, **kwargs):
+        if getattr(module, "layer_idx", None) == self.layer:
+            raise FilterLayerReached(self.score_fn(query, key))
+        return kernel(module, query, key, value, attention_mask, **kwargs)
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids as ``generate`` makes them: 0.. over real tokens, 0 on left padding."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: int, kernel: int = 5, score_fn=None):
+    """GemFilter selection (Algorithm 2, steps 1-4).
+
+    Parameters
+    ----------
+    model: a transformers causal LM whose attention dispatches through AttentionInterface.
+    input_ids: (b, n) long. Rows of unequal length must be left-padded and come with attention_mask.
+    attention_mask: (b, n) 0/1 or None.
+    layer: 0-based filter layer r in [0, m).
+    topk: tokens to keep per row (capped at the row's length).
+    kernel: odd avg-pool width (paper: 5).
+    score_fn: (query (b,h,n,d), key (b,h_kv,n,d)) -> (b, n) raw scores; default: last-row q.k.
+
+    Returns a :class:`Selection`.
+    """
+    input_ids, attention_mask = as_batch(input_ids, attention_mask)
+    check_inputs(model, input_ids, attention_mask, layer, topk, kernel)
+    score_fn = score_fn or last_row_scores
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device).long()
+    valid = mask.bool()
+    backbone = model.base_model
+    with wrapped_attention(model), torch.no_grad():
+        try:
+            backbone(
+                input_ids=input_ids,
+                attention_mask=None if attention_mask is None else mask,
+                position_ids=positions_from_mask(mask),
+                use_cache=False,
+                **{STATE_KWARG: _SelectState(layer, score_fn)},
+            )
+        except FilterLayerReached as stop:
+            raw = stop.payload
+        else:
+            raise TypeError(
+                f"the forward pass finished without reaching filter layer {layer}'s attention: "
+                f"{type(model).__name__} does not pass keyword arguments through to its attention kernel, "
+                "so GemFilter cannot hook it"
+            )
+    pooled = pool_scores(raw.float(), valid, kernel)
+    indices = topk_sorted(pooled, valid, topk)
+    kept_ids = [row[idx] for row, idx in zip(input_ids, indices)]
+    return Selection(indices=indices, scores=pooled, layer=layer, kept_ids=kept_ids)
