@@ -114,14 +114,28 @@ def as_batch(input_ids, attention_mask=None):
     return input_ids, attention_mask
 
 
-def check_inputs(model, input_ids, attention_mask, layer, topk, kernel=5):
-    """Validate user input; raise ValueError/TypeError saying what is wrong and what is allowed."""
+def check_prompt(input_ids, attention_mask) -> None:
+    """Validate a (b, n) prompt batch; raise ValueError/TypeError saying what is wrong and what is allowed."""
     if not torch.is_tensor(input_ids) or input_ids.dtype not in (torch.long, torch.int, torch.int32):
         raise TypeError(f"input_ids must be an integer torch.Tensor of shape (batch, seq), got {type(input_ids).__name__}")
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must have shape (batch, seq); got shape {tuple(input_ids.shape)}")
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: input_ids has 0 tokens; give at least one token")
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}"
+            )
+        valid = attention_mask.bool()
+        if (valid.sum(1) == 0).any():
+            raise ValueError("the prompt is empty: a batch row has no real tokens in attention_mask")
+        if not valid[:, -1].all():
+            raise ValueError("padding must be on the left (tokenizer.padding_side = 'left'): the last token of every row must be real")
+
+
+def check_params(model, layer, topk, kernel=5) -> int:
+    """Validate filter parameters against the model; warn for a sliding-window filter layer. Returns m."""
     m = num_layers(model)
     if isinstance(layer, bool) or not isinstance(layer, int):
         raise TypeError(f"layer must be an int in [0, {m}), got {layer!r}")
@@ -133,16 +147,6 @@ def check_inputs(model, input_ids, attention_mask, layer, topk, kernel=5):
         raise ValueError(f"topk={topk} must be >= 1 (the number of prompt tokens to keep)")
     if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
         raise ValueError(f"kernel={kernel!r} must be an odd int >= 1 (the paper uses 5)")
-    if attention_mask is not None:
-        if tuple(attention_mask.shape) != tuple(input_ids.shape):
-            raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}"
-            )
-        valid = attention_mask.bool()
-        if not valid[:, -1].all():
-            raise ValueError("padding must be on the left (tokenizer.padding_side = 'left'): the last token of every row must be real")
-        if (valid.sum(1) == 0).any():
-            raise ValueError("the prompt is empty: a batch row has no real tokens in attention_mask")
     window = sliding_window_of(model, layer)
     if window is not None:
         warnings.warn(
@@ -188,7 +192,8 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
     Returns a :class:`Selection`.
     """
     input_ids, attention_mask = as_batch(input_ids, attention_mask)
-    check_inputs(model, input_ids, attention_mask, layer, topk, kernel)
+    check_prompt(input_ids, attention_mask)
+    check_params(model, layer, topk, kernel)
     score_fn = score_fn or last_row_scores
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
