@@ -23,7 +23,7 @@ import torch
 
 from .attention import wrapped_attention
 from .layers import default_layer
-from .selection import Selection, as_batch, check_inputs, positions_from_mask, select_tokens
+from .selection import Selection, as_batch, check_params, check_prompt, positions_from_mask, select_tokens
 
 
 @dataclass
@@ -125,8 +125,7 @@ def apply(model, method):
     The model is restored on exit, exceptions included.
     """
     layer = method.layer if method.layer is not None else default_layer(model)
-    dummy = torch.zeros((1, 1), dtype=torch.long)
-    check_inputs(model, dummy, None, layer, method.topk, method.kernel)
+    check_params(model, layer, method.topk, method.kernel)
     handle = Applied(method=method, layer=layer)
     with wrapped_attention(model):
         hook = model.register_forward_pre_hook(_make_hook(model, handle), with_kwargs=True)
@@ -176,12 +175,7 @@ def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kerne
         input_ids, attention_mask = as_batch(inputs)
     else:
         raise TypeError("inputs must be a LongTensor (b, n), a list of token lists, or a tokenizer output with 'input_ids'")
-    check_inputs(model, input_ids, attention_mask, 0, max(topk, 1), kernel)
-    if attention_mask is None and input_ids.shape[0] > 1 and _pad_id(model) in input_ids[:, 0].tolist():
-        raise ValueError(
-            "a batch whose rows look padded needs an attention_mask: pass the tokenizer output "
-            "(padding_side='left') rather than input_ids alone"
-        )
+    check_prompt(input_ids, attention_mask)
     method = method or GemFilter(layer=layer, topk=topk, kernel=kernel)
     generate_kwargs.setdefault("do_sample", False)
     generate_kwargs.setdefault("num_beams", 1)
