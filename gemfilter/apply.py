@@ -1,20 +1,19 @@
-"""Make a plain ``model.generate`` run GemFilter, and a ``generate`` helper that does it for you.
+"""Make a plain ``model.generate`` run a method (GemFilter, SnapKV, ...), and a ``generate`` helper.
 
-``apply(model, GemFilter(layer=13, topk=1024))`` switches the model's attention to the wrapper and
-adds a forward pre-hook that rewrites each generate call's inputs:
-
-- prefill (empty KV cache): run the filter pass on the prompt, then feed only the kept tokens,
-  left-padded per row, at new contiguous positions 0..k-1 (Algorithm 2, step 5);
-- decode steps: translate ``generate``'s attention mask and positions, which still count the
-  original n prompt tokens, to the k kept ones.
+``apply(model, method)`` switches the model's attention to the wrapper and adds a forward pre-hook
+and post-hook. On each generate call's prefill (empty KV cache) the method's ``begin`` makes a
+per-call state object, which may rewrite the inputs (GemFilter feeds only the kept tokens at new
+positions 0..k-1, Algorithm 2 step 5), watch the prefill attention through the wrapper (SnapKV, H2O)
+and evict the cache after the prefill. On decode steps it translates generate's mask and positions.
 
 ``generate`` therefore returns exactly what it normally returns (the original prompt plus the new
-tokens), and streamers, stopping criteria and every generation kwarg pass through untouched. Both
-the hook and the attention switch are undone in ``finally``.
+tokens), and streamers, stopping criteria and every generation kwarg pass through untouched. The
+hooks and the attention switch are undone in ``finally``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,116 +22,97 @@ import torch
 
 from .attention import wrapped_attention
 from .layers import default_layer
-from .selection import Selection, as_batch, check_params, check_prompt, positions_from_mask, select_tokens
-
-
-@dataclass
-class _Call:
-    """State of one ``generate`` call, keyed by its KV cache object."""
-
-    selection: Selection
-    prompt_len: int
-    kept_mask: torch.Tensor  # (b, k') 0/1, left padding
+from .selection import Selection, as_batch, check_params, check_prompt
 
 
 @dataclass
 class Applied:
-    """Handle yielded by :func:`apply`; ``selection`` is the last generate call's selection."""
+    """Handle yielded by :func:`apply`: the method (its layer resolved) and every call's state."""
 
     method: object
-    layer: int
-    selections: list = field(default_factory=list)
-    _calls: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    calls: list = field(default_factory=list)
+    _by_cache: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    _prefilling: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
     @property
     def selection(self) -> Selection | None:
-        return self.selections[-1] if self.selections else None
+        """The last call's selection (None for methods that keep no single index set)."""
+        return self.calls[-1].selection if self.calls else None
 
 
-def _pad_left(rows: list, pad_id: int):
-    """Stack 1-D tensors, left-padded to the longest; returns (ids (b, L), mask (b, L))."""
-    width = max(len(r) for r in rows)
-    ids = rows[0].new_full((len(rows), width), pad_id)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        if len(r):
-            ids[i, width - len(r):] = r
-            mask[i, width - len(r):] = 1
-    return ids, mask
-
-
-def _pad_id(model) -> int:
-    for cfg in (model.generation_config, model.config):
-        pid = getattr(cfg, "pad_token_id", None)
-        if isinstance(pid, (list, tuple)):
-            pid = pid[0] if pid else None
-        if pid is not None:
-            return int(pid)
-    return 0
-
-
-def _make_hook(model, handle: Applied):
+def _make_hooks(model, handle: Applied, tokenizer):
     method = handle.method
 
-    def hook(module, args, kwargs):
+    def pre_hook(module, args, kwargs):
         if args:
             raise TypeError("apply(): call the model with keyword arguments (as model.generate does)")
         if kwargs.get("inputs_embeds") is not None:
-            raise ValueError("apply(): GemFilter selects input tokens, so it needs input_ids, not inputs_embeds")
+            raise ValueError(f"apply(): {method.name} needs input_ids, not inputs_embeds")
         cache = kwargs.get("past_key_values")
         if cache is None:
             raise ValueError(
-                "apply(): GemFilter needs generate's KV cache (use_cache=True). For a single forward pass use "
-                "gemfilter.select_tokens and run the model on the kept tokens."
+                f"apply(): {method.name} needs generate's KV cache (use_cache=True). For one forward pass, "
+                "use gemfilter.select_tokens and run the model on the kept tokens."
             )
-        input_ids = kwargs["input_ids"]
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.dim() != 2:
             raise ValueError("apply(): only 2-D attention masks are supported (no static/compiled cache)")
         past = cache.get_seq_length()
-        if past == 0:  # prefill: filter, then feed only the kept tokens at positions 0..k-1
-            sel = select_tokens(
-                model, input_ids, mask, layer=handle.layer, topk=method.topk, kernel=method.kernel,
-                score_fn=method.score,
-            )
-            ids, kept_mask = _pad_left(sel.kept_ids, _pad_id(model))
-            handle._calls[cache] = _Call(sel, input_ids.shape[1], kept_mask)
-            handle.selections.append(sel)
-            kwargs["input_ids"] = ids
-            kwargs["attention_mask"] = kept_mask if not kept_mask.all() else None
-            kwargs["position_ids"] = positions_from_mask(kept_mask)
-            return args, kwargs
-        call = handle._calls.get(cache)
-        if call is None:  # a cache we did not start: leave the call alone
-            return args, kwargs
-        q = input_ids.shape[1]
-        b = call.kept_mask.shape[0]
-        # Every token after the prompt is real (generate extends its mask with ones).
-        tail = call.kept_mask.new_ones((b, past + q - call.kept_mask.shape[1]))
-        new_mask = torch.cat([call.kept_mask, tail], dim=1)
-        kwargs["attention_mask"] = new_mask if not call.kept_mask.all() else None
-        kwargs["position_ids"] = positions_from_mask(new_mask)[:, -q:]
-        return args, kwargs
+        if past == 0:  # prefill of a new generate call
+            input_ids = kwargs["input_ids"]
+            valid = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
+            call = method.begin(model, input_ids, valid, tokenizer)
+            handle.calls.append(call)
+            handle._by_cache[cache] = call
+            handle._prefilling[cache] = call
+            return args, call.prefill(kwargs, cache)
+        call = handle._by_cache.get(cache)
+        return args, (kwargs if call is None else call.decode(kwargs, cache, past))
 
-    return hook
+    def post_hook(module, args, kwargs, output):
+        cache = kwargs.get("past_key_values")
+        call = handle._prefilling.pop(cache, None) if cache is not None else None
+        if call is not None:
+            call.after_prefill(cache)
+
+    return pre_hook, post_hook
+
+
+def resolve(model, method):
+    """Fill in the model's default filter layer and validate the method's parameters."""
+    names = {f.name for f in dataclasses.fields(method)}
+    if "layer" in names:
+        if method.layer is None:
+            method = dataclasses.replace(method, layer=default_layer(model))
+        check_params(model, method.layer, method.topk, getattr(method, "kernel", 5))
+    elif "topk" in names and (isinstance(method.topk, bool) or not isinstance(method.topk, int) or method.topk < 1):
+        raise ValueError(f"topk={method.topk!r} must be an int >= 1 (the cache budget)")
+    return method
 
 
 @contextmanager
-def apply(model, method):
-    """Inside the block, ``model.generate(...)`` filters the prompt with ``method`` (e.g. GemFilter).
+def apply(model, method, tokenizer=None):
+    """Inside the block, a plain ``model.generate(...)`` runs ``method`` (GemFilter, SnapKV, ...).
 
-    Yields an :class:`Applied` handle whose ``selection`` holds the last call's kept indices.
-    The model is restored on exit, exceptions included.
+    Parameters
+    ----------
+    model: a transformers causal LM whose attention dispatches through AttentionInterface.
+    method: a registered method object, e.g. ``GemFilter(layer=13, topk=1024)``.
+    tokenizer: needed by methods that read token text (``gemfilter-span``).
+
+    Yields an :class:`Applied` handle (``handle.selection``, ``handle.calls``). The model's attention
+    implementation and hooks are restored on exit, exceptions included.
     """
-    layer = method.layer if method.layer is not None else default_layer(model)
-    check_params(model, layer, method.topk, method.kernel)
-    handle = Applied(method=method, layer=layer)
+    handle = Applied(method=resolve(model, method))
     with wrapped_attention(model):
-        hook = model.register_forward_pre_hook(_make_hook(model, handle), with_kwargs=True)
+        pre, post = _make_hooks(model, handle, tokenizer)
+        hooks = [model.register_forward_pre_hook(pre, with_kwargs=True),
+                 model.register_forward_hook(post, with_kwargs=True)]
         try:
             yield handle
         finally:
-            hook.remove()
+            for h in hooks:
+                h.remove()
 
 
 @dataclass
@@ -140,9 +120,10 @@ class GemFilterOutput:
     """What :func:`generate` returns: ``output`` is exactly what ``model.generate`` returned."""
 
     output: object
-    selection: Selection
+    selection: Selection | None
     kept_text: list | None
     prompt_len: int
+    kept: list  # per row: prompt tokens the answer was generated from (n for full)
 
     @property
     def sequences(self) -> torch.Tensor:
@@ -179,8 +160,9 @@ def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kerne
     method = method or GemFilter(layer=layer, topk=topk, kernel=kernel)
     generate_kwargs.setdefault("do_sample", False)
     generate_kwargs.setdefault("num_beams", 1)
-    with apply(model, method) as handle:
+    with apply(model, method, tokenizer=tokenizer) as handle:
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
     sel = handle.selection
-    text = sel.kept_text(tokenizer) if tokenizer is not None else None
-    return GemFilterOutput(output=out, selection=sel, kept_text=text, prompt_len=input_ids.shape[1])
+    text = sel.kept_text(tokenizer) if tokenizer is not None and sel is not None else None
+    return GemFilterOutput(output=out, selection=sel, kept_text=text, prompt_len=input_ids.shape[1],
+                           kept=handle.calls[-1].kept)

@@ -176,7 +176,38 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: int, kernel: int = 5, score_fn=None):
+def filter_pass(model, input_ids, mask, layer, score_fn):
+    """Run ``model`` up to ``layer``'s attention and return ``score_fn(query, key)`` there.
+
+    input_ids, mask: (b, n) on the model's device. Layers after ``layer`` never run, layer ``layer``
+    stops before its attention kernel, and no KV cache is made (use_cache=False).
+    """
+    with wrapped_attention(model), torch.no_grad():
+        try:
+            model.base_model(
+                input_ids=input_ids,
+                attention_mask=None if bool(mask.all()) else mask,
+                position_ids=positions_from_mask(mask),
+                use_cache=False,
+                **{STATE_KWARG: _SelectState(layer, score_fn)},
+            )
+        except FilterLayerReached as stop:
+            return stop.payload
+    raise TypeError(
+        f"the forward pass finished without reaching filter layer {layer}'s attention: "
+        f"{type(model).__name__} does not pass keyword arguments through to its attention kernel, "
+        "so GemFilter cannot hook it"
+    )
+
+
+def paper_pick(raw, valid, topk: int, kernel: int):
+    """Algorithm 2, steps 3-4: avg-pool then sorted top-k. Returns (indices per row, pooled (b, n))."""
+    pooled = pool_scores(raw.float(), valid, kernel)
+    return topk_sorted(pooled, valid, topk), pooled
+
+
+def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: int, kernel: int = 5, method=None,
+                  tokenizer=None):
     """GemFilter selection (Algorithm 2, steps 1-4).
 
     Parameters
@@ -187,37 +218,25 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
     layer: 0-based filter layer r in [0, m).
     topk: tokens to keep per row (capped at the row's length).
     kernel: odd avg-pool width (paper: 5).
-    score_fn: (query (b,h,n,d), key (b,h_kv,n,d)) -> (b, n) raw scores; default: last-row q.k.
+    method: optional selection method with ``score(query (b,h,n,d), key (b,h_kv,n,d), valid (b,n)) -> (b,n)``
+        and ``pick(raw, valid, input_ids, tokenizer) -> (indices, scores)``; default: paper-faithful
+        last-row q.k, avg-pool, top-k (then ``topk``/``kernel`` are used).
+    tokenizer: needed only by methods that read token text (e.g. sentence spans).
 
     Returns a :class:`Selection`.
     """
     input_ids, attention_mask = as_batch(input_ids, attention_mask)
     check_prompt(input_ids, attention_mask)
     check_params(model, layer, topk, kernel)
-    score_fn = score_fn or last_row_scores
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device).long()
     valid = mask.bool()
-    backbone = model.base_model
-    with wrapped_attention(model), torch.no_grad():
-        try:
-            backbone(
-                input_ids=input_ids,
-                attention_mask=None if attention_mask is None else mask,
-                position_ids=positions_from_mask(mask),
-                use_cache=False,
-                **{STATE_KWARG: _SelectState(layer, score_fn)},
-            )
-        except FilterLayerReached as stop:
-            raw = stop.payload
-        else:
-            raise TypeError(
-                f"the forward pass finished without reaching filter layer {layer}'s attention: "
-                f"{type(model).__name__} does not pass keyword arguments through to its attention kernel, "
-                "so GemFilter cannot hook it"
-            )
-    pooled = pool_scores(raw.float(), valid, kernel)
-    indices = topk_sorted(pooled, valid, topk)
+    if method is None:
+        raw = filter_pass(model, input_ids, mask, layer, last_row_scores)
+        indices, scores = paper_pick(raw, valid, topk, kernel)
+    else:
+        raw = filter_pass(model, input_ids, mask, layer, lambda q, k: method.score(q, k, valid))
+        indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
     kept_ids = [row[idx] for row, idx in zip(input_ids, indices)]
-    return Selection(indices=indices, scores=pooled, layer=layer, kept_ids=kept_ids)
+    return Selection(indices=indices, scores=scores, layer=layer, kept_ids=kept_ids)

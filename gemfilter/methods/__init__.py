@@ -1,0 +1,47 @@
+"""Methods: small frozen dataclasses registered by name (``gemfilter methods`` lists them).
+
+Every method answers ``begin(model, input_ids, attention_mask, tokenizer) -> call``, where the call
+object holds the per-call state and rewrites ``generate``'s forward inputs (see ``gemfilter.apply``).
+Methods that choose tokens at a filter layer implement ``score(query, key, valid)`` and ``pick``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+REGISTRY: dict = {}
+
+
+def register(cls):
+    """Class decorator: add a method class to :data:`REGISTRY` under ``cls.name``."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"method name {cls.name!r} is registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_method(name: str, **params):
+    """Build a registered method by name.
+
+    Parameters a method does not have (say ``layer`` for ``snapkv``) are ignored, so one set of
+    command-line options can drive every method; ``None`` values keep the method's default.
+    """
+    if name not in REGISTRY:
+        raise ValueError(f"unknown method {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
+    cls = REGISTRY[name]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in params.items() if k in fields and v is not None})
+
+
+def describe() -> list:
+    """(name, description) for every registered method, sorted by name."""
+    return [(name, cls.description) for name, cls in sorted(REGISTRY.items())]
+
+
+from . import cache, full, prompt  # noqa: E402,F401  (registers the built-in methods)
+from .cache import H2O, OneRun, SnapKV  # noqa: E402
+from .full import Full  # noqa: E402
+from .prompt import GemFilter, GemFilterSpan, LargestRow, MiddleRow  # noqa: E402
+
+__all__ = ["REGISTRY", "register", "get_method", "describe", "Full", "GemFilter", "GemFilterSpan", "MiddleRow",
+           "LargestRow", "SnapKV", "H2O", "OneRun"]
