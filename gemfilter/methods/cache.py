@@ -86,9 +86,9 @@ def column_sums(query, key, valid, scaling: float, block: int = 256):
         logits = torch.einsum("bkgqd,bknd->bkgqn", q[:, :, :, s:e], k) * scaling
         logits = logits.masked_fill(keys[None, :] > torch.arange(s, e, device=key.device)[:, None], float("-inf"))
         logits = logits.masked_fill(~valid[:, None, None, None, :], float("-inf"))
-        probs = torch.nan_to_num(logits.softmax(-1), nan=0.0)  # all-masked padding rows -> 0
-        probs = probs * valid[:, None, None, s:e, None]
-        total += probs.sum(3)
+        # A left-padding query sees only padding keys, so its row is all -inf and softmax gives NaN:
+        # zeroing NaN is exactly "padding queries contribute nothing".
+        total += torch.nan_to_num(logits.softmax(-1), nan=0.0).sum(3)
     return total.reshape(b, h, n)
 
 
