@@ -8,18 +8,9 @@ from gemfilter.models import EMBEDDED_NAME
 from tiny_models import BUILDERS
 
 
-def test_local_path_passes_dtype_and_attention_through(tmp_path):
-    from transformers import PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
+def test_local_path_passes_dtype_and_attention_through(tiny_model_dir):
     model = BUILDERS["llama"]()
-    model.save_pretrained(tmp_path)
-    vocab = {f"w{i}": i for i in range(96)}
-    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="w2", bos_token="w1").save_pretrained(tmp_path)
-
-    loaded, tok = gemfilter.load_model(str(tmp_path), dtype=torch.float16, attn_implementation="eager",
+    loaded, tok = gemfilter.load_model(str(tiny_model_dir), dtype=torch.float16, attn_implementation="eager",
                                        device_map="cpu")
     assert loaded.dtype == torch.float16
     assert loaded.config._attn_implementation == "eager"
