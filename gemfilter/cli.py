@@ -4,6 +4,7 @@ Examples::
 
     gemfilter methods
     gemfilter generate --prompt-file prompt.txt --show-selection
+    gemfilter bench --lengths 2000,4000,8000 --methods full,gemfilter,snapkv
     gemfilter generate --prompt-file prompt.txt --method snapkv --topk 512 --model meta-llama/Llama-3.1-8B-Instruct
 """
 
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    sub.add_parser("bench", help="speed and memory of each method against context length (see 'gemfilter bench -h')",
+                   add_help=False)
+
     p = sub.add_parser("methods", help="list the registered methods with a one-line description")
     p.set_defaults(func=_cmd_methods)
 
@@ -100,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its own parser: python -m gemfilter.bench_report --help
+        from .bench_report import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

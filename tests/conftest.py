@@ -13,8 +13,10 @@ def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     BUILDERS["llama"]().save_pretrained(path)
     # Special tokens get names that no word contains: an added token "w1" would split "w10".
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 96)}}
+    # <pad> is id 0, the tiny models' pad_token_id; <unk> must differ, or generate would read every
+    # unknown word as padding.
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 96)}}
     raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", bos_token="<s>", unk_token="<unk>").save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", bos_token="<s>", unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
     return path

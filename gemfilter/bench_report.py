@@ -1,0 +1,194 @@
+"""``gemfilter bench``: run the measurements, then report medians, ratios, growth exponents and plots.
+
+Paper: Shi et al. 2024, Fig. 9.3 (time and memory against n) and Theorem 9.3 (prompt-phase ratio
+(r+1)/m). Results go to ``OUT/bench.jsonl`` one measurement per line, so an interrupted run resumes;
+the summary goes to ``OUT/bench.json``, ``OUT/bench.md`` and ``OUT/bench.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+DEFAULT_METHODS = "full,gemfilter,snapkv,h2o"
+DEFAULT_LENGTHS = "2000,4000,8000,16000"
+
+
+def key_of(row: dict) -> tuple:
+    return (row["method"], row["length"], row["repeat"])
+
+
+def load_rows(path: Path) -> list:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def growth_exponent(ns, ts) -> float | None:
+    """Least-squares slope of log t against log n: t ~ n^b. None with fewer than two lengths."""
+    pts = [(math.log(n), math.log(t)) for n, t in zip(ns, ts) if n > 0 and t > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else None
+
+
+def summarize(rows: list) -> dict:
+    """Medians per (method, length), ratios against full and snapkv, and growth exponents per method."""
+    cells = {}
+    for r in rows:
+        cells.setdefault((r["method"], r["length"]), []).append(r)
+    fields = ("n", "kept", "prompt_s", "gen_s", "total_s", "prompt_peak_mib", "gen_peak_mib")
+    med = {}
+    for (method, length), rs in cells.items():
+        cell = {f: statistics.median(r[f] for r in rs) for f in fields}
+        cell.update(method=method, length=length, repeats=len(rs), layer=rs[0].get("layer"), m=rs[0].get("m"))
+        if cell["layer"] is not None:
+            cell["theory_prompt_ratio"] = (cell["layer"] + 1) / cell["m"]
+        med[(method, length)] = cell
+    for (method, length), cell in med.items():
+        for base in ("full", "snapkv"):
+            ref = med.get((base, length))
+            if ref is None:
+                continue
+            for f in ("prompt_s", "gen_s", "total_s", "prompt_peak_mib"):
+                if ref[f] > 0:
+                    cell[f"{f}_vs_{base}"] = cell[f] / ref[f]
+    exponents = {}
+    for method in sorted({m for m, _ in med}):
+        series = sorted((c for (m, _), c in med.items() if m == method), key=lambda c: c["n"])
+        exponents[method] = {
+            f: growth_exponent([c["n"] for c in series], [c[f] for c in series]) for f in ("prompt_s", "total_s")
+        }
+    return {"cells": sorted(med.values(), key=lambda c: (c["length"], c["method"])), "exponents": exponents}
+
+
+def _fmt(x, spec=".2f"):
+    return "–" if x is None else format(x, spec)
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    lines = [
+        f"Model: {meta['model']}; device: {meta['device']}; threads: {meta['threads']}; top-k: {meta['topk']}; "
+        f"generated tokens: {meta['gen_tokens']}; medians of {meta['repeats']} run(s), each in a fresh process.",
+        "",
+        "| method | n | kept | prompt s | gen s | total s | prompt ×full | theory (r+1)/m | total ×full | "
+        "total ×snapkv | prompt peak MiB | gen peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in summary["cells"]:
+        lines.append(
+            f"| {c['method']} | {int(c['n'])} | {int(c['kept'])} | {c['prompt_s']:.2f} | {c['gen_s']:.2f} | "
+            f"{c['total_s']:.2f} | {_fmt(c.get('prompt_s_vs_full'))} | {_fmt(c.get('theory_prompt_ratio'))} | "
+            f"{_fmt(c.get('total_s_vs_full'))} | {_fmt(c.get('total_s_vs_snapkv'))} | "
+            f"{c['prompt_peak_mib']:.0f} | {c['gen_peak_mib']:.0f} |"
+        )
+    lines += ["", "Growth exponent b of time ~ n^b (least squares over the lengths):", "",
+              "| method | prompt phase | prompt + generation |", "|---|---|---|"]
+    for method, e in summary["exponents"].items():
+        lines.append(f"| {method} | {_fmt(e['prompt_s'])} | {_fmt(e['total_s'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path, title: str) -> None:
+    """Fig. 9.3 style: prompt time, generation time and prompt-phase peak memory against n."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    panels = (("prompt_s", "prompt phase (s)"), ("gen_s", "generation phase (s)"),
+              ("prompt_peak_mib", "prompt-phase peak memory (MiB)"))
+    for method in sorted({c["method"] for c in summary["cells"]}):
+        series = sorted((c for c in summary["cells"] if c["method"] == method), key=lambda c: c["n"])
+        for ax, (field, _) in zip(axes, panels):
+            ax.plot([c["n"] for c in series], [c[field] for c in series], marker="o", label=method)
+    for ax, (_, label) in zip(axes, panels):
+        ax.set_xlabel("input tokens n")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _ints(text: str, what: str) -> list:
+    try:
+        vals = [int(float(x)) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"error: --{what} must be comma-separated integers, got {text!r}")
+    if not vals or min(vals) < 1:
+        raise SystemExit(f"error: --{what} needs positive integers, got {text!r}")
+    return vals
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gemfilter bench",
+        description="Measure prompt-phase time, generation time and peak memory for each method and context "
+        "length, each in a fresh subprocess; report medians, ratios against full and snapkv, Theorem 9.3's "
+        "(r+1)/m, and the growth exponent of time in n. Interrupted runs resume from OUT/bench.jsonl.",
+    )
+    p.add_argument("--model", default=None, help="HF id or local path (default: embedded Gemma 3 270M)")
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated registry names (default {DEFAULT_METHODS})")
+    p.add_argument("--lengths", default=DEFAULT_LENGTHS, help=f"context lengths in tokens (default {DEFAULT_LENGTHS})")
+    p.add_argument("--gen-tokens", type=int, default=50, help="tokens generated per run (default 50, as in the paper)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per cell; medians are reported (default 1)")
+    p.add_argument("--topk", type=int, default=1024, help="k for GemFilter / cache budget for SnapKV, H2O (default 1024)")
+    p.add_argument("--layer", type=int, default=None, help="filter layer (default: the model's default)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads in each worker (default: torch's choice)")
+    p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before a worker is killed (default 1800)")
+    return p
+
+
+def main(argv=None) -> int:
+    from tqdm import tqdm
+
+    from .methods import REGISTRY
+
+    args = build_parser().parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in REGISTRY]
+    if unknown:
+        raise SystemExit(f"error: unknown method(s) {', '.join(unknown)}; allowed: {', '.join(sorted(REGISTRY))}")
+    lengths = _ints(args.lengths, "lengths")
+    if args.repeats < 1 or args.gen_tokens < 1:
+        raise SystemExit("error: --repeats and --gen-tokens must be >= 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / "bench.jsonl"
+    meta = dict(model=args.model or "embedded:gemma3-270m", topk=args.topk, gen_tokens=args.gen_tokens,
+                layer=args.layer, threads=args.threads)
+    rows = [r for r in load_rows(jsonl) if all(r.get(k) == v for k, v in meta.items())]
+    done = {key_of(r) for r in rows}
+    todo = [(m, n, i) for n in lengths for m in methods for i in range(args.repeats) if (m, n, i) not in done]
+    from .bench import run_worker
+
+    for method, length, rep in tqdm(todo, desc="bench cells", unit="run"):
+        spec = dict(model_name=args.model, method_name=method, length=length, gen_tokens=args.gen_tokens,
+                    topk=args.topk, layer=args.layer, threads=args.threads)
+        row = run_worker(spec, timeout=args.timeout)
+        row.update(meta, repeat=rep)
+        with jsonl.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        rows.append(row)
+    rows = [r for r in rows if r["method"] in methods and r["length"] in lengths]
+    summary = summarize(rows)
+    meta.update(device=rows[0]["device"], threads=rows[0]["threads"], repeats=args.repeats)
+    (out / "bench.json").write_text(json.dumps({"meta": meta, **summary}, indent=1))
+    table = markdown(summary, meta)
+    (out / "bench.md").write_text(table)
+    plot(summary, out / "bench.png", f"{meta['model']} on {meta['device']}, k={args.topk}, t={args.gen_tokens}")
+    print(table)
+    print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,65 @@
+"""Benchmark arithmetic against hand computations, and an end-to-end run with resume on a tiny model."""
+
+import json
+
+import pytest
+
+from gemfilter import bench_report
+from gemfilter.bench_report import growth_exponent, summarize
+
+
+def test_growth_exponent_recovers_power_laws():
+    ns = [1000, 2000, 4000, 8000]
+    assert growth_exponent(ns, [3 * n ** 1.5 for n in ns]) == pytest.approx(1.5)
+    assert growth_exponent(ns, [0.01 * n for n in ns]) == pytest.approx(1.0)
+    assert growth_exponent([1000], [1.0]) is None
+
+
+def _row(method, length, rep, prompt, gen, peak, layer=None):
+    return dict(method=method, length=length, repeat=rep, n=length, kept=min(length, 100), prompt_s=prompt,
+                gen_s=gen, total_s=prompt + gen, prompt_peak_mib=peak, gen_peak_mib=peak / 2, layer=layer, m=18)
+
+
+def test_summary_medians_and_ratios_by_hand():
+    rows = [
+        _row("full", 1000, 0, 10.0, 5.0, 400), _row("full", 1000, 1, 12.0, 5.0, 420), _row("full", 1000, 2, 30.0, 5.0, 410),
+        _row("gemfilter", 1000, 0, 7.0, 1.0, 300, layer=11), _row("snapkv", 1000, 0, 12.0, 2.0, 500),
+    ]
+    s = summarize(rows)
+    cells = {c["method"]: c for c in s["cells"]}
+    assert cells["full"]["prompt_s"] == 12.0  # median of 10, 12, 30
+    assert cells["full"]["prompt_peak_mib"] == 410
+    g = cells["gemfilter"]
+    assert g["prompt_s_vs_full"] == pytest.approx(7 / 12)
+    assert g["total_s_vs_full"] == pytest.approx(8 / 17)
+    assert g["total_s_vs_snapkv"] == pytest.approx(8 / 14)
+    assert g["theory_prompt_ratio"] == pytest.approx(12 / 18)
+    assert "theory_prompt_ratio" not in cells["snapkv"]
+
+
+def test_bench_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    args = ["--model", str(tiny_model_dir), "--methods", "full,gemfilter,snapkv", "--lengths", "350,500",
+            "--gen-tokens", "3", "--topk", "64", "--layer", "2", "--out", str(tmp_path)]
+    assert bench_report.main(args) == 0
+    rows = [json.loads(x) for x in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert sorted((r["method"], r["length"]) for r in rows) == sorted(
+        (m, n) for m in ("full", "gemfilter", "snapkv") for n in (350, 500))
+    for r in rows:
+        assert r["new_tokens"] == 3 and r["prompt_s"] > 0 and r["gen_s"] > 0
+        assert r["kept"] == (r["n"] if r["method"] == "full" else 64)
+    assert (tmp_path / "bench.png").stat().st_size > 10_000
+    table = (tmp_path / "bench.md").read_text()
+    assert "| gemfilter |" in table and "Growth exponent" in table
+
+    def boom(*a, **k):
+        raise AssertionError("a finished cell was measured again")
+
+    monkeypatch.setattr("gemfilter.bench.run_worker", boom)
+    assert bench_report.main(args) == 0  # everything is in bench.jsonl: nothing reruns
+
+
+def test_bench_rejects_unknown_methods(tmp_path):
+    with pytest.raises(SystemExit, match="unknown method.*allowed"):
+        bench_report.main(["--methods", "full,warp", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="comma-separated integers"):
+        bench_report.main(["--lengths", "2k", "--out", str(tmp_path)])
