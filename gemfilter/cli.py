@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--show-selection", action="store_true", help="also print the kept text (to stderr)")
     p.set_defaults(func=_cmd_generate)
+
+    from .inspect_report import add_subcommands
+
+    add_subcommands(sub)
     return parser
 
 

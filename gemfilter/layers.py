@@ -40,7 +40,13 @@ def rule_layer(model) -> int:
 
 
 def default_layer(model) -> int:
-    """The documented default for this model: the table above, else :func:`rule_layer`."""
+    """This model's default: its ``gemfilter calibrate`` result if one is stored, else the table
+    above, else :func:`rule_layer`."""
+    from .calibrate import load_calibration
+
+    record = load_calibration(model)
+    if record is not None:
+        return int(record["layer"])
     name = str(getattr(model.config, "name_or_path", "") or getattr(model, "name_or_path", "")).rstrip("/").lower()
     for key, layer in PAPER_LAYERS.items():
         if name == key or name.endswith("/" + key) or name.endswith(key):

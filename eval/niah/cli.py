@@ -1,0 +1,135 @@
+"""``gemfilter-niah`` / ``python -m eval.niah``: the Needle-in-a-Haystack grid (Kamradt protocol).
+
+Runs every (method, context length, depth) cell with greedy decoding, scores the answer (rouge1 x10,
+word recall, exact hit), appends one JSONL row per cell, and draws heatmaps and a summary table.
+GemFilter: Shi et al. 2024, "Discovering the Gems in Early Layers" (NIAH setup of its Fig. 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .grid import PRESETS
+
+EPILOG = """presets (--lengths / --depths replace the preset's axis):
+{presets}
+
+methods (gemfilter's registry; --topk/--layer go to those that have them):
+{methods}
+
+outputs in --out: results.jsonl (one row per cell: response, rouge1 x10, recall, hit, kept tokens,
+seconds), heatmap_<method>.png, heatmaps.png (all methods), summary.md, config.json.
+Rerunning the same command skips finished cells, so an interrupted run resumes where it stopped.
+
+examples:
+  gemfilter-niah --preset cpu-demo --methods full,gemfilter,gemfilter-span,snapkv --out results/niah
+  gemfilter-niah --lengths 2k,4k --depths 0,50,100 --methods gemfilter --topk 256 --layer 11
+  gemfilter-niah --report-only --out results/niah          # redraw plots from finished rows
+  # several processes (each takes every n-th missing cell; the main one merges the shards):
+  accelerate launch --multi_gpu --num_processes 2 -m eval.niah --preset cpu-demo --out results/niah
+  torchrun --nproc_per_node 2 -m eval.niah --preset cpu-demo --out results/niah
+  (On CPU, 'accelerate launch --cpu --num_processes 2' starts only one process unless MPI is set up;
+  the two lines above start real processes and the runner then uses gloo on CPU.)
+
+The default model is the embedded Gemma 3 270M (offline; first load about 75 s, then about 3 s)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gemfilter import describe
+
+    presets = "\n".join(f"  {name:<16} {desc}" for name, (_, _, desc) in PRESETS.items())
+    width = max(len(n) for n, _ in describe())
+    methods = "\n".join(f"  {name:<{width}}  {desc}" for name, desc in describe())
+    p = argparse.ArgumentParser(
+        prog="gemfilter-niah",
+        description="Needle in a Haystack (Kamradt protocol, GemFilter repo settings): find the San Francisco "
+        "needle in Paul Graham essays at every context length x depth, for each method.",
+        epilog=EPILOG.format(presets=presets, methods=methods), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None,
+                   help="Hugging Face id or local path (default: the embedded Gemma 3 270M, offline)")
+    p.add_argument("--methods", default="full,gemfilter",
+                   help="comma-separated method names (default: full,gemfilter); see the list below")
+    p.add_argument("--preset", default="cpu-demo", choices=list(PRESETS), help="named grid (default: cpu-demo)")
+    p.add_argument("--lengths", default=None,
+                   help="context lengths in tokens, comma-separated, k = thousands (e.g. 1000,2k,4k); "
+                   "overrides the preset's lengths; each must exceed the 200-token buffer plus the needle")
+    p.add_argument("--depths", default=None,
+                   help="needle depths in percent of the context, comma-separated (e.g. 0,25,50,75,100); "
+                   "overrides the preset's depths")
+    p.add_argument("--topk", type=int, default=1024,
+                   help="tokens kept (GemFilter) or KV budget (SnapKV, H2O); default 1024 as in the paper")
+    p.add_argument("--layer", type=int, default=None,
+                   help="0-based filter layer (default: the model's, e.g. 13 for Llama 3.1 8B, 11 for the embedded model)")
+    p.add_argument("--prompt", default="gemfilter", choices=["gemfilter", "kamradt-chat"],
+                   help="gemfilter: the GemFilter repo's plain 'very long story book' prompt (default); "
+                   "kamradt-chat: needlehaystack's system/context/question chat (needs a chat template)")
+    p.add_argument("--haystack-dir", default=None,
+                   help="folder of .txt files to use as haystack (default: needlehaystack's Paul Graham essays)")
+    p.add_argument("--out", default="results/niah", help="output folder (default: results/niah)")
+    p.add_argument("--max-new-tokens", type=int, default=50, help="greedy tokens per answer (default 50, GemFilter repo)")
+    p.add_argument("--max-cells", type=int, default=None,
+                   help="compute at most this many missing cells now (a quick smoke run); rerun to do the rest")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (default: torch's choice)")
+    p.add_argument("--report-only", action="store_true", help="skip generation; redraw plots and summary from --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _split(text: str) -> tuple:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def _settings(config) -> str:
+    layer = "model default" if config.layer is None else config.layer
+    return (f"topk {config.topk}, layer {layer}, prompt `{config.prompt}`, max_new_tokens {config.max_new_tokens}, "
+            f"grid {len(config.lengths)} lengths x {len(config.depths)} depths. "
+            "Score: word recall of the answer (max 11/12), averaged over the cells.")
+
+
+def main(argv=None) -> int:
+    """Entry point of ``gemfilter-niah`` and ``python -m eval.niah``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _main(args) -> int:
+    from pathlib import Path
+
+    from .grid import resolve_grid
+    from .report import write_report
+    from .runner import RunConfig, finished_rows, run
+
+    lengths, depths = resolve_grid(args.preset, args.lengths, args.depths)
+    config = RunConfig(model=args.model, methods=_split(args.methods), lengths=lengths, depths=depths,
+                       topk=args.topk, layer=args.layer, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
+                       haystack_dir=args.haystack_dir, extra={"preset": args.preset})
+    if args.max_cells is not None and args.max_cells < 1:
+        raise ValueError(f"--max-cells must be >= 1, got {args.max_cells}")
+    if args.threads < 0:
+        raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
+    label = args.model or "embedded:gemma3-270m"
+    out = Path(args.out)
+    if args.report_only:
+        rows = list(finished_rows(out).values()) if out.is_dir() else []
+        paths = write_report(rows, out, rows[0]["model"] if rows else label, _settings(config))
+    else:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        rows = run(config, out, progress=not args.no_progress, max_cells=args.max_cells)
+        if rows is None:  # not the main process: it only computed its shard
+            return 0
+        paths = write_report(rows, out, label, _settings(config))
+    print((out / "summary.md").read_text(encoding="utf-8"))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

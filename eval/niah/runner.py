@@ -1,0 +1,230 @@
+"""NIAH grid runner: one JSONL row per (method, length, depth) cell, resumable and shardable.
+
+Files in the output folder:
+
+- ``config.json``: the settings that change answers (model, topk, layer, prompt, max_new_tokens,
+  haystack). A rerun with other such settings is refused, so one folder never mixes two setups.
+- ``results.rank{i}.jsonl``: rows appended by process i as each cell finishes (flushed and fsynced),
+  so an interrupted run loses at most the cell in flight.
+- ``results.jsonl``: the merged rows, sorted by (method, length, depth); written by the main process
+  after all processes finish, after which the shards are removed.
+
+A (re)run reads every finished row first (merged file and shards), so only missing cells are
+computed. Under ``accelerate launch`` / ``torchrun`` the missing cells are dealt round-robin over
+processes (``PartialState.process_index`` / ``num_processes``). Greedy decoding makes every cell a
+pure function of its inputs, so the merged file equals a single-process run's (except ``seconds``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .grid import PRESETS, normalize_depth
+from .haystack import TEMPLATES, build_case, make_haystack
+from .scoring import score_all
+
+RESULTS = "results.jsonl"
+CONFIG = "config.json"
+SHARD = "results.rank{}.jsonl"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One NIAH experiment. model: HF id / local path / None (embedded Gemma 3 270M);
+    methods: registry names; lengths: context tokens; depths: percents; topk, layer: method
+    parameters (methods without them ignore them; layer None = the model's default);
+    prompt: ``gemfilter`` or ``kamradt-chat``; haystack_dir: None = the Paul Graham essays."""
+
+    model: str | None = None
+    methods: tuple = ("full", "gemfilter")
+    lengths: tuple = PRESETS["cpu-demo"][0]
+    depths: tuple = PRESETS["cpu-demo"][1]
+    topk: int = 1024
+    layer: int | None = None
+    prompt: str = "gemfilter"
+    max_new_tokens: int = 50
+    haystack_dir: str | None = None
+    extra: dict = field(default_factory=dict)  # recorded in config.json, not compared (e.g. preset name)
+
+    def identity(self) -> dict:
+        """Settings a finished cell depends on besides its (method, length, depth)."""
+        return {"model": self.model, "topk": self.topk, "layer": self.layer, "prompt": self.prompt,
+                "max_new_tokens": self.max_new_tokens,
+                "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir)}
+
+    def cells(self) -> list:
+        return [(m, L, normalize_depth(d)) for m in self.methods for L in self.lengths for d in self.depths]
+
+
+def validate(config: RunConfig) -> None:
+    """Raise ValueError naming the bad setting and what is allowed."""
+    from gemfilter import REGISTRY
+
+    if not config.methods:
+        raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
+    bad = [m for m in config.methods if m not in REGISTRY]
+    if bad:
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; allowed: {', '.join(sorted(REGISTRY))}")
+    if len(set(config.methods)) != len(config.methods):
+        raise ValueError(f"--methods lists a method twice: {','.join(config.methods)}")
+    if config.prompt not in TEMPLATES:
+        raise ValueError(f"unknown --prompt {config.prompt!r}; allowed: {', '.join(TEMPLATES)}")
+    if not config.lengths or not config.depths:
+        raise ValueError("the grid is empty: give at least one length and one depth")
+    for name, value, low in (("--topk", config.topk, 1), ("--max-new-tokens", config.max_new_tokens, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if config.layer is not None and (isinstance(config.layer, bool) or not isinstance(config.layer, int)
+                                     or config.layer < 0):
+        raise ValueError(f"--layer must be a 0-based int >= 0 (or omitted for the model's default), got {config.layer!r}")
+
+
+def cell_key(row: dict) -> tuple:
+    return row["method"], int(row["length"]), normalize_depth(row["depth"])
+
+
+def read_jsonl(path: Path) -> list:
+    """Rows of a JSONL file; a line cut short by a kill is skipped (its cell is recomputed)."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                warnings.warn(f"{path}:{i}: skipping an incomplete row (interrupted write); that cell will be rerun")
+    return rows
+
+
+def finished_rows(out: Path) -> dict:
+    """key -> row over the merged file and every shard (first one wins)."""
+    paths = [out / RESULTS] + sorted(out.glob(SHARD.format("*")))
+    rows = {}
+    for path in paths:
+        if path.is_file():
+            for row in read_jsonl(path):
+                rows.setdefault(cell_key(row), row)
+    return rows
+
+
+def check_config(out: Path, config: RunConfig, write: bool) -> None:
+    """Refuse a folder holding results of another setup; record this setup if ``write``."""
+    path = out / CONFIG
+    new = config.identity()
+    if path.is_file():
+        old = {k: v for k, v in json.loads(path.read_text(encoding="utf-8")).items() if k in new}
+        if old != new:
+            diff = ", ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} now" for k in new if old.get(k) != new[k])
+            raise ValueError(f"--out {out} holds results of another setup ({diff}). Use another --out, "
+                             "or repeat the same settings to resume that run.")
+    elif write:
+        path.write_text(json.dumps({**new, **config.extra}, indent=1) + "\n", encoding="utf-8")
+
+
+def merge(out: Path, method_order=()) -> list:
+    """Write the sorted, de-duplicated rows to results.jsonl (atomically), then drop the shards."""
+    rows = list(finished_rows(out).values())
+    rank = {m: i for i, m in enumerate(method_order)}
+    rows.sort(key=lambda r: (rank.get(r["method"], len(rank)), r["method"], r["length"], float(r["depth"])))
+    tmp = out / (RESULTS + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(tmp, out / RESULTS)
+    for shard in out.glob(SHARD.format("*")):  # their rows are in results.jsonl now
+        shard.unlink()
+    return rows
+
+
+def make_state():
+    """accelerate's PartialState. Without an accelerator it must be told cpu=True, or processes
+    started by torchrun / ``accelerate launch --multi_gpu`` would each think they run alone."""
+    import torch
+    from accelerate import PartialState
+
+    has_acc = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    cpu = not has_acc or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    return PartialState(cpu=cpu)
+
+
+def run_cell(model, tokenizer, method, case, max_new_tokens: int) -> dict:
+    """Generate for one prompt with one method: response text, kept tokens, prompt tokens, seconds."""
+    import gemfilter
+
+    start = time.perf_counter()
+    enc = tokenizer(case.prompt, return_tensors="pt", add_special_tokens=case.add_special_tokens).to(model.device)
+    out = gemfilter.generate(model, enc, method=method, tokenizer=tokenizer, max_new_tokens=max_new_tokens)
+    text = tokenizer.decode(out.new_tokens[0], skip_special_tokens=True)
+    return {"response": text, "kept": int(out.kept[0]), "prompt_tokens": int(enc["input_ids"].shape[1]),
+            "seconds": time.perf_counter() - start}
+
+
+def _append(path: Path, row: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True,
+        max_cells: int | None = None):
+    """Compute the missing cells of ``config`` into ``out``; return the merged rows (None off the main process).
+
+    state: an accelerate PartialState (default: :func:`make_state`).
+    model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
+    max_cells: compute at most this many missing cells this time (the rest on a later run).
+    """
+    import gemfilter
+    from gemfilter.apply import resolve
+    from tqdm.auto import tqdm
+
+    validate(config)
+    state = state or make_state()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    check_config(out, config, write=state.is_main_process)
+    done = finished_rows(out)
+    todo = [c for c in config.cells() if c not in done]
+    if max_cells is not None:
+        todo = todo[:max_cells]
+    # Everyone has read the finished rows before anyone appends, so all agree on the same todo list.
+    state.wait_for_everyone()
+    mine = todo[state.process_index::state.num_processes]
+    if state.is_main_process and progress:
+        cells = config.cells()
+        already = sum(c in done for c in cells)
+        later = len(cells) - already - len(todo)
+        tqdm.write(f"NIAH: {len(cells)} cells, {already} already done, {len(todo)} to compute over "
+                   f"{state.num_processes} process(es)" + (f", {later} left for a later run" if later else "")
+                   + f" -> {out}")
+    if mine:
+        model, tok = model_and_tokenizer or gemfilter.load_model(config.model)
+        if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
+            model.to(state.device)
+        hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
+        methods = {m: resolve(model, gemfilter.get_method(m, layer=config.layer, topk=config.topk))
+                   for m in dict.fromkeys(c[0] for c in mine)}
+        shard = out / SHARD.format(state.process_index)
+        if shard.is_file() and shard.stat().st_size and not shard.read_bytes().endswith(b"\n"):
+            with open(shard, "a", encoding="utf-8") as f:
+                f.write("\n")  # isolate a line cut short by a kill, so the next row stays readable
+        label = config.model or "embedded:gemma3-270m"
+        desc = "NIAH cells" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
+        bar = tqdm(mine, desc=desc, unit="cell", disable=not (progress and state.is_main_process))
+        for name, length, depth in bar:
+            case = build_case(tok, length, depth, haystack=hay, template=config.prompt)
+            res = run_cell(model, tok, methods[name], case, config.max_new_tokens)
+            row = {"method": name, "length": length, "depth": depth, **res, **score_all(res["response"]),
+                   "model": label, "topk": config.topk, "layer": getattr(methods[name], "layer", None),
+                   "prompt": config.prompt, "max_new_tokens": config.max_new_tokens}
+            _append(shard, row)
+            bar.set_postfix(method=name, L=length, depth=depth, recall=f"{row['recall']:.2f}")
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        return None
+    return merge(out, config.methods)

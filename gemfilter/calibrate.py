@@ -1,0 +1,106 @@
+"""Automatic filter-layer calibration: the paper's rule, as a command.
+
+Paper: Shi et al. 2024, Sec. 9.4 and Fig. 9.5. The filter layer is "the first layer whose top-k
+reaches the needle". We run short NIAH probes over a few lengths and depths, trace every layer once
+per probe, and measure per layer and k the fraction of probes whose GemFilter top-k reaches the
+needle (needle distance 0). The recommended layer is the first full-attention layer whose coverage
+at the largest k is at least ``threshold``; the recommended k is the smallest k at which that layer
+reaches the threshold. The result is stored per model as JSON under the cache dir, and
+``default_layer`` uses it from then on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .inspection import needle_distances, needle_token_span, trace
+from .models import cache_dir
+
+
+def calibration_path(model_name: str) -> Path:
+    """cache_dir()/calibration/<model name with unsafe characters replaced>.json"""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "__", model_name.strip("/")) or "model"
+    return cache_dir() / "calibration" / f"{safe}.json"
+
+
+def model_key(model) -> str:
+    return str(getattr(model.config, "name_or_path", "") or "model")
+
+
+def load_calibration(model) -> dict | None:
+    path = calibration_path(model_key(model))
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def coverage_table(distances: list, ks: list) -> dict:
+    """distances[probe][k][layer] -> {k: [fraction of probes with distance 0, per layer]}."""
+    table = {}
+    for k in ks:
+        layers = len(distances[0][k])
+        table[k] = [sum(1 for p in distances if p[k][layer] == 0) / len(distances) for layer in range(layers)]
+    return table
+
+
+def recommend(table: dict, sliding: list, threshold: float):
+    """(layer, k): the paper's rule, on full-attention layers (all layers if the model has none)."""
+    ks = sorted(table)
+    candidates = [i for i, w in enumerate(sliding) if w is None] or list(range(len(sliding)))
+    for layer in candidates:
+        if table[ks[-1]][layer] >= threshold:
+            k = next(k for k in ks if table[k][layer] >= threshold)
+            return layer, k
+    best = max(candidates, key=lambda i: (table[ks[-1]][i], -i))
+    return best, ks[-1]
+
+
+def calibrate(model, tokenizer, *, lengths=(1000, 2000, 4000), depths=(10, 50, 90), ks=(256, 512, 1024),
+              threshold: float = 0.8, haystack_dir=None, save: bool = True, progress=None) -> dict:
+    """Run the probes and return (and by default store) the calibration record."""
+    from eval.niah.haystack import NEEDLE, build_case, read_haystack
+
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    if not ks or min(ks) < 1:
+        raise ValueError(f"ks must be positive integers, got {ks}")
+    hay = read_haystack(haystack_dir)
+    probes, distances, sliding = [], [], None
+    for length in lengths:
+        for depth in depths:
+            case = build_case(tokenizer, length, depth, haystack=hay)
+            ids = tokenizer(case.prompt, return_tensors="pt")["input_ids"]
+            span = needle_token_span(tokenizer, case.prompt, NEEDLE)
+            tr = trace(model, ids, names=("qk_last_row",))
+            sliding = tr.sliding
+            distances.append({k: needle_distances(tr, span, k) for k in ks})
+            probes.append({"length": length, "depth": depth, "n": tr.n, "needle": list(span)})
+            if progress:
+                progress()
+    table = coverage_table(distances, list(ks))
+    layer, k = recommend(table, sliding, threshold)
+    record = {
+        "model": model_key(model), "layer": layer, "topk": k, "threshold": threshold,
+        "sliding_layers": [i for i, w in enumerate(sliding) if w is not None],
+        "coverage": {str(k): v for k, v in table.items()}, "probes": probes,
+        "distances": [{str(k): v for k, v in d.items()} for d in distances],
+    }
+    if save:
+        path = calibration_path(record["model"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+        record["path"] = str(path)
+    return record
+
+
+def format_table(record: dict) -> str:
+    """Markdown coverage table: one row per layer, one column per k; sliding layers marked."""
+    ks = sorted(record["coverage"], key=int)
+    sliding = set(record["sliding_layers"])
+    lines = ["| layer | type | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|---|" + "---|" * len(ks)]
+    for layer in range(len(record["coverage"][ks[0]])):
+        kind = "sliding" if layer in sliding else "full"
+        mark = " **←**" if layer == record["layer"] else ""
+        cells = " | ".join(f"{record['coverage'][k][layer]:.2f}" for k in ks)
+        lines.append(f"| {layer}{mark} | {kind} | {cells} |")
+    return "\n".join(lines)
