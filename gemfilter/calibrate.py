@@ -3,9 +3,8 @@
 Paper: Shi et al. 2024, Sec. 9.4 and Fig. 9.5. The filter layer is "the first layer whose top-k
 reaches the needle". We run short NIAH probes over a few lengths and depths, trace every layer once
 per probe, and measure per layer and k the fraction of probes whose GemFilter top-k reaches the
-needle (needle distance 0). The recommended layer is the first full-attention layer whose coverage
-at the largest k is at least ``threshold``; the recommended k is the smallest k at which that layer
-reaches the threshold. The result is stored per model as JSON under the cache dir, and
+needle (needle distance 0). For the smallest k of the grid at which some full-attention layer has
+coverage >= ``threshold``, the recommendation is the first such layer, and that k. The result is stored per model as JSON under the cache dir, and
 ``default_layer`` uses it from then on.
 """
 
@@ -44,13 +43,18 @@ def coverage_table(distances: list, ks: list) -> dict:
 
 
 def recommend(table: dict, sliding: list, threshold: float):
-    """(layer, k): the paper's rule, on full-attention layers (all layers if the model has none)."""
+    """(layer, k): the paper's rule (first layer whose top-k reaches the needle) applied at the smallest
+    k of the grid where any full-attention layer passes; all layers count if none is full-attention.
+
+    Trying small k first is the point of GemFilter: a layer that needs a larger budget to find the
+    needle buys less speed. If no layer passes at any k, the best-covering layer at the largest k.
+    """
     ks = sorted(table)
     candidates = [i for i, w in enumerate(sliding) if w is None] or list(range(len(sliding)))
-    for layer in candidates:
-        if table[ks[-1]][layer] >= threshold:
-            k = next(k for k in ks if table[k][layer] >= threshold)
-            return layer, k
+    for k in ks:
+        for layer in candidates:
+            if table[k][layer] >= threshold:
+                return layer, k
     best = max(candidates, key=lambda i: (table[ks[-1]][i], -i))
     return best, ks[-1]
 

@@ -138,8 +138,9 @@ def _cmd_calibrate(args) -> int:
         record = calibrate(model, tok, lengths=lengths, depths=depths, ks=ks, threshold=args.threshold,
                            haystack_dir=args.haystack_dir, save=not args.dry_run, progress=bar.update)
     print(format_table(record))
-    print(f"\nrecommended: layer {record['layer']}, k={record['topk']} (first full-attention layer whose top-k "
-          f"reaches the needle in >= {args.threshold:.0%} of {len(record['probes'])} probes)")
+    print(f"\nrecommended: layer {record['layer']}, k={record['topk']} (the smallest k at which a full-attention "
+          f"layer's top-k reaches the needle in >= {args.threshold:.0%} of {len(record['probes'])} probes; the first "
+          "such layer)")
     if "path" in record:
         print(f"stored in {record['path']}: generate now uses layer {record['layer']} by default for this model")
     return 0
@@ -161,9 +162,10 @@ def add_subcommands(sub) -> None:
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("calibrate", help="choose a model's filter layer and k from NIAH probes (paper's rule)",
-                       description="Run short NIAH probes, measure for every layer and k how often GemFilter's "
-                       "top-k reaches the needle, recommend the first full-attention layer that does so in at least "
-                       "--threshold of the probes, and store it as this model's default.")
+                       description="Run short NIAH probes and measure, for every layer and k, how often GemFilter's "
+                       "top-k reaches the needle. At the smallest k where a full-attention layer does so in at least "
+                       "--threshold of the probes, recommend the first such layer (the paper's rule) and that k, and "
+                       "store them as this model's default.")
     p.add_argument("--model", default=None, help="HF id or local path (default: embedded Gemma 3 270M)")
     p.add_argument("--lengths", default="1000,2000,4000", help="probe lengths (default 1000,2000,4000)")
     p.add_argument("--depths", default="10,50,90", help="probe depths in percent (default 10,50,90)")

@@ -72,6 +72,8 @@ def test_recommend_follows_the_papers_rule_on_full_layers():
     assert recommend(table, sliding, 0.8) == (2, 256)
     assert recommend(table, sliding, 0.95) == (2, 1024)
     assert recommend({256: [0.1, 0.3, 0.2, 0.1]}, sliding, 0.8) == (1, 256)  # none passes: best full layer
+    # a later layer that finds the needle at a smaller k wins over an earlier one that needs a larger k
+    assert recommend({256: [0, 0.1, 0.9, 0], 1024: [0, 0.9, 1.0, 0]}, sliding, 0.8) == (2, 256)
     assert coverage_table([{4: [0, 3]}, {4: [0, 0]}], [4]) == {4: [1.0, 0.5]}
 
 

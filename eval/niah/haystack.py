@@ -52,7 +52,8 @@ def read_haystack(haystack_dir: str | Path | None = None) -> str:
     """Concatenate the .txt files of ``haystack_dir`` (default: the essays) in sorted name order."""
     folder = Path(haystack_dir) if haystack_dir else default_haystack_dir()
     if not folder.is_dir():
-        raise FileNotFoundError(f"haystack folder {folder} does not exist; pass a folder of .txt files")
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise FileNotFoundError(f"haystack folder {folder} {what}; pass a folder of .txt files")
     files = sorted(folder.glob("*.txt"))
     if not files:
         raise FileNotFoundError(f"no .txt files in haystack folder {folder}")

@@ -73,7 +73,7 @@ def draw(ax, rows: list, method: str, model: str, metric: str = PLOT_METRIC, col
     ax.set_xlabel("Token Limit")
     ax.set_ylabel("Depth Percent")
     avg = float(np.nanmean(grid)) if np.isfinite(grid).any() else float("nan")
-    ax.set_title(f"{model} | {method}\naverage {METRICS[metric].name} score {avg:.3f}")
+    ax.set_title(f"{model} | {method}\naverage score {avg:.3f} ({METRICS[metric].label})")
     if colorbar:
         ax.figure.colorbar(mesh, ax=ax, label="Score")
     return mesh
@@ -92,9 +92,8 @@ def heatmap_png(rows: list, method: str, model: str, path) -> Path:
     import matplotlib.pyplot as plt
 
     w, h = _size(rows)
-    fig, ax = plt.subplots(figsize=(w + 1.5, h + 1))
+    fig, ax = plt.subplots(figsize=(w + 1.5, h + 1), layout="constrained")
     draw(ax, rows, method, model)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
@@ -111,13 +110,13 @@ def side_by_side_png(rows: list, model: str, path) -> Path:
     ncols = min(3, len(methods))
     nrows = math.ceil(len(methods) / ncols)
     w, h = _size(rows)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols + 1.5, (h + 1) * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols + 1.5, (h + 1) * nrows), squeeze=False,
+                             layout="constrained")
     mesh = None
     for ax, m in zip(axes.flat, methods):
         mesh = draw(ax, rows, m, model, colorbar=False)
     for ax in list(axes.flat)[len(methods):]:
         ax.axis("off")
-    fig.tight_layout()
     fig.colorbar(mesh, ax=axes.ravel().tolist(), label="Score", shrink=0.9)
     fig.savefig(path, dpi=110)
     plt.close(fig)

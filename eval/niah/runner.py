@@ -181,6 +181,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     """
     import gemfilter
     from gemfilter.apply import resolve
+    from gemfilter.models import EMBEDDED_NAME
     from tqdm.auto import tqdm
 
     validate(config)
@@ -213,7 +214,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         if shard.is_file() and shard.stat().st_size and not shard.read_bytes().endswith(b"\n"):
             with open(shard, "a", encoding="utf-8") as f:
                 f.write("\n")  # isolate a line cut short by a kill, so the next row stays readable
-        label = config.model or "embedded:gemma3-270m"
+        label = config.model or EMBEDDED_NAME
         desc = "NIAH cells" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
         bar = tqdm(mine, desc=desc, unit="cell", disable=not (progress and state.is_main_process))
         for name, length, depth in bar:
@@ -221,7 +222,8 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             res = run_cell(model, tok, methods[name], case, config.max_new_tokens)
             row = {"method": name, "length": length, "depth": depth, **res, **score_all(res["response"]),
                    "model": label, "topk": config.topk, "layer": getattr(methods[name], "layer", None),
-                   "prompt": config.prompt, "max_new_tokens": config.max_new_tokens}
+                   "prompt": config.prompt, "max_new_tokens": config.max_new_tokens,
+                   "process": state.process_index}  # which shard computed it (not part of the result)
             _append(shard, row)
             bar.set_postfix(method=name, L=length, depth=depth, recall=f"{row['recall']:.2f}")
     state.wait_for_everyone()

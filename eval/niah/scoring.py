@@ -28,18 +28,19 @@ class Metric:
     name: str
     fn: Callable[[str], float]
     vmax: float
+    label: str  # short, for plot titles
     description: str
 
 
 METRICS: dict = {}
 
 
-def register(name: str, vmax: float, description: str):
+def register(name: str, vmax: float, label: str, description: str):
     """Decorator: add ``fn(response) -> float`` to :data:`METRICS` under ``name``."""
     def deco(fn):
         if name in METRICS:
             raise ValueError(f"metric {name!r} is registered twice")
-        METRICS[name] = Metric(name, fn, vmax, description)
+        METRICS[name] = Metric(name, fn, vmax, label, description)
         return fn
     return deco
 
@@ -58,20 +59,20 @@ def _rouge_scorer():
     return _SCORER
 
 
-@register("rouge1", 10.0, "rouge1 F x10 vs the needle (GemFilter repo's stored score)")
+@register("rouge1", 10.0, "rouge1 F x10", "rouge1 F x10 vs the needle (GemFilter repo's stored score)")
 def rouge1_x10(response: str, needle: str = NEEDLE) -> float:
     """rouge1 F-measure x10, target = the needle, prediction = the response (argument order matters for P/R)."""
     return _rouge_scorer().score(needle, response)["rouge1"].fmeasure * 10
 
 
-@register("recall", 1.0, "word recall of the answer, max 11/12 (GemFilter repo's plotted score)")
+@register("recall", 1.0, "word recall", "word recall of the answer, max 11/12 (GemFilter repo's plotted score)")
 def word_recall(response: str, expected: str = EXPECTED_ANSWER) -> float:
     """Fraction of the expected words (as a list, duplicates counted) covered by the response's word set."""
     exp = expected.split()
     return len(set(response.lower().split()) & set(exp)) / len(exp)
 
 
-@register("hit", 1.0, "1 if the answer phrase is in the response (case and whitespace folded)")
+@register("hit", 1.0, "exact hit", "1 if the answer phrase is in the response (case and whitespace folded)")
 def exact_hit(response: str, expected: str = EXPECTED_ANSWER) -> float:
     """Exact-substring hit of the answer phrase without its final period."""
     phrase = " ".join(expected.lower().rstrip(".").split())
