@@ -104,12 +104,9 @@ def row_scores(query, key, rows):
 
 @register
 @dataclass(frozen=True)
-class MiddleRow(_FilterMethod):
+class MiddleRow(GemFilter):
     """Fig. G.3 ablation: score with the middle real token's query row instead of the last one."""
 
-    layer: int | None = None
-    topk: int = 1024
-    kernel: int = 5
     name: ClassVar[str] = "middle-row"
     description: ClassVar[str] = "ablation (Fig. G.3): like gemfilter, but scored with the middle query row"
 
@@ -121,12 +118,9 @@ class MiddleRow(_FilterMethod):
 
 @register
 @dataclass(frozen=True)
-class LargestRow(_FilterMethod):
+class LargestRow(GemFilter):
     """Fig. G.3 ablation: score with the query row of largest l2 norm (all heads together)."""
 
-    layer: int | None = None
-    topk: int = 1024
-    kernel: int = 5
     name: ClassVar[str] = "largest-row"
     description: ClassVar[str] = "ablation (Fig. G.3): like gemfilter, but scored with the largest-norm query row"
 
