@@ -18,6 +18,12 @@ def embedded():
     return model, tok
 
 
+@pytest.fixture(autouse=True)
+def documented_defaults(monkeypatch):
+    """Test the documented default layer, whatever a local `gemfilter calibrate` may have stored."""
+    monkeypatch.setattr("gemfilter.calibrate.load_calibration", lambda model: None)
+
+
 def answer(model, tok, prompt, method=None, max_new_tokens=24):
     enc = tok(prompt, return_tensors="pt")
     if method is None:
