@@ -59,8 +59,7 @@ def draw(ax, rows: list, method: str, model: str, metric: str = PLOT_METRIC, col
     from matplotlib.colors import LinearSegmentedColormap
 
     depths, lengths, grid = pivot(rows, method, metric)
-    cmap = LinearSegmentedColormap.from_list("niah", COLORS)
-    cmap.set_bad("#DDDDDD")
+    cmap = LinearSegmentedColormap.from_list("niah", COLORS).with_extremes(bad="#DDDDDD")  # grey: not run
     scale = METRICS[metric].vmax
     # pcolormesh on index edges: one square per cell, grey edges = the grid lines.
     mesh = ax.pcolormesh(np.ma.masked_invalid(grid / scale), cmap=cmap, vmin=0, vmax=1,
@@ -100,14 +99,14 @@ def heatmap_png(rows: list, method: str, model: str, path) -> Path:
 
 
 def side_by_side_png(rows: list, model: str, path) -> Path:
-    """All methods' heatmaps in one figure (at most 3 per row), with one shared colorbar."""
+    """All methods' heatmaps in one figure (a row of up to 3, else 2 rows of up to 4), one shared colorbar."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     methods = methods_in(rows)
-    ncols = min(3, len(methods))
+    ncols = len(methods) if len(methods) <= 3 else min(4, math.ceil(len(methods) / 2))
     nrows = math.ceil(len(methods) / ncols)
     w, h = _size(rows)
     fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols + 1.5, (h + 1) * nrows), squeeze=False,

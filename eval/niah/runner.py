@@ -21,7 +21,7 @@ import json
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .grid import PRESETS, normalize_depth
