@@ -141,6 +141,17 @@ def merge(out: Path, method_order=()) -> list:
     return rows
 
 
+def check_layers(rows, methods: dict) -> None:
+    """Refuse to mix filter layers within a method. With --layer omitted the layer is the model's
+    default, which a calibration (``gemfilter calibrate``) can change between a run and its resume."""
+    for name, method in methods.items():
+        new = getattr(method, "layer", None)
+        old = sorted({r.get("layer") for r in rows if r["method"] == name} - {new}, key=str)
+        if old:
+            raise ValueError(f"finished {name} cells used filter layer {old[0]}, but this run resolves to layer {new} "
+                             f"(the model's default changed?). Pass --layer {old[0]} to resume, or use another --out.")
+
+
 def make_state():
     """accelerate's PartialState. Without an accelerator it must be told cpu=True, or processes
     started by torchrun / ``accelerate launch --multi_gpu`` would each think they run alone."""
@@ -210,6 +221,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
         methods = {m: resolve(model, gemfilter.get_method(m, layer=config.layer, topk=config.topk))
                    for m in dict.fromkeys(c[0] for c in mine)}
+        check_layers(done.values(), methods)
         shard = out / SHARD.format(state.process_index)
         if shard.is_file() and shard.stat().st_size and not shard.read_bytes().endswith(b"\n"):
             with open(shard, "a", encoding="utf-8") as f:
