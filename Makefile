@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 demo: $(STAMP)
-	$(VENV)/bin/gemfilter-niah --preset cpu-demo --methods full,gemfilter,gemfilter-span,snapkv --out results/niah
+	$(VENV)/bin/gemfilter-niah --preset cpu-demo --methods full,gemfilter,gemfilter-span,snapkv --topk 256 --threads 2 --out results/niah
 
 clean-venv:
 	rm -rf $(VENV)

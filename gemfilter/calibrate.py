@@ -62,13 +62,13 @@ def recommend(table: dict, sliding: list, threshold: float):
 def calibrate(model, tokenizer, *, lengths=(1000, 2000, 4000), depths=(10, 50, 90), ks=(256, 512, 1024),
               threshold: float = 0.8, haystack_dir=None, save: bool = True, progress=None) -> dict:
     """Run the probes and return (and by default store) the calibration record."""
-    from eval.niah.haystack import NEEDLE, build_case, read_haystack
+    from eval.niah.haystack import NEEDLE, build_case, make_haystack
 
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be positive integers, got {ks}")
-    hay = read_haystack(haystack_dir)
+    hay = make_haystack(tokenizer, max(lengths), haystack_dir=haystack_dir)  # tokenized once, cut per probe
     probes, distances, sliding = [], [], None
     for length in lengths:
         for depth in depths:
