@@ -167,8 +167,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "bench.jsonl"
+    # layer_arg, not layer: each row keeps the layer its method actually resolved to
     meta = dict(model=args.model or "embedded:gemma3-270m", topk=args.topk, gen_tokens=args.gen_tokens,
-                layer=args.layer, threads=args.threads)
+                layer_arg=args.layer, threads=args.threads)
     rows = [r for r in load_rows(jsonl) if all(r.get(k) == v for k, v in meta.items())]
     done = {key_of(r) for r in rows}
     todo = [(m, n, i) for n in lengths for m in methods for i in range(args.repeats) if (m, n, i) not in done]

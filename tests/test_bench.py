@@ -47,6 +47,9 @@ def test_bench_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch, caps
     for r in rows:
         assert r["new_tokens"] == 3 and r["prompt_s"] > 0 and r["gen_s"] > 0
         assert r["kept"] == (r["n"] if r["method"] == "full" else 64)
+        assert r["layer"] == (2 if r["method"] == "gemfilter" else None)  # the resolved filter layer
+    cells = json.loads((tmp_path / "bench.json").read_text())["cells"]
+    assert all(c["theory_prompt_ratio"] == 3 / 4 for c in cells if c["method"] == "gemfilter")
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     table = (tmp_path / "bench.md").read_text()
     assert "| gemfilter |" in table and "Growth exponent" in table
