@@ -1,0 +1,209 @@
+"""LongBench v1 runner: one JSONL row per (method, task, sample), in the official layout, resumable and shardable.
+
+Source: THUDM/LongBench (v1) ``pred.py`` writes ``pred/<model>/<task>.jsonl`` (``pred_e/`` for
+LongBench-E) with one ``{"pred", "answers", "all_classes", "length"}`` line per sample; here the
+"model" folder is the method, so ``eval.py``-style scoring compares methods. Each row also holds
+``_id`` (the resume key), ``kept`` (prompt tokens the answer was generated from), ``prompt_tokens``
+and ``layer`` (the resolved filter layer, None for methods without one).
+
+Files in ``--out``:
+
+- ``config.json``: settings that change answers (model, topk, layer, max_length, chat template,
+  data source); a rerun with other settings is refused, so a folder never mixes two setups;
+- ``pred[_e]/<method>/<task>.jsonl.rank{i}``: rows appended (flushed, fsynced) by process i;
+- ``pred[_e]/<method>/<task>.jsonl``: the merged rows in dataset order, written by the main process
+  after every process finished; the shards are then removed.
+
+A rerun computes only the samples whose ``_id`` has no row yet. Under ``accelerate launch`` /
+``torchrun`` the missing samples are dealt round-robin over the processes (accelerate's PartialState).
+Greedy decoding makes each row a pure function of its inputs, so the merge equals a single-process run.
+Sharding, resume, config and layer checks reuse the NIAH runner's helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.niah.runner import _append, check_config, check_layers, make_state, read_jsonl
+
+from .data import HUB_REPO, load_records
+from .pipeline import check_max_length, default_max_length, predict
+from .tasks import BY_NAME, get_task
+
+SHARD = "{}.jsonl.rank{}"  # does not end in "jsonl": official eval.py and our scorer skip shards
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One LongBench experiment.
+
+    model: HF id / local path / None (embedded Gemma 3 270M); methods: registry names; tasks: configs
+    (``hotpotqa``, ...); e: LongBench-E (``<task>_e`` data, ``pred_e`` folder); limit: first n samples
+    per task (None: all); topk, layer: method parameters (methods without them ignore them; layer None
+    = the model's default); max_length: prompt tokens after middle truncation (None: the model's window
+    minus 500); chat_template: apply the tokenizer's chat template (not to trec, triviaqa, samsum, lcc,
+    repobench-p); data_dir: local folder of ``<config>.jsonl`` (None: the hub).
+    """
+
+    model: str | None = None
+    methods: tuple = ("full", "gemfilter")
+    tasks: tuple = tuple(BY_NAME)
+    e: bool = False
+    limit: int | None = None
+    topk: int = 1024
+    layer: int | None = None
+    max_length: int | None = None
+    chat_template: bool = False
+    data_dir: str | None = None
+    extra: dict = field(default_factory=dict)  # recorded in config.json, not compared
+
+    def identity(self) -> dict:
+        """Settings every finished row depends on besides its (method, task, _id)."""
+        return {"model": self.model, "topk": self.topk, "layer": self.layer, "max_length": self.max_length,
+                "chat_template": self.chat_template,
+                "data": HUB_REPO if self.data_dir is None else str(self.data_dir)}
+
+    def pred_dir(self, out, method: str) -> Path:
+        """``out/pred/<method>`` (``out/pred_e/<method>`` for LongBench-E), the official layout."""
+        return Path(out) / ("pred_e" if self.e else "pred") / method
+
+
+def validate(config: RunConfig) -> None:
+    """Raise ValueError naming the bad setting and what is allowed."""
+    from gemfilter import REGISTRY
+
+    if not config.methods:
+        raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
+    bad = [m for m in config.methods if m not in REGISTRY]
+    if bad:
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; allowed: {', '.join(sorted(REGISTRY))}")
+    if len(set(config.methods)) != len(config.methods):
+        raise ValueError(f"--methods lists a method twice: {','.join(config.methods)}")
+    if not config.tasks:
+        raise ValueError(f"no tasks given; allowed: {', '.join(BY_NAME)}")
+    for name in config.tasks:
+        task = get_task(name)
+        if config.e:
+            task.e_config()  # ValueError for a task without a LongBench-E variant
+    if isinstance(config.topk, bool) or not isinstance(config.topk, int) or config.topk < 1:
+        raise ValueError(f"--topk must be an int >= 1, got {config.topk!r}")
+    if config.layer is not None and (isinstance(config.layer, bool) or not isinstance(config.layer, int)
+                                     or config.layer < 0):
+        raise ValueError(f"--layer must be a 0-based int >= 0 (or omitted for the model's default), got {config.layer!r}")
+    if config.max_length is not None:
+        check_max_length(config.max_length)
+    if config.limit is not None and (isinstance(config.limit, bool) or not isinstance(config.limit, int)
+                                     or config.limit < 1):
+        raise ValueError(f"--limit must be an int >= 1 (or omitted for every sample), got {config.limit!r}")
+
+
+def finished(folder: Path, task: str) -> dict:
+    """_id -> row over ``<task>.jsonl`` and its shards (first one wins)."""
+    rows = {}
+    for path in [folder / f"{task}.jsonl"] + sorted(folder.glob(SHARD.format(task, "*"))):
+        if path.is_file():
+            for row in read_jsonl(path):
+                rows.setdefault(row["_id"], row)
+    return rows
+
+
+def merge(folder: Path, task: str, order: list) -> list:
+    """Write ``<task>.jsonl`` (atomically) in dataset order, then drop the task's shards.
+
+    order: the _ids of this run's records; rows of other _ids (from a run with a larger --limit) keep
+    their place after them.
+    """
+    rows = list(finished(folder, task).values())
+    rank = {key: i for i, key in enumerate(order)}
+    rows.sort(key=lambda r: rank.get(r["_id"], len(rank)))  # stable: unknown _ids keep their order
+    tmp = folder / f"{task}.jsonl.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    os.replace(tmp, folder / f"{task}.jsonl")
+    for shard in folder.glob(SHARD.format(task, "*")):  # their rows are in <task>.jsonl now
+        shard.unlink()
+    return rows
+
+
+def _open_shard(path: Path) -> Path:
+    if path.is_file() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("\n")  # isolate a line cut short by a kill, so the next row stays readable
+    return path
+
+
+def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True) -> dict | None:
+    """Compute the missing samples of ``config`` into ``out``; return {(method, task): rows} (None off main).
+
+    state: an accelerate PartialState (default: the NIAH runner's ``make_state``, gloo on CPU).
+    model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
+    progress: a tqdm bar on the main process.
+    """
+    import gemfilter
+    from gemfilter.apply import resolve
+    from tqdm.auto import tqdm
+
+    validate(config)
+    state = state or make_state()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    check_config(out, config, write=state.is_main_process)
+    tasks = [get_task(name) for name in config.tasks]
+    with state.main_process_first():  # the main process fills the datasets cache; the others then read it
+        records = {t.config: load_records(t.e_config() if config.e else t.config, config.data_dir, config.limit)
+                   for t in tasks}
+    if state.is_main_process and not config.e and config.limit is None:
+        short = [f"{t.config} ({len(records[t.config])} of {t.samples})" for t in tasks
+                 if len(records[t.config]) != t.samples]
+        if short:
+            warnings.warn("LongBench v1 sizes differ, so scores are not comparable with published ones: "
+                          + ", ".join(short))
+    done = {(m, t.config): finished(config.pred_dir(out, m), t.config) for m in config.methods for t in tasks}
+    todo = [(m, t, r) for m in config.methods for t in tasks for r in records[t.config]
+            if r["_id"] not in done[m, t.config]]
+    # Everyone has read the finished rows before anyone appends, so all agree on the same todo list.
+    state.wait_for_everyone()
+    mine = todo[state.process_index::state.num_processes]
+    if state.is_main_process and progress:
+        total = sum(len(records[t.config]) for t in tasks) * len(config.methods)
+        tqdm.write(f"LongBench{'-E' if config.e else ''}: {total} samples ({len(config.methods)} methods x "
+                   f"{len(tasks)} tasks), {total - len(todo)} already done, {len(todo)} to compute over "
+                   f"{state.num_processes} process(es) -> {out}")
+    if mine:
+        model, tok = model_and_tokenizer or gemfilter.load_model(config.model)
+        if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
+            model.to(state.device)
+        max_length = config.max_length or default_max_length(model)
+        methods = {m: resolve(model, gemfilter.get_method(m, layer=config.layer, topk=config.topk))
+                   for m in config.methods}
+        check_layers([{"method": m, "layer": row.get("layer")} for (m, _), rows in done.items()
+                      for row in rows.values()], methods)
+        desc = "LongBench" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
+        opened = set()
+        bar = tqdm(mine, desc=desc, unit="sample", disable=not (progress and state.is_main_process))
+        for name, task, record in bar:
+            folder = config.pred_dir(out, name)
+            folder.mkdir(parents=True, exist_ok=True)
+            res = predict(model, tok, methods[name], task, record, max_length, config.chat_template)
+            row = {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
+                   "length": record["length"], "_id": record["_id"], "kept": res["kept"],
+                   "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None)}
+            shard = folder / SHARD.format(task.config, state.process_index)
+            if shard not in opened:  # check a shard's last line once, not before every append
+                opened.add(_open_shard(shard))
+            _append(shard, row)
+            bar.set_postfix(method=name, task=task.config, kept=res["kept"])
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        return None
+    merged = {}
+    for m in config.methods:
+        for t in tasks:
+            folder = config.pred_dir(out, m)
+            if folder.is_dir():
+                merged[m, t.config] = merge(folder, t.config, [r["_id"] for r in records[t.config]])
+    return merged
