@@ -195,3 +195,17 @@ def test_a_full_run_on_incomplete_data_warns_that_scores_are_not_comparable(tiny
         rows = run(config(words, tiny_model_dir, limit=None, methods=("full",), tasks=("passage_retrieval_en",)),
                    tmp_path / "out", model_and_tokenizer=tiny, progress=False)
     assert len(rows["full", "passage_retrieval_en"]) == 3
+
+
+@pytest.mark.parametrize("command, needles", [
+    ([], ["run", "score", "examples:"]),
+    (["run"], ["passage_retrieval_en  synthetic, retrieval, 32 *", "aliases: all", "gemfilter-span",
+               "accelerate launch --multi_gpu", "pred/<method>/<task>.jsonl"]),
+    (["score"], ["one method folder of <task>.jsonl files", "per length bucket 0-4k, 4-8k, 8k+"]),
+])
+def test_every_command_has_a_help_that_teaches(command, needles, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert all(n in text for n in needles), [n for n in needles if n not in text]

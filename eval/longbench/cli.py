@@ -43,8 +43,8 @@ folders (like the official pred/), or one method folder of <task>.jsonl files. E
 holds rows with pred, answers, all_classes and length (official pred.py output works as is).
 
 metrics (official metrics.py): qa_f1 (token F1 after normalization), rouge (ROUGE-L F, PyPI 'rouge'),
-classification (TREC, with the official removal quirk), count, retrieval (fraction of the numbers
-in the answer that are right), code_sim (fuzzywuzzy ratio via difflib). trec, triviaqa and samsum
+classification (TREC, with the official removal quirk), count and retrieval (share of the numbers
+in the prediction that equal the answer), code_sim (fuzzywuzzy ratio via difflib). trec, triviaqa and samsum
 score only the first line. Per sample: max over answers; per task: round(100 x mean, 2); LongBench-E
 (pred_e/ or --e): per length bucket 0-4k, 4-8k, 8k+. Writes result.json per method folder and
 report.md / report.csv (report_e.*) in DIR.
@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gemfilter-longbench", formatter_class=raw,
         description="LongBench v1, English tasks (THUDM/LongBench), with GemFilter, SnapKV, H2O or full attention. "
-        "'run' predicts and scores; 'score' scores an existing prediction folder. See '<command> --help'.")
+        "'run' predicts and scores; 'score' scores an existing prediction folder. See '<command> --help'.",
+        epilog="examples:\n  gemfilter-longbench run --tasks hotpotqa,trec --limit 20 --methods full,gemfilter\n"
+        "  gemfilter-longbench score results/longbench\n  gemfilter-longbench run --help   # tasks, methods, layout")
     sub = p.add_subparsers(dest="command", required=True, metavar="{run,score}")
     r = sub.add_parser("run", formatter_class=raw, help="generate predictions, then score them",
                        description="Generate LongBench predictions with each method (greedy, official pipeline), "
