@@ -28,7 +28,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.niah.runner import _append, check_config, check_layers, make_state, read_jsonl
+from eval.niah.runner import append_row, check_config, check_layers, make_state, read_jsonl
 
 from .data import HUB_REPO, load_records
 from .pipeline import check_max_length, default_max_length, predict
@@ -195,7 +195,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             shard = folder / SHARD.format(task.config, state.process_index)
             if shard not in opened:  # check a shard's last line once, not before every append
                 opened.add(_open_shard(shard))
-            _append(shard, row)
+            append_row(shard, row)
             bar.set_postfix(method=name, task=task.config, kept=res["kept"])
     state.wait_for_everyone()
     if not state.is_main_process:

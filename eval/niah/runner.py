@@ -175,7 +175,7 @@ def run_cell(model, tokenizer, method, case, max_new_tokens: int) -> dict:
             "seconds": time.perf_counter() - start}
 
 
-def _append(path: Path, row: dict) -> None:
+def append_row(path: Path, row: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
@@ -236,7 +236,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    "model": label, "topk": config.topk, "layer": getattr(methods[name], "layer", None),
                    "prompt": config.prompt, "max_new_tokens": config.max_new_tokens,
                    "process": state.process_index}  # which shard computed it (not part of the result)
-            _append(shard, row)
+            append_row(shard, row)
             bar.set_postfix(method=name, L=length, depth=depth, recall=f"{row['recall']:.2f}")
     state.wait_for_everyone()
     if not state.is_main_process:
