@@ -154,13 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from tqdm import tqdm
 
-    from .methods import REGISTRY
+    from .methods import check_names
 
     args = build_parser().parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in REGISTRY]
-    if unknown:
-        raise SystemExit(f"error: unknown method(s) {', '.join(unknown)}; allowed: {', '.join(sorted(REGISTRY))}")
+    try:
+        check_names(methods)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}")
     lengths = _ints(args.lengths, "lengths")
     if args.repeats < 1 or args.gen_tokens < 1:
         raise SystemExit("error: --repeats and --gen-tokens must be >= 1")

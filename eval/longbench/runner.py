@@ -74,15 +74,9 @@ class RunConfig:
 
 def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad setting and what is allowed."""
-    from gemfilter import REGISTRY
+    from gemfilter.methods import check_names
 
-    if not config.methods:
-        raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
-    bad = [m for m in config.methods if m not in REGISTRY]
-    if bad:
-        raise ValueError(f"unknown method(s) {', '.join(bad)}; allowed: {', '.join(sorted(REGISTRY))}")
-    if len(set(config.methods)) != len(config.methods):
-        raise ValueError(f"--methods lists a method twice: {','.join(config.methods)}")
+    check_names(config.methods)
     if not config.tasks:
         raise ValueError(f"no tasks given; allowed: {', '.join(BY_NAME)}")
     for name in config.tasks:

@@ -61,6 +61,18 @@ class Task:
         return self.template.format(**record)
 
 
+# hotpotqa, 2wikimqa and musique share this official template, character for character.
+MULTI_DOC_TEMPLATE = (
+    "Answer the question based on the given passages. Only give me the answer and do not output any "
+    "other words.\n\n"
+    "The following are given passages.\n"
+    "{context}\n\n"
+    "Answer the question based on the given passages. Only give me the answer and do not output any "
+    "other words.\n\n"
+    "Question: {input}\n"
+    "Answer:"
+)
+
 # fmt: off
 TASKS = (
     Task("narrativeqa", SINGLE, "qa_f1", 128, "NrtvQA", first_line=False, chat=True, samples=200, e=False,
@@ -98,38 +110,11 @@ TASKS = (
              "Answer:"
          )),
     Task("hotpotqa", MULTI, "qa_f1", 32, "HotpotQA", first_line=False, chat=True, samples=200, e=True,
-         template=(
-             "Answer the question based on the given passages. Only give me the answer and do not output any "
-             "other words.\n\n"
-             "The following are given passages.\n"
-             "{context}\n\n"
-             "Answer the question based on the given passages. Only give me the answer and do not output any "
-             "other words.\n\n"
-             "Question: {input}\n"
-             "Answer:"
-         )),
+         template=MULTI_DOC_TEMPLATE),
     Task("2wikimqa", MULTI, "qa_f1", 32, "2WikiMQA", first_line=False, chat=True, samples=200, e=True,
-         template=(
-             "Answer the question based on the given passages. Only give me the answer and do not output any "
-             "other words.\n\n"
-             "The following are given passages.\n"
-             "{context}\n\n"
-             "Answer the question based on the given passages. Only give me the answer and do not output any "
-             "other words.\n\n"
-             "Question: {input}\n"
-             "Answer:"
-         )),
+         template=MULTI_DOC_TEMPLATE),
     Task("musique", MULTI, "qa_f1", 32, "Musique", first_line=False, chat=True, samples=200, e=False,
-         template=(
-             "Answer the question based on the given passages. Only give me the answer and do not output any "
-             "other words.\n\n"
-             "The following are given passages.\n"
-             "{context}\n\n"
-             "Answer the question based on the given passages. Only give me the answer and do not output any "
-             "other words.\n\n"
-             "Question: {input}\n"
-             "Answer:"
-         )),
+         template=MULTI_DOC_TEMPLATE),
     Task("gov_report", SUMM, "rouge", 512, "GovReport", first_line=False, chat=True, samples=200, e=True,
          template=(
              "You are given a report by a government agency. Write a one-page summary of the report.\n\n"

@@ -33,6 +33,17 @@ def get_method(name: str, **params):
     return cls(**{k: v for k, v in params.items() if k in fields and v is not None})
 
 
+def check_names(names) -> None:
+    """Raise ValueError unless ``names`` is a non-empty list of distinct registered method names."""
+    if not names:
+        raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
+    bad = [m for m in names if m not in REGISTRY]
+    if bad:
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; allowed: {', '.join(sorted(REGISTRY))}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--methods lists a method twice: {','.join(names)}")
+
+
 def describe() -> list:
     """(name, description) for every registered method, sorted by name."""
     return [(name, cls.description) for name, cls in sorted(REGISTRY.items())]
@@ -43,5 +54,5 @@ from .cache import H2O, OneRun, SnapKV  # noqa: E402
 from .full import Full  # noqa: E402
 from .prompt import GemFilter, GemFilterSpan, LargestRow, MiddleRow  # noqa: E402
 
-__all__ = ["REGISTRY", "register", "get_method", "describe", "Full", "GemFilter", "GemFilterSpan", "MiddleRow",
+__all__ = ["REGISTRY", "register", "get_method", "check_names", "describe", "Full", "GemFilter", "GemFilterSpan", "MiddleRow",
            "LargestRow", "SnapKV", "H2O", "OneRun"]
