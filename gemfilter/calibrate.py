@@ -25,7 +25,12 @@ def calibration_path(model_name: str) -> Path:
 
 
 def model_key(model) -> str:
-    return str(getattr(model.config, "name_or_path", "") or "model")
+    """The model's name for its calibration file; the embedded model's cache path is machine-specific."""
+    from .layers import EMBEDDED_DIR_NAME
+    from .models import EMBEDDED_NAME
+
+    name = str(getattr(model.config, "name_or_path", "") or "model")
+    return EMBEDDED_NAME if name.rstrip("/").endswith(EMBEDDED_DIR_NAME) else name
 
 
 def load_calibration(model) -> dict | None:
