@@ -233,3 +233,36 @@ def test_e_model_without_attention_interface():
     model = LegacyModel(LlamaConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, vocab_size=32))
     with pytest.raises(TypeError, match="does not dispatch its attention through"):
         gemfilter.select_tokens(model, prompt(n=5), layer=0, topk=2)
+
+
+def test_apply_passes_streamers_and_stopping_criteria_through():
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    model = BUILDERS["llama"]()
+    ids = prompt(seed=9)
+
+    class Collect:
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    class StopAfter(StoppingCriteria):
+        def __init__(self, n):
+            self.n, self.calls = n, 0
+
+        def __call__(self, input_ids, scores, **kw):
+            self.calls += 1
+            return torch.full((input_ids.shape[0],), self.calls >= self.n, dtype=torch.bool)
+
+    streamer, stop = Collect(), StopAfter(3)
+    with gemfilter.apply(model, gemfilter.GemFilter(layer=2, topk=10)):
+        out = model.generate(ids, max_new_tokens=20, do_sample=False, streamer=streamer,
+                             stopping_criteria=StoppingCriteriaList([stop]))
+    assert out.shape[1] == N + 3  # our criterion stopped it, not max_new_tokens
+    assert streamer.chunks[0] == ids[0].tolist()  # generate streams the original prompt first
+    assert [c[0] for c in streamer.chunks[1:]] == out[0, N:].tolist() and streamer.ended
