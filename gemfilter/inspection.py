@@ -21,7 +21,7 @@ import torch
 
 from .attention import STATE_KWARG, wrapped_attention
 from .methods.cache import keep_indices, window_votes
-from .selection import num_layers, pool_scores, positions_from_mask, sliding_window_of, topk_sorted
+from .selection import last_row_scores, num_layers, pool_scores, positions_from_mask, sliding_window_of, topk_sorted
 
 CAPTURE_NAMES = ("qk_last_row", "attn_last_row", "snapkv_votes")
 
@@ -35,8 +35,6 @@ class _CaptureState:
         layer = module.layer_idx
         scaling = kwargs.get("scaling") or module.scaling
         if "qk_last_row" in self.names:
-            from .selection import last_row_scores
-
             self.store[("qk_last_row", layer)] = last_row_scores(query, key)[0].cpu()
         if "attn_last_row" in self.names:
             b, h, n, d = query.shape

@@ -176,6 +176,13 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def decode_mask(kept_mask: torch.Tensor, past: int, q: int) -> torch.Tensor:
+    """(b, past + q) mask for a decode step: the kept prompt slots, then ones for every token after
+    the prompt (generate extends its own mask with ones). kept_mask: (b, k) 0/1, left padding."""
+    b, k = kept_mask.shape
+    return torch.cat([kept_mask, kept_mask.new_ones((b, past + q - k))], dim=1)
+
+
 def filter_pass(model, input_ids, mask, layer, score_fn):
     """Run ``model`` up to ``layer``'s attention and return ``score_fn(query, key)`` there.
 
@@ -233,10 +240,10 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device).long()
     valid = mask.bool()
     if method is None:
-        raw = filter_pass(model, input_ids, mask, layer, last_row_scores)
-        indices, scores = paper_pick(raw, valid, topk, kernel)
-    else:
-        raw = filter_pass(model, input_ids, mask, layer, lambda q, k: method.score(q, k, valid))
-        indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
+        from .methods.prompt import GemFilter  # methods import this module, so import here
+
+        method = GemFilter(layer=layer, topk=topk, kernel=kernel)
+    raw = filter_pass(model, input_ids, mask, layer, lambda q, k: method.score(q, k, valid))
+    indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
     kept_ids = [row[idx] for row, idx in zip(input_ids, indices)]
     return Selection(indices=indices, scores=scores, layer=layer, kept_ids=kept_ids)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import STATE_KWARG
-from ..selection import last_row_scores, pool_scores
+from ..selection import decode_mask, last_row_scores, pool_scores
 from . import register
 
 
@@ -151,9 +151,7 @@ class CacheCall:
         if self.skip:
             return kwargs
         q = kwargs["input_ids"].shape[1]
-        b = self.kept_mask.shape[0]
-        tail = self.kept_mask.new_ones((b, past + q - self.budget))
-        kwargs["attention_mask"] = torch.cat([self.kept_mask, tail], 1) if self.padded else None
+        kwargs["attention_mask"] = decode_mask(self.kept_mask, past, q) if self.padded else None
         return kwargs
 
 

@@ -11,7 +11,7 @@ import torch
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..selection import last_row_scores, paper_pick, positions_from_mask, select_tokens
+from ..selection import decode_mask, last_row_scores, paper_pick, positions_from_mask, select_tokens
 from . import register
 
 
@@ -56,9 +56,7 @@ class PromptCall:
 
     def decode(self, kwargs, cache, past):
         q = kwargs["input_ids"].shape[1]
-        b, k = self.kept_mask.shape
-        # Every token after the prompt is real (generate extends its mask with ones).
-        new_mask = torch.cat([self.kept_mask, self.kept_mask.new_ones((b, past + q - k))], dim=1)
+        new_mask = decode_mask(self.kept_mask, past, q)
         kwargs["attention_mask"] = None if self.kept_mask.all() else new_mask
         kwargs["position_ids"] = positions_from_mask(new_mask)[:, -q:]
         return kwargs
