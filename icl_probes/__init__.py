@@ -1,0 +1,8 @@
+"""ICL probes from Z. Shi's dissertation (2024): one package per experiment.
+
+- ``icl_probes.looped``: Ch. 8, the looped linear transformer does multi-step gradient descent.
+- ``icl_probes.label_flip``: Ch. 5, label-flip ICL with LLMs and the rank-r theory simulation.
+- ``icl_probes.modular``: Ch. 4, modular addition with k inputs, Fourier features and grokking.
+
+Each runs as ``python -m icl_probes.<name> --help``. Importing this package runs nothing.
+"""
