@@ -1,0 +1,252 @@
+"""Presets and one seeded run function per experiment (Ch. 4, Figs. 4.1-4.4; appendix C.10).
+
+- ``run_mlp``: the network of Eq. 4.2; per-neuron Fourier power before/after training (Figs. 4.1, 4.2).
+- ``run_transformer``: a one-layer transformer; W^{KQ} per head and its 2-D DFT (Fig. 4.3).
+- ``run_grokking``: two-layer transformers over several (k, p); train/test accuracy and the grokking
+  delay (Fig. 4.4). One JSONL row per finished (k, p), so an interrupted sweep resumes.
+
+Presets are data (the tables below); the paper values come from appendix C.10, and every CPU deviation
+is named in the preset's ``note``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from icl_probes.common import append_jsonl, read_jsonl, seed_everything
+from icl_probes.modular.data import check_kp, make_split
+from icl_probes.modular.fourier import dft2, dft2_sparsity, frequency_histogram, neuron_power, one_sided_power
+from icl_probes.modular.mlp import PowerMLP, paper_width
+from icl_probes.modular.train import TrainConfig, train
+from icl_probes.modular.transformer import ModularTransformer
+
+POWER_THRESHOLD = 0.9  # a neuron counts as one-sparse in Fourier space at this maximum normalised power
+
+
+@dataclass(frozen=True)
+class MLPRun:
+    """Eq. 4.2 network on k inputs mod p. m = 0 means the paper width 2^{2k-2}(p-1)."""
+
+    k: int = 2
+    p: int = 47
+    m: int = 0
+    init_std: float = 0.1
+    train_frac: float = 0.5
+    seed: int = 0
+    train: TrainConfig = field(default_factory=TrainConfig)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class TransformerRun:
+    """A transformer of n_layers blocks on k inputs mod p (Fig. 4.3 uses one layer)."""
+
+    k: int = 3
+    p: int = 17
+    n_layers: int = 1
+    d_model: int = 128
+    n_heads: int = 160
+    d_head: int = 32
+    d_mlp: int = 512
+    train_frac: float = 0.5
+    seed: int = 0
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=1e-3, weight_decay=1e-3))
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class GrokRun:
+    """The Fig. 4.4 sweep: one two-layer transformer per (k, p); delay measured at ``threshold`` accuracy.
+
+    stop_after_grok: stop a run this many evaluations after both accuracies reached the threshold
+    (-1: never stop early), so fast-grokking k do not spend the whole step budget.
+    """
+
+    kps: tuple[tuple[int, int], ...] = ((2, 97), (3, 31), (4, 11), (5, 5))
+    n_layers: int = 2
+    d_model: int = 128
+    n_heads: int = 160
+    d_head: int = 32
+    d_mlp: int = 512
+    train_frac: float = 0.5
+    seed: int = 0
+    threshold: float = 0.99
+    stop_after_grok: int = -1
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=1e-3, weight_decay=1e-3))
+    note: str = ""
+
+
+def _tc(**kw) -> TrainConfig:
+    return TrainConfig(**kw)
+
+
+MLP_PRESETS = {
+    "cpu": MLPRun(k=2, p=47, train=_tc(steps=3000, lr=5e-3, weight_decay=1.0, batch_size=0, eval_every=100),
+                  note="CPU: k=2, p=47 (m=184, 1104 train points), full batch, weight decay 1.0 instead of 0.005"),
+    "cpu-k3": MLPRun(k=3, p=23, train=_tc(steps=3000, lr=5e-3, weight_decay=1.0, batch_size=0, eval_every=100),
+                     note="CPU: k=3, p=23 (m=352), full batch, weight decay 1.0 instead of 0.005"),
+    "paper": MLPRun(k=4, p=47, m=2944, train=_tc(steps=30000, lr=5e-3, weight_decay=0.005, batch_size=1024,
+                                                 eval_every=1000),
+                    note="C.10.1: k=4, p=47, m=2944, lr 5e-3, lambda 0.005, batch 1024 (steps: our choice)"),
+}
+
+TRANSFORMER_PRESETS = {
+    "cpu": TransformerRun(k=3, p=17, d_model=64, n_heads=8, d_head=16, d_mlp=256,
+                          train=_tc(steps=2000, lr=1e-3, weight_decay=1.0, batch_size=1024, eval_every=100),
+                          note="CPU: k=3, p=17, 8 heads, d_model 64, weight decay 1.0 instead of 0.001"),
+    "paper": TransformerRun(k=4, p=31, train=_tc(steps=20000, lr=1e-3, weight_decay=1e-3, batch_size=1024,
+                                                 eval_every=1000),
+                            note="Fig. 4.3 / C.10: k=4, p=31, 160 heads, d_model 128, lr 1e-3, lambda 1e-3"),
+}
+
+GROK_PRESETS = {
+    "cpu": GrokRun(kps=((2, 97), (3, 23), (4, 11), (5, 7)), d_model=64, n_heads=4, d_head=16, d_mlp=256,
+                   stop_after_grok=5,
+                   train=_tc(steps=3000, lr=1e-3, weight_decay=1.0, batch_size=1024, eval_every=50),
+                   note="CPU: 4 heads, d_model 64, weight decay 1.0 instead of 1e-3, (3,23) and (5,7) for (3,31), (5,5)"),
+    "paper": GrokRun(stop_after_grok=5, train=_tc(steps=10000, lr=1e-3, weight_decay=1e-3, batch_size=1024,
+                                                   eval_every=100),
+                     note="Fig. 4.4 / C.10: 160 heads, d_model 128, lr 1e-3, lambda 1e-3, 50% train"),
+}
+
+
+def _check_frac(train_frac: float) -> None:
+    if not 0.0 < train_frac < 1.0:
+        raise ValueError(f"train_frac={train_frac}: must lie strictly between 0 and 1")
+
+
+def _power_summary(emb: torch.Tensor, p: int) -> dict:
+    power, freq = neuron_power(emb)
+    hist = frequency_histogram(freq, p)
+    return dict(power=power.tolist(), freq=freq.tolist(), histogram=hist,
+                mean_power=float(power.mean()), frac_power_ge=float((power >= POWER_THRESHOLD).float().mean()),
+                covered=sum(c > 0 for c in hist), n_freq=len(hist))
+
+
+def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = True, n_examples: int = 8) -> dict:
+    """Train the Eq. 4.2 network and measure its Fourier features before and after.
+
+    log_path: JSONL file that receives one row per evaluation (truncated first), or None.
+    Returns a JSON-ready dict: config, history, init/final power summaries (per-neuron power and
+    argmax frequency, histogram, coverage) and, for the first ``n_examples`` neurons, u_{i,1} and its
+    one-sided power spectrum before and after training (the data of Figs. 4.1 and 4.2).
+    """
+    check_kp(cfg.k, cfg.p)
+    _check_frac(cfg.train_frac)
+    m = cfg.m or paper_width(cfg.k, cfg.p)
+    seed_everything(cfg.seed)
+    split = make_split(cfg.k, cfg.p, cfg.train_frac, cfg.seed).to(device)
+    model = PowerMLP(cfg.k, cfg.p, m, cfg.init_std).to(device)
+    emb0 = model.embeddings()
+    if log_path is not None:
+        open(log_path, "w").close()
+    t0 = time.time()
+    history = train(model, split, cfg.train, cfg.seed, desc=f"mlp k={cfg.k} p={cfg.p} m={m}", progress=progress,
+                    on_eval=(lambda row: append_jsonl(log_path, row)) if log_path is not None else None)
+    seconds = time.time() - t0
+    emb1 = model.embeddings()
+    ex = list(range(min(n_examples, m)))
+    examples = dict(neurons=ex, init=emb0[0, ex].tolist(), final=emb1[0, ex].tolist(),
+                    init_spectrum=one_sided_power(emb0[0, ex]).tolist(),
+                    final_spectrum=one_sided_power(emb1[0, ex]).tolist())
+    return dict(experiment="mlp", config=asdict(cfg), m=m, n_train=len(split.x_train), n_test=len(split.x_test),
+                device=str(device), seconds=seconds, history=history, final=history[-1],
+                init_power=_power_summary(emb0, cfg.p), final_power=_power_summary(emb1, cfg.p), examples=examples)
+
+
+def _build_transformer(cfg, k: int, p: int, device) -> ModularTransformer:
+    return ModularTransformer(k, p, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp).to(device)
+
+
+def _kq_summary(model: ModularTransformer) -> dict:
+    w = model.w_kq(0)
+    sparsity = [dft2_sparsity(w[h]) for h in range(len(w))]
+    return dict(share=[s for s, _ in sparsity], dominant=[list(f) for _, f in sparsity],
+                norm=w.flatten(1).norm(dim=1).tolist(), mean_share=sum(s for s, _ in sparsity) / len(w))
+
+
+def run_transformer(cfg: TransformerRun, device: torch.device, log_path=None, progress: bool = True,
+                    n_show: int = 4) -> dict:
+    """Train a one-layer transformer and measure how 2-D-Fourier-sparse each head's W^{KQ} is.
+
+    Returns config, history, per-head share of W^{KQ}'s non-constant 2-D power in its top 4 DFT
+    coefficients (before and after training) and, for the ``n_show`` heads of largest ||W^{KQ}||,
+    the matrices and their |2-D DFT|^2 (the data of Fig. 4.3).
+    """
+    check_kp(cfg.k, cfg.p)
+    _check_frac(cfg.train_frac)
+    seed_everything(cfg.seed)
+    split = make_split(cfg.k, cfg.p, cfg.train_frac, cfg.seed).to(device)
+    model = _build_transformer(cfg, cfg.k, cfg.p, device)
+    init = _kq_summary(model)
+    if log_path is not None:
+        open(log_path, "w").close()
+    t0 = time.time()
+    history = train(model, split, cfg.train, cfg.seed, desc=f"transformer k={cfg.k} p={cfg.p}", progress=progress,
+                    on_eval=(lambda row: append_jsonl(log_path, row)) if log_path is not None else None)
+    seconds = time.time() - t0
+    final = _kq_summary(model)
+    w = model.w_kq(0)
+    show = sorted(range(len(w)), key=lambda h: -final["norm"][h])[:n_show]  # the most active heads
+    heads = dict(heads=show, w_kq=[w[h].tolist() for h in show], dft2=[dft2(w[h]).tolist() for h in show])
+    return dict(experiment="transformer", config=asdict(cfg), n_train=len(split.x_train), n_test=len(split.x_test),
+                device=str(device), seconds=seconds, history=history, final=history[-1], init_kq=init,
+                final_kq=final, shown=heads)
+
+
+def first_step(history: list[dict], key: str, threshold: float):
+    """The first evaluated step at which history[key] >= threshold, or None."""
+    return next((row["step"] for row in history if row[key] >= threshold), None)
+
+
+def grokking_delay(history: list[dict], threshold: float = 0.99) -> dict:
+    """Steps from train accuracy >= threshold to test accuracy >= threshold (None if either never happens).
+
+    The resolution is the evaluation interval. A negative delay cannot occur in practice but is kept
+    as is rather than clipped.
+    """
+    t_train = first_step(history, "train_acc", threshold)
+    t_test = first_step(history, "test_acc", threshold)
+    delay = t_test - t_train if t_train is not None and t_test is not None else None
+    return dict(train_step=t_train, test_step=t_test, delay=delay)
+
+
+def run_grokking(cfg: GrokRun, device: torch.device, jsonl_path, progress: bool = True) -> list[dict]:
+    """Train one two-layer transformer per (k, p) in cfg.kps; append one row per finished run to jsonl_path.
+
+    Rows already in jsonl_path with the same (k, p) and the same settings are kept and not rerun
+    (resume). Returns the rows in the order of cfg.kps.
+    """
+    _check_frac(cfg.train_frac)
+    for k, p in cfg.kps:
+        check_kp(k, p)
+    # JSON round trip so tuples compare equal to the lists read back from the JSONL file
+    settings = json.loads(json.dumps({key: val for key, val in asdict(cfg).items() if key not in ("kps", "note")}))
+    done = {(r["k"], r["p"]): r for r in (read_jsonl(jsonl_path) if jsonl_path else []) if r.get("settings") == settings}
+    rows = []
+    for k, p in cfg.kps:
+        if (k, p) in done:
+            rows.append(done[(k, p)])
+            continue
+        seed_everything(cfg.seed)
+        split = make_split(k, p, cfg.train_frac, cfg.seed).to(device)
+        model = _build_transformer(cfg, k, p, device)
+        evals_since = [0]
+
+        def stop(row):
+            if row["train_acc"] >= cfg.threshold and row["test_acc"] >= cfg.threshold:
+                evals_since[0] += 1
+            return cfg.stop_after_grok >= 0 and evals_since[0] > cfg.stop_after_grok
+
+        t0 = time.time()
+        history = train(model, split, cfg.train, cfg.seed, progress=progress, desc=f"grok k={k} p={p}", stop=stop)
+        row = dict(k=k, p=p, n_train=len(split.x_train), n_test=len(split.x_test), seconds=time.time() - t0,
+                   **grokking_delay(history, cfg.threshold), final=history[-1], history=history, settings=settings)
+        if jsonl_path:
+            append_jsonl(jsonl_path, row)
+        rows.append(row)
+    return rows
