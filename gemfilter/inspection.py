@@ -8,9 +8,11 @@ One forward pass (no KV cache) fills named capture points, TransformerLens style
 - ``("qk_last_row", layer)``: raw sum_h q_last . k_j, GemFilter's score before pooling, (n,);
 - ``("attn_last_row", layer)``: the last row's softmax attention as the kernel sees it (scaling,
   sliding window), averaged over heads, (n,);
-- ``("snapkv_votes", layer)``: SnapKV's window votes, averaged over heads, (n,).
+- ``("snapkv_votes", layer)``: SnapKV's window votes, averaged over heads, (n,);
+- ``("attn_last_row_heads", layer)``: the same last softmax row per head, (heads, n). Opt-in only
+  (not in the default :data:`CAPTURE_NAMES`); used by the label-flip ablation (Shi 2024, Fig. 5.3).
 
-Memory is O(n * layers) per capture name.
+Memory is O(n * layers) per capture name (O(heads * n * layers) for the per-head rows).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from .methods.cache import keep_indices, window_votes
 from .selection import last_row_scores, num_layers, pool_scores, positions_from_mask, sliding_window_of, topk_sorted
 
 CAPTURE_NAMES = ("qk_last_row", "attn_last_row", "snapkv_votes")
+#: Capture points that are only filled when asked for by name (bigger: one row per head).
+EXTRA_CAPTURE_NAMES = ("attn_last_row_heads",)
 
 
 class _CaptureState:
@@ -36,7 +40,7 @@ class _CaptureState:
         scaling = kwargs.get("scaling") or module.scaling
         if "qk_last_row" in self.names:
             self.store[("qk_last_row", layer)] = last_row_scores(query, key)[0].cpu()
-        if "attn_last_row" in self.names:
+        if "attn_last_row" in self.names or "attn_last_row_heads" in self.names:
             b, h, n, d = query.shape
             k = key.float().repeat_interleave(h // key.shape[1], dim=1)
             logits = torch.einsum("bhd,bhnd->bhn", query[:, :, -1].float(), k) * scaling
@@ -44,7 +48,11 @@ class _CaptureState:
             if window:  # the last query sees only keys closer than the window
                 logits[..., : max(0, n - window)] = float("-inf")
             logits = logits.masked_fill(~self.valid[:, None, :], float("-inf"))
-            self.store[("attn_last_row", layer)] = logits.softmax(-1).mean(1)[0].cpu()
+            probs = logits.softmax(-1)
+            if "attn_last_row" in self.names:
+                self.store[("attn_last_row", layer)] = probs.mean(1)[0].cpu()
+            if "attn_last_row_heads" in self.names:
+                self.store[("attn_last_row_heads", layer)] = probs[0].cpu()
         if "snapkv_votes" in self.names:
             w = min(self.window, query.shape[2])
             self.store[("snapkv_votes", layer)] = window_votes(query, key, self.valid, scaling, w).mean(1)[0].cpu()
@@ -53,7 +61,8 @@ class _CaptureState:
 
 @dataclass
 class Trace:
-    """Captured last rows of one prompt. ``store[(name, layer)]`` is a float32 (n,) tensor."""
+    """Captured last rows of one prompt. ``store[(name, layer)]`` is a float32 (n,) tensor
+    ((heads, n) for ``attn_last_row_heads``)."""
 
     n: int
     layers: int
@@ -71,11 +80,12 @@ class Trace:
 def trace(model, input_ids, *, names=CAPTURE_NAMES, window: int = 32) -> Trace:
     """Run the whole model once on one prompt (b = 1) and fill the named capture points.
 
-    input_ids: (1, n) long. names: a subset of :data:`CAPTURE_NAMES`.
+    input_ids: (1, n) long. names: a subset of :data:`CAPTURE_NAMES` + :data:`EXTRA_CAPTURE_NAMES`.
     """
-    bad = [n for n in names if n not in CAPTURE_NAMES]
+    allowed = CAPTURE_NAMES + EXTRA_CAPTURE_NAMES
+    bad = [n for n in names if n not in allowed]
     if bad:
-        raise ValueError(f"unknown capture point(s) {bad}; allowed: {', '.join(CAPTURE_NAMES)}")
+        raise ValueError(f"unknown capture point(s) {bad}; allowed: {', '.join(allowed)}")
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
         raise ValueError(f"trace needs input_ids of shape (1, n) with n >= 1, got {tuple(input_ids.shape)}")
     device = next(model.parameters()).device
