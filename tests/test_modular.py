@@ -130,7 +130,8 @@ def test_mlp_training_smoke_fits_the_train_set():
 def test_grokking_delay_from_a_hand_made_history():
     hist = [dict(step=s, train_acc=tr, test_acc=te) for s, tr, te in
             [(0, 0.0, 0.0), (100, 0.5, 0.0), (200, 0.995, 0.1), (300, 1.0, 0.5), (400, 1.0, 0.992)]]
-    assert grokking_delay(hist, 0.99) == dict(train_step=200, test_step=400, delay=200)
+    # gap area by hand, left sums over 100-step intervals: 0 + 0.5*100 + 0.895*100 + 0.5*100 = 189.5
+    assert grokking_delay(hist, 0.99) == dict(train_step=200, test_step=400, delay=200, gap_area=189.5)
     assert grokking_delay(hist[:4], 0.99)["delay"] is None
 
 

@@ -204,7 +204,8 @@ def first_step(history: list[dict], key: str, threshold: float):
 
 
 def grokking_delay(history: list[dict], threshold: float = 0.99) -> dict:
-    """Steps from train accuracy >= threshold to test accuracy >= threshold (None if either never happens).
+    """Steps from train accuracy >= threshold to test accuracy >= threshold (None if either never happens),
+    and ``gap_area``, the area between the train and test accuracy curves in accuracy x steps.
 
     The resolution is the evaluation interval. A negative delay cannot occur in practice but is kept
     as is rather than clipped.
@@ -212,7 +213,11 @@ def grokking_delay(history: list[dict], threshold: float = 0.99) -> dict:
     t_train = first_step(history, "train_acc", threshold)
     t_test = first_step(history, "test_acc", threshold)
     delay = t_test - t_train if t_train is not None and t_test is not None else None
-    return dict(train_step=t_train, test_step=t_test, delay=delay)
+    # The threshold crossing is noisy when both curves hover near it; the area between the curves
+    # (sum of max(0, train - test) * step interval) is a threshold-free companion: about the delay for
+    # a sharp grokking jump, about 0 when train and test rise together.
+    gap = sum(max(0.0, a["train_acc"] - a["test_acc"]) * (b["step"] - a["step"]) for a, b in zip(history, history[1:]))
+    return dict(train_step=t_train, test_step=t_test, delay=delay, gap_area=round(gap, 1))
 
 
 def run_grokking(cfg: GrokRun, device: torch.device, jsonl_path, progress: bool = True) -> list[dict]:

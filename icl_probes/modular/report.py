@@ -68,14 +68,16 @@ def grok_markdown(rows: list[dict], cfg: dict, command: str = "") -> str:
         f"{_train_line(cfg)}; {cfg['train_frac']:.0%} train. Preset note: {cfg['note'] or '-'}",
         "",
         f"| k | p | train examples | step train acc >= {thr} | step test acc >= {thr} | grokking delay (steps) "
-        "| final train / test acc | seconds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| train-test gap area (acc x steps) | final train / test acc | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     fmt = lambda v: "not reached" if v is None else str(v)  # noqa: E731
     for r in rows:
         lines.append(f"| {r['k']} | {r['p']} | {r['n_train']} | {fmt(r['train_step'])} | {fmt(r['test_step'])} | "
-                     f"{fmt(r['delay'])} | {r['final']['train_acc']:.3f} / {r['final']['test_acc']:.3f} | {r['seconds']:.0f} |")
-    lines += ["", f"Delays are measured at the evaluation interval ({cfg['train']['eval_every']} steps)."]
+                     f"{fmt(r['delay'])} | {r['gap_area']:.0f} | {r['final']['train_acc']:.3f} / {r['final']['test_acc']:.3f} | {r['seconds']:.0f} |")
+    lines += ["", f"Delays are measured at the evaluation interval ({cfg['train']['eval_every']} steps). The gap area "
+              "sums max(0, train acc - test acc) over steps: about the delay for a sharp jump, about 0 when the "
+              "curves rise together."]
     if command:
         lines += ["", f"Command: `{command}`"]
     return "\n".join(lines) + "\n"
