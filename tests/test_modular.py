@@ -127,6 +127,15 @@ def test_mlp_training_smoke_fits_the_train_set():
     assert hist[-1]["train_acc"] > 0.9  # chance is 1/23
 
 
+def test_training_stops_at_the_deadline_and_marks_the_row():
+    import time
+
+    split = make_split(2, 5, 0.5, seed=0)
+    hist = train(PowerMLP(2, 5, 8), split, TrainConfig(steps=1000, eval_every=500), progress=False,
+                 deadline=time.time() - 1)
+    assert [r["step"] for r in hist] == [0, 1] and hist[-1]["time_limit"] is True
+
+
 def test_grokking_delay_from_a_hand_made_history():
     hist = [dict(step=s, train_acc=tr, test_acc=te) for s, tr, te in
             [(0, 0.0, 0.0), (100, 0.5, 0.0), (200, 0.995, 0.1), (300, 1.0, 0.5), (400, 1.0, 0.992)]]

@@ -11,6 +11,7 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -82,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--no-log", action="store_true", help="write no JSONL log (fewer output files)")
         sp.add_argument("--force", action="store_true", help="retrain even if a finished result with these settings exists")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
+        sp.add_argument("--max-minutes", type=float, help="stop training after this many minutes and write what "
+                        "was reached (marked time_limit in the JSON); for a sweep, the budget covers all runs")
         if name in ("mlp", "transformer"):
             sp.add_argument("--k", type=int, help="number of inputs (>= 2)")
             sp.add_argument("--p", type=int, help="modulus (an odd prime)")
@@ -122,6 +125,8 @@ def _same(path: Path, cfg) -> dict | None:
     if not path.exists():
         return None
     stored = json.loads(path.read_text())
+    if stored.get("final", {}).get("time_limit"):
+        return None  # cut short by --max-minutes: train again
     return stored if stored.get("config") == json.loads(json.dumps(asdict(cfg))) else None
 
 
@@ -133,6 +138,9 @@ def main(argv=None) -> int:
     if args.command == "presets":
         print(json.dumps({name: {k: asdict(v) for k, v in table.items()} for name, table in PRESETS.items()}, indent=2))
         return 0
+    if args.max_minutes is not None and args.max_minutes <= 0:
+        parser.error(f"--max-minutes {args.max_minutes}: must be > 0")
+    deadline = None if args.max_minutes is None else time.time() + 60 * args.max_minutes
     if args.threads < 1:
         parser.error(f"--threads {args.threads}: must be >= 1")
     command = "python -m icl_probes.modular " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -147,7 +155,7 @@ def main(argv=None) -> int:
             path = out / "mlp_result.json"
             result = None if args.force else _same(path, cfg)
             if result is None:
-                result = run_mlp(cfg, device, None if args.no_log else out / "mlp_log.jsonl", progress)
+                result = run_mlp(cfg, device, None if args.no_log else out / "mlp_log.jsonl", progress, deadline=deadline)
                 write_json(path, result)
             md = report.mlp_markdown(result, command)
             pngs = [plots.plot_neurons(result, figs / "modular_fig41_neurons.png"),
@@ -156,7 +164,8 @@ def main(argv=None) -> int:
             path = out / "transformer_result.json"
             result = None if args.force else _same(path, cfg)
             if result is None:
-                result = run_transformer(cfg, device, None if args.no_log else out / "transformer_log.jsonl", progress)
+                result = run_transformer(cfg, device, None if args.no_log else out / "transformer_log.jsonl", progress,
+                                         deadline=deadline)
                 write_json(path, result)
             md = report.transformer_markdown(result, command)
             pngs = [plots.plot_kq(result, figs / "modular_fig43_wkq.png")]
@@ -164,7 +173,7 @@ def main(argv=None) -> int:
             jsonl = None if args.no_log else out / "grok_runs.jsonl"
             if args.force and jsonl is not None and jsonl.exists():
                 jsonl.unlink()
-            rows = run_grokking(cfg, device, jsonl, progress)
+            rows = run_grokking(cfg, device, jsonl, progress, deadline=deadline)
             write_json(out / "grok_result.json", dict(experiment="grok", config=asdict(cfg), device=str(device), runs=rows))
             md = report.grok_markdown(rows, asdict(cfg), command)
             pngs = [plots.plot_grokking(rows, figs / "modular_fig44_grokking.png")]

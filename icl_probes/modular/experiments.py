@@ -127,7 +127,8 @@ def _power_summary(emb: torch.Tensor, p: int) -> dict:
                 covered=sum(c > 0 for c in hist), n_freq=len(hist))
 
 
-def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = True, n_examples: int = 8) -> dict:
+def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = True, n_examples: int = 8,
+            deadline: float | None = None) -> dict:
     """Train the Eq. 4.2 network and measure its Fourier features before and after.
 
     log_path: JSONL file that receives one row per evaluation (truncated first), or None.
@@ -146,6 +147,7 @@ def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = T
         open(log_path, "w").close()
     t0 = time.time()
     history = train(model, split, cfg.train, cfg.seed, desc=f"mlp k={cfg.k} p={cfg.p} m={m}", progress=progress,
+                    deadline=deadline,
                     on_eval=(lambda row: append_jsonl(log_path, row)) if log_path is not None else None)
     seconds = time.time() - t0
     emb1 = model.embeddings()
@@ -170,7 +172,7 @@ def _kq_summary(model: ModularTransformer) -> dict:
 
 
 def run_transformer(cfg: TransformerRun, device: torch.device, log_path=None, progress: bool = True,
-                    n_show: int = 4) -> dict:
+                    n_show: int = 4, deadline: float | None = None) -> dict:
     """Train a one-layer transformer and measure how 2-D-Fourier-sparse each head's W^{KQ} is.
 
     Returns config, history, per-head share of W^{KQ}'s non-constant 2-D power in its top 4 DFT
@@ -187,6 +189,7 @@ def run_transformer(cfg: TransformerRun, device: torch.device, log_path=None, pr
         open(log_path, "w").close()
     t0 = time.time()
     history = train(model, split, cfg.train, cfg.seed, desc=f"transformer k={cfg.k} p={cfg.p}", progress=progress,
+                    deadline=deadline,
                     on_eval=(lambda row: append_jsonl(log_path, row)) if log_path is not None else None)
     seconds = time.time() - t0
     final = _kq_summary(model)
@@ -220,18 +223,20 @@ def grokking_delay(history: list[dict], threshold: float = 0.99) -> dict:
     return dict(train_step=t_train, test_step=t_test, delay=delay, gap_area=round(gap, 1))
 
 
-def run_grokking(cfg: GrokRun, device: torch.device, jsonl_path, progress: bool = True) -> list[dict]:
+def run_grokking(cfg: GrokRun, device: torch.device, jsonl_path, progress: bool = True,
+                 deadline: float | None = None) -> list[dict]:
     """Train one two-layer transformer per (k, p) in cfg.kps; append one row per finished run to jsonl_path.
 
     Rows already in jsonl_path with the same (k, p) and the same settings are kept and not rerun
-    (resume). Returns the rows in the order of cfg.kps.
+    (resume); a run cut short by ``deadline`` (a time.time() value shared by the whole sweep) is kept
+    but rerun on resume. Returns the rows in the order of cfg.kps.
     """
     _check_frac(cfg.train_frac)
     for k, p in cfg.kps:
         check_kp(k, p)
     # JSON round trip so tuples compare equal to the lists read back from the JSONL file
     settings = json.loads(json.dumps({key: val for key, val in asdict(cfg).items() if key not in ("kps", "note")}))
-    done = {(r["k"], r["p"]): r for r in (read_jsonl(jsonl_path) if jsonl_path else []) if r.get("settings") == settings}
+    done = {(r["k"], r["p"]): r for r in (read_jsonl(jsonl_path) if jsonl_path else []) if r.get("settings") == settings and not r.get("time_limit")}
     rows = []
     for k, p in cfg.kps:
         if (k, p) in done:
@@ -248,8 +253,9 @@ def run_grokking(cfg: GrokRun, device: torch.device, jsonl_path, progress: bool 
             return cfg.stop_after_grok >= 0 and evals_since[0] > cfg.stop_after_grok
 
         t0 = time.time()
-        history = train(model, split, cfg.train, cfg.seed, progress=progress, desc=f"grok k={k} p={p}", stop=stop)
-        row = dict(k=k, p=p, n_train=len(split.x_train), n_test=len(split.x_test), seconds=time.time() - t0,
+        history = train(model, split, cfg.train, cfg.seed, progress=progress, desc=f"grok k={k} p={p}", stop=stop,
+                        deadline=deadline)
+        row = dict(k=k, p=p, time_limit=bool(history[-1].get("time_limit")), n_train=len(split.x_train), n_test=len(split.x_test), seconds=time.time() - t0,
                    **grokking_delay(history, cfg.threshold), final=history[-1], history=history, settings=settings)
         if jsonl_path:
             append_jsonl(jsonl_path, row)

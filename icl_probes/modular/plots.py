@@ -109,7 +109,7 @@ def plot_grokking(rows: list[dict], path):
             if r[key] is not None:
                 ax.axvline(r[key], color=color, ls=":", lw=1)
         delay = "not reached" if r["delay"] is None else f"{r['delay']} steps"
-        ax.set_title(f"k={r['k']}, p={r['p']}: delay {delay}", fontsize=9)
+        ax.set_title(f"k={r['k']}, p={r['p']}: delay {delay}, gap area {r['gap_area']:.0f}", fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
     axes[0, 0].set_ylabel("accuracy")

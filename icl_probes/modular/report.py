@@ -9,6 +9,11 @@ def _train_line(cfg: dict) -> str:
             f"{t['schedule']} schedule, batch {t['batch_size'] or 'full'}, {t['steps']} steps, seed {cfg['seed']}")
 
 
+def _limit(r: dict) -> list[str]:
+    f = r["final"]
+    return [f"**Stopped by --max-minutes at step {f['step']}.**", ""] if f.get("time_limit") else []
+
+
 def mlp_markdown(r: dict, command: str = "") -> str:
     """Test accuracy, share of neurons with power >= 0.9 (trained vs init), mean power, frequency coverage."""
     c, i, f, fin = r["config"], r["init_power"], r["final_power"], r["final"]
@@ -18,6 +23,7 @@ def mlp_markdown(r: dict, command: str = "") -> str:
         f"{r['n_train']} train / {r['n_test']} test examples; {_train_line(c)}; {r['seconds']:.0f} s on {r['device']}.",
         f"Preset note: {c['note'] or '-'}",
         "",
+        *_limit(r),
         "| | init | trained |",
         "|---|---|---|",
         f"| train accuracy | {r['history'][0]['train_acc']:.4f} | {fin['train_acc']:.4f} |",
@@ -44,6 +50,7 @@ def transformer_markdown(r: dict, command: str = "") -> str:
         f"{r['n_train']} train / {r['n_test']} test examples; {_train_line(c)}; {r['seconds']:.0f} s on {r['device']}.",
         f"Preset note: {c['note'] or '-'}",
         "",
+        *_limit(r),
         "| | init | trained |",
         "|---|---|---|",
         f"| train accuracy | {r['history'][0]['train_acc']:.4f} | {fin['train_acc']:.4f} |",
@@ -74,7 +81,8 @@ def grok_markdown(rows: list[dict], cfg: dict, command: str = "") -> str:
     fmt = lambda v: "not reached" if v is None else str(v)  # noqa: E731
     for r in rows:
         lines.append(f"| {r['k']} | {r['p']} | {r['n_train']} | {fmt(r['train_step'])} | {fmt(r['test_step'])} | "
-                     f"{fmt(r['delay'])} | {r['gap_area']:.0f} | {r['final']['train_acc']:.3f} / {r['final']['test_acc']:.3f} | {r['seconds']:.0f} |")
+                     f"{fmt(r['delay'])} | {r['gap_area']:.0f} | {r['final']['train_acc']:.3f} / {r['final']['test_acc']:.3f}"
+                     f"{' (time limit at step %d)' % r['final']['step'] if r.get('time_limit') else ''} | {r['seconds']:.0f} |")
     lines += ["", f"Delays are measured at the evaluation interval ({cfg['train']['eval_every']} steps). The gap area "
               "sums max(0, train acc - test acc) over steps: about the delay for a sharp jump, about 0 when the "
               "curves rise together."]

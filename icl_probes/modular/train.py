@@ -8,6 +8,7 @@ that the fastest choice on CPU); otherwise minibatches from a seeded permutation
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -80,13 +81,16 @@ def train(
     progress: bool = True,
     stop: Callable[[dict], bool] | None = None,
     desc: str = "train",
+    deadline: float | None = None,
 ) -> list[dict]:
     """Train ``model`` on split.x_train and return one row per evaluation.
 
     split must already be on the model's device. Evaluations happen at step 0, every cfg.eval_every
     steps and at the end; each row {step, lr, train_loss, train_acc, test_loss, test_acc} is passed to
     ``on_eval`` (e.g. to append it to a JSONL file) as soon as it exists. Training ends early when
-    ``stop(row)`` returns True for an evaluation row.
+    ``stop(row)`` returns True for an evaluation row, or at the first step past ``deadline`` (a
+    ``time.time()`` value; the row then gets ``time_limit=True``), so a run on a time budget still
+    returns its curves.
     """
     from tqdm.auto import tqdm
 
@@ -132,5 +136,10 @@ def train(
             log(step + 1)
             if stop is not None and stop(history[-1]):
                 break
+        if deadline is not None and time.time() > deadline and step + 1 < cfg.steps:
+            if history[-1]["step"] != step + 1:
+                log(step + 1)
+            history[-1]["time_limit"] = True
+            break
     bar.close()
     return history
