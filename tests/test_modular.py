@@ -14,7 +14,7 @@ import torch
 from icl_probes.modular import cli, experiments
 from icl_probes.modular.data import all_inputs, check_kp, labels, make_split
 from icl_probes.modular.experiments import grokking_delay
-from icl_probes.modular.fourier import dft2_sparsity, frequency_histogram, max_normalised_power, neuron_power, one_sided_power
+from icl_probes.modular.fourier import dft2_interaction_share, dft2_sparsity, frequency_histogram, max_normalised_power, neuron_power, one_sided_power
 from icl_probes.modular.mlp import PowerMLP, paper_width
 from icl_probes.modular.train import TrainConfig, train
 from icl_probes.modular.transformer import ModularTransformer
@@ -70,6 +70,10 @@ def test_dft2_sparsity_of_a_2d_cosine_and_of_noise():
     product = torch.tensor(np.cos(2 * np.pi * 2 * a / p) * np.cos(2 * np.pi * 7 * b / p))
     assert dft2_sparsity(product)[0] == pytest.approx(1.0, abs=1e-9)
     assert dft2_sparsity(torch.randn(p, p, generator=torch.Generator().manual_seed(1)))[0] < 0.2
+    # a cosine in a alone plus a cosine in a - b: the interaction part is exactly the a - b cosine
+    mixed = torch.tensor(3 * np.cos(2 * np.pi * 2 * a / p) + np.cos(2 * np.pi * 4 * (a - b) / p))
+    assert dft2_sparsity(mixed)[1] == (2, 0)
+    assert dft2_interaction_share(mixed) == pytest.approx(1.0, abs=1e-9)
 
 
 @pytest.mark.parametrize("k,p", [(2, 3), (2, 7), (3, 5), (4, 3)])

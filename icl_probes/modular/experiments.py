@@ -19,7 +19,7 @@ import torch
 
 from icl_probes.common import append_jsonl, read_jsonl, seed_everything
 from icl_probes.modular.data import check_kp, make_split
-from icl_probes.modular.fourier import dft2, dft2_sparsity, frequency_histogram, neuron_power, one_sided_power
+from icl_probes.modular.fourier import dft2, dft2_interaction_share, dft2_sparsity, frequency_histogram, neuron_power, one_sided_power
 from icl_probes.modular.mlp import PowerMLP, paper_width
 from icl_probes.modular.train import TrainConfig, train
 from icl_probes.modular.transformer import ModularTransformer
@@ -108,7 +108,7 @@ GROK_PRESETS = {
                    stop_after_grok=5,
                    train=_tc(steps=3000, lr=1e-3, weight_decay=1.0, batch_size=1024, eval_every=50),
                    note="CPU: 4 heads, d_model 64, weight decay 1.0 instead of 1e-3, (3,23) and (5,7) for (3,31), (5,5)"),
-    "paper": GrokRun(stop_after_grok=5, train=_tc(steps=10000, lr=1e-3, weight_decay=1e-3, batch_size=1024,
+    "paper": GrokRun(stop_after_grok=5, train=_tc(steps=15000, lr=1e-3, weight_decay=1e-3, batch_size=1024,
                                                    eval_every=100),
                      note="Fig. 4.4 / C.10: 160 heads, d_model 128, lr 1e-3, lambda 1e-3, 50% train"),
 }
@@ -167,8 +167,10 @@ def _build_transformer(cfg, k: int, p: int, device) -> ModularTransformer:
 def _kq_summary(model: ModularTransformer) -> dict:
     w = model.w_kq(0)
     sparsity = [dft2_sparsity(w[h]) for h in range(len(w))]
-    return dict(share=[s for s, _ in sparsity], dominant=[list(f) for _, f in sparsity],
-                norm=w.flatten(1).norm(dim=1).tolist(), mean_share=sum(s for s, _ in sparsity) / len(w))
+    inter = [dft2_interaction_share(w[h]) for h in range(len(w))]
+    return dict(share=[s for s, _ in sparsity], dominant=[list(f) for _, f in sparsity], interaction_share=inter,
+                norm=w.flatten(1).norm(dim=1).tolist(), mean_share=sum(s for s, _ in sparsity) / len(w),
+                mean_interaction_share=sum(inter) / len(w))
 
 
 def run_transformer(cfg: TransformerRun, device: torch.device, log_path=None, progress: bool = True,

@@ -72,3 +72,13 @@ def dft2_sparsity(w: torch.Tensor, top: int = 4) -> tuple[float, tuple[int, int]
     i = int(flat.argmax())
     j1, j2 = divmod(i, spec.shape[1])
     return share, (min(j1, p - j1), min(j2, spec.shape[1] - j2))
+
+
+def dft2_interaction_share(w: torch.Tensor, top: int = 4) -> float:
+    """Top-``top`` share of the 2-D power with j1 != 0 and j2 != 0 (the part of W^{KQ} that depends on both
+    tokens). W[a, b] = f(a) + g(b) has no such part; cos(2 pi j (a - b)/p) scores 1. w: (p, p)."""
+    spec = dft2(w)
+    spec[0, :] = 0.0
+    spec[:, 0] = 0.0
+    flat = spec.flatten()
+    return float(flat.topk(min(top, flat.numel())).values.sum() / flat.sum().clamp_min(1e-30))

@@ -83,8 +83,8 @@ def plot_kq(result: dict, path):
         axes[0, c].set_xlabel("b (query token)", fontsize=8)
         axes[0, c].set_ylabel("a (key token)", fontsize=8)
         axes[1, c].imshow(f, cmap="viridis")
-        share = result["final_kq"]["share"][h]
-        axes[1, c].set_title(f"|2-D DFT|$^2$, top-4 share {share:.2f}", fontsize=9)
+        share, inter = result["final_kq"]["share"][h], result["final_kq"]["interaction_share"][h]
+        axes[1, c].set_title(f"|2-D DFT|$^2$: top-4 share {share:.2f}\n(interaction part {inter:.2f})", fontsize=9)
         axes[1, c].set_xlabel("frequency j2", fontsize=8)
         axes[1, c].set_ylabel("frequency j1", fontsize=8)
     cfg = result["config"]

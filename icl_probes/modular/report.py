@@ -57,9 +57,12 @@ def transformer_markdown(r: dict, command: str = "") -> str:
         f"| test accuracy | {r['history'][0]['test_acc']:.4f} | {fin['test_acc']:.4f} |",
         f"| mean top-4 share of W^KQ 2-D power | {sum(share0) / len(share0):.3f} | {sum(share1) / len(share1):.3f} |",
         f"| heads with top-4 share >= 0.5 | {ge(share0):.0%} | {ge(share1):.0%} |",
+        f"| mean top-4 share of the interaction part (j1, j2 != 0) | {r['init_kq']['mean_interaction_share']:.3f} "
+        f"| {r['final_kq']['mean_interaction_share']:.3f} |",
         "",
         "Shown heads (largest ||W^KQ||): " + ", ".join(
-            f"{h} (share {share1[h]:.2f}, dominant (j1,j2)={tuple(r['final_kq']['dominant'][h])})" for h in r["shown"]["heads"]),
+            f"{h} (share {share1[h]:.2f}, interaction share {r['final_kq']['interaction_share'][h]:.2f}, "
+            f"dominant (j1,j2)={tuple(r['final_kq']['dominant'][h])})" for h in r["shown"]["heads"]),
     ]
     if command:
         lines += ["", f"Command: `{command}`"]
