@@ -1,0 +1,38 @@
+"""Output folders that resume: the config is pinned in config.json, so a rerun continues the same run.
+
+A rerun with a different config into the same folder would mix rows from two experiments; it is
+refused with a message that names the fields that differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from icl_probes.common import write_json
+
+
+def config_dict(cfg) -> dict:
+    """A frozen dataclass config as JSON-ready dict (tuples become lists, as JSON stores them)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def prepare_out(out, cfg, kind: str) -> Path:
+    """Create ``out`` and pin ``cfg`` there; raise ValueError if it already holds another config.
+
+    ``device`` is not part of the pin: a run may start on a GPU and resume on the CPU.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    want = {"experiment": kind, **{k: v for k, v in config_dict(cfg).items() if k != "device"}}
+    path = out / "config.json"
+    if path.exists():
+        have = json.loads(path.read_text(encoding="utf-8"))
+        if have != want:
+            diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+            raise ValueError(f"{out} already holds a run with another config (differs in: {', '.join(diff)}); "
+                             "rerun with the same options to resume, or pick a new --out")
+    else:
+        write_json(path, want)
+    return out
