@@ -111,6 +111,22 @@ def test_power_mlp_is_equation_4_2():
     assert paper_width(4, 47) == 2944 and paper_width(3, 97) == 1536 and paper_width(5, 23) == 5632
 
 
+def test_power_summary_counts_active_neurons():
+    from icl_probes.modular.experiments import _power_summary
+
+    p = 7
+    net = PowerMLP(2, p, 3, init_std=1.0)
+    with torch.no_grad():
+        net.U[:, :, 0] = torch.stack([cosine(p, 2, phase=0.0, offset=0.0), cosine(p, 2, phase=1.0, offset=0.0)])
+        net.U[:, :, 1] = (cosine(p, 1, offset=0.0) + cosine(p, 3, offset=0.0))[None]  # power 0.5
+        net.U[:, :, 2] *= 1e-3  # a switched-off neuron: far below 0.1 x the largest norm
+        net.W[2] *= 1e-3
+    s = _power_summary(net)
+    assert s["n_active"] == 2 and s["freq"][0] == 2 and s["power"][0] == pytest.approx(1.0, abs=1e-6)
+    assert s["power"][1] == pytest.approx(0.5, abs=1e-6)
+    assert s["frac_power_ge_active"] == 0.5 and s["covered_active"] == 2
+
+
 def test_w_kq_equals_key_query_products_of_the_token_embeddings():
     torch.manual_seed(0)
     model = ModularTransformer(2, 7, n_layers=1, d_model=8, n_heads=3, d_head=4, d_mlp=16)

@@ -25,6 +25,7 @@ from icl_probes.modular.train import TrainConfig, train
 from icl_probes.modular.transformer import ModularTransformer
 
 POWER_THRESHOLD = 0.9  # a neuron counts as one-sparse in Fourier space at this maximum normalised power
+ACTIVE_FRACTION = 0.1  # a neuron is active when its parameter norm is at least this share of the largest
 
 
 @dataclass(frozen=True)
@@ -119,12 +120,22 @@ def _check_frac(train_frac: float) -> None:
         raise ValueError(f"train_frac={train_frac}: must lie strictly between 0 and 1")
 
 
-def _power_summary(emb: torch.Tensor, p: int) -> dict:
-    power, freq = neuron_power(emb)
-    hist = frequency_histogram(freq, p)
-    return dict(power=power.tolist(), freq=freq.tolist(), histogram=hist,
+def _power_summary(model: PowerMLP) -> dict:
+    """Per-neuron power and frequency, their summaries, and the same over the *active* neurons.
+
+    Weight decay switches some neurons off (k=3: about half end with a norm ~1e-3 of the largest);
+    their leftover direction is noise, so the summary also counts only neurons whose parameter norm
+    (u_{i,1..k} and w_i together) is at least ACTIVE_FRACTION of the largest.
+    """
+    power, freq = neuron_power(model.embeddings())
+    norm = (model.U.detach().pow(2).sum(dim=(0, 1)) + model.W.detach().pow(2).sum(dim=1)).sqrt().cpu()
+    active = norm >= ACTIVE_FRACTION * norm.max()
+    hist = frequency_histogram(freq, model.p)
+    return dict(power=power.tolist(), freq=freq.tolist(), norm=norm.tolist(), histogram=hist,
                 mean_power=float(power.mean()), frac_power_ge=float((power >= POWER_THRESHOLD).float().mean()),
-                covered=sum(c > 0 for c in hist), n_freq=len(hist))
+                covered=sum(c > 0 for c in hist), n_freq=len(hist), n_active=int(active.sum()),
+                frac_power_ge_active=float((power[active] >= POWER_THRESHOLD).float().mean()),
+                covered_active=int(torch.unique(freq[active]).numel()))
 
 
 def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = True, n_examples: int = 8,
@@ -142,7 +153,7 @@ def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = T
     seed_everything(cfg.seed)
     split = make_split(cfg.k, cfg.p, cfg.train_frac, cfg.seed).to(device)
     model = PowerMLP(cfg.k, cfg.p, m, cfg.init_std).to(device)
-    emb0 = model.embeddings()
+    emb0, init_power = model.embeddings(), _power_summary(model)
     if log_path is not None:
         open(log_path, "w").close()
     t0 = time.time()
@@ -157,7 +168,7 @@ def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = T
                     final_spectrum=one_sided_power(emb1[0, ex]).tolist())
     return dict(experiment="mlp", config=asdict(cfg), m=m, n_train=len(split.x_train), n_test=len(split.x_test),
                 device=str(device), seconds=seconds, history=history, final=history[-1],
-                init_power=_power_summary(emb0, cfg.p), final_power=_power_summary(emb1, cfg.p), examples=examples)
+                init_power=init_power, final_power=_power_summary(model), examples=examples)
 
 
 def _build_transformer(cfg, k: int, p: int, device) -> ModularTransformer:

@@ -31,6 +31,9 @@ def mlp_markdown(r: dict, command: str = "") -> str:
         f"| neurons with max normalised power >= 0.9 | {i['frac_power_ge']:.1%} | {f['frac_power_ge']:.1%} |",
         f"| mean max normalised power | {i['mean_power']:.3f} | {f['mean_power']:.3f} |",
         f"| frequencies covered (of 1..{(c['p'] - 1) // 2}) | {i['covered']}/{i['n_freq']} | {f['covered']}/{f['n_freq']} |",
+        f"| active neurons (norm >= 0.1 x largest) | {i['n_active']}/{r['m']} | {f['n_active']}/{r['m']} |",
+        f"| active neurons with power >= 0.9 | {i['frac_power_ge_active']:.1%} | {f['frac_power_ge_active']:.1%} |",
+        f"| frequencies covered by active neurons | {i['covered_active']}/{i['n_freq']} | {f['covered_active']}/{f['n_freq']} |",
         "",
         f"Argmax-frequency histogram after training (j=1..): {f['histogram']}",
     ]
