@@ -153,19 +153,22 @@ def markdown_table(results: dict) -> str:
 
 
 def plot(cfg: Fig81Config, results: dict, path) -> None:
-    """Fig. 8.1: mean empirical log ratio (solid, thin lines per trial) and -t/kappa_mean (dashed)."""
+    """Fig. 8.1: mean empirical log ratio (solid, thin lines per trial) and -t/kappa_mean (dashed), y clipped at the floor."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     floor = results["floor_log"]
     ts = torch.arange(cfg.T + 1, dtype=torch.float64)
     for color, (n, r) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], results["per_n"].items()):
         curves = torch.tensor(r["curves"])
-        mean = curves.mean(0)
-        # End each curve at the floor: below it the values are rounding noise, not GD progress.
-        hit = (curves <= floor).any(0).nonzero()
-        end = hit[0].item() if hit.numel() else cfg.T + 1
+        # Below the floor the values are rounding noise, not GD progress: each trial's line ends there,
+        # and the mean is taken over values clamped up to the floor (which only raises it), until all are there.
         for c in curves:
+            hit = (c <= floor).nonzero()
+            end = hit[0].item() if hit.numel() else cfg.T + 1
             ax.plot(ts[:end], c[:end], color=color, lw=0.5, alpha=0.3)
+        mean = curves.clamp(min=floor).mean(0)
+        hit = (mean <= floor + 1e-9).nonzero()
+        end = hit[0].item() + 1 if hit.numel() else cfg.T + 1
         ax.plot(ts[:end], mean[:end], color=color, lw=2, label=f"n={n}, empirical (mean of {r['trials']})")
         ax.plot(ts, -ts / r["kappa_mean"], color=color, lw=1.5, ls="--", label=f"n={n}, bound -t/kappa, kappa={r['kappa_mean']:.2f}")
     ax.set_ylim(floor - 5, 2)
