@@ -92,8 +92,8 @@ class TrainConfig:
 
 PRESETS = {
     "cpu": ({}, "d=5, n=20, T=10, 10000 Adam steps of 256 tasks, 4 models, eval to 40 loops (~3 min on 2 cores)"),
-    "paper": (dict(d=10, n=40, T=20, eval_loops=100, steps=20000, curriculum=10000, batch=1024, eval_tasks=20000,
-                   log_every=500), "d=10, n=40, T=20, 20000 steps of 1024 tasks, 4 models, eval to 100 loops (GPU)"),
+    "paper": (dict(d=10, n=40, T=20, eval_loops=100, steps=12000, curriculum=6000, batch=1024, eval_tasks=20000,
+                   log_every=500), "d=10, n=40, T=20, 12000 steps of 1024 tasks, 4 models, eval to 100 loops (GPU)"),
     "smoke": (dict(d=3, n=8, T=3, eval_loops=6, steps=20, curriculum=10, batch=16, eval_tasks=64, log_every=10),
               "d=3, n=8, T=3, 20 steps (a test of the plumbing, seconds)"),
 }

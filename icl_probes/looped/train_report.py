@@ -78,7 +78,7 @@ def plot(results: dict, path: Path) -> None:
     ax.set_xlabel("loops t")
     ax.set_ylabel(r"mean $\|TF^{(t)}/\alpha - \theta^*\|^2$")
     ax.set_title(f"Learned looped transformer, d={cfg['d']}, n={cfg['n']}, T={cfg['T']}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")
     for name, v in results["models"].items():
         steps, loss = zip(*v["loss_log"])
         ax2.semilogy(steps, loss, label=name)
