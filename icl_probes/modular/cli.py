@@ -61,12 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="run '<subcommand> --help' for its options; 'presets' lists every preset with its settings",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{mlp,transformer,grok,presets}")
+    parser.subcommands = {}  # errors are reported by the subcommand's parser, so its usage line is shown
     helps = {"mlp": "Eq. 4.2 network: per-neuron Fourier power and frequency histogram (Figs. 4.1, 4.2)",
              "transformer": "one-layer transformer: W^KQ per head and its 2-D DFT (Fig. 4.3)",
              "grok": "two-layer transformers over several (k, p): grokking delay (Fig. 4.4)"}
     for name, text in helps.items():
         sp = sub.add_parser(name, help=text, description=text, epilog=EPILOG[name],
                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.subcommands[name] = sp
         sp.add_argument("--preset", default="cpu", choices=sorted(PRESETS[name]),
                         help="settings table entry (default cpu; see the 'presets' subcommand)")
         sp.add_argument("--out", required=True, type=Path, help="folder for the JSON, markdown and JSONL outputs")
@@ -138,6 +140,7 @@ def main(argv=None) -> int:
     if args.command == "presets":
         print(json.dumps({name: {k: asdict(v) for k, v in table.items()} for name, table in PRESETS.items()}, indent=2))
         return 0
+    parser = parser.subcommands[args.command]
     if args.max_minutes is not None and args.max_minutes <= 0:
         parser.error(f"--max-minutes {args.max_minutes}: must be > 0")
     deadline = None if args.max_minutes is None else time.time() + 60 * args.max_minutes
