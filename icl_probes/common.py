@@ -39,11 +39,20 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def append_jsonl(path, row: dict) -> None:
-    """Append one row and fsync it, so a crash loses at most the row being written."""
+    """Append one row and fsync it, so a crash loses at most the row being written.
+
+    A crash mid-write leaves a torn last line without its newline; the new row then starts on a
+    line of its own, so only the torn line is lost (``read_jsonl`` skips it).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    torn = False
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            torn = f.read(1) != b"\n"
     with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
+        f.write(("\n" if torn else "") + json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
 

@@ -173,9 +173,6 @@ def run_sweep(cfg: SweepConfig, out, *, loader=None, model_loader=None, progress
     out = Path(out)
     path = out / "label_flip.jsonl"
     rows = read_jsonl(path)
-    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-        with open(path, "ab") as f:  # an interrupted write left a torn line: end it, or the next row joins it
-            f.write(b"\n")
     for row in rows:
         mismatch = {k: (row.get(k), v) for k, v in cfg.identity().items() if row.get(k) != v}
         if mismatch:
