@@ -14,11 +14,11 @@ def _limit(r: dict) -> list[str]:
     return [f"**Stopped by --max-minutes at step {f['step']}.**", ""] if f.get("time_limit") else []
 
 
-def mlp_markdown(r: dict, command: str = "") -> str:
-    """Test accuracy, share of neurons with power >= 0.9 (trained vs init), mean power, frequency coverage."""
-    c, i, f, fin = r["config"], r["init_power"], r["final_power"], r["final"]
-    lines = [
-        f"## Eq. 4.2 network: k={c['k']}, p={c['p']}, m={r['m']} (Figs. 4.1, 4.2)",
+def _run_head(r: dict, title: str) -> list[str]:
+    """Title, data and training line, preset note, time-limit line and the accuracy rows of one run."""
+    c, fin = r["config"], r["final"]
+    return [
+        title,
         "",
         f"{r['n_train']} train / {r['n_test']} test examples; {_train_line(c)}; {r['seconds']:.0f} s on {r['device']}.",
         f"Preset note: {c['note'] or '-'}",
@@ -28,6 +28,13 @@ def mlp_markdown(r: dict, command: str = "") -> str:
         "|---|---|---|",
         f"| train accuracy | {r['history'][0]['train_acc']:.4f} | {fin['train_acc']:.4f} |",
         f"| test accuracy | {r['history'][0]['test_acc']:.4f} | {fin['test_acc']:.4f} |",
+    ]
+
+
+def mlp_markdown(r: dict, command: str = "") -> str:
+    """Test accuracy, share of neurons with power >= 0.9 (trained vs init), mean power, frequency coverage."""
+    c, i, f = r["config"], r["init_power"], r["final_power"]
+    lines = _run_head(r, f"## Eq. 4.2 network: k={c['k']}, p={c['p']}, m={r['m']} (Figs. 4.1, 4.2)") + [
         f"| neurons with max normalised power >= 0.9 | {i['frac_power_ge']:.1%} | {f['frac_power_ge']:.1%} |",
         f"| mean max normalised power | {i['mean_power']:.3f} | {f['mean_power']:.3f} |",
         f"| frequencies covered (of 1..{(c['p'] - 1) // 2}) | {i['covered']}/{i['n_freq']} | {f['covered']}/{f['n_freq']} |",
@@ -44,20 +51,11 @@ def mlp_markdown(r: dict, command: str = "") -> str:
 
 def transformer_markdown(r: dict, command: str = "") -> str:
     """Accuracy and the 2-D Fourier sparsity of W^{KQ} per head (top-4 share of non-constant power)."""
-    c, fin = r["config"], r["final"]
+    c = r["config"]
     share0, share1 = r["init_kq"]["share"], r["final_kq"]["share"]
     ge = lambda s: sum(x >= 0.5 for x in s) / len(s)  # noqa: E731
-    lines = [
-        f"## One-layer transformer: k={c['k']}, p={c['p']}, {c['n_heads']} heads, d_model {c['d_model']} (Fig. 4.3)",
-        "",
-        f"{r['n_train']} train / {r['n_test']} test examples; {_train_line(c)}; {r['seconds']:.0f} s on {r['device']}.",
-        f"Preset note: {c['note'] or '-'}",
-        "",
-        *_limit(r),
-        "| | init | trained |",
-        "|---|---|---|",
-        f"| train accuracy | {r['history'][0]['train_acc']:.4f} | {fin['train_acc']:.4f} |",
-        f"| test accuracy | {r['history'][0]['test_acc']:.4f} | {fin['test_acc']:.4f} |",
+    title = f"## One-layer transformer: k={c['k']}, p={c['p']}, {c['n_heads']} heads, d_model {c['d_model']} (Fig. 4.3)"
+    lines = _run_head(r, title) + [
         f"| mean top-4 share of W^KQ 2-D power | {sum(share0) / len(share0):.3f} | {sum(share1) / len(share1):.3f} |",
         f"| heads with top-4 share >= 0.5 | {ge(share0):.0%} | {ge(share1):.0%} |",
         f"| mean top-4 share of the interaction part (j1, j2 != 0) | {r['init_kq']['mean_interaction_share']:.3f} "
