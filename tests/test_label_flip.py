@@ -228,6 +228,11 @@ def test_ablation_norms_equal_eager_attention_on_the_right_tokens(tiny, tmp_path
         again = ablation.run_ablation(["tiny"], "wtask", tmp_path, n_prompts=3, m=4, loader=wloader,
                                       model_loader=lambda n, d: pytest.fail("nothing left to do"), progress=False)
         assert len(again) == 6 and len((tmp_path / "ablation.jsonl").read_text().splitlines()) == 6
+        # another seed draws other exemplars: its rows are computed, not taken from seed 100's
+        other = ablation.run_ablation(["tiny"], "wtask", tmp_path, n_prompts=3, m=4, seed=101, loader=wloader,
+                                      model_loader=lambda n, d: tiny, progress=False)
+        assert {r["seed"] for r in other} == {101} and len(other) == 6
+        assert len((tmp_path / "ablation.jsonl").read_text().splitlines()) == 12
         ablation.plot(rows, tmp_path / "ab.png")
         assert (tmp_path / "ab.png").stat().st_size > 0
     finally:

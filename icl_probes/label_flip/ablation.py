@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import gc
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..common import append_jsonl, read_jsonl
 from .data import Example, Task, get_task, load_examples
-from .prompts import class_index, eval_indices, format_inputs, n_flips, sample_exemplars
+from .prompts import class_index, eval_indices, format_inputs, format_prefix, n_flips, sample_exemplars
 
 IRRELEVANT = (
     "The shoe size of Ada's brother is 10.",
@@ -54,14 +54,14 @@ class AblationPrompt:
 def build(task: Task, exemplars, shown, query: Example, label_word: str, irrelevant, rng: random.Random) -> AblationPrompt:
     """The spec's template with an irrelevant sentence after every input's last field, ending in
     "The answer is <label_word>" (no period, so the label is the last token)."""
-    parts = []
-    for ex, lab in zip(exemplars, shown):
-        inputs = ex.inputs[:-1] + (f"{ex.inputs[-1]} {rng.choice(irrelevant)}",)
-        parts.append(f"{format_inputs(task, inputs)}\nThe answer is {task.label_words[lab]}.\n\n")
-    prefix = "".join(parts)
+    def with_sentence(ex: Example, sentence: str) -> tuple:
+        return ex.inputs[:-1] + (f"{ex.inputs[-1]} {sentence}",)
+
+    # one sentence per exemplar in order, then the query's: the same rng draws for every label word
+    extended = [replace(ex, inputs=with_sentence(ex, rng.choice(irrelevant))) for ex in exemplars]
+    prefix = format_prefix(task, extended, shown)
     extra = rng.choice(irrelevant)
-    inputs = query.inputs[:-1] + (f"{query.inputs[-1]} {extra}",)
-    body = format_inputs(task, inputs)
+    body = format_inputs(task, with_sentence(query, extra))
     text = f"{prefix}{body}\nThe answer is {label_word}"
     # the relevant span: the query's last field text (for pair tasks, the field the sentence joins)
     start = len(prefix) + body.rindex(query.inputs[-1] + " " + extra)
@@ -85,7 +85,7 @@ def measure(model, tok, prompt: AblationPrompt, layer: int = -1) -> dict:
     from gemfilter.inspection import trace
 
     enc = tok(prompt.text, return_offsets_mapping=True)
-    ids = torch.tensor([enc["input_ids"]])
+    ids = torch.tensor([enc["input_ids"]], device=next(model.parameters()).device)
     tr = trace(model, ids, names=("attn_last_row_heads",))
     layer = layer % tr.layers
     rows = tr[("attn_last_row_heads", layer)]  # (heads, n)
@@ -99,7 +99,8 @@ def measure(model, tok, prompt: AblationPrompt, layer: int = -1) -> dict:
 
 
 def run_ablation(models, dataset: str, out, *, n_prompts: int = 100, m: int = 16, share=0, seed: int = 100,
-                 irrelevant=IRRELEVANT, data_dir=None, loader=None, model_loader=None, progress: bool = True) -> list:
+                 irrelevant=IRRELEVANT, data_dir=None, loader=None, model_loader=None, progress: bool = True,
+                 device: str = "auto") -> list:
     """One JSONL row per (model, prompt, kind) in ``out/ablation.jsonl``, resumable; returns the rows.
 
     Exemplars are drawn per prompt (seed, index) and ``share`` percent of their labels flipped
@@ -118,7 +119,9 @@ def run_ablation(models, dataset: str, out, *, n_prompts: int = 100, m: int = 16
     by_class = class_index(train)
     queries = [evals[i] for i in eval_indices(len(evals), n_prompts)]
     path = Path(out) / "ablation.jsonl"
-    rows = [r for r in read_jsonl(path) if r.get("dataset") == dataset and r.get("m") == m and r.get("share") == share]
+    # rows of other settings may share the file; only these settings' rows count as done
+    rows = [r for r in read_jsonl(path)
+            if r.get("dataset") == dataset and r.get("m") == m and r.get("share") == share and r.get("seed") == seed]
     done = {(r["model"], r["index"], r["kind"]) for r in rows}
     jobs = [(mn, i, k) for mn in models for i in range(len(queries)) for k in KINDS if (mn, i, k) not in done]
     bar = tqdm(total=len(jobs), desc="ablation", disable=not progress, unit="prompt")
@@ -126,7 +129,7 @@ def run_ablation(models, dataset: str, out, *, n_prompts: int = 100, m: int = 16
         mine = [j for j in jobs if j[0] == mname]
         if not mine:
             continue
-        model, tok = (model_loader or default_model_loader)(mname, "cpu")
+        model, tok = (model_loader or default_model_loader)(mname, device)
         for _, i, kind in mine:
             rng = random.Random(f"label_flip-ablation:{seed}:{i}")
             exemplars = sample_exemplars(train, by_class, m, rng)

@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--seed", type=int, default=100)
     ab.add_argument("--irrelevant-file", help="one irrelevant sentence per line (e.g. from GSM-IC)")
     ab.add_argument("--data-dir", help="local <task>/<split>.jsonl files instead of the hub")
+    ab.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     ab.add_argument("--threads", type=int, default=2)
     ab.add_argument("--out", default="results/label_flip")
     ab.add_argument("--fig", help="also copy the plot to this PNG path")
@@ -179,7 +180,8 @@ def _ablation(args) -> int:
     share = int(args.share) if float(args.share).is_integer() else args.share
     out = Path(args.out)
     rows = ablation.run_ablation(_names(args.models), args.dataset, out, n_prompts=args.n_prompts, m=args.m, share=share,
-                                 seed=args.seed, irrelevant=irrelevant, data_dir=args.data_dir)
+                                 seed=args.seed, irrelevant=irrelevant, data_dir=args.data_dir,
+                                 device=args.device)
     table = ablation.summary(rows)
     (out / "ablation.md").write_text(table, encoding="utf-8")
     print(table)
