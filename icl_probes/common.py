@@ -7,6 +7,7 @@ a markdown table and PNG figures. Nothing here runs at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -69,6 +70,14 @@ def read_jsonl(path) -> list:
         except json.JSONDecodeError:
             continue  # an interrupted write leaves at most one partial line
     return rows
+
+
+def as_stored(obj):
+    """``obj`` as a JSON file gives it back: dataclasses become dicts and tuples lists, so a config
+    compares equal to the copy read from a results or config file."""
+    if dataclasses.is_dataclass(obj):
+        obj = dataclasses.asdict(obj)
+    return json.loads(json.dumps(obj))
 
 
 def write_json(path, obj) -> None:

@@ -27,3 +27,18 @@ def test_resolve_device_rejects_unknown_names():
     assert resolve_device("cpu").type == "cpu"
     with pytest.raises(ValueError, match="allowed"):
         resolve_device("tpu")
+
+
+def test_as_stored_equals_what_a_json_file_gives_back(tmp_path):
+    from dataclasses import dataclass, field
+
+    from icl_probes.common import as_stored, write_json
+
+    @dataclass(frozen=True)
+    class Cfg:
+        ns: tuple = (16, 32)
+        inner: dict = field(default_factory=lambda: {"pair": (1, 2)})
+
+    write_json(tmp_path / "c.json", as_stored(Cfg()))
+    assert as_stored(Cfg()) == {"ns": [16, 32], "inner": {"pair": [1, 2]}}
+    assert json.loads((tmp_path / "c.json").read_text()) == as_stored(Cfg())

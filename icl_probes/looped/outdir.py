@@ -6,16 +6,10 @@ refused with a message that names the fields that differ.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
-from icl_probes.common import write_json
-
-
-def config_dict(cfg) -> dict:
-    """A frozen dataclass config as JSON-ready dict (tuples become lists, as JSON stores them)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+from icl_probes.common import as_stored, write_json
 
 
 def prepare_out(out, cfg, kind: str) -> Path:
@@ -25,7 +19,7 @@ def prepare_out(out, cfg, kind: str) -> Path:
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    want = {"experiment": kind, **{k: v for k, v in config_dict(cfg).items() if k != "device"}}
+    want = {"experiment": kind, **{k: v for k, v in as_stored(cfg).items() if k != "device"}}
     path = out / "config.json"
     if path.exists():
         have = json.loads(path.read_text(encoding="utf-8"))

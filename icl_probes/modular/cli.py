@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from icl_probes.common import read_jsonl, resolve_device, write_json
+from icl_probes.common import as_stored, read_jsonl, resolve_device, write_json
 from icl_probes.modular import plots, report
 from icl_probes.modular.experiments import GROK_PRESETS, MLP_PRESETS, TRANSFORMER_PRESETS, run_grokking, run_mlp, run_transformer
 
@@ -129,7 +129,7 @@ def _same(path: Path, cfg) -> dict | None:
     stored = json.loads(path.read_text())
     if stored.get("final", {}).get("time_limit"):
         return None  # cut short by --max-minutes: train again
-    return stored if stored.get("config") == json.loads(json.dumps(asdict(cfg))) else None
+    return stored if stored.get("config") == as_stored(cfg) else None
 
 
 def main(argv=None) -> int:

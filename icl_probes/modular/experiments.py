@@ -11,13 +11,12 @@ is named in the preset's ``note``.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from icl_probes.common import append_jsonl, read_jsonl, seed_everything
+from icl_probes.common import append_jsonl, as_stored, read_jsonl, seed_everything
 from icl_probes.modular.data import check_kp, make_split
 from icl_probes.modular.fourier import dft2, dft2_interaction_share, dft2_sparsity, frequency_histogram, neuron_power, one_sided_power
 from icl_probes.modular.mlp import PowerMLP, paper_width
@@ -138,6 +137,17 @@ def _power_summary(model: PowerMLP) -> dict:
                 covered_active=int(torch.unique(freq[active]).numel()))
 
 
+def _train_logged(model, split, cfg, log_path, desc: str, progress: bool, deadline) -> tuple[list, float]:
+    """Train with cfg.train and cfg.seed; each evaluation row goes to log_path (emptied first) unless it
+    is None. Returns (history, seconds)."""
+    if log_path is not None:
+        open(log_path, "w").close()
+    t0 = time.time()
+    history = train(model, split, cfg.train, cfg.seed, desc=desc, progress=progress, deadline=deadline,
+                    on_eval=(lambda row: append_jsonl(log_path, row)) if log_path is not None else None)
+    return history, time.time() - t0
+
+
 def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = True, n_examples: int = 8,
             deadline: float | None = None) -> dict:
     """Train the Eq. 4.2 network and measure its Fourier features before and after.
@@ -154,13 +164,7 @@ def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = T
     split = make_split(cfg.k, cfg.p, cfg.train_frac, cfg.seed).to(device)
     model = PowerMLP(cfg.k, cfg.p, m, cfg.init_std).to(device)
     emb0, init_power = model.embeddings(), _power_summary(model)
-    if log_path is not None:
-        open(log_path, "w").close()
-    t0 = time.time()
-    history = train(model, split, cfg.train, cfg.seed, desc=f"mlp k={cfg.k} p={cfg.p} m={m}", progress=progress,
-                    deadline=deadline,
-                    on_eval=(lambda row: append_jsonl(log_path, row)) if log_path is not None else None)
-    seconds = time.time() - t0
+    history, seconds = _train_logged(model, split, cfg, log_path, f"mlp k={cfg.k} p={cfg.p} m={m}", progress, deadline)
     emb1 = model.embeddings()
     ex = list(range(min(n_examples, m)))
     examples = dict(neurons=ex, init=emb0[0, ex].tolist(), final=emb1[0, ex].tolist(),
@@ -198,13 +202,8 @@ def run_transformer(cfg: TransformerRun, device: torch.device, log_path=None, pr
     split = make_split(cfg.k, cfg.p, cfg.train_frac, cfg.seed).to(device)
     model = _build_transformer(cfg, cfg.k, cfg.p, device)
     init = _kq_summary(model)
-    if log_path is not None:
-        open(log_path, "w").close()
-    t0 = time.time()
-    history = train(model, split, cfg.train, cfg.seed, desc=f"transformer k={cfg.k} p={cfg.p}", progress=progress,
-                    deadline=deadline,
-                    on_eval=(lambda row: append_jsonl(log_path, row)) if log_path is not None else None)
-    seconds = time.time() - t0
+    history, seconds = _train_logged(model, split, cfg, log_path, f"transformer k={cfg.k} p={cfg.p}", progress,
+                                     deadline)
     final = _kq_summary(model)
     w = model.w_kq(0)
     show = sorted(range(len(w)), key=lambda h: -final["norm"][h])[:n_show]  # the most active heads
@@ -247,8 +246,8 @@ def run_grokking(cfg: GrokRun, device: torch.device, jsonl_path, progress: bool 
     _check_frac(cfg.train_frac)
     for k, p in cfg.kps:
         check_kp(k, p)
-    # JSON round trip so tuples compare equal to the lists read back from the JSONL file
-    settings = json.loads(json.dumps({key: val for key, val in asdict(cfg).items() if key not in ("kps", "note")}))
+    # as stored, so tuples compare equal to the lists read back from the JSONL file
+    settings = {key: val for key, val in as_stored(cfg).items() if key not in ("kps", "note")}
     done = {(r["k"], r["p"]): r for r in (read_jsonl(jsonl_path) if jsonl_path else []) if r.get("settings") == settings and not r.get("time_limit")}
     rows = []
     for k, p in cfg.kps:
