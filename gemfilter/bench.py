@@ -84,8 +84,32 @@ class _PhaseClock:
         pass
 
 
-def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: int, layer, threads: int = 0) -> dict:
-    """One measurement, in this process. Returns times in seconds and peaks in MiB."""
+class _MaskTimer:
+    """Wraps the model's mask builder (this worker process only) to add up the seconds spent building masks."""
+
+    def __init__(self, name: str, sync):
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+        self.seconds, self.sync = 0.0, sync
+        inner = ALL_MASK_ATTENTION_FUNCTIONS[name]
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = inner(*args, **kwargs)
+            self.sync()
+            self.seconds += time.perf_counter() - start
+            return out
+
+        AttentionMaskInterface.register(name, timed)
+
+
+def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: int, layer, threads: int = 0,
+            attn: str | None = None) -> dict:
+    """One measurement, in this process. Returns times in seconds and peaks in MiB.
+
+    attn: attention kernel (None: the model's default). ``mask_s`` is the time spent building masks
+    during the measured prompt phase and generation.
+    """
     import torch
 
     import gemfilter
@@ -94,9 +118,11 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
 
     if threads:
         torch.set_num_threads(threads)
-    model, tok = gemfilter.load_model(model_name)
+    model, tok = gemfilter.load_model(model_name, attn=attn)
+    kernel = model.config._attn_implementation
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    masks = _MaskTimer(kernel, sync)
     method = resolve(model, gemfilter.get_method(method_name, layer=layer, topk=topk))
     prompt = build_case(tok, length, 50).prompt
     enc = tok(prompt, return_tensors="pt").to(device)
@@ -108,13 +134,14 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     memory.baseline = memory.now()
     clock = _PhaseClock(memory, sync)
     memory.reset_peak()
+    masks.seconds = 0.0
     sync()
     start = time.perf_counter()
     out = gemfilter.generate(model, enc, method=method, tokenizer=tok, streamer=clock, **kw)
     sync()
     end = time.perf_counter()
     return {
-        "method": method_name, "length": length, "n": n, "kept": out.kept[0],
+        "attn": kernel, "mask_s": masks.seconds, "method": method_name, "length": length, "n": n, "kept": out.kept[0],
         "layer": getattr(method, "layer", None), "m": gemfilter.selection.num_layers(model),
         "prompt_s": clock.first_token - start, "gen_s": end - clock.first_token, "total_s": end - start,
         "prompt_peak_mib": clock.prompt_peak, "gen_peak_mib": memory.peak(),

@@ -19,7 +19,7 @@ DEFAULT_LENGTHS = "2000,4000,8000,16000"
 
 
 def key_of(row: dict) -> tuple:
-    return (row["method"], row["length"], row["repeat"])
+    return (row.get("attn_arg"), row["method"], row["length"], row["repeat"])
 
 
 def load_rows(path: Path) -> list:
@@ -39,34 +39,49 @@ def growth_exponent(ns, ts) -> float | None:
     return sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else None
 
 
-def summarize(rows: list) -> dict:
-    """Medians per (method, length), ratios against full and snapkv, and growth exponents per method."""
+def summarize(rows: list, kernels=None) -> dict:
+    """Medians per (kernel, method, length), ratios and growth exponents per (kernel, method).
+
+    Ratios ``*_vs_full`` and ``*_vs_snapkv`` compare with that method on the same kernel; ``*_vs_ref_full``
+    compares with ``full`` on the reference kernel (the first of ``kernels``, e.g. stock sdpa).
+    """
     cells = {}
     for r in rows:
-        cells.setdefault((r["method"], r["length"]), []).append(r)
+        cells.setdefault((r.get("attn"), r["method"], r["length"]), []).append(r)
     fields = ("n", "kept", "prompt_s", "gen_s", "total_s", "prompt_peak_mib", "gen_peak_mib")
     med = {}
-    for (method, length), rs in cells.items():
+    for (attn, method, length), rs in cells.items():
         cell = {f: statistics.median(r[f] for r in rs) for f in fields}
-        cell.update(method=method, length=length, repeats=len(rs), layer=rs[0].get("layer"), m=rs[0].get("m"))
+        mask = [r["mask_s"] for r in rs if r.get("mask_s") is not None]
+        cell.update(attn=attn, method=method, length=length, repeats=len(rs), layer=rs[0].get("layer"),
+                    m=rs[0].get("m"), mask_s=statistics.median(mask) if mask else None)
         if cell["layer"] is not None:
             cell["theory_prompt_ratio"] = (cell["layer"] + 1) / cell["m"]
-        med[(method, length)] = cell
-    for (method, length), cell in med.items():
-        for base in ("full", "snapkv"):
-            ref = med.get((base, length))
+        med[(attn, method, length)] = cell
+    ref_kernel = (list(kernels) or [None])[0] if kernels else None
+    for (attn, method, length), cell in med.items():
+        refs = {"full": med.get((attn, "full", length)), "snapkv": med.get((attn, "snapkv", length))}
+        if kernels and len(kernels) > 1:
+            refs["ref_full"] = med.get((ref_kernel, "full", length))
+        for base, ref in refs.items():
             if ref is None:
                 continue
             for f in ("prompt_s", "gen_s", "total_s", "prompt_peak_mib"):
                 if ref[f] > 0:
                     cell[f"{f}_vs_{base}"] = cell[f] / ref[f]
     exponents = {}
-    for method in sorted({m for m, _ in med}):
-        series = sorted((c for (m, _), c in med.items() if m == method), key=lambda c: c["n"])
-        exponents[method] = {
+    for attn, method in sorted({(a, m) for a, m, _ in med}, key=lambda x: (str(x[0]), x[1])):
+        series = sorted((c for (a, m, _), c in med.items() if (a, m) == (attn, method)), key=lambda c: c["n"])
+        exponents[_label(attn, method)] = {
             f: growth_exponent([c["n"] for c in series], [c[f] for c in series]) for f in ("prompt_s", "total_s")
         }
-    return {"cells": sorted(med.values(), key=lambda c: (c["length"], c["method"])), "exponents": exponents}
+    order = {k: i for i, k in enumerate(kernels or [])}
+    return {"cells": sorted(med.values(), key=lambda c: (c["length"], c["method"], order.get(c["attn"], 99))),
+            "exponents": exponents, "ref_kernel": ref_kernel}
+
+
+def _label(attn, method) -> str:
+    return method if attn is None else f"{method} [{attn}]"
 
 
 def _fmt(x, spec=".2f"):
@@ -74,19 +89,27 @@ def _fmt(x, spec=".2f"):
 
 
 def markdown(summary: dict, meta: dict) -> str:
+    ref = summary.get("ref_kernel")
     lines = [
         f"Model: {meta['model']}; device: {meta['device']}; threads: {meta['threads']}; top-k: {meta['topk']}; "
         f"generated tokens: {meta['gen_tokens']}; medians of {meta['repeats']} run(s), each in a fresh process.",
         "",
-        "| method | n | kept | prompt s | gen s | total s | prompt ×full | theory (r+1)/m | total ×full | "
-        "total ×snapkv | prompt peak MiB | gen peak MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Ratios ×full and ×snapkv compare with that method on the same kernel"
+        + (f"; ×{ref} full compares with `full` on {ref}." if ref else "."),
+        "mask s: time spent building attention masks during the run.",
+        "",
+        "| kernel | method | n | kept | prompt s | gen s | total s | mask s | prompt ×full | theory (r+1)/m | "
+        + (f"prompt ×{ref} full | peak ×{ref} full | " if ref else "")
+        + "total ×full | total ×snapkv | prompt peak MiB | gen peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if ref else "") + "---|---|---|---|",
     ]
     for c in summary["cells"]:
         lines.append(
-            f"| {c['method']} | {int(c['n'])} | {int(c['kept'])} | {c['prompt_s']:.2f} | {c['gen_s']:.2f} | "
-            f"{c['total_s']:.2f} | {_fmt(c.get('prompt_s_vs_full'))} | {_fmt(c.get('theory_prompt_ratio'))} | "
-            f"{_fmt(c.get('total_s_vs_full'))} | {_fmt(c.get('total_s_vs_snapkv'))} | "
+            f"| {c['attn'] or 'default'} | {c['method']} | {int(c['n'])} | {int(c['kept'])} | {c['prompt_s']:.2f} | "
+            f"{c['gen_s']:.2f} | {c['total_s']:.2f} | {_fmt(c.get('mask_s'), '.3f')} | "
+            f"{_fmt(c.get('prompt_s_vs_full'))} | {_fmt(c.get('theory_prompt_ratio'))} | "
+            + (f"{_fmt(c.get('prompt_s_vs_ref_full'))} | {_fmt(c.get('prompt_peak_mib_vs_ref_full'))} | " if ref else "")
+            + f"{_fmt(c.get('total_s_vs_full'))} | {_fmt(c.get('total_s_vs_snapkv'))} | "
             f"{c['prompt_peak_mib']:.0f} | {c['gen_peak_mib']:.0f} |"
         )
     lines += ["", "Growth exponent b of time ~ n^b (least squares over the lengths):", "",
@@ -106,10 +129,11 @@ def plot(summary: dict, path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     panels = (("prompt_s", "prompt phase (s)"), ("gen_s", "generation phase (s)"),
               ("prompt_peak_mib", "prompt-phase peak memory (MiB)"))
-    for method in sorted({c["method"] for c in summary["cells"]}):
-        series = sorted((c for c in summary["cells"] if c["method"] == method), key=lambda c: c["n"])
+    for attn, method in sorted({(c["attn"], c["method"]) for c in summary["cells"]}, key=lambda x: (str(x[0]), x[1])):
+        series = sorted((c for c in summary["cells"] if (c["attn"], c["method"]) == (attn, method)),
+                        key=lambda c: c["n"])
         for ax, (field, _) in zip(axes, panels):
-            ax.plot([c["n"] for c in series], [c[field] for c in series], marker="o", label=method)
+            ax.plot([c["n"] for c in series], [c[field] for c in series], marker="o", label=_label(attn, method))
     for ax, (_, label) in zip(axes, panels):
         ax.set_xlabel("input tokens n")
         ax.set_ylabel(label)
@@ -132,6 +156,8 @@ def _ints(text: str, what: str) -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .models import add_attn_argument
+
     p = argparse.ArgumentParser(
         prog="gemfilter bench",
         description="Measure prompt-phase time, generation time and peak memory for each method and context "
@@ -146,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topk", type=int, default=1024, help="k for GemFilter / cache budget for SnapKV, H2O (default 1024)")
     p.add_argument("--layer", type=int, default=None, help="filter layer (default: the model's default)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads in each worker (default: torch's choice)")
+    add_attn_argument(p, multiple=True)
     p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a worker is killed (default 1800)")
     return p
@@ -163,6 +190,12 @@ def main(argv=None) -> int:
     except ValueError as err:
         raise SystemExit(f"error: {err}")
     lengths = _ints(args.lengths, "lengths")
+    from .models import ATTN_CHOICES
+
+    kernels = [a.strip() for a in args.attn.split(",") if a.strip()] if args.attn else [None]
+    bad = [a for a in kernels if a is not None and a not in ATTN_CHOICES]
+    if bad or len(set(kernels)) != len(kernels):
+        raise SystemExit(f"error: --attn {args.attn!r}: give distinct kernels from {', '.join(ATTN_CHOICES)}")
     if args.repeats < 1 or args.gen_tokens < 1:
         raise SystemExit("error: --repeats and --gen-tokens must be >= 1")
     out = Path(args.out)
@@ -172,20 +205,22 @@ def main(argv=None) -> int:
     meta = dict(model=args.model or "embedded:gemma3-270m", topk=args.topk, gen_tokens=args.gen_tokens,
                 layer_arg=args.layer, threads=args.threads)
     rows = [r for r in load_rows(jsonl) if all(r.get(k) == v for k, v in meta.items())]
+    # attn_arg is the kernel asked for (None: the model's default); attn the kernel it resolved to.
     done = {key_of(r) for r in rows}
-    todo = [(m, n, i) for n in lengths for m in methods for i in range(args.repeats) if (m, n, i) not in done]
+    todo = [(a, m, n, i) for n in lengths for m in methods for a in kernels for i in range(args.repeats)
+            if (a, m, n, i) not in done]
     from .bench import run_worker
 
-    for method, length, rep in tqdm(todo, desc="bench cells", unit="run"):
+    for attn, method, length, rep in tqdm(todo, desc="bench cells", unit="run"):
         spec = dict(model_name=args.model, method_name=method, length=length, gen_tokens=args.gen_tokens,
-                    topk=args.topk, layer=args.layer, threads=args.threads)
+                    topk=args.topk, layer=args.layer, threads=args.threads, attn=attn)
         row = run_worker(spec, timeout=args.timeout)
-        row.update(meta, repeat=rep)
+        row.update(meta, repeat=rep, attn_arg=attn)
         with jsonl.open("a") as f:
             f.write(json.dumps(row) + "\n")
         rows.append(row)
-    rows = [r for r in rows if r["method"] in methods and r["length"] in lengths]
-    summary = summarize(rows)
+    rows = [r for r in rows if r["method"] in methods and r["length"] in lengths and r.get("attn_arg") in kernels]
+    summary = summarize(rows, kernels if len(kernels) > 1 else None)
     meta.update(device=rows[0]["device"], threads=rows[0]["threads"], repeats=args.repeats)
     (out / "bench.json").write_text(json.dumps({"meta": meta, **summary}, indent=1))
     table = markdown(summary, meta)

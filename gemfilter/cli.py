@@ -45,7 +45,7 @@ def _cmd_generate(args) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, attn=args.attn)
     method = resolve(model, get_method(args.method, layer=args.layer, topk=args.topk))
     enc = tok(prompt, return_tensors="pt").to(model.device)
     n = enc["input_ids"].shape[1]
@@ -67,6 +67,7 @@ def _cmd_generate(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .methods import REGISTRY
+    from .models import add_attn_argument
 
     parser = argparse.ArgumentParser(
         prog="gemfilter", description="GemFilter and KV-cache baselines for Hugging Face causal LMs.",
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topk", type=int, default=1024, help="prompt tokens (or cache entries) to keep (default 1024)")
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate, greedy (default 50)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    add_attn_argument(p)
     p.add_argument("--show-selection", action="store_true", help="also print the kept text (to stderr)")
     p.set_defaults(func=_cmd_generate)
 

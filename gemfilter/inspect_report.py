@@ -90,7 +90,7 @@ def _cmd_inspect(args) -> int:
 
     from .models import load_model
 
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, attn=args.attn)
     case = build_case(tok, args.length, args.depth, haystack_dir=args.haystack_dir)
     ids = tok(case.prompt, return_tensors="pt")["input_ids"]
     span = needle_token_span(tok, case.prompt, NEEDLE)
@@ -133,7 +133,7 @@ def _cmd_calibrate(args) -> int:
     lengths = [int(x) for x in args.lengths.split(",")]
     depths = [float(x) for x in args.depths.split(",")]
     ks = [int(x) for x in args.topk_grid.split(",")]
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, attn=args.attn)
     with tqdm(total=len(lengths) * len(depths), desc="calibration probes") as bar:
         record = calibrate(model, tok, lengths=lengths, depths=depths, ks=ks, threshold=args.threshold,
                            haystack_dir=args.haystack_dir, save=not args.dry_run, progress=bar.update)
@@ -147,11 +147,14 @@ def _cmd_calibrate(args) -> int:
 
 
 def add_subcommands(sub) -> None:
+    from .models import add_attn_argument
+
     p = sub.add_parser("inspect", help="per-layer needle distance, last-row attention map, kept positions (PNG)",
                        description="Trace one NIAH prompt through every layer, storing only last rows, and plot "
                        "Fig. 9.5 (needle distance per layer), Fig. 9.2 (last-row attention) and Fig. G.5 "
                        "(GemFilter vs SnapKV kept positions).")
     p.add_argument("--model", default=None, help="HF id or local path (default: embedded Gemma 3 270M)")
+    add_attn_argument(p)
     p.add_argument("--length", type=int, default=2000, help="context length in tokens (default 2000)")
     p.add_argument("--depth", type=float, default=50, help="needle depth in percent (default 50)")
     p.add_argument("--topk", type=int, default=256, help="k for the kept sets (default 256)")
@@ -167,6 +170,7 @@ def add_subcommands(sub) -> None:
                        "--threshold of the probes, recommend the first such layer (the paper's rule) and that k, and "
                        "store them as this model's default.")
     p.add_argument("--model", default=None, help="HF id or local path (default: embedded Gemma 3 270M)")
+    add_attn_argument(p)
     p.add_argument("--lengths", default="1000,2000,4000", help="probe lengths (default 1000,2000,4000)")
     p.add_argument("--depths", default="10,50,90", help="probe depths in percent (default 10,50,90)")
     p.add_argument("--topk-grid", default="256,512,1024", help="k values to test (default 256,512,1024)")

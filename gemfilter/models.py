@@ -59,29 +59,71 @@ def embedded_model_dir() -> Path:
     return target
 
 
-def load_model(name: str | None = None, *, dtype=None, device_map=None, attn_implementation=None, **kw):
+#: Attention kernels a command line offers: ours first, then the stock ones transformers ships.
+ATTN_CHOICES = ("banded", "sdpa", "eager", "flash_attention_2", "flex_attention")
+ATTN_HELP = ("attention kernel: 'banded' (exact block-banded sliding-window attention, full layers on SDPA; "
+             "the embedded model's default) or a stock one: sdpa, eager, flash_attention_2, flex_attention "
+             "(default: banded for the embedded model, transformers' choice for others)")
+
+
+def _check_attn(attn: str, config) -> str:
+    """Validate a kernel name (registering ``banded`` on first use) and return it."""
+    if attn not in ATTN_CHOICES:
+        raise ValueError(f"unknown attention kernel {attn!r}; allowed: {', '.join(ATTN_CHOICES)}")
+    if attn == "banded":
+        from .banded import register
+
+        cap = getattr(config.get_text_config() if config is not None else None, "attn_logit_softcapping", None)
+        if cap is not None:
+            raise ValueError(
+                f"attn='banded' does not compute soft-capped attention, and this model caps its attention logits "
+                f"(attn_logit_softcapping={cap}, Gemma 2). Use attn='eager', which applies the cap exactly."
+            )
+        register()
+    return attn
+
+
+def set_attention(model, attn: str):
+    """Switch an already loaded model to another attention kernel, e.g. ``set_attention(model, "banded")``.
+
+    The one-line way for a model loaded without :func:`load_model`. Returns the model.
+    """
+    model.set_attn_implementation(_check_attn(attn, model.config))
+    return model
+
+
+def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: str | None = None,
+               attn_implementation=None, **kw):
     """Load a causal LM and its tokenizer.
 
     Parameters
     ----------
     name: None (or ``"embedded"``) for the embedded Gemma 3 270M, else a Hugging Face id or a local path.
-    dtype, device_map, attn_implementation: passed to ``from_pretrained``. ``device_map="auto"``
-        spreads a big model over the available devices with ``accelerate``.
+    attn: attention kernel, one of :data:`ATTN_CHOICES`. ``"banded"`` computes sliding-window layers
+        exactly in W-row blocks (see :mod:`gemfilter.banded`); None means ``"banded"`` for the embedded
+        model and transformers' default for others. ``attn_implementation`` is accepted as an alias.
+    dtype, device_map: passed to ``from_pretrained``. ``device_map="auto"`` spreads a big model over the
+        available devices with ``accelerate``.
     kw: any other ``from_pretrained`` keyword (``revision``, ``trust_remote_code``, ...).
 
     Returns ``(model, tokenizer)`` with the model in eval mode.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if attn is not None and attn_implementation is not None and attn != attn_implementation:
+        raise ValueError(f"attn={attn!r} and attn_implementation={attn_implementation!r} disagree; pass one")
+    attn = attn or attn_implementation
     embedded = name in _EMBEDDED_ALIASES
+    if attn is None and embedded:
+        attn = "banded"
+    if attn is not None:
+        _check_attn(attn, None)
     path = str(embedded_model_dir()) if embedded else str(name)
     if dtype is None:
         dtype = torch.float32 if embedded else "auto"
     model_kw = dict(dtype=dtype, **kw)
     if device_map is not None:
         model_kw["device_map"] = device_map
-    if attn_implementation is not None:
-        model_kw["attn_implementation"] = attn_implementation
     try:
         tok = AutoTokenizer.from_pretrained(path, **{k: v for k, v in kw.items() if k in ("revision", "trust_remote_code")})
         model = AutoModelForCausalLM.from_pretrained(path, **model_kw)
@@ -91,8 +133,19 @@ def load_model(name: str | None = None, *, dtype=None, device_map=None, attn_imp
             f"from here. Pass a local path, connect to the network, or omit the name to use the embedded "
             f"default ({EMBEDDED_NAME}, Gemma 3 270M, which works offline)."
         ) from err
+    if attn is not None:
+        set_attention(model, attn)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     model.eval()
     return model, tok
+
+
+def add_attn_argument(parser, multiple: bool = False) -> None:
+    """The ``--attn`` option every model-loading command shares (``multiple``: a comma-separated list)."""
+    if multiple:
+        parser.add_argument("--attn", default=None, metavar="KERNELS",
+                            help="comma-separated kernels to compare in one run, e.g. sdpa,banded; " + ATTN_HELP)
+    else:
+        parser.add_argument("--attn", default=None, choices=ATTN_CHOICES, help=ATTN_HELP)

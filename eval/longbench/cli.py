@@ -56,6 +56,7 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
+    from gemfilter.models import add_attn_argument
 
     from .tasks import TASKS
 
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "write them in the official layout, and score them.",
                        epilog=RUN_EPILOG.format(tasks=tasks, methods=methods))
     r.add_argument("--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M)")
+    add_attn_argument(r)
     r.add_argument("--methods", default="full,gemfilter", help="comma-separated method names (default: full,gemfilter)")
     r.add_argument("--tasks", default=None,
                    help="comma-separated task configs or aliases (default: all 16; with --e the 13 LongBench-E tasks)")
@@ -137,7 +139,8 @@ def _run(args) -> int:
     tasks = parse_tasks(args.tasks, e=args.e)
     config = RunConfig(model=args.model, methods=_split(args.methods), tasks=tuple(t.config for t in tasks),
                        e=args.e, limit=args.limit, topk=args.topk, layer=args.layer, max_length=args.max_length,
-                       chat_template=args.chat_template, data_dir=args.data_dir)
+                       chat_template=args.chat_template, data_dir=args.data_dir, attn=args.attn,
+                       extra={"attn": args.attn or "model default"})
     if args.threads:
         import torch
 

@@ -59,6 +59,7 @@ class RunConfig:
     max_length: int | None = None
     chat_template: bool = False
     data_dir: str | None = None
+    attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
     extra: dict = field(default_factory=dict)  # recorded in config.json, not compared
 
     def identity(self) -> dict:
@@ -168,7 +169,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    f"{len(tasks)} tasks), {total - len(todo)} already done, {len(todo)} to compute over "
                    f"{state.num_processes} process(es) -> {out}")
     if mine:
-        model, tok = model_and_tokenizer or gemfilter.load_model(config.model)
+        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn)
         if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
             model.to(state.device)
         max_length = config.max_length or default_max_length(model)

@@ -37,6 +37,7 @@ The default model is the embedded Gemma 3 270M (offline; first load about 75 s, 
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
+    from gemfilter.models import add_attn_argument
 
     presets = "\n".join(f"  {name:<16} {desc}" for name, (_, _, desc) in PRESETS.items())
     width = max(len(n) for n, _ in describe())
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG.format(presets=presets, methods=methods), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None,
                    help="Hugging Face id or local path (default: the embedded Gemma 3 270M, offline)")
+    add_attn_argument(p)
     p.add_argument("--methods", default="full,gemfilter",
                    help="comma-separated method names (default: full,gemfilter); see the list below")
     p.add_argument("--preset", default="cpu-demo", choices=list(PRESETS), help="named grid (default: cpu-demo)")
@@ -107,7 +109,8 @@ def _main(args) -> int:
     lengths, depths = resolve_grid(args.preset, args.lengths, args.depths)
     config = RunConfig(model=args.model, methods=_split(args.methods), lengths=lengths, depths=depths,
                        topk=args.topk, layer=args.layer, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
-                       haystack_dir=args.haystack_dir, extra={"preset": args.preset})
+                       haystack_dir=args.haystack_dir, attn=args.attn,
+                       extra={"preset": args.preset, "attn": args.attn or "model default"})
     if args.max_cells is not None and args.max_cells < 1:
         raise ValueError(f"--max-cells must be >= 1, got {args.max_cells}")
     if args.threads < 0:

@@ -18,7 +18,8 @@ PRESETS = {
     "kamradt": (_lin(1000, 16000, 35), _lin(0, 100, 35), "Kamradt's default: 35 lengths 1K-16K x 35 depths"),
     "gemfilter-paper": (_lin(1000, 128000, 40), _lin(0, 100, 10),
                         "GemFilter paper (Fig. 3): 40 lengths 1K-128K x depths 0,11,...,89,100"),
-    "cpu-demo": ((1000, 2000, 4000, 8000), (0, 25, 50, 75, 100), "CPU demo: lengths 1K,2K,4K,8K x 5 depths"),
+    "cpu-demo": ((1000, 2000, 4000, 8000), (0, 25, 50, 75, 100), "CPU demo (make demo-full): lengths 1K,2K,4K,8K x 5 depths"),
+    "cpu-quick": ((1000, 2000, 4000), (0, 50, 100), "newcomer demo (make demo, minutes): lengths 1K,2K,4K x depths 0,50,100"),
 }
 
 

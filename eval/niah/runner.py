@@ -49,6 +49,7 @@ class RunConfig:
     prompt: str = "gemfilter"
     max_new_tokens: int = 50
     haystack_dir: str | None = None
+    attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
     extra: dict = field(default_factory=dict)  # recorded in config.json, not compared (e.g. preset name)
 
     def identity(self) -> dict:
@@ -209,7 +210,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    f"{state.num_processes} process(es)" + (f", {later} left for a later run" if later else "")
                    + f" -> {out}")
     if mine:
-        model, tok = model_and_tokenizer or gemfilter.load_model(config.model)
+        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn)
         if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
             model.to(state.device)
         hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
@@ -229,6 +230,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             row = {"method": name, "length": length, "depth": depth, **res, **score_all(res["response"]),
                    "model": label, "topk": config.topk, "layer": getattr(methods[name], "layer", None),
                    "prompt": config.prompt, "max_new_tokens": config.max_new_tokens,
+                   "attn": model.config._attn_implementation,
                    "process": state.process_index}  # which shard computed it (not part of the result)
             append_row(shard, row)
             bar.set_postfix(method=name, L=length, depth=depth, recall=f"{row['recall']:.2f}")

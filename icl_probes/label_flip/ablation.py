@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import random
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from ..common import append_jsonl, read_jsonl
@@ -100,7 +101,7 @@ def measure(model, tok, prompt: AblationPrompt, layer: int = -1) -> dict:
 
 def run_ablation(models, dataset: str, out, *, n_prompts: int = 100, m: int = 16, share=0, seed: int = 100,
                  irrelevant=IRRELEVANT, data_dir=None, loader=None, model_loader=None, progress: bool = True,
-                 device: str = "auto") -> list:
+                 device: str = "auto", attn: str | None = None) -> list:
     """One JSONL row per (model, prompt, kind) in ``out/ablation.jsonl``, resumable; returns the rows.
 
     Exemplars are drawn per prompt (seed, index) and ``share`` percent of their labels flipped
@@ -129,7 +130,7 @@ def run_ablation(models, dataset: str, out, *, n_prompts: int = 100, m: int = 16
         mine = [j for j in jobs if j[0] == mname]
         if not mine:
             continue
-        model, tok = (model_loader or default_model_loader)(mname, device)
+        model, tok = (model_loader or partial(default_model_loader, attn=attn))(mname, device)
         for _, i, kind in mine:
             rng = random.Random(f"label_flip-ablation:{seed}:{i}")
             exemplars = sample_exemplars(train, by_class, m, rng)

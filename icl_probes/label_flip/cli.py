@@ -41,6 +41,8 @@ def _names(text: str) -> tuple:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gemfilter.models import add_attn_argument
+
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(prog="python -m icl_probes.label_flip", formatter_class=fmt, epilog=EPILOG,
                                 description="Label-flip in-context learning (Z. Shi 2024, Ch. 5): larger models follow "
@@ -73,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     llm.add_argument("--unbalanced", action="store_true", help="sample exemplars uniformly instead of M/2 per class")
     llm.add_argument("--data-dir", help="local <task>/<split>.jsonl files instead of the hub")
     llm.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    add_attn_argument(llm)
     llm.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)")
     llm.add_argument("--out", default="results/label_flip", help="output folder (default: %(default)s)")
     llm.add_argument("--fig", help="also copy the plot to this PNG path")
@@ -94,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--irrelevant-file", help="one irrelevant sentence per line (e.g. from GSM-IC)")
     ab.add_argument("--data-dir", help="local <task>/<split>.jsonl files instead of the hub")
     ab.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    add_attn_argument(ab)
     ab.add_argument("--threads", type=int, default=2)
     ab.add_argument("--out", default="results/label_flip")
     ab.add_argument("--fig", help="also copy the plot to this PNG path")
@@ -153,7 +157,8 @@ def _llm(args) -> int:
         shares=tuple(float(x) if "." in x else int(x) for x in _names(args.shares)),
         seeds=_ints(args.seeds or preset["seeds"], "--seeds"), m=args.m,
         n_eval=args.n_eval if args.n_eval is not None else preset["n_eval"], predict=args.predict,
-        balanced=not args.unbalanced, per_prompt=args.per_prompt, data_dir=args.data_dir, device=args.device)
+        balanced=not args.unbalanced, per_prompt=args.per_prompt, data_dir=args.data_dir, device=args.device,
+        attn=args.attn)
     out = Path(args.out)
     rows = llm.run_sweep(cfg, out)
     summary = llm.summarize(rows)
@@ -181,7 +186,7 @@ def _ablation(args) -> int:
     out = Path(args.out)
     rows = ablation.run_ablation(_names(args.models), args.dataset, out, n_prompts=args.n_prompts, m=args.m, share=share,
                                  seed=args.seed, irrelevant=irrelevant, data_dir=args.data_dir,
-                                 device=args.device)
+                                 device=args.device, attn=args.attn)
     table = ablation.summary(rows)
     (out / "ablation.md").write_text(table, encoding="utf-8")
     print(table)

@@ -18,6 +18,7 @@ import copy
 import gc
 import re
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -49,6 +50,7 @@ class SweepConfig:
     max_new_tokens: int = 5
     data_dir: str | None = None
     device: str = "auto"
+    attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -147,13 +149,14 @@ def generate_label(model, tok, prompt: str, words, max_new_tokens: int = 5) -> t
     return (lowered.index(first) if first in lowered else -1), text
 
 
-def default_model_loader(name: str, device: str = "auto"):
-    """(model, tokenizer) through gemfilter.load_model; "embedded" is the embedded Gemma 3 270M."""
+def default_model_loader(name: str, device: str = "auto", attn: str | None = None):
+    """(model, tokenizer) through gemfilter.load_model; "embedded" is the embedded Gemma 3 270M.
+    attn: attention kernel (None: the model's default, ``banded`` for the embedded model)."""
     import gemfilter
 
     from ..common import resolve_device
 
-    model, tok = gemfilter.load_model(None if name == EMBEDDED else name)
+    model, tok = gemfilter.load_model(None if name == EMBEDDED else name, attn=attn)
     return model.to(resolve_device(device)), tok
 
 
@@ -193,7 +196,7 @@ def run_sweep(cfg: SweepConfig, out, *, loader=None, model_loader=None, progress
         mine = [j for j in pending if j[0] == mname]
         if not mine:
             continue
-        model, tok = (model_loader or default_model_loader)(mname, cfg.device)
+        model, tok = (model_loader or partial(default_model_loader, attn=cfg.attn))(mname, cfg.device)
         scorer = LabelScorer(model, tok)
         for _, dname, share, seed, i in mine:
             task, train, by_class, queries = data[dname]
