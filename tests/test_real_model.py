@@ -85,5 +85,5 @@ def test_banded_default_and_sdpa_give_the_same_greedy_answer_at_2k(embedded):
             outs[kernel] = model.generate(**enc, max_new_tokens=24, min_new_tokens=24, do_sample=False)
     finally:
         gemfilter.set_attention(model, "banded")
-    assert enc["input_ids"].shape[1] > 1900
+    assert enc["input_ids"].shape[1] > 1800
     assert torch.equal(outs["sdpa"], outs["banded"])
