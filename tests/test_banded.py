@@ -15,18 +15,11 @@ import gemfilter
 from gemfilter.banded import BandedMask, banded_mask
 from gemfilter.inspection import trace
 from gemfilter.methods import REGISTRY, get_method
-from tiny_models import BUILDERS, FILTER_LAYER
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 FAMILIES = ["mistral-sliding", "gemma3"]
 WINDOW = {"mistral-sliding": 16, "gemma3": 8}
 TOL = 1e-4
-
-
-class DotTokenizer:
-    """Offline stand-in for gemfilter-span: ids divisible by 7 decode to '.', so sentences exist."""
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join("." if i % 7 == 0 else f" w{i}" for i in ids)
 
 
 @pytest.fixture(autouse=True)

@@ -9,16 +9,9 @@ import gemfilter
 from gemfilter.methods import REGISTRY, get_method
 from gemfilter.methods.cache import column_sums
 from reference import qk_at_layer
-from tiny_models import BUILDERS, FILTER_LAYER
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 N = 48
-
-
-class DotTokenizer:
-    """Offline stand-in: token ids divisible by 7 decode to '.', so sentences exist."""
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join("." if i % 7 == 0 else f" w{i}" for i in ids)
 
 
 @pytest.fixture(autouse=True)
