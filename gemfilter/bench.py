@@ -9,7 +9,12 @@ phase ends when the first new token arrives (filter pass + k-token prefill for G
 prefill for the others), and the generation phase is the rest. Memory on CPU is the peak RSS of a
 phase minus the RSS after the model loaded: the kernel's high-water mark (VmHWM) is reset at each
 phase start through /proc/self/clear_refs. On CUDA it is torch.cuda.max_memory_allocated, also
-relative to the loaded model, with synchronised timers.
+relative to the loaded model, with synchronised timers; the absolute peaks (weights included, the
+quantity Fig. 9.3 plots) are recorded too.
+
+``config:<arch>`` models (see :mod:`gemfilter.archs`) are the paper's architectures with random
+weights: the prompt is random token ids, and every method generates exactly ``gen_tokens`` tokens
+(min = max), since random weights would stop at a random EOS.
 """
 
 from __future__ import annotations
@@ -57,10 +62,14 @@ class _Memory:
                 f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
 
     def peak(self) -> float:
+        return self.peak_abs() - self.baseline
+
+    def peak_abs(self) -> float:
+        """Peak since the last reset, weights included (CUDA: max_memory_allocated; CPU: VmHWM)."""
         if self.cuda:
             self.torch.cuda.synchronize()
-            return self.torch.cuda.max_memory_allocated() / 2**20 - self.baseline
-        return _rss_kib("VmHWM") / 1024 - self.baseline
+            return self.torch.cuda.max_memory_allocated() / 2**20
+        return _rss_kib("VmHWM") / 1024
 
 
 class _PhaseClock:
@@ -70,14 +79,15 @@ class _PhaseClock:
         self.memory, self.sync = memory, sync
         self.calls = 0
         self.first_token = None
-        self.prompt_peak = None
+        self.prompt_peak = self.prompt_peak_abs = None
 
     def put(self, value):
         self.calls += 1
         if self.calls == 2:  # call 1 is the prompt itself, call 2 the first generated token
             self.sync()
             self.first_token = time.perf_counter()
-            self.prompt_peak = self.memory.peak()
+            self.prompt_peak_abs = self.memory.peak_abs()
+            self.prompt_peak = self.prompt_peak_abs - self.memory.baseline
             self.memory.reset_peak()
 
     def end(self):
@@ -103,33 +113,102 @@ class _MaskTimer:
         AttentionMaskInterface.register(name, timed)
 
 
+def forced_kwargs(gen_tokens: int) -> dict:
+    """generate() keywords that make every method produce exactly ``gen_tokens`` tokens, greedily:
+    min_new_tokens suppresses EOS until then, max_new_tokens stops there."""
+    return dict(max_new_tokens=gen_tokens, min_new_tokens=gen_tokens, do_sample=False)
+
+
+def device_name(device, cuda=None) -> str:
+    """What the report names the device by: the GPU's name on CUDA, the CPU model otherwise.
+
+    cuda: the ``torch.cuda`` module (a stand-in in tests)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        cuda = cuda or torch.cuda
+        return str(cuda.get_device_name(device))
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def warmup_tokens(device, n: int, topk: int) -> int:
+    """Prompt length of the untimed warm-up run. On CUDA it is long enough (k + 256) for the method's
+    own path to run (SnapKV/H2O skip prompts shorter than k), so kernel selection, cuBLAS handles and
+    allocator growth happen before timing; on CPU a 300-token run covers the first-call overheads."""
+    return min(n, topk + 256) if device.type == "cuda" else min(n, 300)
+
+
+def _load(model_name, attn, layers, dtype, device, test_shrink, length, seed):
+    """(model, tokenizer or None, encoded prompt, extra report fields)."""
+    import torch
+
+    import gemfilter
+    from gemfilter import archs
+
+    if archs.is_config_name(model_name):
+        model = archs.build_model(model_name, layers=layers, dtype=dtype, device=device, test_shrink=test_shrink,
+                                  attn=attn, seed=seed)
+        ids = archs.random_prompt(model.config.vocab_size, length, seed=seed + length, device=model.device)
+        extra = dict(weights="random", changes=list(model.config.gemfilter_changes))
+        return model, None, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, extra
+    from eval.niah.haystack import build_case
+
+    if layers is not None or test_shrink:
+        raise ValueError("--layers and the test shrink apply to config:<arch> models only")
+    kw = {}
+    if dtype not in (None, "auto"):
+        kw["dtype"] = archs.resolve_dtype(dtype, device or "cpu")
+    if device is not None:
+        kw["device_map"] = "auto" if device == "auto" else {"": device}
+    model, tok = gemfilter.load_model(model_name, attn=attn, **kw)
+    enc = tok(build_case(tok, length, 50).prompt, return_tensors="pt").to(model.device)
+    return model, tok, enc, dict(weights="pretrained", changes=[])
+
+
 def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: int, layer, threads: int = 0,
-            attn: str | None = None) -> dict:
+            attn: str | None = None, layers: int | None = None, dtype: str | None = None, device: str | None = None,
+            test_shrink: bool = False, seed: int = 0) -> dict:
     """One measurement, in this process. Returns times in seconds and peaks in MiB.
 
     attn: attention kernel (None: the model's default). ``mask_s`` is the time spent building masks
-    during the measured prompt phase and generation.
+    during the measured prompt phase and generation. layers, dtype, device, test_shrink, seed: see
+    :func:`gemfilter.archs.build_model` (layers and test_shrink only for ``config:<arch>`` models).
     """
     import torch
 
     import gemfilter
     from gemfilter.apply import resolve
-    from eval.niah.haystack import build_case
 
     if threads:
         torch.set_num_threads(threads)
-    model, tok = gemfilter.load_model(model_name, attn=attn)
+    model, tok, enc, extra = _load(model_name, attn, layers, dtype, device, test_shrink, length, seed)
     kernel = model.config._attn_implementation
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     masks = _MaskTimer(kernel, sync)
     method = resolve(model, gemfilter.get_method(method_name, layer=layer, topk=topk))
-    prompt = build_case(tok, length, 50).prompt
-    enc = tok(prompt, return_tensors="pt").to(device)
     n = enc["input_ids"].shape[1]
-    kw = dict(max_new_tokens=gen_tokens, min_new_tokens=gen_tokens, do_sample=False)
-    # Warm-up on a short prompt: first-call overheads are not what we measure.
-    gemfilter.generate(model, {k: v[:, -300:] for k, v in enc.items()}, method=method, tokenizer=tok, max_new_tokens=2)
+    from gemfilter.bench_paper import h2o_exclusion
+
+    reason = h2o_exclusion(method, model, n, device)
+    if reason is not None:
+        return {"method": method_name, "length": length, "n": n, "excluded": reason, "device": str(device),
+                "device_name": device_name(device)}
+    kw = forced_kwargs(gen_tokens)
+    # Untimed warm-up: first-call overheads (CUDA context, kernel choice, allocator) are not what we measure.
+    w = warmup_tokens(device, n, topk)
+    gemfilter.generate(model, {k: v[:, -w:] for k, v in enc.items()}, method=method, tokenizer=tok, **forced_kwargs(2))
+    sync()
     memory = _Memory(device)
     memory.baseline = memory.now()
     clock = _PhaseClock(memory, sync)
@@ -140,12 +219,19 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     out = gemfilter.generate(model, enc, method=method, tokenizer=tok, streamer=clock, **kw)
     sync()
     end = time.perf_counter()
+    gen_peak_abs = memory.peak_abs()
+    new_tokens = int(out.new_tokens.shape[1])
+    if new_tokens != gen_tokens:  # never record a row whose generation phase has another length
+        raise RuntimeError(f"{method_name} generated {new_tokens} tokens, not the forced {gen_tokens}")
     return {
         "attn": kernel, "mask_s": masks.seconds, "method": method_name, "length": length, "n": n, "kept": out.kept[0],
         "layer": getattr(method, "layer", None), "m": gemfilter.selection.num_layers(model),
         "prompt_s": clock.first_token - start, "gen_s": end - clock.first_token, "total_s": end - start,
-        "prompt_peak_mib": clock.prompt_peak, "gen_peak_mib": memory.peak(),
-        "new_tokens": int(out.new_tokens.shape[1]), "device": str(device), "threads": torch.get_num_threads(),
+        "prompt_peak_mib": clock.prompt_peak, "gen_peak_mib": gen_peak_abs - memory.baseline,
+        "prompt_peak_abs_mib": clock.prompt_peak_abs, "gen_peak_abs_mib": gen_peak_abs,
+        "loaded_mib": memory.baseline, "dtype": str(model.dtype).replace("torch.", ""), "warmup_tokens": w,
+        "new_tokens": new_tokens, "device": str(device), "device_name": device_name(device),
+        "threads": torch.get_num_threads(), **extra,
     }
 
 

@@ -156,6 +156,8 @@ def _ints(text: str, what: str) -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .archs import ARCHS
+    from .bench_paper import PRESETS
     from .models import add_attn_argument
 
     p = argparse.ArgumentParser(
@@ -164,7 +166,24 @@ def build_parser() -> argparse.ArgumentParser:
         "length, each in a fresh subprocess; report medians, ratios against full and snapkv, Theorem 9.3's "
         "(r+1)/m, and the growth exponent of time in n. Interrupted runs resume from OUT/bench.jsonl.",
     )
-    p.add_argument("--model", default=None, help="HF id or local path (default: embedded Gemma 3 270M)")
+    p.add_argument("--model", default=None,
+                   help="HF id or local path (default: embedded Gemma 3 270M), or one of the paper's architectures "
+                   "with random weights: " + ", ".join("config:" + a for a in ARCHS) + " (random-token prompts)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="the paper's Fig. 9.3 settings: methods full,snapkv,gemfilter (H2O left out, as in the "
+                   "paper), k=1024, 50 new tokens, lengths 4K..120K, the architecture's paper layer (13 for Llama "
+                   "3.1 8B, 19 for Nemo and Phi). Options you give explicitly override it")
+    p.add_argument("--layers", type=int, default=None,
+                   help="config:<arch> only: keep the first N decoder layers (a scaled model; the report says so)")
+    p.add_argument("--dtype", default=None,
+                   help="auto (bf16 on CUDA and on CPUs with native bf16, else fp32; the default for config:<arch>), "
+                   "bf16, fp16 or fp32")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:N, or auto (HF models: device_map='auto'); default: config:<arch> on cuda "
+                   "if available, HF models as load_model places them (CPU)")
+    p.add_argument("--test-shrink", action="store_true",
+                   help="TESTS ONLY: shrink config:<arch> widths/heads by 8 and the vocabulary to 1024; the timings "
+                   "then describe no published architecture")
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated registry names (default {DEFAULT_METHODS})")
     p.add_argument("--lengths", default=DEFAULT_LENGTHS, help=f"context lengths in tokens (default {DEFAULT_LENGTHS})")
     p.add_argument("--gen-tokens", type=int, default=50, help="tokens generated per run (default 50, as in the paper)")
@@ -178,12 +197,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_arch_args(args) -> None:
+    """Refuse config:<arch> settings that cannot work before any computation starts."""
+    from .archs import arch_of, is_config_name, published_config, resolve_dtype
+
+    if args.dtype is not None:
+        try:
+            resolve_dtype(args.dtype, "cpu")
+        except ValueError as err:
+            raise SystemExit(f"error: --dtype: {err}")
+    if not is_config_name(args.model):
+        if args.layers is not None or args.test_shrink:
+            raise SystemExit("error: --layers and --test-shrink apply to --model config:<arch> only")
+        return
+    try:
+        total = published_config(args.model)["num_hidden_layers"]
+    except ValueError as err:
+        raise SystemExit(f"error: --model: {err}")
+    m = args.layers if args.layers is not None else total
+    if not 1 <= m <= total:
+        raise SystemExit(f"error: --layers {args.layers}: {args.model} has {total} decoder layers; give 1..{total}")
+    if args.layer is not None and not 0 <= args.layer < m:
+        hint = f" (the paper's layer {arch_of(args.model).paper_layer} needs >= {arch_of(args.model).paper_layer + 1} layers)"
+        raise SystemExit(f"error: --layer {args.layer} is outside the model's {m} layers (0..{m - 1}){hint}; "
+                         "pass --layer to choose one inside, e.g. --layers 8 --layer 3")
+
+
 def main(argv=None) -> int:
     from tqdm import tqdm
 
     from .methods import check_names
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.preset:  # the preset's values become defaults, so options given explicitly still win
+        from .bench_paper import PRESETS, preset_layer
+
+        parser.set_defaults(**PRESETS[args.preset], layer=preset_layer(args.model))
+        args = parser.parse_args(argv)
+    _check_arch_args(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     try:
         check_names(methods)
@@ -203,7 +255,8 @@ def main(argv=None) -> int:
     jsonl = out / "bench.jsonl"
     # layer_arg, not layer: each row keeps the layer its method actually resolved to
     meta = dict(model=args.model or "embedded:gemma3-270m", topk=args.topk, gen_tokens=args.gen_tokens,
-                layer_arg=args.layer, threads=args.threads)
+                layer_arg=args.layer, threads=args.threads, layers=args.layers, dtype=args.dtype,
+                device_arg=args.device, test_shrink=args.test_shrink)
     rows = [r for r in load_rows(jsonl) if all(r.get(k) == v for k, v in meta.items())]
     # attn_arg is the kernel asked for (None: the model's default); attn the kernel it resolved to.
     done = {key_of(r) for r in rows}
@@ -213,17 +266,29 @@ def main(argv=None) -> int:
 
     for attn, method, length, rep in tqdm(todo, desc="bench cells", unit="run"):
         spec = dict(model_name=args.model, method_name=method, length=length, gen_tokens=args.gen_tokens,
-                    topk=args.topk, layer=args.layer, threads=args.threads, attn=attn)
+                    topk=args.topk, layer=args.layer, threads=args.threads, attn=attn, layers=args.layers,
+                    dtype=args.dtype, device=args.device, test_shrink=args.test_shrink)
         row = run_worker(spec, timeout=args.timeout)
         row.update(meta, repeat=rep, attn_arg=attn)
         with jsonl.open("a") as f:
             f.write(json.dumps(row) + "\n")
         rows.append(row)
     rows = [r for r in rows if r["method"] in methods and r["length"] in lengths and r.get("attn_arg") in kernels]
+    excluded = [r for r in rows if r.get("excluded")]
+    rows = [r for r in rows if not r.get("excluded")]
+    if not rows:
+        raise SystemExit("error: no cell could run: " + "; ".join(f"{r['method']} at {r['length']}: {r['excluded']}"
+                                                                  for r in excluded))
     summary = summarize(rows, kernels if len(kernels) > 1 else None)
-    meta.update(device=rows[0]["device"], threads=rows[0]["threads"], repeats=args.repeats)
-    (out / "bench.json").write_text(json.dumps({"meta": meta, **summary}, indent=1))
+    device = rows[0]["device"] + (f" ({rows[0]['device_name']})" if rows[0].get("device_name") else "")
+    meta.update(device=device, threads=rows[0]["threads"], repeats=args.repeats)
+    (out / "bench.json").write_text(json.dumps({"meta": meta, **summary, "excluded": excluded}, indent=1))
     table = markdown(summary, meta)
+    if "gemfilter" in methods:
+        from .bench_paper import paper_table
+
+        table += "\n" + paper_table([r for r in rows if r.get("attn_arg") == kernels[0]],
+                                     dict(meta, preset=args.preset, methods=",".join(methods)), excluded)
     (out / "bench.md").write_text(table)
     plot(summary, out / "bench.png", f"{meta['model']} on {meta['device']}, k={args.topk}, t={args.gen_tokens}")
     print(table)
