@@ -156,7 +156,8 @@ def build_model(name: str, *, layers: int | None = None, dtype=None, device=None
     """Random-weight causal LM of ``config:<arch>``, in eval mode, on ``device`` in ``dtype``.
 
     layers: keep the first N decoder layers (None: all). dtype: "auto" (see :func:`resolve_dtype`),
-    bf16, fp16 or fp32. device: "cpu", "cuda", "cuda:1", ... (None: cuda if available, else cpu).
+    bf16, fp16 or fp32. device: "cpu", "cuda", "cuda:1", ... (None: cuda if available, else cpu;
+    "meta": shapes only, no memory, no values)
     attn: attention kernel (None: transformers' default, SDPA). seed: for the random weights.
     """
     from transformers import AutoModelForCausalLM
@@ -168,6 +169,8 @@ def build_model(name: str, *, layers: int | None = None, dtype=None, device=None
     kw = {} if attn is None or attn == "banded" else {"attn_implementation": attn}
     with no_init_weights(), device:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kw)
+    if device.type == "meta":  # shapes only: parameter counts, memory plans
+        return model.eval()
     generator = torch.Generator(device=device).manual_seed(seed)
     std = float(getattr(config, "initializer_range", 0.02))
     with torch.no_grad():
