@@ -156,14 +156,16 @@ def build_model(name: str, *, layers: int | None = None, dtype=None, device=None
     """Random-weight causal LM of ``config:<arch>``, in eval mode, on ``device`` in ``dtype``.
 
     layers: keep the first N decoder layers (None: all). dtype: "auto" (see :func:`resolve_dtype`),
-    bf16, fp16 or fp32. device: "cpu", "cuda", "cuda:1", ... (None: cuda if available, else cpu;
+    bf16, fp16 or fp32. device: "cpu", "cuda", "cuda:1", ... (None or "auto": cuda if available, else cpu;
     "meta": shapes only, no memory, no values)
     attn: attention kernel (None: transformers' default, SDPA). seed: for the random weights.
     """
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
     dtype = resolve_dtype(dtype, device)
     config = arch_config(name, layers, test_shrink)
     kw = {} if attn is None or attn == "banded" else {"attn_implementation": attn}

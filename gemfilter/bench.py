@@ -42,6 +42,7 @@ class _Memory:
 
     def __init__(self, device):
         self.cuda = device.type == "cuda"
+        self.device = device  # every CUDA call names it: the current device may be another GPU
         self.baseline = 0.0
         if self.cuda:
             import torch
@@ -50,13 +51,13 @@ class _Memory:
 
     def now(self) -> float:
         if self.cuda:
-            return self.torch.cuda.memory_allocated() / 2**20
+            return self.torch.cuda.memory_allocated(self.device) / 2**20
         return _rss_kib("VmRSS") / 1024
 
     def reset_peak(self):
         if self.cuda:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.reset_peak_memory_stats()
+            self.torch.cuda.synchronize(self.device)
+            self.torch.cuda.reset_peak_memory_stats(self.device)
         else:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
@@ -67,8 +68,8 @@ class _Memory:
     def peak_abs(self) -> float:
         """Peak since the last reset, weights included (CUDA: max_memory_allocated; CPU: VmHWM)."""
         if self.cuda:
-            self.torch.cuda.synchronize()
-            return self.torch.cuda.max_memory_allocated() / 2**20
+            self.torch.cuda.synchronize(self.device)
+            return self.torch.cuda.max_memory_allocated(self.device) / 2**20
         return _rss_kib("VmHWM") / 1024
 
 
@@ -194,7 +195,7 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     model, tok, enc, extra = _load(model_name, attn, layers, dtype, device, test_shrink, length, seed)
     kernel = model.config._attn_implementation
     device = next(model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     masks = _MaskTimer(kernel, sync)
     method = resolve(model, gemfilter.get_method(method_name, layer=layer, topk=topk))
     n = enc["input_ids"].shape[1]

@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "then describe no published architecture")
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated registry names (default {DEFAULT_METHODS})")
     p.add_argument("--lengths", default=DEFAULT_LENGTHS, help=f"context lengths in tokens (default {DEFAULT_LENGTHS})")
-    p.add_argument("--gen-tokens", type=int, default=50, help="tokens generated per run (default 50, as in the paper)")
+    p.add_argument("--gen-tokens", type=int, default=50, help="tokens generated per run, forced (min = max) for every method (default 50, as in the paper)")
     p.add_argument("--repeats", type=int, default=1, help="runs per cell; medians are reported (default 1)")
     p.add_argument("--topk", type=int, default=1024, help="k for GemFilter / cache budget for SnapKV, H2O (default 1024)")
     p.add_argument("--layer", type=int, default=None, help="filter layer (default: the model's default)")
@@ -284,7 +284,9 @@ def main(argv=None) -> int:
     meta.update(device=device, threads=rows[0]["threads"], repeats=args.repeats)
     (out / "bench.json").write_text(json.dumps({"meta": meta, **summary, "excluded": excluded}, indent=1))
     table = markdown(summary, meta)
-    if "gemfilter" in methods:
+    from .archs import is_config_name
+
+    if "gemfilter" in methods or is_config_name(args.model):  # the paper's columns; says if the model is scaled
         from .bench_paper import paper_table
 
         table += "\n" + paper_table([r for r in rows if r.get("attn_arg") == kernels[0]],

@@ -140,17 +140,17 @@ class _FakeCuda:
         self.calls.append(("name", str(device)))
         return "NVIDIA H100 80GB HBM3"
 
-    def synchronize(self):
-        self.calls.append(("sync",))
+    def synchronize(self, device):
+        self.calls.append(("sync", str(device)))
 
-    def reset_peak_memory_stats(self):
-        self.calls.append(("reset",))
+    def reset_peak_memory_stats(self, device):
+        self.calls.append(("reset", str(device)))
 
-    def max_memory_allocated(self):
-        self.calls.append(("max",))
+    def max_memory_allocated(self, device):
+        self.calls.append(("max", str(device)))
         return self.allocated
 
-    def memory_allocated(self):
+    def memory_allocated(self, device):
         return 2**30
 
 
@@ -163,14 +163,14 @@ def test_device_name_uses_the_gpu_name_on_cuda_and_the_cpu_model_otherwise():
 
 
 def test_cuda_memory_is_synchronised_max_memory_allocated_per_phase():
-    memory = _Memory(torch.device("cpu"))
-    memory.cuda, memory.torch = True, SimpleNamespace(cuda=_FakeCuda())
+    memory = _Memory(torch.device("cuda:1"))  # not the default GPU: every call must name it
+    memory.torch = SimpleNamespace(cuda=_FakeCuda())
     fake = memory.torch.cuda
     memory.baseline = memory.now()  # memory_allocated after the load: 1 GiB
     memory.reset_peak()
-    assert fake.calls == [("sync",), ("reset",)]  # sync before the reset, so no queued kernel escapes
+    assert fake.calls == [("sync", "cuda:1"), ("reset", "cuda:1")]  # sync first: no queued kernel escapes
     assert memory.peak_abs() == 3 * 1024 and memory.peak() == 2 * 1024
-    assert fake.calls[-2:] == [("sync",), ("max",)]  # and before reading the peak
+    assert fake.calls[-2:] == [("sync", "cuda:1"), ("max", "cuda:1")]  # and before reading the peak
 
 
 def test_warmup_is_long_enough_on_cuda_for_the_method_path():
