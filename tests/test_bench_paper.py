@@ -119,3 +119,13 @@ def test_end_to_end_scaled_phi_generates_the_forced_tokens(tmp_path):
     table = (tmp_path / "bench.md").read_text()
     assert "first 2 of 32 decoder layers" in table and "TEST SHRINK" in table
     assert "| n | prompt ÷full | (r+1)/m |" in table and "| 300 | gemfilter | 64 |" in table
+
+
+def test_pretrained_models_take_dtype_and_device_but_not_layers(tiny_model_dir):
+    from gemfilter import bench
+
+    row = bench.measure(str(tiny_model_dir), "gemfilter", 350, 2, 64, 2, dtype="fp32", device="cpu")
+    assert row["weights"] == "pretrained" and row["changes"] == [] and row["new_tokens"] == 2
+    assert row["dtype"] == "float32" and row["device"] == "cpu" and row["kept"] == 64
+    with pytest.raises(ValueError, match="config:<arch> models only"):
+        bench.measure(str(tiny_model_dir), "full", 350, 2, 64, None, layers=2)
