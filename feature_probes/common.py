@@ -1,0 +1,53 @@
+"""Pieces shared by the feature probes. Seeding, JSONL, JSON and PNG helpers come from ``icl_probes.common``.
+
+- ``smoothed_relu``: the polynomially smoothed ReLU of both the Midpoint Mixup paper (Def. 4.2, ReLU~ with
+  power alpha and threshold rho) and the MRP paper (Sec. 3.2, ReLU-bar with power q and threshold varrho).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def smoothed_relu(z: torch.Tensor, power: float, threshold: float) -> torch.Tensor:
+    """0 for z <= 0; z^power / (power * threshold^(power-1)) on [0, threshold]; z - (1 - 1/power) threshold above.
+
+    Continuous with a continuous derivative (1 at the threshold). z: any shape."""
+    zc = z.clamp(0.0, threshold)
+    poly = zc.pow(power) / (power * threshold ** (power - 1))
+    return torch.where(z >= threshold, z - (1 - 1 / power) * threshold, poly)
+
+
+def add_run_args(sp, presets: dict) -> None:
+    """The options every feature-probe subcommand shares (preset, output folder, figure folder, threads,
+    seeds, progress, forced rerun)."""
+    from pathlib import Path
+
+    sp.add_argument("--preset", default="cpu", choices=sorted(presets),
+                    help="settings table entry (default cpu; the 'presets' subcommand prints them all)")
+    sp.add_argument("--out", required=True, type=Path, help="folder for the JSONL rows, results JSON and markdown table")
+    sp.add_argument("--fig-dir", type=Path, help="folder for the PNG figures (default: --out)")
+    sp.add_argument("--seeds", type=seed_list, help="override the preset's seeds, e.g. 0,1,2")
+    sp.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    sp.add_argument("--force", action="store_true", help="discard finished rows in --out and rerun everything")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def seed_list(text: str) -> tuple[int, ...]:
+    import argparse
+
+    try:
+        seeds = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        seeds = ()
+    if not seeds or any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected non-negative integers separated by commas, e.g. 0,1,2")
+    return seeds
+
+
+def mean_std(values) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    import statistics
+
+    values = list(values)
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
