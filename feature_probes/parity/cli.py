@@ -1,0 +1,160 @@
+"""Command line of the parity simulation: ``python -m feature_probes.parity <subcommand>``.
+
+Subcommands: ``table`` (Table A.1 with Figs. A.1 and A.2), ``presets``. One JSONL row per finished
+(law, seed), so an interrupted table resumes; a results JSON, a markdown table (also printed) and PNGs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import asdict, replace
+
+import numpy as np
+
+from icl_probes.common import pyplot, save_png, write_json
+from feature_probes.common import add_run_args, mean_std
+from feature_probes.parity.experiments import PRESETS, run_table
+
+METHODS = ("network", "ntk", "rf", "one_step", "two_step")
+NAMES = {"network": "Network", "ntk": "NTK", "rf": "RF", "one_step": "One Step", "two_step": "Two Step"}
+PAPER = {  # Table A.1: (train acc, test acc, cos similarity); "w/o structure" is the network's column
+    "network": (100.0, 100.0, 0.997), "ntk": (84.0, 86.4, None), "rf": (74.7, 76.0, 0.114),
+    "one_step": (51.3, 52.2, 0.848), "two_step": (100.0, 100.0, 0.997), "unstructured": (100.0, 52.0, 0.253)}
+
+EPILOG = """examples:
+  python -m feature_probes.parity table --out results/parity --fig-dir feature_probes/figures     # ~2-4 min
+  python -m feature_probes.parity table --preset paper --out results/parity5                        # 5 seeds
+  python -m feature_probes.parity table --step1 lemma_a17 --out results/parity_a17
+outputs (in --out): parity_runs.jsonl (one row per (law, seed)), parity_result.json, parity_summary.md;
+  in --fig-dir: parity_figA1_curves.png, parity_figA2_mds.png"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m feature_probes.parity",
+        description="Gradient feature learning on parities (Z. Shi 2024, Ch. 2, App. A.7.1): the two-layer network "
+                    "trained by Thm A.20's process against NTK and random features, with and without input structure.",
+        epilog="run '<subcommand> --help' for its options", formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{table,presets}")
+    text = "Table A.1 (network, NTK, RF, One/Two Step; with and without structure), Figs. A.1 and A.2"
+    sp = sub.add_parser("table", help=text, description=text, epilog=EPILOG,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.subcommands = {"table": sp}
+    add_run_args(sp, PRESETS)
+    sp.add_argument("--steps", type=int, help="override T (paper: 600)")
+    sp.add_argument("--step1", choices=["thm_a20", "lemma_a17"], help="step-1 size and smoothing (default thm_a20)")
+    sp.add_argument("--lr3", type=float, help="step size of steps 3..T (0 = Thm A.20's k^2/(T m^(1/3)))")
+    sp.add_argument("--lam3", type=float, help="lambda_a = lambda_w in steps 3..T")
+    sp.add_argument("--laws", choices=["both", "structured", "unstructured"], default="both",
+                    help="which data laws to run (default both)")
+    sub.add_parser("presets", help="print every preset's settings as JSON")
+    return parser
+
+
+def make_config(args):
+    cfg = PRESETS[args.preset]
+    over = {key: getattr(args, key) for key in ("seeds", "steps", "step1", "lr3", "lam3") if getattr(args, key) is not None}
+    over["laws"] = {"both": (True, False), "structured": (True,), "unstructured": (False,)}[args.laws]
+    if set(over) - {"seeds", "laws"}:
+        over["note"] = cfg.note + " (with command-line overrides)"
+    cfg = replace(cfg, **over)
+    cfg.check()
+    return cfg
+
+
+def _fmt(values, scale=100.0, digits=1):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "NA"
+    m, s = mean_std(v * scale for v in values)
+    return f"{m:.{digits}f}" + (f" ± {s:.{digits}f}" if len(values) > 1 else "")
+
+
+def markdown(rows: list[dict], cfg: dict, command: str) -> str:
+    lines = [f"Parity simulation (Table A.1): `{command}`", "",
+             f"d={cfg['spec']['d']}, D={cfg['spec']['D']}, k={cfg['spec']['k']}, p_o={cfg['spec']['p_o']}, m={cfg['m']}, "
+             f"T={cfg['steps']}, n_train={cfg['n_train']}, n_test={cfg['n_test']}, step 1: {cfg['step1']}", "",
+             "| law | method | train acc (%) | test acc (%) | cos similarity | paper train / test / cos |",
+             "|---|---|---|---|---|---|"]
+    for structured in (True, False):
+        mine = [r for r in rows if r["structured"] == structured]
+        for method in METHODS:
+            if not mine:
+                continue
+            ms = [r["methods"][method] for r in mine]
+            paper = PAPER[method] if structured else (PAPER["unstructured"] if method == "network" else None)
+            ptxt = "—" if paper is None else " / ".join("NA" if v is None else str(v) for v in paper)
+            lines.append(f"| {'structured' if structured else 'no structure'} | {NAMES[method]} | "
+                         f"{_fmt(m['train_acc'] for m in ms)} | {_fmt(m['test_acc'] for m in ms)} | "
+                         f"{_fmt((m['cos'] for m in ms), 1.0, 3)} | {ptxt} |")
+    secs = sum(r["seconds"] for r in rows)
+    lines += ["", f"{len(rows)} (law, seed) units, {secs:.0f} s of training and evaluation in total."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(rows: list[dict], path):
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for ax, structured in zip(axes, (True, False)):
+        mine = [r for r in rows if r["structured"] == structured]
+        for i, method in enumerate(("network", "ntk", "rf")):
+            for j, r in enumerate(mine):
+                c = np.array(r["methods"][method]["curve"])
+                ax.plot(c[:, 0], 100 * c[:, 1], color=f"C{i}", alpha=0.8, label=NAMES[method] if j == 0 else None)
+        ax.set(xlabel="step", title="with input structure" if structured else "without structure (D^(0) only)")
+        ax.axhline(50, color="k", lw=0.6, ls=":")
+    axes[0].set_ylabel("test accuracy (%)")
+    axes[0].legend()
+    return save_png(fig, path)
+
+
+def plot_mds(rows: list[dict], path):
+    """Fig. A.2: MDS of the first-layer weights at init, after step 1 and after step 2 (first structured seed)."""
+    plt = pyplot()
+    row = next((r for r in rows if r["structured"]), rows[0])
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+    for ax, (key, title) in zip(axes, (("init", "initialisation"), ("step1", "after step 1"), ("step2", "after step 2"))):
+        pts = np.array(row["mds"][key])
+        ax.scatter(pts[:-2, 0], pts[:-2, 1], s=6, alpha=0.5, label="w_i")
+        ax.scatter(pts[-2:, 0], pts[-2:, 1], marker="*", s=200, c=["C3", "C2"], label="+/- sum_{j in A} M_j")
+        ax.set_title(title)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    axes[0].legend(fontsize=7)
+    return save_png(fig, path)
+
+
+def main(argv=None) -> int:
+    import torch
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "presets":
+        print(json.dumps({k: asdict(v) for k, v in PRESETS.items()}, indent=2))
+        return 0
+    sp = parser.subcommands[args.command]
+    if args.threads < 1:
+        sp.error(f"--threads {args.threads}: must be >= 1")
+    command = "python -m feature_probes.parity " + shlex.join(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = make_config(args)
+    except ValueError as err:
+        sp.error(str(err))
+    torch.set_num_threads(args.threads)
+    out, figs = args.out, args.fig_dir or args.out
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / "parity_runs.jsonl"
+    if args.force and jsonl.exists():
+        jsonl.unlink()
+    rows = run_table(cfg, jsonl, progress=not args.quiet)
+    slim = [{key: val for key, val in r.items() if key != "mds"} for r in rows]
+    write_json(out / "parity_result.json", dict(config=asdict(cfg), command=command, runs=slim))
+    md = markdown(rows, asdict(cfg), command)
+    pngs = [plot_curves(rows, figs / "parity_figA1_curves.png"), plot_mds(rows, figs / "parity_figA2_mds.png")]
+    (out / "parity_summary.md").write_text(md, encoding="utf-8")
+    print(md)
+    print("wrote:", out / "parity_summary.md", *pngs)
+    return 0
