@@ -46,8 +46,10 @@ class ParitySpec:
         return torch.tensor([0.5, q]), math.sqrt(sigma2)
 
     def gamma(self) -> float:
-        """gamma = E[y phi_i] - E[y] E[phi_i] for i in A (1/4 for the simulation's law; 0 without structure)."""
-        return (1 - self.p_o) * 0.25 if self.structured else 0.0
+        """gamma = E[y phi_i] - E[y] E[phi_i] for i in A: D^(0) contributes 0 (y is independent of one bit) and
+        D^(1) contributes 1/2 (y phi_i = 1 exactly on the all-ones block), so (1 - p_o)/2 = 1/4 in the simulation;
+        0 without structure."""
+        return (1 - self.p_o) * 0.5 if self.structured else 0.0
 
 
 @dataclass

@@ -67,11 +67,15 @@ def regulariser(net: TwoLayerNet, lam_a: float, lam_w: float) -> torch.Tensor:
 def gd_step(net: TwoLayerNet, x, y, lr: float, lam_a: float, lam_w: float, s: float) -> float:
     """One step of Eq. 2.4: theta <- theta - lr * grad(hinge loss with smoothing s + regulariser). Returns the loss."""
     net.zero_grad()
-    loss = hinge(net(x, s), y) + regulariser(net, lam_a, lam_w)
-    loss.backward()
+    fit = hinge(net(x, s), y)
+    fit.backward()
+    loss = fit.detach() + regulariser(net, lam_a, lam_w).detach()
+    # The regulariser's part of the step is applied as the factor (1 - 2 lr lambda), computed in Python: step 1
+    # has 2 lr lambda_w = 1 exactly, and w - lr (grad + 2 lambda w) in float32 would leave rounding noise of
+    # size eps*|w^(0)|, as large as the tiny lr*grad that step 1 is meant to keep.
     with torch.no_grad():
-        for p in (net.w, net.b, net.a):
-            p -= lr * p.grad
+        for p, lam in ((net.w, lam_w), (net.b, 0.0), (net.a, lam_a)):
+            p.mul_(1 - 2 * lr * lam).sub_(lr * p.grad)
     return float(loss.detach())
 
 
