@@ -121,7 +121,7 @@ def test_linearised_net_is_the_first_order_taylor_expansion():
         net.zero_grad()
         net(x[i:i + 1]).sum().backward()  # plain sigma: its derivative is 1 on (0, 1), as in LinearisedNet
         expect = (net.w.grad * lin.dw).sum() + (net.b.grad * lin.db).sum() + (net.a.grad * lin.da).sum()
-        assert float(lin(x[i:i + 1])) == pytest.approx(float(expect), rel=1e-4, abs=1e-5)
+        assert float(lin(x[i:i + 1]).detach()) == pytest.approx(float(expect), rel=1e-4, abs=1e-5)
 
 
 def test_hyper_parameters_of_the_simulation():

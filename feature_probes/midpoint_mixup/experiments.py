@@ -77,7 +77,8 @@ class ImagesRun:
 
 
 SYNTHETIC_PRESETS = {
-    "cpu": SyntheticRun(note="k=10, P=30, C_P=2, Q=2, m=10, d=2000, 50 train points, full-batch GD lr 20, 400 steps"),
+    "cpu": SyntheticRun(steps=1000, eval_every=50, seeds=(0, 1),
+                        note="k=10, P=30, C_P=2, Q=2, m=10, d=2000, 50 train points, full-batch GD lr 20, 1000 steps, 2 seeds"),
     "tiny": SyntheticRun(data=MultiViewSpec(k=4, P=8), n_train=12, n_test=200, m=3, d=200, steps=20, eval_every=10,
                          note="smoke-test size"),
 }
