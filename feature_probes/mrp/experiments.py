@@ -71,7 +71,8 @@ class MRPRun:
 
 
 PRESETS = {
-    "cpu": MRPRun(note="k=10, d=100, P=40, C_p=2, m=4 (40 kernels), q=3, 500 points, 150 GD steps, mask 0.25/0.5/0.75"),
+    "cpu": MRPRun(seeds=(0, 1, 2), note="k=10, d=100, P=40, C_p=2, m=4 (40 kernels), q=3, 500 points, 150 GD steps "
+                                         "at lr 0.5, mask ratios 0.25/0.5/0.75, 3 seeds"),
     "tiny": MRPRun(data=PatchSpec(k=3, d=12, P=12), m=2, n_train=60, n_test=60, steps=10, head_steps=10,
                    mask_ratios=(0.5,), eval_every=5, note="smoke-test size"),
 }
