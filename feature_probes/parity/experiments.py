@@ -26,7 +26,8 @@ class ParityRun:
     (eta1 = gamma^2 sigma~/(k m^3), sigma_xi = 1/k^1.5); step 2: eta = 1, lambda_a = lambda_w = 1/2.
     lr3: step size of steps 3..T (0 = Thm A.20's k^2/(T m^(1/3))); lam3: lambda_a = lambda_w there (ours,
     Thm A.20 only bounds it by k^3/(sigma~ m^(1/3))). Baselines train their linear part with Adam
-    (baseline_lr, ours) on the same batches for the same number of steps. gamma and sigma~ come from
+    (baseline_lr, ours) on the same batches for the same number of steps; RF / One Step / Two Step heads see
+    standardised features (``model.FixedFeatureHead``), the NTK its raw linearised features. gamma and sigma~ come from
     the structured law even when ``structured`` is False, so both laws run the same hyper-parameters.
     """
 
@@ -166,9 +167,9 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
     base_batches = _batches(cfg.n_train, cfg.batch, cfg.steps, torch.Generator().manual_seed(seed + 1))
     ntk = LinearisedNet(_init_copy(cfg, spec, h, seed))
     for name, model, params, w in (("ntk", ntk, list(ntk.parameters()), None),
-                                   ("rf", FixedFeatureHead(w0, b0), None, w0),
-                                   ("one_step", FixedFeatureHead(w1, b1), None, w1),
-                                   ("two_step", FixedFeatureHead(w2, b2), None, w2)):
+                                   ("rf", FixedFeatureHead(w0, b0, x), None, w0),
+                                   ("one_step", FixedFeatureHead(w1, b1, x), None, w1),
+                                   ("two_step", FixedFeatureHead(w2, b2, x), None, w2)):
         curve_b, acc = _fit_linear(model, params or list(model.parameters()), x, y, xt, yt, base_batches,
                                    cfg.baseline_lr, cfg.eval_every)
         methods[name] = dict(**acc, cos=None if w is None else cos_to_star(w, star), curve=curve_b)
