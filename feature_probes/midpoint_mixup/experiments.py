@@ -77,8 +77,11 @@ class ImagesRun:
 
 
 SYNTHETIC_PRESETS = {
-    "cpu": SyntheticRun(steps=1000, eval_every=50, seeds=(0, 1),
-                        note="k=10, P=30, C_P=2, Q=2, m=10, d=2000, 50 train points, full-batch GD lr 20, 1000 steps, 2 seeds"),
+    "cpu": SyntheticRun(data=MultiViewSpec(k=10, P=16), n_train=40, m=5, d=500, lr=10.0, steps=600, eval_every=50,
+                        seeds=(0, 1, 2),
+                        note="k=10, P=16, C_P=2, Q=2, m=5, d=500, 40 train points, full-batch GD lr 10, 600 steps, 3 seeds"),
+    "cpu-d2000": SyntheticRun(steps=1000, eval_every=50, seeds=(0, 1),
+                              note="k=10, P=30, m=10, d=2000, 50 train points, lr 20, 1000 steps, 2 seeds (about 12 min)"),
     "tiny": SyntheticRun(data=MultiViewSpec(k=4, P=8), n_train=12, n_test=200, m=3, d=200, steps=20, eval_every=10,
                          note="smoke-test size"),
 }
