@@ -10,7 +10,8 @@ import torch
 from feature_probes.parity import cli
 from feature_probes.parity.data import ParitySpec, make_problem, make_split, normalise, parity_labels, sample_phi
 from feature_probes.parity.experiments import cos_to_star, hyper, PRESETS
-from feature_probes.parity.model import LinearisedNet, TwoLayerNet, clip_relu, gd_step, hinge, smoothed_clip_relu
+from feature_probes.parity.model import (FixedFeatureHead, LinearisedNet, TwoLayerNet, clip_relu, gd_step, hinge,
+                                        smoothed_clip_relu)
 
 SPEC = ParitySpec()  # the simulation's d = 500, D = 100, k = 5, p_o = 1/2
 
@@ -121,7 +122,19 @@ def test_linearised_net_is_the_first_order_taylor_expansion():
         net.zero_grad()
         net(x[i:i + 1]).sum().backward()  # plain sigma: its derivative is 1 on (0, 1), as in LinearisedNet
         expect = (net.w.grad * lin.dw).sum() + (net.b.grad * lin.db).sum() + (net.a.grad * lin.da).sum()
-        assert float(lin(x[i:i + 1]).detach()) == pytest.approx(float(expect), rel=1e-4, abs=1e-5)
+        assert float(lin(x[i:i + 1]).detach()) == pytest.approx(float(expect.detach()), rel=1e-4, abs=1e-5)
+
+
+def test_fixed_feature_head_standardises_with_training_statistics():
+    x, _, net = _small()
+    head = FixedFeatureHead(net.w, net.b, x)
+    feats = clip_relu(x @ net.w.detach().T + net.b.detach())
+    keep = feats.std(dim=0) > 1e-6  # neurons that vary on the training set
+    with torch.no_grad():
+        head.a.copy_(torch.eye(len(head.a))[0])
+        z = (feats - feats.mean(dim=0)) / feats.std(dim=0).clamp_min(1e-12)
+        assert torch.allclose(head(x), z[:, 0], atol=1e-5)
+    assert torch.allclose(z[:, keep].mean(dim=0), torch.zeros(int(keep.sum())), atol=1e-5)
 
 
 def test_hyper_parameters_of_the_simulation():

@@ -62,8 +62,8 @@ PRESETS = {
     "cpu": ParityRun(note="the paper's sizes (d=500, D=100, k=5, p_o=1/2, m=300, T=600, 50000 train points, "
                           "batch 1000 after step 2), one seed, 10000 test points"),
     "paper": ParityRun(seeds=(0, 1, 2, 3, 4), note="as cpu with the paper's 5 seeds"),
-    "tiny": ParityRun(spec=ParitySpec(d=40, D=12, k=3), m=20, n_train=2000, n_test=1000, steps=40, batch=200,
-                      eval_every=10, note="smoke test size"),
+    "tiny": ParityRun(spec=ParitySpec(d=40, D=12, k=3), m=20, n_train=600, n_test=300, steps=12, batch=200,
+                      eval_every=6, note="smoke test size"),
 }
 
 
