@@ -18,6 +18,51 @@ def smoothed_relu(z: torch.Tensor, power: float, threshold: float) -> torch.Tens
     return torch.where(z >= threshold, z - (1 - 1 / power) * threshold, poly)
 
 
+def run_resumable(cfg, jsonl_path, sweep: tuple, units, key_of, compute) -> list[dict]:
+    """compute(*unit) for every unit, resumable: the settings are cfg without its ``sweep`` fields; a row in
+    jsonl_path with the same settings and ``key_of(row) == unit`` is reused, each new row is appended (so an
+    interrupted sweep resumes). Returns the rows in the order of ``units``."""
+    from icl_probes.common import append_jsonl, as_stored, read_jsonl
+
+    settings = {key: val for key, val in as_stored(cfg).items() if key not in sweep}
+    done = {key_of(r): r for r in (read_jsonl(jsonl_path) if jsonl_path else []) if r.get("settings") == settings}
+    rows = []
+    for unit in units:
+        row = done.get(unit)
+        if row is None:
+            row = dict(compute(*unit), settings=settings)
+            if jsonl_path:
+                append_jsonl(jsonl_path, row)
+        rows.append(row)
+    return rows
+
+
+def start_run(parser, args, argv, prog: str, make_config, jsonl_name: str):
+    """What every feature-probe run subcommand does before computing: check --threads and the config (errors
+    go to the subcommand's parser), record the command line, set torch's threads, create --out and, with
+    --force, drop the old JSONL rows. Returns (cfg, command, out, fig_dir, jsonl path)."""
+    import shlex
+    import sys
+
+    import torch
+
+    sp = parser.subcommands[args.command]
+    if args.threads < 1:
+        sp.error(f"--threads {args.threads}: must be >= 1")
+    command = f"python -m {prog} " + shlex.join(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = make_config(args)
+    except ValueError as err:
+        sp.error(str(err))
+    torch.set_num_threads(args.threads)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / jsonl_name
+    if args.force and jsonl.exists():
+        jsonl.unlink()
+    return cfg, command, out, args.fig_dir or out, jsonl
+
+
 def add_run_args(sp, presets: dict) -> None:
     """The options every feature-probe subcommand shares (preset, output folder, figure folder, threads,
     seeds, progress, forced rerun)."""

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 from dataclasses import asdict, replace
 
 import numpy as np
 
 from icl_probes.common import pyplot, save_png, write_json
-from feature_probes.common import add_run_args, mean_std
+from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.midpoint_mixup.experiments import IMAGES_PRESETS, SYNTHETIC_PRESETS, run_images, run_synthetic, run_units
 from feature_probes.midpoint_mixup.model import METHODS
 
@@ -172,27 +170,13 @@ def plot_images(rows: list[dict], path):
 
 
 def main(argv=None) -> int:
-    import torch
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "presets":
         print(json.dumps({name: {k: asdict(v) for k, v in table.items()} for name, table in PRESETS.items()}, indent=2))
         return 0
-    sp = parser.subcommands[args.command]
-    if args.threads < 1:
-        sp.error(f"--threads {args.threads}: must be >= 1")
-    command = "python -m feature_probes.midpoint_mixup " + shlex.join(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg = make_config(args)
-    except ValueError as err:
-        sp.error(str(err))
-    torch.set_num_threads(args.threads)
-    out, figs = args.out, args.fig_dir or args.out
-    out.mkdir(parents=True, exist_ok=True)
-    jsonl = out / f"{args.command}_runs.jsonl"
-    if args.force and jsonl.exists():
-        jsonl.unlink()
+    cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.midpoint_mixup", make_config,
+                                               f"{args.command}_runs.jsonl")
     run = run_synthetic if args.command == "synthetic" else run_images
     rows = run_units(run, cfg, jsonl, progress=not args.quiet)
     write_json(out / f"{args.command}_result.json", dict(config=asdict(cfg), command=command, runs=rows))

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from icl_probes.common import append_jsonl, as_stored, read_jsonl, seed_everything
+from icl_probes.common import seed_everything
+from feature_probes.common import run_resumable
 from feature_probes.midpoint_mixup.data import (MultiViewSpec, concat_views, fixed_extras, load_digits_split,
                                                 make_multiview, pair_classes, single_view)
 from feature_probes.midpoint_mixup.model import METHODS, MultiViewNet, SmallCNN, batch_mixup_loss, mixup_loss
@@ -180,16 +181,6 @@ def run_units(run, cfg, jsonl_path=None, progress: bool = True) -> list[dict]:
     """run(cfg, method, seed) for every method and seed of cfg; rows in jsonl_path with the same settings
     are reused, and each finished unit is appended (so an interrupted sweep resumes)."""
     cfg.check()
-    settings = {key: val for key, val in as_stored(cfg).items() if key not in ("methods", "seeds", "note")}
-    done = {(r["method"], r["seed"]): r for r in (read_jsonl(jsonl_path) if jsonl_path else [])
-            if r.get("settings") == settings}
-    rows = []
-    for method in cfg.methods:
-        for seed in cfg.seeds:
-            row = done.get((method, seed))
-            if row is None:
-                row = dict(run(cfg, method, seed, progress), settings=settings)
-                if jsonl_path:
-                    append_jsonl(jsonl_path, row)
-            rows.append(row)
-    return rows
+    units = [(method, seed) for method in cfg.methods for seed in cfg.seeds]
+    return run_resumable(cfg, jsonl_path, ("methods", "seeds", "note"), units, lambda r: (r["method"], r["seed"]),
+                         lambda method, seed: run(cfg, method, seed, progress))

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from icl_probes.common import append_jsonl, as_stored, read_jsonl, seed_everything
+from icl_probes.common import seed_everything
+from feature_probes.common import run_resumable
 from feature_probes.mrp.data import PatchSpec, make_patch_data
 from feature_probes.mrp.model import (Encoder, capture, class_scores, head_loss, mrp_loss_expected, sigma0_default,
                                       teacher_tau, varrho_default)
@@ -180,19 +181,10 @@ def run_sl(cfg: MRPRun, seed: int, progress: bool = False) -> dict:
 def run_units(cfg: MRPRun, jsonl_path=None, progress: bool = True) -> list[dict]:
     """SL and MRP at every mask ratio, for every seed; finished rows with the same settings are reused."""
     cfg.check()
-    settings = {key: val for key, val in as_stored(cfg).items() if key not in ("seeds", "mask_ratios", "note")}
-    done = {(r["method"], r["mask_ratio"], r["seed"]): r for r in (read_jsonl(jsonl_path) if jsonl_path else [])
-            if r.get("settings") == settings}
     units = [("sl", None, s) for s in cfg.seeds] + [("mrp", r, s) for r in cfg.mask_ratios for s in cfg.seeds]
     from tqdm.auto import tqdm
 
-    rows = []
-    for method, ratio, seed in tqdm(units, desc="mrp units", disable=not progress, leave=False):
-        row = done.get((method, ratio, seed))
-        if row is None:
-            res = run_sl(cfg, seed) if method == "sl" else run_mrp(cfg, ratio, seed)
-            row = dict(res, settings=settings)
-            if jsonl_path:
-                append_jsonl(jsonl_path, row)
-        rows.append(row)
-    return rows
+    return run_resumable(cfg, jsonl_path, ("seeds", "mask_ratios", "note"),
+                         tqdm(units, desc="mrp units", disable=not progress, leave=False),
+                         lambda r: (r["method"], r["mask_ratio"], r["seed"]),
+                         lambda method, ratio, seed: run_sl(cfg, seed) if method == "sl" else run_mrp(cfg, ratio, seed))

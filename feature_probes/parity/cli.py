@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 from dataclasses import asdict, replace
 
 import numpy as np
 
 from icl_probes.common import pyplot, save_png, write_json
-from feature_probes.common import add_run_args, mean_std
+from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.parity.experiments import PRESETS, run_table
 
 METHODS = ("network", "ntk", "rf", "one_step", "two_step")
@@ -128,27 +126,13 @@ def plot_mds(rows: list[dict], path):
 
 
 def main(argv=None) -> int:
-    import torch
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "presets":
         print(json.dumps({k: asdict(v) for k, v in PRESETS.items()}, indent=2))
         return 0
-    sp = parser.subcommands[args.command]
-    if args.threads < 1:
-        sp.error(f"--threads {args.threads}: must be >= 1")
-    command = "python -m feature_probes.parity " + shlex.join(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg = make_config(args)
-    except ValueError as err:
-        sp.error(str(err))
-    torch.set_num_threads(args.threads)
-    out, figs = args.out, args.fig_dir or args.out
-    out.mkdir(parents=True, exist_ok=True)
-    jsonl = out / "parity_runs.jsonl"
-    if args.force and jsonl.exists():
-        jsonl.unlink()
+    cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.parity", make_config,
+                                               "parity_runs.jsonl")
     rows = run_table(cfg, jsonl, progress=not args.quiet)
     slim = [{key: val for key, val in r.items() if key != "mds"} for r in rows]
     write_json(out / "parity_result.json", dict(config=asdict(cfg), command=command, runs=slim))

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from icl_probes.common import append_jsonl, as_stored, read_jsonl, seed_everything
+from icl_probes.common import seed_everything
+from feature_probes.common import run_resumable
 from feature_probes.parity.data import ParitySpec, make_problem, make_split
 from feature_probes.parity.model import FixedFeatureHead, LinearisedNet, TwoLayerNet, gd_step, hinge
 
@@ -196,16 +197,6 @@ def run_table(cfg: ParityRun, jsonl_path=None, progress: bool = True) -> list[di
     """run_parity for every (law, seed) of cfg; rows already in jsonl_path with the same settings are reused,
     each newly finished unit is appended (so an interrupted table resumes)."""
     cfg.check()
-    settings = {key: val for key, val in as_stored(cfg).items() if key not in ("seeds", "laws", "note")}
-    done = {(r["structured"], r["seed"]): r for r in (read_jsonl(jsonl_path) if jsonl_path else [])
-            if r.get("settings") == settings}
-    rows = []
-    for structured in cfg.laws:
-        for seed in cfg.seeds:
-            row = done.get((structured, seed))
-            if row is None:
-                row = dict(run_parity(cfg, structured, seed, progress), settings=settings)
-                if jsonl_path:
-                    append_jsonl(jsonl_path, row)
-            rows.append(row)
-    return rows
+    units = [(structured, seed) for structured in cfg.laws for seed in cfg.seeds]
+    return run_resumable(cfg, jsonl_path, ("seeds", "laws", "note"), units, lambda r: (r["structured"], r["seed"]),
+                         lambda structured, seed: run_parity(cfg, structured, seed, progress))
