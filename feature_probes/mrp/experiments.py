@@ -122,6 +122,26 @@ def _fit_head(enc: Encoder, cfg: MRPRun, train, tests) -> dict:
     return dict(head_train_acc=acc(train), head_single_acc=acc(tests["single"]), head_multi_acc=acc(tests["multi"]))
 
 
+def _descend(enc: Encoder, cfg: MRPRun, loss_at, lr: float):
+    """Full-batch GD on the kernels for cfg.steps steps: loss_at(t) gives step t's loss. Stops at divergence.
+
+    Returns (history of loss and capture every cfg.eval_every steps, step at which it diverged or None)."""
+    history, diverged_at = [], None
+    for t in range(cfg.steps):
+        loss = loss_at(t)
+        enc.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            enc.w -= lr * enc.w.grad
+        if _diverged(loss, enc):
+            diverged_at = t + 1
+            break
+        if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
+            history.append(dict(step=t + 1, loss=float(loss.detach()),
+                                **{k: v for k, v in _capture_summary(enc, cfg).items() if k not in ("lam", "winner")}))
+    return history, diverged_at
+
+
 def run_mrp(cfg: MRPRun, mask_ratio: float, seed: int, progress: bool = False) -> dict:
     """Pretrain by GD on Eq. 3 with theta = 1 - mask_ratio (teacher tau_t w, detached), then the linear head."""
     cfg.check()
@@ -129,20 +149,10 @@ def run_mrp(cfg: MRPRun, mask_ratio: float, seed: int, progress: bool = False) -
     enc = _encoder(cfg, gen)
     theta = 1 - mask_ratio
     init = _capture_summary(enc, cfg)
-    history, diverged_at = [], None
     t0 = time.time()
-    for t in range(cfg.steps):
-        loss = mrp_loss_expected(enc, train.x, theta, teacher_tau(theta, cfg.data.C_p, t, cfg.c_tau))
-        enc.zero_grad()
-        loss.backward()
-        with torch.no_grad():
-            enc.w -= cfg.lr_mrp * enc.w.grad
-        if _diverged(loss, enc):
-            diverged_at = t + 1
-            break
-        if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
-            history.append(dict(step=t + 1, loss=float(loss.detach()),
-                                **{k: v for k, v in _capture_summary(enc, cfg).items() if k not in ("lam", "winner")}))
+    history, diverged_at = _descend(
+        enc, cfg, lambda t: mrp_loss_expected(enc, train.x, theta, teacher_tau(theta, cfg.data.C_p, t, cfg.c_tau)),
+        cfg.lr_mrp)
     final = _capture_summary(enc, cfg) if diverged_at is None else None
     head = _fit_head(enc, cfg, train, tests) if diverged_at is None else None
     return dict(method="mrp", mask_ratio=mask_ratio, seed=seed, seconds=time.time() - t0, diverged_at=diverged_at,
@@ -157,20 +167,9 @@ def run_sl(cfg: MRPRun, seed: int, progress: bool = False) -> dict:
     enc = _encoder(cfg, gen)
     k, m = cfg.data.k, cfg.m
     init = _capture_summary(enc, cfg)
-    history, diverged_at = [], None
     t0 = time.time()
-    for t in range(cfg.steps):
-        loss = F.cross_entropy(class_scores(enc(train.x), k, m), train.y)
-        enc.zero_grad()
-        loss.backward()
-        with torch.no_grad():
-            enc.w -= cfg.lr_sl * enc.w.grad
-        if _diverged(loss, enc):
-            diverged_at = t + 1
-            break
-        if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
-            history.append(dict(step=t + 1, loss=float(loss.detach()),
-                                **{k_: v for k_, v in _capture_summary(enc, cfg).items() if k_ not in ("lam", "winner")}))
+    history, diverged_at = _descend(enc, cfg, lambda t: F.cross_entropy(class_scores(enc(train.x), k, m), train.y),
+                                    cfg.lr_sl)
     with torch.no_grad():
         acc = lambda d: float((class_scores(enc(d.x), k, m).argmax(dim=1) == d.y).float().mean())  # noqa: E731
         own = dict(train_acc=acc(train), single_acc=acc(tests["single"]), multi_acc=acc(tests["multi"]))
