@@ -58,10 +58,10 @@ def summarize(rows: list, kernels=None) -> dict:
         if cell["layer"] is not None:
             cell["theory_prompt_ratio"] = (cell["layer"] + 1) / cell["m"]
         med[(attn, method, length)] = cell
-    ref_kernel = (list(kernels) or [None])[0] if kernels else None
+    ref_kernel = kernels[0] if kernels else None
     for (attn, method, length), cell in med.items():
         refs = {"full": med.get((attn, "full", length)), "snapkv": med.get((attn, "snapkv", length))}
-        if kernels and len(kernels) > 1:
+        if ref_kernel is not None:
             refs["ref_full"] = med.get((ref_kernel, "full", length))
         for base, ref in refs.items():
             if ref is None:
@@ -289,8 +289,9 @@ def main(argv=None) -> int:
     if "gemfilter" in methods or is_config_name(args.model):  # the paper's columns; says if the model is scaled
         from .bench_paper import paper_table
 
-        table += "\n" + paper_table([r for r in rows if r.get("attn_arg") == kernels[0]],
-                                     dict(meta, preset=args.preset, methods=",".join(methods)), excluded)
+        for kernel in kernels:  # one comparison per kernel: its header names the kernel
+            table += "\n" + paper_table([r for r in rows if r.get("attn_arg") == kernel],
+                                         dict(meta, preset=args.preset, methods=",".join(methods)), excluded)
     (out / "bench.md").write_text(table)
     plot(summary, out / "bench.png", f"{meta['model']} on {meta['device']}, k={args.topk}, t={args.gen_tokens}")
     print(table)

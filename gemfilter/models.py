@@ -117,7 +117,7 @@ def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: st
     if attn is None and embedded:
         attn = "banded"
     if attn is not None:
-        _check_attn(attn, None)
+        _check_attn(attn, None)  # a wrong name fails before the slow load; the model's config is checked after it
     path = str(embedded_model_dir()) if embedded else str(name)
     if dtype is None:
         dtype = torch.float32 if embedded else "auto"
