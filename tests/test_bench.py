@@ -64,5 +64,5 @@ def test_bench_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch, caps
 def test_bench_rejects_unknown_methods(tmp_path):
     with pytest.raises(SystemExit, match="unknown method.*allowed"):
         bench_report.main(["--methods", "full,warp", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="comma-separated integers"):
-        bench_report.main(["--lengths", "2k", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="must be a positive whole number of tokens"):
+        bench_report.main(["--lengths", "2.5", "--out", str(tmp_path)])
