@@ -3,9 +3,9 @@ damaged or crafted files are refused with a message. Seconds-long CPU runs only.
 
 import json
 import os
-import pickle
 
 import pytest
+import torch
 
 from icl_probes.looped.cli import main as looped_main
 from icl_probes.modular import cli
@@ -84,8 +84,7 @@ def test_a_crafted_checkpoint_is_refused_not_unpickled(tmp_path, capsys):
             "--no-progress"]
     marker = tmp_path / "pwned"
     out.mkdir()
-    with open(out / "ckpt_last_shared.pt", "wb") as f:
-        pickle.dump({"model": _Payload(marker), "opt": {}, "data_rng": None, "step": 0}, f)
+    torch.save({"model": _Payload(marker), "opt": {}, "data_rng": None, "step": 0}, out / "ckpt_last_shared.pt")
     with pytest.raises(SystemExit) as exc:
         looped_main(args)
     assert not marker.exists()  # the command never ran
