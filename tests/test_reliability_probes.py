@@ -91,3 +91,22 @@ def test_a_crafted_checkpoint_is_refused_not_unpickled(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "ckpt_last_shared.pt: not a checkpoint this command wrote" in err
     assert "Delete it to restart" in err
+
+
+@pytest.mark.parametrize("argv", [["looped", "fig81", "--n", "6", "--T", "5", "--trials", "1", "--kappa-trials", "1"],
+                                  ["label_flip", "theory"]])
+def test_every_probe_command_checks_out_before_computing(tmp_path, monkeypatch, capsys, argv):
+    from icl_probes.label_flip import cli as lf_cli
+    from icl_probes.label_flip import theory
+    from icl_probes.looped import fig81
+
+    def never(*a, **k):
+        raise AssertionError("computed before --out was checked")
+
+    monkeypatch.setattr(theory, "run", never)
+    monkeypatch.setattr(fig81, "run_fig81", never)
+    (tmp_path / "file").write_text("x")
+    main = looped_main if argv[0] == "looped" else lf_cli.main
+    with pytest.raises(SystemExit) as exc:
+        main(argv[1:] + ["--out", str(tmp_path / "file")])
+    assert exc.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
