@@ -195,3 +195,15 @@ def test_longbench_score_refuses_an_unscorable_row(tmp_path, capsys, bad, msg):
     err = capsys.readouterr().err
     assert msg in err and "Fix or delete that line" in err and "will be rerun" not in err
     assert not (folder / "result.json").exists()  # no half-true score was written
+
+
+@pytest.mark.parametrize("value, msg", [("1k", "--max-length: 1000 tokens exceed this model's context window of 512"),
+                                        ("inf", "--max-length: 'inf' is not a finite number"),
+                                        ("1e9", "more than any model's context window")])
+def test_longbench_max_length_takes_the_same_forms_and_fits_the_window(tiny_model_dir, tmp_path, monkeypatch, capsys,
+                                                                       value, msg):
+    monkeypatch.setattr("gemfilter.load_model", _no_model)
+    data = write_words(tmp_path / "data", words=40)
+    assert lb_main(["run", "--model", str(tiny_model_dir), "--tasks", "hotpotqa", "--data-dir", str(data),
+                    "--max-length", value, "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert msg in capsys.readouterr().err
