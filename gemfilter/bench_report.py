@@ -30,9 +30,10 @@ ROW_FIELDS = ("method", "length", "repeat")
 MEASURED = ("n", "kept", "prompt_s", "gen_s", "total_s", "prompt_peak_mib", "gen_peak_mib")
 
 
-def load_rows(path: Path) -> list:
-    """Finished measurements, one per (method, length, repeat) (the first wins: a duplicate must not
-    enter a median). A torn or incomplete line is skipped with a warning, and its cell is measured again."""
+def load_rows(path: Path, meta: dict | None = None) -> list:
+    """Finished measurements whose settings equal ``meta``, one per (method, length, repeat) (the first
+    wins: a duplicate must not enter a median). A torn or incomplete line is skipped with a warning,
+    and its cell is measured again."""
     rows = {}
     for row in read_jsonl(path, required=ROW_FIELDS, skip_note="that cell will be measured again"):
         if not row.get("excluded") and any(f not in row for f in MEASURED):
@@ -40,7 +41,8 @@ def load_rows(path: Path) -> list:
             continue
         if "threads_arg" not in row:  # rows written before threads_arg existed kept --threads in "threads"
             row = {**row, "threads_arg": row.get("threads"), "threads": None}
-        rows.setdefault(key_of(row), row)
+        if meta is None or all(row.get(k) == v for k, v in meta.items()):
+            rows.setdefault(key_of(row), row)
     return list(rows.values())
 
 
@@ -293,7 +295,7 @@ def _main(args) -> int:
     meta = dict(model=args.model or "embedded:gemma3-270m", topk=args.topk, gen_tokens=args.gen_tokens,
                 layer_arg=args.layer, threads_arg=args.threads, layers=args.layers, dtype=args.dtype,
                 device_arg=args.device, test_shrink=args.test_shrink)
-    rows = [r for r in load_rows(jsonl) if all(r.get(k) == v for k, v in meta.items())]
+    rows = load_rows(jsonl, meta)
     # attn_arg is the kernel asked for (None: the model's default); attn the kernel it resolved to.
     done = {key_of(r) for r in rows}
     todo = [(a, m, n, i) for n in lengths for m in methods for a in kernels for i in range(args.repeats)

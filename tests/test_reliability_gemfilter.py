@@ -172,7 +172,8 @@ def test_bench_counts_a_duplicated_row_once(tiny_model_dir, tmp_path, monkeypatc
     monkeypatch.setattr("gemfilter.bench.run_worker", _never)
     out = tmp_path / "out"
     out.mkdir()
-    rows = [_row(tiny_model_dir, 1.0), _row(tiny_model_dir, 9.0), _row(tiny_model_dir, 9.0)]  # the same cell 3 times
+    other_setup = {**_row(tiny_model_dir, 5.0), "topk": 99}  # the same cell, measured with another --topk
+    rows = [other_setup, _row(tiny_model_dir, 1.0), _row(tiny_model_dir, 9.0), _row(tiny_model_dir, 9.0)]
     (out / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert bench_report.main(_bench_args(tiny_model_dir, out)) == 0
     cell = json.loads((out / "bench.json").read_text())["cells"][0]
