@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def check_config(out: Path, config: RunConfig, write: bool) -> None:
     """Refuse a folder holding results of another setup; record this setup if ``write`` (under the lock)."""
     path = out / CONFIG
     new = config.identity()
-    with folder_lock(out) if write else _nothing():
+    with folder_lock(out) if write else nullcontext():
         stored = read_config(out)
         if stored is not None:
             old = {k: v for k, v in stored.items() if k in new}
@@ -123,14 +124,6 @@ def check_config(out: Path, config: RunConfig, write: bool) -> None:
                                  "or repeat the same settings to resume that run.")
         elif write:
             write_json_atomic(path, {**new, **config.extra})
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def merge(out: Path, method_order=()) -> list:
