@@ -155,7 +155,7 @@ def test_a_corrupt_niah_config_names_the_file_and_the_fix(tiny, config, tmp_path
     out = tmp_path / "out"
     run(config, out, model_and_tokenizer=tiny, progress=False)
     (out / "config.json").write_text('{"model": "tiny", "topk"')
-    with pytest.raises(ValueError, match=r"config.json: this NIAH config is not valid JSON .*Delete .*config.json"):
+    with pytest.raises(ValueError, match=r"config.json: this run config is not valid JSON .*Delete .*config.json"):
         run(config, out, model_and_tokenizer=tiny, progress=False)
 
 

@@ -106,7 +106,7 @@ def read_config(out: Path) -> dict | None:
     path = Path(out) / CONFIG
     if not path.is_file():
         return None
-    return read_json_object(path, "NIAH config", fix=f"Delete {path} and rerun with the settings of the run that "
+    return read_json_object(path, "run config", fix=f"Delete {path} and rerun with the settings of the run that "
                             "made this folder (a rerun with the same settings resumes it), or use another --out")
 
 
