@@ -165,7 +165,8 @@ def test_bench_checks_out_before_measuring(tiny_model_dir, tmp_path, monkeypatch
 def _row(model_dir, prompt_s, repeat=0, method="full", length=300):
     return dict(method=method, length=length, repeat=repeat, n=length, kept=length, layer=None, m=4, prompt_s=prompt_s,
                 gen_s=1.0, total_s=prompt_s + 1.0, prompt_peak_mib=10.0, gen_peak_mib=5.0, new_tokens=2,
-                device="cpu", threads=0, model=str(model_dir), topk=16, gen_tokens=2, layer_arg=None, threads_arg=0)
+                device="cpu", threads=0, model=str(model_dir), topk=16, gen_tokens=2, layer_arg=None, threads_arg=0,
+                layers=None, dtype=None, device_arg=None, test_shrink=False, attn_arg=None)
 
 
 def test_bench_counts_a_duplicated_row_once(tiny_model_dir, tmp_path, monkeypatch):
