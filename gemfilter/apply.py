@@ -22,7 +22,7 @@ import torch
 
 from .attention import wrapped_attention
 from .layers import default_layer
-from .selection import Selection, as_batch, check_params, check_prompt
+from .selection import Selection, as_batch, check_causal_decoder, check_params, check_prompt
 
 
 @dataclass
@@ -75,11 +75,29 @@ def _make_hooks(model, handle: Applied, tokenizer):
         if call is not None:
             call.after_prefill(cache)
 
+    pre_hook._gemfilter_apply = True  # marks the model as inside apply(): see _check_not_nested
     return pre_hook, post_hook
+
+
+def _check_not_nested(model) -> None:
+    """Refuse a second apply() on a model already inside one: the outer hooks would rewrite the inner
+    call's inputs, so the inner method would be silently ignored (or crash) and its selection be wrong."""
+    if any(getattr(h, "_gemfilter_apply", False) for h in model._forward_pre_hooks.values()):
+        raise RuntimeError(
+            "apply(): this model is already inside `with apply(model, ...)`; nesting is not supported (the inner "
+            "method would be silently ignored). Inside the block call model.generate(...) directly, or leave the "
+            "block before gemfilter.generate / another apply()")
 
 
 def resolve(model, method):
     """Fill in the model's default filter layer and validate the method's parameters."""
+    if not dataclasses.is_dataclass(method) or isinstance(method, type) or not hasattr(method, "begin"):
+        got = repr(method) if isinstance(method, str) else type(method).__name__
+        raise TypeError(f"method must be a method object such as GemFilter(layer=13, topk=1024), got {got}; "
+                        "build one by name with gemfilter.get_method(name, layer=..., topk=...)")
+    if getattr(model, "config", None) is None:
+        raise TypeError(f"{type(model).__name__} has no .config: pass a transformers causal LM "
+                        "(e.g. AutoModelForCausalLM.from_pretrained(...)), not a bare torch module")
     names = {f.name for f in dataclasses.fields(method)}
     if "layer" in names:
         if method.layer is None:
@@ -104,6 +122,8 @@ def apply(model, method, tokenizer=None):
     implementation and hooks are restored on exit, exceptions included.
     """
     handle = Applied(method=resolve(model, method))
+    check_causal_decoder(model, need_generate=True)
+    _check_not_nested(model)
     with wrapped_attention(model):
         pre, post = _make_hooks(model, handle, tokenizer)
         hooks = [model.register_forward_pre_hook(pre, with_kwargs=True),

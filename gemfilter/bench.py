@@ -240,7 +240,13 @@ def run_worker(spec: dict, timeout: float | None = None) -> dict:
     """Run :func:`measure` in a fresh Python subprocess and return its result."""
     cmd = [sys.executable, "-m", "gemfilter.bench", "--worker", json.dumps(spec)]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"the {spec['method_name']} measurement at length {spec['length']} ran past --timeout {timeout} s and "
+            "was stopped. Finished cells are kept in bench.jsonl; rerun with a larger --timeout (or shorter "
+            "--lengths) to measure the rest") from None
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark worker failed for {spec}:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

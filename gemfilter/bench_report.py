@@ -8,11 +8,14 @@ the summary goes to ``OUT/bench.json``, ``OUT/bench.md`` and ``OUT/bench.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
+import warnings
 from pathlib import Path
+
+from .io import (append_jsonl, check_against_model, check_out_dir, parse_lengths, read_jsonl, write_json_atomic,
+                 write_text_atomic)
 
 DEFAULT_METHODS = "full,gemfilter,snapkv,h2o"
 DEFAULT_LENGTHS = "2000,4000,8000,16000"
@@ -22,10 +25,25 @@ def key_of(row: dict) -> tuple:
     return (row.get("attn_arg"), row["method"], row["length"], row["repeat"])
 
 
-def load_rows(path: Path) -> list:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+ROW_FIELDS = ("method", "length", "repeat")
+#: What a measured (not excluded) row holds besides ROW_FIELDS.
+MEASURED = ("n", "kept", "prompt_s", "gen_s", "total_s", "prompt_peak_mib", "gen_peak_mib")
+
+
+def load_rows(path: Path, meta: dict | None = None) -> list:
+    """Finished measurements whose settings equal ``meta``, one per (method, length, repeat) (the first
+    wins: a duplicate must not enter a median). A torn or incomplete line is skipped with a warning,
+    and its cell is measured again."""
+    rows = {}
+    for row in read_jsonl(path, required=ROW_FIELDS, skip_note="that cell will be measured again"):
+        if not row.get("excluded") and any(f not in row for f in MEASURED):
+            warnings.warn(f"{path}: skipping an incomplete row for {key_of(row)}; that cell will be measured again")
+            continue
+        if "threads_arg" not in row:  # rows written before threads_arg existed kept --threads in "threads"
+            row = {**row, "threads_arg": row.get("threads"), "threads": None}
+        if meta is None or all(row.get(k) == v for k, v in meta.items()):
+            rows.setdefault(key_of(row), row)
+    return list(rows.values())
 
 
 def growth_exponent(ns, ts) -> float | None:
@@ -88,11 +106,17 @@ def _fmt(x, spec=".2f"):
     return "–" if x is None else format(x, spec)
 
 
+def _span(values) -> str:
+    """'4' for one value, '2-4' for several, 'unknown' for none."""
+    vals = sorted({v for v in values if v is not None})
+    return "unknown" if not vals else str(vals[0]) if len(vals) == 1 else f"{vals[0]}-{vals[-1]}"
+
+
 def markdown(summary: dict, meta: dict) -> str:
     ref = summary.get("ref_kernel")
     lines = [
         f"Model: {meta['model']}; device: {meta['device']}; threads: {meta['threads']}; top-k: {meta['topk']}; "
-        f"generated tokens: {meta['gen_tokens']}; medians of {meta['repeats']} run(s), each in a fresh process.",
+        f"generated tokens: {meta['gen_tokens']}; medians of {meta['repeats']} run(s) per cell, each in a fresh process.",
         "",
         "Ratios ×full and ×snapkv compare with that method on the same kernel"
         + (f"; ×{ref} full compares with `full` on {ref}." if ref else "."),
@@ -145,16 +169,6 @@ def plot(summary: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def _ints(text: str, what: str) -> list:
-    try:
-        vals = [int(float(x)) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"error: --{what} must be comma-separated integers, got {text!r}")
-    if not vals or min(vals) < 1:
-        raise SystemExit(f"error: --{what} needs positive integers, got {text!r}")
-    return vals
-
-
 def build_parser() -> argparse.ArgumentParser:
     from .archs import ARCHS
     from .bench_paper import PRESETS
@@ -185,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TESTS ONLY: shrink config:<arch> widths/heads by 8 and the vocabulary to 1024; the timings "
                    "then describe no published architecture")
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated registry names (default {DEFAULT_METHODS})")
-    p.add_argument("--lengths", default=DEFAULT_LENGTHS, help=f"context lengths in tokens (default {DEFAULT_LENGTHS})")
+    p.add_argument("--lengths", default=DEFAULT_LENGTHS,
+                   help=f"context lengths in tokens, k = thousands, e.g. 2k,4k (default {DEFAULT_LENGTHS})")
     p.add_argument("--gen-tokens", type=int, default=50, help="tokens generated per run, forced (min = max) for every method (default 50, as in the paper)")
     p.add_argument("--repeats", type=int, default=1, help="runs per cell; medians are reported (default 1)")
     p.add_argument("--topk", type=int, default=1024, help="k for GemFilter / cache budget for SnapKV, H2O (default 1024)")
@@ -223,11 +238,39 @@ def _check_arch_args(args) -> None:
                          "pass --layer to choose one inside, e.g. --layers 8 --layer 3")
 
 
-def main(argv=None) -> int:
-    from tqdm import tqdm
+OUTPUTS = ("bench.jsonl", "bench.json", "bench.md", "bench.png")
 
+
+def check_args(args) -> tuple:
+    """Every check that needs no measurement, before the first worker starts: (methods, lengths, kernels, out)."""
+    from .io import check_int
     from .methods import check_names
+    from .models import ATTN_CHOICES, load_config
 
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    check_names(methods)
+    lengths = parse_lengths(args.lengths, "--lengths")
+    kernels = [a.strip() for a in args.attn.split(",") if a.strip()] if args.attn else [None]
+    bad = [a for a in kernels if a is not None and a not in ATTN_CHOICES]
+    if bad or len(set(kernels)) != len(kernels):
+        raise ValueError(f"--attn {args.attn!r}: give distinct kernels from {', '.join(ATTN_CHOICES)}")
+    for flag, value, low in (("--repeats", args.repeats, 1), ("--gen-tokens", args.gen_tokens, 1),
+                             ("--topk", args.topk, 1), ("--threads", args.threads, 0)):
+        check_int(value, flag, low)
+    if args.layer is not None:
+        check_int(args.layer, "--layer", 0)
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    out = check_out_dir(args.out, files=OUTPUTS)
+    from .archs import is_config_name
+
+    if not is_config_name(args.model):  # config:<arch> models are checked by _check_arch_args
+        check_against_model(load_config(args.model), layer=args.layer, lengths=lengths)
+    return methods, lengths, kernels, out
+
+
+def main(argv=None) -> int:
+    """Entry point of ``gemfilter bench``; errors exit with a message that names the option or file."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.preset:  # the preset's values become defaults, so options given explicitly still win
@@ -236,28 +279,23 @@ def main(argv=None) -> int:
         parser.set_defaults(**PRESETS[args.preset], layer=preset_layer(args.model))
         args = parser.parse_args(argv)
     _check_arch_args(args)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     try:
-        check_names(methods)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}")
-    lengths = _ints(args.lengths, "lengths")
-    from .models import ATTN_CHOICES
+        return _main(args)
+    except (ValueError, OSError, RuntimeError) as err:
+        raise SystemExit(f"error: {err}") from None
 
-    kernels = [a.strip() for a in args.attn.split(",") if a.strip()] if args.attn else [None]
-    bad = [a for a in kernels if a is not None and a not in ATTN_CHOICES]
-    if bad or len(set(kernels)) != len(kernels):
-        raise SystemExit(f"error: --attn {args.attn!r}: give distinct kernels from {', '.join(ATTN_CHOICES)}")
-    if args.repeats < 1 or args.gen_tokens < 1:
-        raise SystemExit("error: --repeats and --gen-tokens must be >= 1")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+
+def _main(args) -> int:
+    from tqdm import tqdm
+
+    methods, lengths, kernels, out = check_args(args)
     jsonl = out / "bench.jsonl"
-    # layer_arg, not layer: each row keeps the layer its method actually resolved to
+    # layer_arg, not layer: each row keeps the layer its method actually resolved to; threads_arg, not
+    # threads: each row keeps the thread count its worker actually used
     meta = dict(model=args.model or "embedded:gemma3-270m", topk=args.topk, gen_tokens=args.gen_tokens,
-                layer_arg=args.layer, threads=args.threads, layers=args.layers, dtype=args.dtype,
+                layer_arg=args.layer, threads_arg=args.threads, layers=args.layers, dtype=args.dtype,
                 device_arg=args.device, test_shrink=args.test_shrink)
-    rows = [r for r in load_rows(jsonl) if all(r.get(k) == v for k, v in meta.items())]
+    rows = load_rows(jsonl, meta)
     # attn_arg is the kernel asked for (None: the model's default); attn the kernel it resolved to.
     done = {key_of(r) for r in rows}
     todo = [(a, m, n, i) for n in lengths for m in methods for a in kernels for i in range(args.repeats)
@@ -270,8 +308,7 @@ def main(argv=None) -> int:
                     dtype=args.dtype, device=args.device, test_shrink=args.test_shrink)
         row = run_worker(spec, timeout=args.timeout)
         row.update(meta, repeat=rep, attn_arg=attn)
-        with jsonl.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(jsonl, row)
         rows.append(row)
     rows = [r for r in rows if r["method"] in methods and r["length"] in lengths and r.get("attn_arg") in kernels]
     excluded = [r for r in rows if r.get("excluded")]
@@ -280,9 +317,11 @@ def main(argv=None) -> int:
         raise SystemExit("error: no cell could run: " + "; ".join(f"{r['method']} at {r['length']}: {r['excluded']}"
                                                                   for r in excluded))
     summary = summarize(rows, kernels if len(kernels) > 1 else None)
-    device = rows[0]["device"] + (f" ({rows[0]['device_name']})" if rows[0].get("device_name") else "")
-    meta.update(device=device, threads=rows[0]["threads"], repeats=args.repeats)
-    (out / "bench.json").write_text(json.dumps({"meta": meta, **summary, "excluded": excluded}, indent=1))
+    cells = summary["cells"]
+    device = _span(r["device"] + (f" ({r['device_name']})" if r.get("device_name") else "") for r in rows)
+    meta.update(device=device, threads=_span(r.get("threads") for r in rows),
+                repeats=_span(c["repeats"] for c in cells))
+    write_json_atomic(out / "bench.json", {"meta": meta, **summary, "excluded": excluded})
     table = markdown(summary, meta)
     from .archs import is_config_name
 
@@ -292,7 +331,7 @@ def main(argv=None) -> int:
         for kernel in kernels:  # one comparison per kernel: its header names the kernel
             table += "\n" + paper_table([r for r in rows if r.get("attn_arg") == kernel],
                                          dict(meta, preset=args.preset, methods=",".join(methods)), excluded)
-    (out / "bench.md").write_text(table)
+    write_text_atomic(out / "bench.md", table)
     plot(summary, out / "bench.png", f"{meta['model']} on {meta['device']}, k={args.topk}, t={args.gen_tokens}")
     print(table)
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)

@@ -10,11 +10,11 @@ coverage >= ``threshold``, the recommendation is the first such layer, and that 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from .inspection import needle_distances, needle_token_span, trace
+from .io import read_json_object, write_json_atomic
 from .models import cache_dir
 
 
@@ -34,8 +34,16 @@ def model_key(model) -> str:
 
 
 def load_calibration(model) -> dict | None:
+    """The stored calibration record of ``model``, or None; CorruptFileError if the file is damaged."""
     path = calibration_path(model_key(model))
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    record = read_json_object(path, "calibration file", fix=f"Delete {path} (the model then uses its documented "
+                              "default layer) and rerun 'gemfilter calibrate' to store a new one")
+    if not isinstance(record.get("layer"), int) or isinstance(record.get("layer"), bool):
+        raise ValueError(f"{path}: this calibration file has no integer 'layer'. Delete it and rerun "
+                         "'gemfilter calibrate' to store a new one")
+    return record
 
 
 def coverage_table(distances: list, ks: list) -> dict:
@@ -96,8 +104,7 @@ def calibrate(model, tokenizer, *, lengths=(1000, 2000, 4000), depths=(10, 50, 9
     }
     if save:
         path = calibration_path(record["model"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1))
+        write_json_atomic(path, record)  # a crash or a full disk never leaves half a calibration behind
         record["path"] = str(path)
     return record
 

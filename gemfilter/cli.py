@@ -29,17 +29,32 @@ def _cmd_methods(args) -> int:
     return 0
 
 
+def check_generate_args(args) -> None:
+    """Every option check that needs no weights (the config is enough), so a typo costs no model load."""
+    from .io import check_against_model, check_int
+    from .models import load_config
+
+    check_int(args.threads, "--threads", 0)
+    check_int(args.topk, "--topk", 1)
+    check_int(args.max_new_tokens, "--max-new-tokens", 1)
+    if args.layer is not None:
+        check_int(args.layer, "--layer", 0)
+    check_against_model(load_config(args.model), layer=args.layer)
+
+
 def _cmd_generate(args) -> int:
     import torch
 
     from . import generate, get_method, load_model
     from .apply import resolve
+    from .io import read_text
 
     path = Path(args.prompt_file)
     if not path.is_file():
         print(f"error: --prompt-file {path} does not exist or is not a file", file=sys.stderr)
         return 2
-    prompt = path.read_text(encoding="utf-8")
+    prompt = read_text(path, "prompt file")
+    check_generate_args(args)
     if not prompt.strip():
         print(f"error: --prompt-file {path} is empty; write the prompt (context and question) into it", file=sys.stderr)
         return 2

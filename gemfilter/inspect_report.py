@@ -6,7 +6,6 @@ Paper: Shi et al. 2024, Figs. 9.2, 9.5 and G.5. Every figure is a PNG.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -85,18 +84,57 @@ def plot_kept(kept: dict, n, span, layers, path, title):
     plt.close(fig)
 
 
+def _num_layers(config) -> int:
+    return int((config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers)
+
+
+def _check_inspect(args) -> Path:
+    """Option checks that need no weights (only the model's config); returns the checked --out."""
+    from .io import check_against_model, check_int, check_out_dir, parse_length
+    from .models import load_config
+
+    args.length = parse_length(args.length, "--length")
+    check_int(args.topk, "--topk", 1)
+    if not 0 <= args.depth <= 100:
+        raise ValueError(f"--depth {args.depth} is outside [0, 100] (a percent of the context)")
+    config = load_config(args.model)
+    check_against_model(config, lengths=(args.length,), length_flag="--length")
+    m = _num_layers(config)
+    if args.print_selection is not None and not 0 <= args.print_selection < m:
+        raise ValueError(f"--print-selection {args.print_selection} is outside [0, {m}): this model has {m} layers")
+    return check_out_dir(args.out, files=("needle_distance.png", "attention_last_row.png", "kept_per_layer.png",
+                                          "inspect.json"))
+
+
+def _check_calibrate(args) -> tuple:
+    """(lengths, depths, ks), every check that needs no weights, and the calibration folder writable."""
+    from .calibrate import calibration_path
+    from .io import check_against_model, check_out_dir, parse_depths, parse_lengths, parse_positive_ints
+    from .models import load_config
+
+    lengths = parse_lengths(args.lengths, "--lengths")
+    depths = parse_depths(args.depths, "--depths")
+    ks = parse_positive_ints(args.topk_grid, "--topk-grid")
+    if not 0 < args.threshold <= 1:
+        raise ValueError(f"--threshold {args.threshold} is outside (0, 1]: it is the share of probes that must pass")
+    check_against_model(load_config(args.model), lengths=lengths)
+    if not args.dry_run:
+        check_out_dir(calibration_path("x").parent, flag="the calibration folder")
+    return lengths, depths, ks
+
+
 def _cmd_inspect(args) -> int:
     from eval.niah.haystack import NEEDLE, build_case
 
+    from .io import write_json_atomic
     from .models import load_model
 
+    out = _check_inspect(args)
     model, tok = load_model(args.model, attn=args.attn)
     case = build_case(tok, args.length, args.depth, haystack_dir=args.haystack_dir)
     ids = tok(case.prompt, return_tensors="pt")["input_ids"]
     span = needle_token_span(tok, case.prompt, NEEDLE)
     tr = trace(model, ids)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = args.model or "embedded Gemma 3 270M"
     dist = needle_distances(tr, span, args.topk)
     plot_needle_distance(dist, tr.sliding, out / "needle_distance.png",
@@ -109,13 +147,11 @@ def _cmd_inspect(args) -> int:
               f"{name}: kept positions per layer, k={args.topk}")
     record = {"n": tr.n, "needle": list(span), "topk": args.topk, "needle_distance": dist,
               "sliding_layers": [i for i, w in enumerate(tr.sliding) if w is not None]}
-    (out / "inspect.json").write_text(json.dumps(record, indent=1))
+    write_json_atomic(out / "inspect.json", record)
     print("layer  type     needle distance")
     for i, d in enumerate(dist):
         print(f"{i:>5}  {'sliding' if tr.sliding[i] else 'full':<7}  {d}")
     if args.print_selection is not None:
-        if not 0 <= args.print_selection < tr.layers:
-            raise ValueError(f"--print-selection {args.print_selection} is outside [0, {tr.layers})")
         idx = kept["GemFilter"][args.print_selection]
         print(f"\n--- kept text at layer {args.print_selection} (k={args.topk}) ---")
         print(tok.decode(ids[0, idx]))
@@ -130,9 +166,7 @@ def _cmd_calibrate(args) -> int:
     from .calibrate import calibrate, format_table
     from .models import load_model
 
-    lengths = [int(x) for x in args.lengths.split(",")]
-    depths = [float(x) for x in args.depths.split(",")]
-    ks = [int(x) for x in args.topk_grid.split(",")]
+    lengths, depths, ks = _check_calibrate(args)
     model, tok = load_model(args.model, attn=args.attn)
     with tqdm(total=len(lengths) * len(depths), desc="calibration probes") as bar:
         record = calibrate(model, tok, lengths=lengths, depths=depths, ks=ks, threshold=args.threshold,
@@ -155,7 +189,7 @@ def add_subcommands(sub) -> None:
                        "(GemFilter vs SnapKV kept positions).")
     p.add_argument("--model", default=None, help="HF id or local path (default: embedded Gemma 3 270M)")
     add_attn_argument(p)
-    p.add_argument("--length", type=int, default=2000, help="context length in tokens (default 2000)")
+    p.add_argument("--length", default="2000", help="context length in tokens, k = thousands, e.g. 2k (default 2000)")
     p.add_argument("--depth", type=float, default=50, help="needle depth in percent (default 50)")
     p.add_argument("--topk", type=int, default=256, help="k for the kept sets (default 256)")
     p.add_argument("--haystack-dir", default=None, help="folder of .txt files (default: the PG essays)")
@@ -171,7 +205,7 @@ def add_subcommands(sub) -> None:
                        "store them as this model's default.")
     p.add_argument("--model", default=None, help="HF id or local path (default: embedded Gemma 3 270M)")
     add_attn_argument(p)
-    p.add_argument("--lengths", default="1000,2000,4000", help="probe lengths (default 1000,2000,4000)")
+    p.add_argument("--lengths", default="1000,2000,4000", help="probe lengths in tokens, k = thousands (default 1000,2000,4000)")
     p.add_argument("--depths", default="10,50,90", help="probe depths in percent (default 10,50,90)")
     p.add_argument("--topk-grid", default="256,512,1024", help="k values to test (default 256,512,1024)")
     p.add_argument("--threshold", type=float, default=0.8, help="coverage needed (default 0.8)")

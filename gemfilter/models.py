@@ -149,3 +149,20 @@ def add_attn_argument(parser, multiple: bool = False) -> None:
                             help="comma-separated kernels to compare in one run, e.g. sdpa,banded; " + ATTN_HELP)
     else:
         parser.add_argument("--attn", default=None, choices=ATTN_CHOICES, help=ATTN_HELP)
+
+
+def load_config(name: str | None = None, **kw):
+    """The model's config only (no weights): lets commands check --layer and lengths before loading.
+
+    name: as for :func:`load_model`; kw: ``revision`` / ``trust_remote_code``, as there.
+    """
+    from transformers import AutoConfig
+
+    path = str(embedded_model_dir()) if name in _EMBEDDED_ALIASES else str(name)
+    try:
+        return AutoConfig.from_pretrained(path, **{k: v for k, v in kw.items() if k in ("revision", "trust_remote_code")})
+    except OSError as err:
+        raise OSError(
+            f"Could not load the config of model {name!r}: {err}\nPass a local path, connect to the network, or omit "
+            f"the name to use the embedded default ({EMBEDDED_NAME})."
+        ) from err

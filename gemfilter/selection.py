@@ -134,6 +134,22 @@ def check_prompt(input_ids, attention_mask) -> None:
             raise ValueError("padding must be on the left (tokenizer.padding_side = 'left'): the last token of every row must be real")
 
 
+def check_causal_decoder(model, need_generate: bool = False) -> None:
+    """TypeError unless ``model`` is a causal decoder (every attention module causal), with ``generate``
+    if ``need_generate``. An encoder such as BERT sees the whole prompt from every token, so "the last
+    query row" means nothing there and GemFilter's selection would be silently meaningless."""
+    if getattr(model, "config", None) is None:
+        raise TypeError(f"{type(model).__name__} has no .config: pass a transformers causal LM, not a bare torch module")
+    bidirectional = [type(m).__name__ for m in model.modules() if getattr(m, "is_causal", None) is False]
+    if bidirectional or getattr(model.config, "is_encoder_decoder", False):
+        why = f"its {bidirectional[0]} attends both ways" if bidirectional else "it is an encoder-decoder"
+        raise TypeError(f"{type(model).__name__} is not a causal decoder ({why}); GemFilter needs a decoder-only "
+                        "causal LM such as Llama, Mistral, Qwen2, Phi3 or Gemma3")
+    if need_generate and not callable(getattr(model, "generate", None)):
+        raise TypeError(f"{type(model).__name__} has no generate(): load the model with AutoModelForCausalLM "
+                        "(a causal LM head), not AutoModel")
+
+
 def check_params(model, layer, topk, kernel=5) -> int:
     """Validate filter parameters against the model; warn for a sliding-window filter layer. Returns m."""
     m = num_layers(model)
@@ -234,6 +250,7 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
     """
     input_ids, attention_mask = as_batch(input_ids, attention_mask)
     check_prompt(input_ids, attention_mask)
+    check_causal_decoder(model)
     check_params(model, layer, topk, kernel)
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)

@@ -2,18 +2,20 @@
 
 Every probe (looped transformer, label flip, modular arithmetic) writes its results the same way:
 one JSONL row per finished unit of work (fsynced, so an interrupted run resumes), a results JSON,
-a markdown table and PNG figures. Nothing here runs at import time.
+a markdown table and PNG figures. The file plumbing is ``gemfilter.io``'s (atomic writes, locked
+appends), so every command in the repo writes the same way. Nothing here runs at import time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 from pathlib import Path
 
 import torch
+
+from gemfilter import io
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -40,36 +42,15 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def append_jsonl(path, row: dict) -> None:
-    """Append one row and fsync it, so a crash loses at most the row being written.
-
-    A crash mid-write leaves a torn last line without its newline; the new row then starts on a
-    line of its own, so only the torn line is lost (``read_jsonl`` skips it).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torn = False
-    if path.exists() and path.stat().st_size:
-        with open(path, "rb") as f:
-            f.seek(-1, os.SEEK_END)
-            torn = f.read(1) != b"\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(("\n" if torn else "") + json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one row, fsynced, under the folder lock (``gemfilter.io.append_jsonl``): a crash loses
+    at most the row being written, and a torn last line is isolated so only it is lost."""
+    io.append_jsonl(path, row)
 
 
-def read_jsonl(path) -> list:
-    """All complete rows of a JSONL file ([] if it does not exist); a torn last line is skipped."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # an interrupted write leaves at most one partial line
-    return rows
+def read_jsonl(path, required=()) -> list:
+    """All complete rows of a JSONL file ([] if it does not exist). A torn line, a line that is not a
+    JSON object, or one lacking a field of ``required`` is skipped with a warning (its unit is redone)."""
+    return io.read_jsonl(path, required=required)
 
 
 def as_stored(obj):
@@ -81,9 +62,13 @@ def as_stored(obj):
 
 
 def write_json(path, obj) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    """``obj`` as indented JSON, written atomically (a crash leaves the old file, never half a new one)."""
+    io.write_json_atomic(path, obj, indent=2)
+
+
+def read_json(path, what: str = "results file") -> dict:
+    """A JSON object written by :func:`write_json`; CorruptFileError names the file and says to delete it."""
+    return io.read_json_object(path, what, fix=f"Delete {path} to recompute it (or fix it by hand)")
 
 
 def pyplot():

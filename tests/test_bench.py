@@ -53,6 +53,9 @@ def test_bench_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch, caps
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     table = (tmp_path / "bench.md").read_text()
     assert "| gemfilter |" in table and "Growth exponent" in table
+    # --threads 0 means torch's choice: the header and rows give the count the workers really used
+    assert all(r["threads"] >= 1 and r["threads_arg"] == 0 for r in rows)
+    assert f"threads: {rows[0]['threads']};" in table and "threads: 0;" not in table
 
     def boom(*a, **k):
         raise AssertionError("a finished cell was measured again")
@@ -64,5 +67,5 @@ def test_bench_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch, caps
 def test_bench_rejects_unknown_methods(tmp_path):
     with pytest.raises(SystemExit, match="unknown method.*allowed"):
         bench_report.main(["--methods", "full,warp", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="comma-separated integers"):
-        bench_report.main(["--lengths", "2k", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="must be a positive whole number of tokens"):
+        bench_report.main(["--lengths", "2.5", "--out", str(tmp_path)])

@@ -187,7 +187,7 @@ def test_cli_reports_a_missing_data_file_and_an_empty_prediction_folder(tiny_mod
     assert "no predictions under" in capsys.readouterr().err
     _write_preds(tmp_path / "bad", {"trec": [{"pred": "Food", "length": 3}]})
     assert main(["score", str(tmp_path / "bad")]) == 2
-    assert "trec.jsonl: row 1 lacks answers" in capsys.readouterr().err
+    assert "trec.jsonl:1: the row lacks answers" in capsys.readouterr().err
 
 
 def test_a_full_run_on_incomplete_data_warns_that_scores_are_not_comparable(tiny, tiny_model_dir, words, tmp_path):

@@ -189,7 +189,7 @@ def test_cli_mlp_writes_outputs_and_resumes(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cli, "run_mlp", boom)
     assert cli.main(args) == 0  # resumed from mlp_result.json
     with pytest.raises(AssertionError):
-        cli.main(args + ["--steps", "60"])  # other settings: retrained
+        cli.main(args + ["--steps", "60", "--force"])  # other settings with --force: retrained
 
 
 def test_cli_grok_and_transformer_resume(tmp_path, monkeypatch):

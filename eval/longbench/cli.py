@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens kept (GemFilter) or KV budget (SnapKV, H2O); default 1024 as in the paper")
     r.add_argument("--layer", type=int, default=None,
                    help="0-based filter layer (default: the model's, e.g. 13 for Llama 3.1 8B, 11 for the embedded model)")
-    r.add_argument("--max-length", type=int, default=None,
-                   help="prompt tokens kept by middle truncation (default: the model's context window minus 500; "
+    r.add_argument("--max-length", default=None,
+                   help="prompt tokens kept by middle truncation, k = thousands, e.g. 3.5k (default: the model's "
+                   "context window minus 500; "
                    "official configs use 3500, 15500, 31500 for 4K, 16K, 32K models)")
     r.add_argument("--chat-template", action="store_true",
                    help="wrap prompts in the tokenizer's chat template (not for trec, triviaqa, samsum, lcc, "
@@ -136,9 +137,12 @@ def _run(args) -> int:
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
+    from gemfilter.io import parse_length
+
     tasks = parse_tasks(args.tasks, e=args.e)
+    max_length = None if args.max_length is None else parse_length(args.max_length, "--max-length")
     config = RunConfig(model=args.model, methods=_split(args.methods), tasks=tuple(t.config for t in tasks),
-                       e=args.e, limit=args.limit, topk=args.topk, layer=args.layer, max_length=args.max_length,
+                       e=args.e, limit=args.limit, topk=args.topk, layer=args.layer, max_length=max_length,
                        chat_template=args.chat_template, data_dir=args.data_dir, attn=args.attn,
                        extra={"attn": args.attn or "model default"})
     if args.threads:

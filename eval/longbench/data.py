@@ -41,12 +41,14 @@ def _check(record, where: str, config: str, index: int) -> dict:
 def read_jsonl_records(path: Path, config: str) -> list:
     """Records of a local ``<config>.jsonl`` file (one JSON object per line, blank lines skipped)."""
     records = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                raw = json.loads(line)
+                raw = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}:{i}: not UTF-8 text; re-save the file as UTF-8") from None
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{i}: not valid JSON ({err.msg})") from err
             records.append(_check(raw, f"{path}:{i}", config, i))

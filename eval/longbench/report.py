@@ -18,6 +18,8 @@ import math
 import warnings
 from pathlib import Path
 
+from gemfilter.io import CorruptFileError, read_json_object, read_jsonl, write_text_atomic
+
 from .metrics import BUCKETS, score_rows
 from .tasks import BY_NAME, CATEGORIES, PAPER_TASKS, TASKS
 
@@ -66,28 +68,47 @@ def score_folder(folder, e: bool = False, write: bool = True) -> dict:
     if any(folder.glob("*.jsonl.rank*")):
         warnings.warn(f"{folder} holds unmerged shard files (*.jsonl.rank*): an interrupted run; rerun the same "
                       "`run` command to finish and merge them. Scoring only the merged <task>.jsonl files.")
-    from eval.niah.runner import read_jsonl
-
     scores = {}
     for path in sorted(folder.glob("*.jsonl"), key=lambda p: _order(p.stem)):
         task = BY_NAME.get(path.stem)
         if task is None:
             warnings.warn(f"{path.name}: not an English LongBench v1 task; skipped (known: {', '.join(BY_NAME)})")
             continue
-        rows = read_jsonl(path)
-        need = ("pred", "answers", "length") if e else ("pred", "answers")
-        for i, row in enumerate(rows, 1):
-            missing = [k for k in need if k not in row]
-            if missing:
-                raise ValueError(f"{path}: row {i} lacks {', '.join(missing)}; prediction rows hold pred, answers, "
-                                 "all_classes and length (official pred.py output)")
+        rows = read_prediction_rows(path, e)
         if rows:
             scores[task.config] = score_rows(task, rows, e=e)
     if write:
         clean = {k: ({b: _json_num(s) for b, s in v.items()} if isinstance(v, dict) else _json_num(v))
                  for k, v in scores.items()}
-        (folder / "result.json").write_text(json.dumps(clean, ensure_ascii=False, indent=4) + "\n", encoding="utf-8")
+        write_text_atomic(folder / "result.json", json.dumps(clean, ensure_ascii=False, indent=4) + "\n")
     return scores
+
+
+ROW_HELP = ("prediction rows are JSON objects holding pred (a string), answers (a list of strings), all_classes and "
+            "length (official pred.py output)")
+
+
+def read_prediction_rows(path: Path, e: bool = False) -> list:
+    """The rows of one ``<task>.jsonl``; CorruptFileError on any row that cannot be scored.
+
+    A row that is not JSON, not an object, or lacks a field would otherwise be skipped and the task
+    scored over the rest, which is a wrong number; so scoring stops and names the line.
+    """
+    need = ("pred", "answers", "length") if e else ("pred", "answers")
+    fix = (f"{ROW_HELP}. Fix or delete that line; in a `run` output folder, deleting it and rerunning the same "
+           "`run` command recomputes that sample")
+    rows = read_jsonl(path, required=need, strict=True, fix=fix)
+    for i, row in enumerate(rows, 1):
+        bad = None
+        if not isinstance(row["pred"], str):
+            bad = f"'pred' is {json.dumps(row['pred'])}, not a string"
+        elif not isinstance(row["answers"], list) or not all(isinstance(a, str) for a in row["answers"]):
+            bad = f"'answers' is {json.dumps(row['answers'])[:80]}, not a list of strings"
+        elif e and (isinstance(row["length"], bool) or not isinstance(row["length"], (int, float))):
+            bad = f"'length' is {json.dumps(row['length'])}, not a number"
+        if bad:
+            raise CorruptFileError(f"{path}: row {i} cannot be scored: {bad}. {fix}")
+    return rows
 
 
 def _json_num(x):
@@ -166,7 +187,8 @@ def write_report(root, e: bool | None = None, settings: str = "") -> list:
     paths = []
     runs = find_runs(root, e)
     if not settings and (root / "config.json").is_file():  # a `run` folder scored later: say its setup
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+        config = read_json_object(root / "config.json", "LongBench run config",
+                                  fix=f"Delete {root / 'config.json'} to score without it (the report then names no settings)")
         settings = "Settings (config.json): " + ", ".join(f"{k} {v}" for k, v in config.items()) + "."
     for kind in KINDS:
         mine = [(m, d) for k, m, d in runs if k == kind]
@@ -176,8 +198,8 @@ def write_report(root, e: bool | None = None, settings: str = "") -> list:
         results = {m: score_folder(d, e=is_e) for m, d in mine}
         suffix = "_e" if is_e else ""
         md = root / f"report{suffix}.md"
-        md.write_text(markdown(results, is_e, "LongBench-E" if is_e else "LongBench v1", settings), encoding="utf-8")
+        write_text_atomic(md, markdown(results, is_e, "LongBench-E" if is_e else "LongBench v1", settings))
         cv = root / f"report{suffix}.csv"
-        cv.write_text(csv_text(results, is_e), encoding="utf-8")
+        write_text_atomic(cv, csv_text(results, is_e))
         paths += [md, cv]
     return paths

@@ -9,10 +9,12 @@ and ``layer`` (the resolved filter layer, None for methods without one).
 Files in ``--out``:
 
 - ``config.json``: settings that change answers (model, topk, layer, max_length, chat template,
-  data source); a rerun with other settings is refused, so a folder never mixes two setups;
+  data source), written just before the first row (a run that fails its checks leaves the folder
+  free); a rerun with other settings is refused, so a folder never mixes two setups;
 - ``pred[_e]/<method>/<task>.jsonl.rank{i}``: rows appended (flushed, fsynced) by process i;
-- ``pred[_e]/<method>/<task>.jsonl``: the merged rows in dataset order, written by the main process
-  after every process finished; the shards are then removed.
+- ``pred[_e]/<method>/<task>.jsonl``: the merged rows in dataset order, written atomically by the
+  main process after every process finished; the shards are then removed. Appends and merges take
+  the folder's lock (``gemfilter.io``), so two runs sharing one ``--out`` lose no row.
 
 A rerun computes only the samples whose ``_id`` has no row yet. Under ``accelerate launch`` /
 ``torchrun`` the missing samples are dealt round-robin over the processes (accelerate's PartialState).
@@ -22,19 +24,21 @@ Sharding, resume, config and layer checks reuse the NIAH runner's helpers.
 
 from __future__ import annotations
 
-import json
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.niah.runner import append_row, check_config, check_layers, make_state, read_jsonl
+from gemfilter.io import check_against_model, check_out_dir, folder_lock, merge_jsonl, read_jsonl
+
+from eval.niah.runner import CONFIG, append_row, check_config, check_layers, make_state
 
 from .data import HUB_REPO, load_records
 from .pipeline import check_max_length, default_max_length, predict
 from .tasks import BY_NAME, get_task
 
 SHARD = "{}.jsonl.rank{}"  # does not end in "jsonl": official eval.py and our scorer skip shards
+#: Fields every stored row has; a row without them (or a null row) is skipped and its sample recomputed.
+ROW_FIELDS = ("pred", "answers", "_id")
 
 
 @dataclass(frozen=True)
@@ -99,9 +103,11 @@ def validate(config: RunConfig) -> None:
 def finished(folder: Path, task: str) -> dict:
     """_id -> row over ``<task>.jsonl`` and its shards (first one wins)."""
     rows = {}
-    for path in [folder / f"{task}.jsonl"] + sorted(folder.glob(SHARD.format(task, "*"))):
-        if path.is_file():
-            for row in read_jsonl(path):
+    if not folder.is_dir():
+        return rows
+    with folder_lock(folder):
+        for path in [folder / f"{task}.jsonl"] + sorted(folder.glob(SHARD.format(task, "*"))):
+            for row in read_jsonl(path, required=ROW_FIELDS, skip_note="that sample will be rerun"):
                 rows.setdefault(row["_id"], row)
     return rows
 
@@ -112,23 +118,10 @@ def merge(folder: Path, task: str, order: list) -> list:
     order: the _ids of this run's records; rows of other _ids (from a run with a larger --limit) keep
     their place after them.
     """
-    rows = list(finished(folder, task).values())
     rank = {key: i for i, key in enumerate(order)}
-    rows.sort(key=lambda r: rank.get(r["_id"], len(rank)))  # stable: unknown _ids keep their order
-    tmp = folder / f"{task}.jsonl.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    os.replace(tmp, folder / f"{task}.jsonl")
-    for shard in folder.glob(SHARD.format(task, "*")):  # their rows are in <task>.jsonl now
-        shard.unlink()
-    return rows
-
-
-def _open_shard(path: Path) -> Path:
-    if path.is_file() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-        with open(path, "a", encoding="utf-8") as f:
-            f.write("\n")  # isolate a line cut short by a kill, so the next row stays readable
-    return path
+    # stable sort: unknown _ids keep their order; under the folder lock, which appends also take
+    return merge_jsonl(Path(folder) / f"{task}.jsonl", SHARD.format(task, "*"), lambda r: r["_id"],
+                       sort_key=lambda r: rank.get(r["_id"], len(rank)), required=ROW_FIELDS, ensure_ascii=False)
 
 
 def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True) -> dict | None:
@@ -144,9 +137,11 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
 
     validate(config)
     state = state or make_state()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    check_config(out, config, write=state.is_main_process)
+    out = check_out_dir(out, files=(CONFIG,))
+    check_config(out, config, write=False)
+    model_config = gemfilter.models.load_config(config.model) if model_and_tokenizer is None \
+        else model_and_tokenizer[0].config
+    check_against_model(model_config, layer=config.layer, lengths=(config.max_length or 1,), length_flag="--max-length")
     tasks = [get_task(name) for name in config.tasks]
     with state.main_process_first():  # the main process fills the datasets cache; the others then read it
         records = {t.config: load_records(t.e_config() if config.e else t.config, config.data_dir, config.limit)
@@ -178,7 +173,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         check_layers([{"method": m, "layer": row.get("layer")} for (m, _), rows in done.items()
                       for row in rows.values()], methods)
         desc = "LongBench" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
-        opened = set()
+        check_config(out, config, write=True)  # the first row is coming: pin the setup now
         bar = tqdm(mine, desc=desc, unit="sample", disable=not (progress and state.is_main_process))
         for name, task, record in bar:
             folder = config.pred_dir(out, name)
@@ -187,10 +182,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             row = {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
                    "length": record["length"], "_id": record["_id"], "kept": res["kept"],
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None)}
-            shard = folder / SHARD.format(task.config, state.process_index)
-            if shard not in opened:  # check a shard's last line once, not before every append
-                opened.add(_open_shard(shard))
-            append_row(shard, row)
+            append_row(folder / SHARD.format(task.config, state.process_index), row)
             bar.set_postfix(method=name, task=task.config, kept=res["kept"])
     state.wait_for_everyone()
     if not state.is_main_process:

@@ -82,10 +82,12 @@ def _split(text: str) -> tuple:
     return tuple(s.strip() for s in text.split(",") if s.strip())
 
 
-def _settings(config) -> str:
-    layer = "model default" if config.layer is None else config.layer
-    return (f"topk {config.topk}, layer {layer}, prompt `{config.prompt}`, max_new_tokens {config.max_new_tokens}, "
-            f"grid {len(config.lengths)} lengths x {len(config.depths)} depths. "
+def _settings(settings: dict, lengths, depths) -> str:
+    """The summary's settings line. settings: the run's identity (RunConfig.identity() or its stored
+    config.json); lengths, depths: the grid axes."""
+    layer = "model default" if settings.get("layer") is None else settings["layer"]
+    return (f"topk {settings.get('topk')}, layer {layer}, prompt `{settings.get('prompt')}`, max_new_tokens "
+            f"{settings.get('max_new_tokens')}, grid {len(lengths)} lengths x {len(depths)} depths. "
             "Score: word recall of the answer (max 11/12), averaged over the cells.")
 
 
@@ -104,7 +106,7 @@ def _main(args) -> int:
 
     from .grid import resolve_grid
     from .report import write_report
-    from .runner import RunConfig, finished_rows, run
+    from .runner import RunConfig, finished_rows, read_config, run
 
     lengths, depths = resolve_grid(args.preset, args.lengths, args.depths)
     config = RunConfig(model=args.model, methods=_split(args.methods), lengths=lengths, depths=depths,
@@ -117,9 +119,14 @@ def _main(args) -> int:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
     label = args.model or "embedded:gemma3-270m"
     out = Path(args.out)
-    if args.report_only:
+    if args.report_only:  # report what the folder holds, not this command line's defaults
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} is a file, not a results folder")
         rows = list(finished_rows(out).values()) if out.is_dir() else []
-        paths = write_report(rows, out, rows[0]["model"] if rows else label, _settings(config))
+        stored = (read_config(out) if out.is_dir() else None) or {}
+        grid = (sorted({r["length"] for r in rows}), sorted({float(r["depth"]) for r in rows}))
+        settings = _settings(stored, *grid) if stored else "Settings unknown: this folder has no config.json."
+        paths = write_report(rows, out, rows[0]["model"] if rows else label, settings)
     else:
         if args.threads:
             import torch
@@ -128,7 +135,7 @@ def _main(args) -> int:
         rows = run(config, out, progress=not args.no_progress, max_cells=args.max_cells)
         if rows is None:  # not the main process: it only computed its shard
             return 0
-        paths = write_report(rows, out, label, _settings(config))
+        paths = write_report(rows, out, label, _settings(config.identity(), config.lengths, config.depths))
     print((out / "summary.md").read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

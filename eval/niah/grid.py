@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gemfilter.io import normalize_depth, parse_depths, parse_lengths  # noqa: F401  (one parser for every command)
+
 
 def _lin(lo: float, hi: float, n: int) -> tuple:
     return tuple(int(v) for v in np.round(np.linspace(lo, hi, n)))
@@ -21,48 +23,6 @@ PRESETS = {
     "cpu-demo": ((1000, 2000, 4000, 8000), (0, 25, 50, 75, 100), "CPU demo (make demo-full): lengths 1K,2K,4K,8K x 5 depths"),
     "cpu-quick": ((1000, 2000, 4000), (0, 50, 100), "newcomer demo (make demo, minutes): lengths 1K,2K,4K x depths 0,50,100"),
 }
-
-
-def parse_lengths(text: str) -> tuple:
-    """'1000,2000,4k' -> (1000, 2000, 4000): positive ints, a k/K suffix means thousands, sorted, unique."""
-    out = []
-    for item in _items(text, "--lengths"):
-        scale = 1000 if item[-1] in "kK" else 1
-        num = item[:-1] if scale == 1000 else item
-        try:
-            value = float(num) * scale
-        except ValueError:
-            raise ValueError(f"--lengths: {item!r} is not a number; give token counts like 1000,2000,4k") from None
-        if value != int(value) or value < 1:
-            raise ValueError(f"--lengths: {item!r} must be a positive whole number of tokens")
-        out.append(int(value))
-    return tuple(sorted(set(out)))
-
-
-def parse_depths(text: str) -> tuple:
-    """'0,50,100' -> (0, 50, 100): percents in [0, 100] (ints where whole), sorted, unique."""
-    out = []
-    for item in _items(text, "--depths"):
-        try:
-            value = float(item)
-        except ValueError:
-            raise ValueError(f"--depths: {item!r} is not a number; give percents like 0,25,50,75,100") from None
-        if not 0 <= value <= 100:
-            raise ValueError(f"--depths: {item!r} is outside [0, 100] (depth is a percent of the context)")
-        out.append(normalize_depth(value))
-    return tuple(sorted(set(out)))
-
-
-def normalize_depth(value):
-    """Whole floats become ints, so 50 and 50.0 name the same cell in files and keys."""
-    return int(value) if float(value) == int(value) else float(value)
-
-
-def _items(text: str, flag: str) -> list:
-    items = [s.strip() for s in str(text).split(",") if s.strip()]
-    if not items:
-        raise ValueError(f"{flag} is empty; give a comma-separated list")
-    return items
 
 
 def resolve_grid(preset: str, lengths: str | None = None, depths: str | None = None) -> tuple:

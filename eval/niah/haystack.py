@@ -19,6 +19,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from gemfilter.io import read_text
+
 NEEDLE = "\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.\n"
 QUESTION = "What is the best thing to do in San Francisco?"
 FINAL_CONTEXT_LENGTH_BUFFER = 200
@@ -57,7 +59,7 @@ def read_haystack(haystack_dir: str | Path | None = None) -> str:
     files = sorted(folder.glob("*.txt"))
     if not files:
         raise FileNotFoundError(f"no .txt files in haystack folder {folder}")
-    return "".join(f.read_text(encoding="utf-8") for f in files)
+    return "".join(read_text(f, "haystack file") for f in files)
 
 
 @dataclass

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gemfilter.io import write_text_atomic
+
 from .scoring import METRICS
 
 COLORS = ["#F0496E", "#EBB839", "#0CD79F"]
@@ -143,5 +145,5 @@ def write_report(rows: list, out, model: str, settings: str = "") -> list:
     paths = [heatmap_png(rows, m, model, out / f"heatmap_{m}.png") for m in methods_in(rows)]
     paths.append(side_by_side_png(rows, model, out / "heatmaps.png"))
     md = out / "summary.md"
-    md.write_text(markdown_table(rows, model, settings), encoding="utf-8")
+    write_text_atomic(md, markdown_table(rows, model, settings))
     return paths + [md]

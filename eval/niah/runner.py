@@ -3,11 +3,15 @@
 Files in the output folder:
 
 - ``config.json``: the settings that change answers (model, topk, layer, prompt, max_new_tokens,
-  haystack). A rerun with other such settings is refused, so one folder never mixes two setups.
+  haystack), written (atomically) just before the first row, so a run that fails its checks leaves
+  the folder free. A rerun with other such settings is refused, so one folder never mixes two setups.
 - ``results.rank{i}.jsonl``: rows appended by process i as each cell finishes (flushed and fsynced),
   so an interrupted run loses at most the cell in flight.
-- ``results.jsonl``: the merged rows, sorted by (method, length, depth); written by the main process
-  after all processes finish, after which the shards are removed.
+- ``results.jsonl``: the merged rows, sorted by (method, length, depth); written atomically by the
+  main process after all processes finish, after which the shards are removed.
+
+Appends and merges take the folder's lock (``gemfilter.io``), so two runs sharing one ``--out`` lose
+no row: a merge either reads a concurrent append or leaves it in a fresh shard.
 
 A (re)run reads every finished row first (merged file and shards), so only missing cells are
 computed. Under ``accelerate launch`` / ``torchrun`` the missing cells are dealt round-robin over
@@ -17,20 +21,24 @@ pure function of its inputs, so the merged file equals a single-process run's (e
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gemfilter.io import (append_jsonl, check_against_model, check_out_dir, folder_lock, merge_jsonl,
+                          read_json_object, read_jsonl, write_json_atomic)
+
 from .grid import PRESETS, normalize_depth
-from .haystack import TEMPLATES, build_case, make_haystack
+from .haystack import TEMPLATES, build_case, make_haystack, read_haystack
 from .scoring import score_all
 
 RESULTS = "results.jsonl"
 CONFIG = "config.json"
 SHARD = "results.rank{}.jsonl"
+#: Fields every stored row has; a row without them (or a null row) is skipped and its cell recomputed.
+ROW_FIELDS = ("method", "length", "depth", "response", "recall", "rouge1", "hit", "kept", "prompt_tokens", "seconds")
 
 
 @dataclass(frozen=True)
@@ -83,57 +91,46 @@ def cell_key(row: dict) -> tuple:
     return row["method"], int(row["length"]), normalize_depth(row["depth"])
 
 
-def read_jsonl(path: Path) -> list:
-    """Rows of a JSONL file; a line cut short by a kill is skipped (its cell is recomputed)."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                warnings.warn(f"{path}:{i}: skipping an incomplete row (interrupted write); that cell will be rerun")
-    return rows
-
-
 def finished_rows(out: Path) -> dict:
-    """key -> row over the merged file and every shard (first one wins)."""
-    paths = [out / RESULTS] + sorted(out.glob(SHARD.format("*")))
+    """key -> row over the merged file and every shard (first one wins); read under the folder lock."""
     rows = {}
-    for path in paths:
-        if path.is_file():
-            for row in read_jsonl(path):
+    with folder_lock(out):
+        for path in [out / RESULTS] + sorted(out.glob(SHARD.format("*"))):
+            for row in read_jsonl(path, required=ROW_FIELDS, skip_note="that cell will be rerun"):
                 rows.setdefault(cell_key(row), row)
     return rows
 
 
+def read_config(out: Path) -> dict | None:
+    """The stored config.json of ``out`` (None if there is none); CorruptFileError says how to recover."""
+    path = Path(out) / CONFIG
+    if not path.is_file():
+        return None
+    return read_json_object(path, "run config", fix=f"Delete {path} and rerun with the settings of the run that "
+                            "made this folder (a rerun with the same settings resumes it), or use another --out")
+
+
 def check_config(out: Path, config: RunConfig, write: bool) -> None:
-    """Refuse a folder holding results of another setup; record this setup if ``write``."""
+    """Refuse a folder holding results of another setup; record this setup if ``write`` (under the lock)."""
     path = out / CONFIG
     new = config.identity()
-    if path.is_file():
-        old = {k: v for k, v in json.loads(path.read_text(encoding="utf-8")).items() if k in new}
-        if old != new:
-            diff = ", ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} now" for k in new if old.get(k) != new[k])
-            raise ValueError(f"--out {out} holds results of another setup ({diff}). Use another --out, "
-                             "or repeat the same settings to resume that run.")
-    elif write:
-        path.write_text(json.dumps({**new, **config.extra}, indent=1) + "\n", encoding="utf-8")
+    with folder_lock(out) if write else nullcontext():
+        stored = read_config(out)
+        if stored is not None:
+            old = {k: v for k, v in stored.items() if k in new}
+            if old != new:
+                diff = ", ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} now" for k in new if old.get(k) != new[k])
+                raise ValueError(f"--out {out} holds results of another setup ({diff}). Use another --out, "
+                                 "or repeat the same settings to resume that run.")
+        elif write:
+            write_json_atomic(path, {**new, **config.extra})
 
 
 def merge(out: Path, method_order=()) -> list:
-    """Write the sorted, de-duplicated rows to results.jsonl (atomically), then drop the shards."""
-    rows = list(finished_rows(out).values())
+    """Write the sorted, de-duplicated rows to results.jsonl (atomically), then drop the shards (under the lock)."""
     rank = {m: i for i, m in enumerate(method_order)}
-    rows.sort(key=lambda r: (rank.get(r["method"], len(rank)), r["method"], r["length"], float(r["depth"])))
-    tmp = out / (RESULTS + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    os.replace(tmp, out / RESULTS)
-    for shard in out.glob(SHARD.format("*")):  # their rows are in results.jsonl now
-        shard.unlink()
-    return rows
+    return merge_jsonl(Path(out) / RESULTS, SHARD.format("*"), cell_key, required=ROW_FIELDS,
+                       sort_key=lambda r: (rank.get(r["method"], len(rank)), r["method"], r["length"], float(r["depth"])))
 
 
 def check_layers(rows, methods: dict) -> None:
@@ -171,10 +168,18 @@ def run_cell(model, tokenizer, method, case, max_new_tokens: int) -> dict:
 
 
 def append_row(path: Path, row: dict) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one row (fsynced) under the folder lock that :func:`merge` also takes."""
+    append_jsonl(path, row)
+
+
+def check_before_compute(config: RunConfig, model_config) -> None:
+    """Everything that can be checked without the weights: --layer and --lengths against the model, the haystack.
+
+    model_config: the model's transformers config. Reading the haystack here (not after the model
+    loaded) means a bad --haystack-dir fails in a second, before config.json is written.
+    """
+    check_against_model(model_config, layer=config.layer, lengths=config.lengths)
+    read_haystack(config.haystack_dir)
 
 
 def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True,
@@ -192,9 +197,12 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
 
     validate(config)
     state = state or make_state()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    check_config(out, config, write=state.is_main_process)
+    out = check_out_dir(out, files=(RESULTS, CONFIG))
+    check_config(out, config, write=False)
+    if model_and_tokenizer is not None:
+        check_before_compute(config, model_and_tokenizer[0].config)
+    else:
+        check_before_compute(config, gemfilter.models.load_config(config.model))
     done = finished_rows(out)
     todo = [c for c in config.cells() if c not in done]
     if max_cells is not None:
@@ -218,9 +226,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    for m in dict.fromkeys(c[0] for c in mine)}
         check_layers(done.values(), methods)
         shard = out / SHARD.format(state.process_index)
-        if shard.is_file() and shard.stat().st_size and not shard.read_bytes().endswith(b"\n"):
-            with open(shard, "a", encoding="utf-8") as f:
-                f.write("\n")  # isolate a line cut short by a kill, so the next row stays readable
+        check_config(out, config, write=True)  # the first row is coming: pin the setup now
         label = config.model or EMBEDDED_NAME
         desc = "NIAH cells" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
         bar = tqdm(mine, desc=desc, unit="cell", disable=not (progress and state.is_main_process))

@@ -1,7 +1,7 @@
 """``python -m icl_probes.label_flip``: label-flip ICL (Ch. 5 of Z. Shi's 2024 dissertation).
 
 Subcommands: ``datasets`` (the registry), ``llm`` (Figs. 5.1-5.2), ``ablation`` (Fig. 5.3),
-``theory`` (Sec. 5.4). transformers/gemfilter are imported only by ``llm`` and ``ablation``.
+``theory`` (Sec. 5.4). transformers and the model code are imported only by ``llm`` and ``ablation`` (``gemfilter.io`` writes the files).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from gemfilter.io import check_out_dir, read_text, write_text_atomic
 
 FIG_DIR = Path(__file__).resolve().parents[1] / "figures"
 
@@ -151,6 +153,7 @@ def _llm(args) -> int:
     from . import llm
 
     torch.set_num_threads(args.threads)
+    check_out_dir(args.out)  # before the sweep, not after it
     preset = PRESETS[args.preset]
     cfg = llm.SweepConfig(
         models=_names(args.models or preset["models"]), datasets=_names(args.datasets or preset["datasets"]),
@@ -163,7 +166,7 @@ def _llm(args) -> int:
     rows = llm.run_sweep(cfg, out)
     summary = llm.summarize(rows)
     table = llm.markdown(summary)
-    (out / "summary.md").write_text(table, encoding="utf-8")
+    write_text_atomic(out / "summary.md", table)
     print(table)
     llm.plot(summary, out / "label_flip.png", title=f"M={cfg.m}, {len(cfg.seeds)} seeds, {cfg.predict}")
     print(f"rows: {out / 'label_flip.jsonl'}\nplot: {out / 'label_flip.png'}")
@@ -177,9 +180,11 @@ def _ablation(args) -> int:
     from . import ablation
 
     torch.set_num_threads(args.threads)
+    check_out_dir(args.out)
     irrelevant = ablation.IRRELEVANT
     if args.irrelevant_file:
-        irrelevant = tuple(line.strip() for line in Path(args.irrelevant_file).read_text(encoding="utf-8").splitlines() if line.strip())
+        text = read_text(args.irrelevant_file, "--irrelevant-file")
+        irrelevant = tuple(line.strip() for line in text.splitlines() if line.strip())
     if args.n_prompts < 1:
         raise ValueError(f"--n-prompts must be >= 1, got {args.n_prompts}")
     share = int(args.share) if float(args.share).is_integer() else args.share
@@ -188,7 +193,7 @@ def _ablation(args) -> int:
                                  seed=args.seed, irrelevant=irrelevant, data_dir=args.data_dir,
                                  device=args.device, attn=args.attn)
     table = ablation.summary(rows)
-    (out / "ablation.md").write_text(table, encoding="utf-8")
+    write_text_atomic(out / "ablation.md", table)
     print(table)
     ablation.plot(rows, out / "ablation.png")
     print(f"rows: {out / 'ablation.jsonl'}\nplot: {out / 'ablation.png'}")
@@ -206,11 +211,12 @@ def _theory(args) -> int:
         raise ValueError(f"--sigmas must be comma-separated numbers, got {args.sigmas!r}") from None
     cfg = theory.TheoryConfig(d=args.d, n_pretrain=args.n_pretrain, m=args.m, ranks=_ints(args.ranks, "--ranks"),
                               sigmas=sigmas, spectrum=args.spectrum, samples=args.samples, seed=args.seed)
+    check_out_dir(args.out)
     result = theory.run(cfg)
     out = Path(args.out)
     write_json(out / "theory.json", result)
     table = theory.markdown(result)
-    (out / "theory.md").write_text(table, encoding="utf-8")
+    write_text_atomic(out / "theory.md", table)
     print(table)
     theory.plot(result, out / "theory.png")
     print(f"results: {out / 'theory.json'}\nplot: {out / 'theory.png'}")

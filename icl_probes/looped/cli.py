@@ -162,6 +162,9 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        from gemfilter.io import check_out_dir
+
+        check_out_dir(args.out)  # before any compute
         if args.command == "check":
             _check(args)
         elif args.command == "fig81":

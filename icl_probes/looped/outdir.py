@@ -6,10 +6,10 @@ refused with a message that names the fields that differ.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from icl_probes.common import as_stored, write_json
+from gemfilter.io import check_out_dir
+from icl_probes.common import as_stored, read_json, write_json
 
 
 def prepare_out(out, cfg, kind: str) -> Path:
@@ -17,12 +17,11 @@ def prepare_out(out, cfg, kind: str) -> Path:
 
     ``device`` is not part of the pin: a run may start on a GPU and resume on the CPU.
     """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_out_dir(Path(out))
     want = {"experiment": kind, **{k: v for k, v in as_stored(cfg).items() if k != "device"}}
     path = out / "config.json"
     if path.exists():
-        have = json.loads(path.read_text(encoding="utf-8"))
+        have = read_json(path, "run config")
         if have != want:
             diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
             raise ValueError(f"{out} already holds a run with another config (differs in: {', '.join(diff)}); "

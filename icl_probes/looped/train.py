@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from gemfilter.io import atomic_path
 from icl_probes.common import append_jsonl, read_jsonl, resolve_device, seed_everything
 from icl_probes.looped.model import (construction, gram_spectrum, looped_forward_fast, query_error,
                                      relative_sq_error, sample_tasks)
@@ -184,6 +185,23 @@ def baselines(cfg: TrainConfig, device) -> dict:
     return out
 
 
+def load_checkpoint(path, device) -> dict:
+    """A checkpoint written by :func:`train_one`, loaded with ``weights_only=True``: tensors, numbers and
+    dicts only, so a crafted file in --out cannot run code on resume (a full unpickle would)."""
+    import pickle
+
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{path}: not a checkpoint this command wrote (refused to unpickle anything but tensors and "
+                         f"plain values: {first}). Delete it to restart that run from step 0") from None
+    if not isinstance(state, dict) or not {"model", "opt", "data_rng", "step"} <= set(state):
+        raise ValueError(f"{path}: not a checkpoint this command wrote (it lacks model/opt/data_rng/step). "
+                         "Delete it to restart that run from step 0")
+    return state
+
+
 def train_one(cfg: TrainConfig, run: str, out, progress: bool = True) -> dict:
     """Train (or resume from out/ckpt_<loss>_<eta mode>.pt) the model ``run``; returns its evaluation row."""
     device = resolve_device(cfg.device)
@@ -195,7 +213,7 @@ def train_one(cfg: TrainConfig, run: str, out, progress: bool = True) -> dict:
     data = torch.Generator().manual_seed(cfg.seed + 1)
     step = 0
     if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=device, weights_only=False)
+        state = load_checkpoint(ckpt_path, device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         data.set_state(state["data_rng"])
@@ -216,7 +234,9 @@ def train_one(cfg: TrainConfig, run: str, out, progress: bool = True) -> dict:
         running.append(loss.item())
         bar.update(1)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "data_rng": data.get_state(), "step": step}, ckpt_path)
+            with atomic_path(ckpt_path) as tmp:  # a kill mid-save leaves the previous checkpoint intact
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "data_rng": data.get_state(),
+                            "step": step}, tmp)
             append_jsonl(out / "rows.jsonl", {"kind": "log", "run": run, "step": step, "loops": cfg.loops_at(step - 1),
                                               "loss": sum(running) / len(running)})
             bar.set_postfix(loss=f"{running[-1]:.2e}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gemfilter.io import write_text_atomic
 from icl_probes.common import pyplot, save_png, write_json
 from icl_probes.looped.train import TrainConfig
 
@@ -93,6 +94,6 @@ def write_outputs(cfg: TrainConfig, rows: list, out, png=None) -> dict:
     out = Path(out)
     results = summarise(cfg, rows)
     write_json(out / "results.json", results)
-    (out / "table.md").write_text(markdown_table(results), encoding="utf-8")
+    write_text_atomic(out / "table.md", markdown_table(results))
     plot(results, png or out / "train.png")
     return results

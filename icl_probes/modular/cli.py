@@ -2,7 +2,9 @@
 
 Subcommands: ``mlp`` (Figs. 4.1, 4.2), ``transformer`` (Fig. 4.3), ``grok`` (Fig. 4.4), ``presets``.
 Each writes a results JSON, a markdown summary (also printed), PNG figures and, unless --no-log, a JSONL
-log; a finished run with the same settings is not retrained (--force retrains).
+log; a finished run with the same settings is not retrained (--force retrains). A folder holding an
+``mlp``/``transformer`` result of other settings is refused (--force replaces it); ``grok --force``
+drops only the rows of the (k, p) pairs it recomputes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from icl_probes.common import as_stored, read_jsonl, resolve_device, write_json
+from gemfilter.io import check_out_dir, folder_lock, write_text_atomic
+from icl_probes.common import as_stored, read_json, read_jsonl, resolve_device, write_json
 from icl_probes.modular import plots, report
 from icl_probes.modular.experiments import GROK_PRESETS, MLP_PRESETS, TRANSFORMER_PRESETS, run_grokking, run_mlp, run_transformer
 
@@ -83,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--schedule", choices=["constant", "cosine"], help="override the lr schedule after warm-up")
         sp.add_argument("--eval-every", type=int, help="override the evaluation interval in steps")
         sp.add_argument("--no-log", action="store_true", help="write no JSONL log (fewer output files)")
-        sp.add_argument("--force", action="store_true", help="retrain even if a finished result with these settings exists")
+        sp.add_argument("--force", action="store_true",
+                        help="retrain even if a finished result with these settings exists; mlp/transformer: replace "
+                        "a result of other settings; grok: drop only the rows of the listed (k, p) pairs")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
         sp.add_argument("--max-minutes", type=float, help="stop training after this many minutes and write what "
                         "was reached (marked time_limit in the JSON); for a sweep, the budget covers all runs")
@@ -122,14 +127,34 @@ def make_config(args):
     return cfg
 
 
-def _same(path: Path, cfg) -> dict | None:
-    """The stored result at path if it finished with exactly these settings, else None."""
+def _same(path: Path, cfg, force: bool = False) -> dict | None:
+    """The stored result at path if it finished with exactly these settings, else None (train).
+
+    A result of other settings is never overwritten silently: ValueError names the settings that
+    differ, unless ``force`` (then it is replaced).
+    """
     if not path.exists():
         return None
-    stored = json.loads(path.read_text())
-    if stored.get("final", {}).get("time_limit"):
-        return None  # cut short by --max-minutes: train again
-    return stored if stored.get("config") == as_stored(cfg) else None
+    stored = read_json(path, "results file")
+    want = as_stored(cfg)
+    have = stored.get("config")
+    if have != want and not force:
+        if isinstance(have, dict):
+            diff = ", ".join(f"{k}: {have.get(k)!r} there, {want[k]!r} now" for k in want if have.get(k) != want[k])
+        else:
+            diff = "it stores no settings"
+        raise ValueError(f"--out {path.parent} already holds {path.name} of other settings ({diff}); use another "
+                         "--out to keep both, or --force to replace it")
+    if force or stored.get("final", {}).get("time_limit"):
+        return None  # asked to retrain, or cut short by --max-minutes: train again
+    return stored
+
+
+def _drop_rows(path: Path, settings: dict, kps) -> None:
+    """grok --force: remove from path only the rows that this sweep will recompute (same settings, listed (k, p))."""
+    with folder_lock(path.parent):
+        keep = [r for r in read_jsonl(path) if not (r.get("settings") == settings and (r.get("k"), r.get("p")) in kps)]
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def main(argv=None) -> int:
@@ -151,12 +176,12 @@ def main(argv=None) -> int:
         cfg = make_config(args)
         device = resolve_device(args.device)
         torch.set_num_threads(args.threads)
-        out, figs = args.out, args.fig_dir or args.out
-        out.mkdir(parents=True, exist_ok=True)
+        out = check_out_dir(args.out, files=(f"{args.command}_summary.md", f"{args.command}_result.json"))
+        figs = check_out_dir(args.fig_dir, "--fig-dir") if args.fig_dir else out
         progress = not args.quiet
         if args.command == "mlp":
             path = out / "mlp_result.json"
-            result = None if args.force else _same(path, cfg)
+            result = _same(path, cfg, args.force)
             if result is None:
                 result = run_mlp(cfg, device, None if args.no_log else out / "mlp_log.jsonl", progress, deadline=deadline)
                 write_json(path, result)
@@ -165,7 +190,7 @@ def main(argv=None) -> int:
                     plots.plot_frequencies(result, figs / "modular_fig42_frequencies.png")]
         elif args.command == "transformer":
             path = out / "transformer_result.json"
-            result = None if args.force else _same(path, cfg)
+            result = _same(path, cfg, args.force)
             if result is None:
                 result = run_transformer(cfg, device, None if args.no_log else out / "transformer_log.jsonl", progress,
                                          deadline=deadline)
@@ -175,14 +200,16 @@ def main(argv=None) -> int:
         else:
             jsonl = None if args.no_log else out / "grok_runs.jsonl"
             if args.force and jsonl is not None and jsonl.exists():
-                jsonl.unlink()
+                from icl_probes.modular.experiments import grok_settings
+
+                _drop_rows(jsonl, grok_settings(cfg), {tuple(kp) for kp in cfg.kps})
             rows = run_grokking(cfg, device, jsonl, progress, deadline=deadline)
             write_json(out / "grok_result.json", dict(experiment="grok", config=asdict(cfg), device=str(device), runs=rows))
             md = report.grok_markdown(rows, asdict(cfg), command)
             pngs = [plots.plot_grokking(rows, figs / "modular_fig44_grokking.png")]
     except ValueError as err:
         parser.error(str(err))
-    (out / f"{args.command}_summary.md").write_text(md, encoding="utf-8")
+    write_text_atomic(out / f"{args.command}_summary.md", md)
     print(md)
     print("wrote:", ", ".join(str(p) for p in [out / f"{args.command}_summary.md", *pngs]))
     return 0

@@ -235,6 +235,12 @@ def grokking_delay(history: list[dict], threshold: float = 0.99) -> dict:
     return dict(train_step=t_train, test_step=t_test, delay=delay, gap_area=round(gap, 1))
 
 
+def grok_settings(cfg: GrokRun) -> dict:
+    """The settings a grok row depends on besides its (k, p), as stored (tuples as lists, so they
+    compare equal to the rows read back from the JSONL file)."""
+    return {key: val for key, val in as_stored(cfg).items() if key not in ("kps", "note")}
+
+
 def run_grokking(cfg: GrokRun, device: torch.device, jsonl_path, progress: bool = True,
                  deadline: float | None = None) -> list[dict]:
     """Train one two-layer transformer per (k, p) in cfg.kps; append one row per finished run to jsonl_path.
@@ -246,9 +252,9 @@ def run_grokking(cfg: GrokRun, device: torch.device, jsonl_path, progress: bool 
     _check_frac(cfg.train_frac)
     for k, p in cfg.kps:
         check_kp(k, p)
-    # as stored, so tuples compare equal to the lists read back from the JSONL file
-    settings = {key: val for key, val in as_stored(cfg).items() if key not in ("kps", "note")}
-    done = {(r["k"], r["p"]): r for r in (read_jsonl(jsonl_path) if jsonl_path else []) if r.get("settings") == settings and not r.get("time_limit")}
+    settings = grok_settings(cfg)
+    rows_read = read_jsonl(jsonl_path, required=("k", "p")) if jsonl_path else []
+    done = {(r["k"], r["p"]): r for r in rows_read if r.get("settings") == settings and not r.get("time_limit")}
     rows = []
     for k, p in cfg.kps:
         if (k, p) in done:

@@ -1,0 +1,354 @@
+"""Safe result files and checked options, shared by every command (gemfilter, eval, icl_probes).
+
+Why one module: a run must lose nothing and report nothing wrong when it is killed, when two runs
+share one output folder, or when a file was damaged by hand. So every command writes the same way:
+
+- whole files (JSON results, configs, calibration, reports) are written to a temp file in the same
+  folder, fsynced and renamed over the target (:func:`write_text_atomic`): a reader sees the old file
+  or the new one, never half of one, and a crash or a full disk leaves the old file intact;
+- JSONL rows are appended under a per-folder lock (:func:`folder_lock`), and shards
+  are merged and removed under the same lock (:func:`merge_jsonl`), so no row appended by another
+  process is ever deleted by a merge;
+- a damaged file gives :class:`CorruptFileError`, which names the file (and line) and says how to fix it;
+- context lengths are parsed by one parser (:func:`parse_lengths`): ``1000``, ``2k``, ``1.5K``; never
+  ``300.9``, ``inf`` or more than :data:`MAX_TOKENS`.
+
+Nothing here imports torch or transformers at import time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import tempfile
+import threading
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+#: No model we know of reads more tokens than this; a larger --lengths value is a typo (1e9 would spin).
+MAX_TOKENS = 10_000_000
+
+
+class CorruptFileError(ValueError):
+    """A file exists but cannot be read as what it should hold; the message names it and the fix."""
+
+
+def corrupt(path, problem: str, fix: str) -> CorruptFileError:
+    return CorruptFileError(f"{path}: {problem}. {fix}")
+
+
+def _delete_fix(path) -> str:
+    return f"Fix the file by hand, or delete it ({path}) to start over"
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_text(path, what: str = "file") -> str:
+    """The UTF-8 text of ``path``; CorruptFileError (naming the file and byte offset) on other bytes."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise corrupt(path, f"this {what} is not UTF-8 text (byte {err.start}: {data[err.start:err.start + 4]!r})",
+                      "Re-save it as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE > NEW)") from None
+
+
+def read_json(path, what: str = "JSON file", fix: str | None = None):
+    """The JSON value stored in ``path``; CorruptFileError naming the file and how to fix it."""
+    path = Path(path)
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise corrupt(path, f"this {what} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})",
+                      fix or _delete_fix(path)) from None
+
+
+def read_json_object(path, what: str = "JSON file", fix: str | None = None) -> dict:
+    """Like :func:`read_json`, but the value must be a JSON object."""
+    value = read_json(path, what, fix)
+    if not isinstance(value, dict):
+        raise corrupt(path, f"this {what} must hold a JSON object, not {type(value).__name__}", fix or _delete_fix(path))
+    return value
+
+
+def _row_problem(row, required) -> str | None:
+    if not isinstance(row, dict):
+        return f"a row must be a JSON object, got {'null' if row is None else type(row).__name__}"
+    missing = [k for k in required if k not in row]
+    return f"the row lacks {', '.join(missing)}" if missing else None
+
+
+def read_jsonl(path, *, required=(), strict: bool = False, skip_note: str = "that row will be recomputed",
+               fix: str | None = None) -> list:
+    """The rows (JSON objects) of a JSONL file; [] if it does not exist. Blank lines are ignored.
+
+    A line that is not UTF-8, not JSON (e.g. cut short by a kill), not an object, or lacks a field of
+    ``required``: with ``strict`` raises CorruptFileError naming the file, the line and ``fix``;
+    otherwise it is skipped with a warning ending in ``skip_note``.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+                problem = _row_problem(row, required)
+            except UnicodeDecodeError:
+                problem = "the line is not UTF-8 text"
+            except json.JSONDecodeError as err:
+                problem = f"the line is not valid JSON ({err.msg}; a write cut short by a kill?)"
+            if problem is None:
+                rows.append(row)
+            elif strict:
+                raise corrupt(f"{path}:{i}", problem, fix or f"Fix or delete line {i} of {path}")
+            else:
+                warnings.warn(f"{path}:{i}: skipping an incomplete row: {problem}; {skip_note}", stacklevel=2)
+    return rows
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
+@contextmanager
+def atomic_path(path):
+    """Yield a temp path next to ``path``; on success it replaces ``path`` (fsynced), on error it is removed.
+
+    For writers that want a file name (torch.save, savefig). Permissions: the old file's, else the umask's.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
+        os.chmod(tmp, mode)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically: readers see the old file or the new one, never half."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    return path
+
+
+def write_json_atomic(path, obj, *, indent: int | None = 1, ensure_ascii: bool = True) -> Path:
+    """``json.dumps(obj)`` (plus a newline) written atomically to ``path``."""
+    return write_text_atomic(path, json.dumps(obj, indent=indent, ensure_ascii=ensure_ascii) + "\n")
+
+
+_held = threading.local()
+
+
+@contextmanager
+def folder_lock(folder):
+    """An exclusive lock on ``folder`` between processes (``fcntl.flock`` on the folder itself, so no
+    lock file is left behind).
+
+    Re-entrant within a process: an inner ``folder_lock`` of a folder already held just proceeds (a
+    second flock from the same process on a new descriptor would wait for itself).
+    """
+    folder = Path(folder).resolve()
+    held = _held.__dict__.setdefault("counts", {})
+    if held.get(folder):
+        held[folder] += 1
+        try:
+            yield
+        finally:
+            held[folder] -= 1
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held[folder] = 1
+        try:
+            yield
+        finally:
+            held[folder] = 0
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def append_jsonl(path, row: dict, *, ensure_ascii: bool = True) -> None:
+    """Append one row under the folder lock, flushed and fsynced (a kill loses at most this row).
+
+    A line cut short by an earlier kill is first ended with a newline, so only that line is lost.
+    """
+    path = Path(path)
+    line = json.dumps(row, ensure_ascii=ensure_ascii) + "\n"
+    with folder_lock(path.parent):
+        torn = False
+        if path.exists() and path.stat().st_size:
+            with open(path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                torn = f.read(1) != b"\n"
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(("\n" if torn else "") + line)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def merge_jsonl(target, shard_pattern: str, key, sort_key=None, *, required=(), ensure_ascii: bool = True) -> list:
+    """Merge ``target`` and the shards ``target.parent.glob(shard_pattern)`` into ``target``, then drop the shards.
+
+    Runs under :func:`folder_lock`, which :func:`append_jsonl` also takes, so a row appended by a
+    concurrent writer is either read here (and kept) or lands in a fresh shard after the merge; it is
+    never deleted unread. Rows are de-duplicated by ``key(row)`` (first one wins: target, then the
+    shards in name order) and sorted by ``sort_key``. Returns the merged rows.
+    """
+    target = Path(target)
+    with folder_lock(target.parent):
+        shards = sorted(target.parent.glob(shard_pattern))
+        rows = {}
+        for path in [target, *shards]:
+            for row in read_jsonl(path, required=required, skip_note="it is left out of the merged file"):
+                rows.setdefault(key(row), row)
+        merged = list(rows.values())
+        if sort_key is not None:
+            merged.sort(key=sort_key)
+        write_text_atomic(target, "".join(json.dumps(r, ensure_ascii=ensure_ascii) + "\n" for r in merged))
+        for shard in shards:  # every row of theirs is in target now
+            shard.unlink()
+    return merged
+
+
+def check_out_dir(path, flag: str = "--out", files=()) -> Path:
+    """Create the output folder and prove it writable before any compute; ValueError saying what is wrong.
+
+    files: names inside it that the command will write; each must not be a folder.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path} is a file, not a folder; name a folder (it is created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ValueError(f"{flag} {path} cannot be written ({err.strerror or err}); name a folder you can write to") from None
+    for name in files:
+        if (path / name).is_dir():
+            raise ValueError(f"{flag} {path}: {path / name} is a folder, but the command writes a file there; "
+                             "remove or rename it, or use another --out")
+    return path
+
+
+# ---------------------------------------------------------------- options
+
+
+def parse_length(item, flag: str = "--lengths") -> int:
+    """One context length in tokens: a whole number, ``k``/``K`` = thousands (``2k``, ``1.5k``)."""
+    text = str(item).strip()
+    scale = 1000 if text[-1:] in ("k", "K") else 1
+    num = text[:-1] if scale == 1000 else text
+    try:
+        value = float(num) * scale
+    except ValueError:
+        raise ValueError(f"{flag}: {text!r} is not a number; give token counts like 1000,2k,1.5k") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{flag}: {text!r} is not a finite number; give token counts like 1000,2k,1.5k")
+    if value != int(value) or value < 1:
+        raise ValueError(f"{flag}: {text!r} must be a positive whole number of tokens (1000, 2k, 1.5k)")
+    if value > MAX_TOKENS:
+        raise ValueError(f"{flag}: {text!r} is {int(value):,} tokens, more than any model's context window "
+                         f"(at most {MAX_TOKENS:,} allowed)")
+    return int(value)
+
+
+def _items(text, flag: str) -> list:
+    items = [s.strip() for s in str(text).split(",") if s.strip()]
+    if not items:
+        raise ValueError(f"{flag} is empty; give a comma-separated list")
+    return items
+
+
+def parse_lengths(text, flag: str = "--lengths") -> tuple:
+    """'1000,2k,4K' -> (1000, 2000, 4000): :func:`parse_length` for each, sorted, unique."""
+    return tuple(sorted({parse_length(item, flag) for item in _items(text, flag)}))
+
+
+def normalize_depth(value):
+    """Whole floats become ints, so 50 and 50.0 name the same cell in files and keys."""
+    return int(value) if float(value) == int(value) else float(value)
+
+
+def parse_depths(text, flag: str = "--depths") -> tuple:
+    """'0,50,100' -> (0, 50, 100): percents in [0, 100] (ints where whole), sorted, unique."""
+    out = []
+    for item in _items(text, flag):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ValueError(f"{flag}: {item!r} is not a number; give percents like 0,25,50,75,100") from None
+        if not 0 <= value <= 100:
+            raise ValueError(f"{flag}: {item!r} is outside [0, 100] (depth is a percent of the context)")
+        out.append(normalize_depth(value))
+    return tuple(sorted(set(out)))
+
+
+def parse_positive_ints(text, flag: str) -> tuple:
+    """'256,512' -> (256, 512): whole numbers >= 1, sorted, unique."""
+    out = []
+    for item in _items(text, flag):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ValueError(f"{flag}: {item!r} is not a number; give whole numbers >= 1 like 256,512") from None
+        if not math.isfinite(value) or value != int(value) or value < 1:
+            raise ValueError(f"{flag}: {item!r} must be a whole number >= 1")
+        out.append(int(value))
+    return tuple(sorted(set(out)))
+
+
+def check_int(value, flag: str, low: int) -> None:
+    """ValueError unless ``value`` is an int >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{flag} must be a whole number >= {low}, got {value!r}")
+
+
+def check_against_model(config, *, layer=None, lengths=(), length_flag: str = "--lengths") -> None:
+    """Check options against a model's config (no weights needed): 0 <= layer < layers, lengths <= window.
+
+    config: a transformers config (``gemfilter.models.load_config``) or a model's ``.config``.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    m = getattr(text, "num_hidden_layers", None)
+    if layer is not None and isinstance(m, int) and not 0 <= layer < m:
+        raise ValueError(f"--layer {layer} is outside [0, {m}): this model has {m} decoder layers (0-based)")
+    window = getattr(text, "max_position_embeddings", None)
+    too_long = [n for n in lengths if isinstance(window, int) and n > window]
+    if too_long:
+        raise ValueError(f"{length_flag}: {', '.join(map(str, too_long))} tokens exceed this model's context window "
+                         f"of {window} tokens (max_position_embeddings); allowed: up to {window}")
