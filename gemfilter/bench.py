@@ -162,7 +162,7 @@ def _load(model_name, attn, layers, dtype, device, test_shrink, length, seed):
         ids = archs.random_prompt(model.config.vocab_size, length, seed=seed + length, device=model.device)
         extra = dict(weights="random", changes=list(model.config.gemfilter_changes))
         return model, None, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, extra
-    from eval.niah.haystack import build_case
+    from .haystack import build_case
 
     if layers is not None or test_shrink:
         raise ValueError("--layers and the test shrink apply to config:<arch> models only")

@@ -67,7 +67,7 @@ def recommend(table: dict, sliding: list, threshold: float):
 def calibrate(model, tokenizer, *, lengths=(1000, 2000, 4000), depths=(10, 50, 90), ks=(256, 512, 1024),
               threshold: float = 0.8, haystack_dir=None, save: bool = True, progress=None) -> dict:
     """Run the probes and return (and by default store) the calibration record."""
-    from eval.niah.haystack import NEEDLE, build_case, make_haystack
+    from .haystack import NEEDLE, build_case, make_haystack
 
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")

@@ -86,7 +86,7 @@ def plot_kept(kept: dict, n, span, layers, path, title):
 
 
 def _cmd_inspect(args) -> int:
-    from eval.niah.haystack import NEEDLE, build_case
+    from .haystack import NEEDLE, build_case
 
     from .models import load_model
 
