@@ -253,8 +253,9 @@ def _worker_entry(spec_json: str) -> int:
 
 
 if __name__ == "__main__":
+    # Worker entry only: the command is ``gemfilter bench`` (gemfilter.bench_report), which imports
+    # this module, so this one must not import it back.
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         sys.exit(_worker_entry(sys.argv[2]))
-    from gemfilter.bench_report import main
-
-    sys.exit(main())
+    sys.exit("python -m gemfilter.bench is the benchmark's internal worker (--worker SPEC_JSON); "
+             "run 'gemfilter bench --help'")

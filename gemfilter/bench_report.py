@@ -296,3 +296,7 @@ def main(argv=None) -> int:
     print(table)
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

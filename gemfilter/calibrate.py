@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from .inspection import needle_distances, needle_token_span, trace
-from .models import cache_dir
+from .models import EMBEDDED_DIR_NAME, EMBEDDED_NAME, cache_dir
 
 
 def calibration_path(model_name: str) -> Path:
@@ -26,9 +26,6 @@ def calibration_path(model_name: str) -> Path:
 
 def model_key(model) -> str:
     """The model's name for its calibration file; the embedded model's cache path is machine-specific."""
-    from .layers import EMBEDDED_DIR_NAME
-    from .models import EMBEDDED_NAME
-
     name = str(getattr(model.config, "name_or_path", "") or "model")
     return EMBEDDED_NAME if name.rstrip("/").endswith(EMBEDDED_DIR_NAME) else name
 

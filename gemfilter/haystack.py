@@ -20,7 +20,7 @@ Two protocols (``build_case(..., protocol=...)``) differ only in the special tok
   BOS tokens; and BOS, being one of ``encode('.')``'s ids, also stops the sentence-break search.
 
 The prompt is then built from the decoded context with a template (``gemfilter`` or ``kamradt-chat``).
-This module belongs to the library (bench, calibrate and inspect use it); ``eval.niah`` re-exports it.
+This module belongs to the library (bench, calibrate and inspect use it); eval/niah re-exports it.
 """
 
 from __future__ import annotations

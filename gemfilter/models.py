@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 EMBEDDED_NAME = "embedded:gemma3-270m"
+EMBEDDED_DIR_NAME = "gemma3-270m-dequantized"  # the cache folder; also how the loaded model names itself
 _EMBEDDED_ALIASES = {None, "", "embedded", EMBEDDED_NAME, "gemma3-270m"}
 
 
@@ -28,7 +29,7 @@ def cache_dir() -> Path:
 
 def embedded_model_dir() -> Path:
     """Folder holding the dequantized safetensors copy of the embedded model, created on demand."""
-    target = cache_dir() / "gemma3-270m-dequantized"
+    target = cache_dir() / EMBEDDED_DIR_NAME
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
         return target
     try:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..attention import STATE_KWARG
 from ..selection import decode_mask, last_row_scores, pool_scores
-from . import register
+from .registry import register
 
 
 def keep_indices(scores, valid, budget: int, keep_last: int):
