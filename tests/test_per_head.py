@@ -112,7 +112,6 @@ def test_after_prefill_the_cache_holds_h_heads_of_the_kept_rows(family):
 
 def mha_twin(model):
     """The same network with K/V projections repeated per query head (h_kv = h): identical outputs."""
-    family = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3"}[type(model).__name__]
     h, h_kv = model.config.num_attention_heads, model.config.num_key_value_heads
     twin = type(model)(type(model.config)(**{**model.config.to_dict(), "num_key_value_heads": h})).eval()
     state = model.state_dict()
@@ -121,8 +120,7 @@ def mha_twin(model):
             d = value.shape[0] // h_kv
             state[key] = value.reshape(h_kv, d, -1).repeat_interleave(h // h_kv, dim=0).reshape(h * d, -1)
     twin.load_state_dict(state)
-    twin.config._attn_implementation = model.config._attn_implementation
-    assert family
+    twin.set_attn_implementation(model.config._attn_implementation)
     return twin
 
 
