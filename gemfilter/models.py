@@ -150,3 +150,22 @@ def add_attn_argument(parser, multiple: bool = False) -> None:
                             help="comma-separated kernels to compare in one run, e.g. sdpa,banded; " + ATTN_HELP)
     else:
         parser.add_argument("--attn", default=None, choices=ATTN_CHOICES, help=ATTN_HELP)
+
+
+def resolve_dtype(name, device) -> tuple:
+    """(dtype for :func:`load_model`, a note to print or None) for a requested dtype name on ``device``.
+
+    name: None (the loader's default: float32 for the embedded model, the checkpoint's otherwise) or
+    "float16" / "bfloat16" / "float32". The GemFilter repo loads every model in float16 on GPU; on CPU,
+    half precision is slow and some kernels lack it, so CPU keeps float32 and the note says so.
+    """
+    import torch
+
+    if name is None:
+        return None, None
+    allowed = ("float16", "bfloat16", "float32")
+    if name not in allowed:
+        raise ValueError(f"dtype {name!r} is not supported; allowed: {', '.join(allowed)}")
+    if torch.device(device).type == "cpu" and name != "float32":
+        return torch.float32, f"dtype: float32 on CPU ({name} was asked for; it is used on GPU only)"
+    return getattr(torch, name), f"dtype: {name} on {torch.device(device).type}"

@@ -139,3 +139,68 @@ def test_unknown_protocol_is_refused(tmp_path):
     tok = word_tokenizer()
     with pytest.raises(ValueError, match="unknown NIAH protocol 'paper'; allowed: kamradt, gemfilter-repo"):
         build_case(tok, 260, 50, haystack_dir=write_haystack(tmp_path), protocol="paper")
+
+
+def test_runner_records_the_protocol_and_refuses_mixing_it(tmp_path):
+    import json
+
+    from eval.niah.runner import CONFIG, RunConfig, run
+    from tiny_models import BUILDERS
+
+    tiny = BUILDERS["llama"](), bos_word_tokenizer()
+    hay = str(write_haystack(tmp_path / "hay"))
+    config = RunConfig(model="tiny", methods=("full",), lengths=(240,), depths=(50,), topk=40, layer=2,
+                       max_new_tokens=2, haystack_dir=hay, protocol="gemfilter-repo")
+    rows = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
+    assert rows[0]["protocol"] == "gemfilter-repo" and rows[0]["dtype"] == "float32"
+    # the BOS markers count inside the L - 200 context tokens (as in the repo); + the prompt's own BOS
+    assert rows[0]["prompt_tokens"] == 240 - 200 + 40 + 1
+    clean = RunConfig(**{**config.__dict__, "protocol": "kamradt"})
+    with pytest.raises(ValueError, match="protocol: 'gemfilter-repo' there, 'kamradt' now"):
+        run(clean, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
+    # A folder written before the option existed holds kamradt cells: it resumes as kamradt.
+    old = tmp_path / "old"
+    run(clean, old, model_and_tokenizer=tiny, progress=False)
+    saved = json.loads((old / CONFIG).read_text())
+    del saved["protocol"], saved["dtype"]
+    (old / CONFIG).write_text(json.dumps(saved))
+    assert run(clean, old, model_and_tokenizer=tiny, progress=False)
+    with pytest.raises(ValueError, match="protocol: 'kamradt' there, 'gemfilter-repo' now"):
+        run(config, old, model_and_tokenizer=tiny, progress=False)
+    with pytest.raises(ValueError, match="unknown --protocol 'x'; allowed: kamradt, gemfilter-repo"):
+        run(RunConfig(**{**config.__dict__, "protocol": "x"}), tmp_path / "x", model_and_tokenizer=tiny)
+
+
+def test_paper_preset_sets_the_paper_protocol_methods_and_dtype(tmp_path, monkeypatch, capsys):
+    from eval.niah import cli, runner
+
+    seen = {}
+
+    def fake_run(config, out, **kw):
+        seen["config"] = config
+        return None  # as a non-main process: no report
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    assert cli.main(["--preset", "gemfilter-paper", "--out", str(tmp_path)]) == 0
+    c = seen["config"]
+    assert (c.protocol, c.methods, c.dtype) == ("gemfilter-repo", ("full", "snapkv-per-head", "gemfilter"), "float16")
+    assert "protocol gemfilter-repo (preset gemfilter-paper)" in capsys.readouterr().err
+    assert cli.main(["--preset", "cpu-demo", "--out", str(tmp_path)]) == 0
+    c = seen["config"]
+    assert (c.protocol, c.methods, c.dtype) == ("kamradt", ("full", "gemfilter"), None)  # today's defaults
+    assert cli.main(["--preset", "gemfilter-paper", "--protocol", "kamradt", "--methods", "snapkv",
+                     "--out", str(tmp_path)]) == 0
+    assert (seen["config"].protocol, seen["config"].methods) == ("kamradt", ("snapkv",))  # explicit options win
+
+
+def test_dtype_resolution_keeps_float32_on_cpu():
+    import torch
+
+    from gemfilter.models import resolve_dtype
+
+    assert resolve_dtype(None, "cpu") == (None, None)
+    dtype, note = resolve_dtype("float16", "cpu")
+    assert dtype == torch.float32 and "float32 on CPU (float16 was asked for" in note
+    assert resolve_dtype("float16", "cuda")[0] == torch.float16
+    with pytest.raises(ValueError, match="dtype 'half' is not supported; allowed: float16, bfloat16, float32"):
+        resolve_dtype("half", "cpu")
