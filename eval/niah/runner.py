@@ -28,8 +28,9 @@ from .grid import PRESETS, normalize_depth
 from .haystack import PROTOCOLS, TEMPLATES, build_case, make_haystack
 from .scoring import score_all
 
-#: Settings added after folders were written without them: a missing key means this value.
-LEGACY_IDENTITY = {"protocol": "kamradt", "dtype": None}
+#: Settings added after folders were written without them: a missing key means this value
+#: (LongBench's runner shares :func:`check_config`, hence its method_max_length).
+LEGACY_IDENTITY = {"protocol": "kamradt", "dtype": None, "method_max_length": {}}
 RESULTS = "results.jsonl"
 CONFIG = "config.json"
 SHARD = "results.rank{}.jsonl"
