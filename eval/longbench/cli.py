@@ -169,7 +169,8 @@ def _run(args) -> int:
                        e=args.e, limit=args.limit, topk=args.topk, layer=args.layer, max_length=max_length,
                        chat_template=args.chat_template or preset.get("chat_template", False), data_dir=args.data_dir,
                        method_max_length={m: v for m, v in own.items() if m in methods}, attn=args.attn,
-                       dtype=args.dtype or preset.get("dtype"), extra={"preset": args.preset, "attn": args.attn or "model default"})
+                       dtype=args.dtype or preset.get("dtype"),
+                       extra={"preset": args.preset, "attn": args.attn or "model default"})
     if args.threads:
         import torch
 
