@@ -124,10 +124,14 @@ def mha_twin(model):
     return twin
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "banded"])
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_decoding_reads_the_h_head_cache_like_a_multi_head_twin(family, attn):
     model = BUILDERS[family]()
+    if attn == "banded":  # the embedded model's default kernel (sliding layers; full layers go to sdpa)
+        from gemfilter.banded import register
+
+        register()
     model.set_attn_implementation(attn)
     twin = mha_twin(model)
     n, budget = 72, 40
