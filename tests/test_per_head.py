@@ -194,3 +194,23 @@ def test_bad_gqa_is_refused():
     with pytest.raises(ValueError, match="h2o: gqa must be one of"):
         get_method("h2o", gqa="mean")
     assert get_method("snapkv-per-head").gqa == "repeat-kv" and get_method("snapkv").gqa == "group-mean"
+
+
+@pytest.mark.slow
+def test_embedded_model_per_head_cache_reads_like_its_multi_head_twin():
+    """The embedded Gemma 3 270M (4 query heads, 1 KV head; banded sliding layers): 4 sets per full
+    layer, and the greedy answer with logits equal to a multi-head twin running group-mean SnapKV."""
+    from gemfilter.haystack import build_case
+
+    model, tok = gemfilter.load_model()
+    twin = mha_twin(model)
+    ids = tok(build_case(tok, 1000, 50, haystack_dir=None).prompt, return_tensors="pt")["input_ids"]
+    kw = dict(max_new_tokens=8, output_scores=True, return_dict_in_generate=True)
+    with gemfilter.apply(model, get_method("snapkv-per-head", topk=256)):
+        got = model.generate(ids, do_sample=False, **kw)
+    heads = {layer.keys.shape[1] for layer in got.past_key_values.layers if not getattr(layer, "is_sliding", False)}
+    assert heads == {4}
+    ref = gemfilter.generate(twin, ids, method=get_method("snapkv", topk=256), **kw)
+    assert got.sequences[0, ids.shape[1]:].tolist() == ref.new_tokens[0].tolist()
+    for a, b in zip(got.scores, ref.output.scores):
+        assert torch.allclose(a, b, atol=1e-3)
