@@ -162,7 +162,7 @@ def _load(model_name, attn, layers, dtype, device, test_shrink, length, seed):
         ids = archs.random_prompt(model.config.vocab_size, length, seed=seed + length, device=model.device)
         extra = dict(weights="random", changes=list(model.config.gemfilter_changes))
         return model, None, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, extra
-    from eval.niah.haystack import build_case
+    from .haystack import build_case
 
     if layers is not None or test_shrink:
         raise ValueError("--layers and the test shrink apply to config:<arch> models only")
@@ -259,8 +259,9 @@ def _worker_entry(spec_json: str) -> int:
 
 
 if __name__ == "__main__":
+    # Worker entry only: the command is ``gemfilter bench`` (gemfilter.bench_report), which imports
+    # this module, so this one must not import it back.
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         sys.exit(_worker_entry(sys.argv[2]))
-    from gemfilter.bench_report import main
-
-    sys.exit(main())
+    sys.exit("python -m gemfilter.bench is the benchmark's internal worker (--worker SPEC_JSON); "
+             "run 'gemfilter bench --help'")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .inspection import needle_distances, needle_token_span, trace
 from .io import read_json_object, write_json_atomic
-from .models import cache_dir
+from .models import EMBEDDED_DIR_NAME, EMBEDDED_NAME, cache_dir
 
 
 def calibration_path(model_name: str) -> Path:
@@ -26,9 +26,6 @@ def calibration_path(model_name: str) -> Path:
 
 def model_key(model) -> str:
     """The model's name for its calibration file; the embedded model's cache path is machine-specific."""
-    from .layers import EMBEDDED_DIR_NAME
-    from .models import EMBEDDED_NAME
-
     name = str(getattr(model.config, "name_or_path", "") or "model")
     return EMBEDDED_NAME if name.rstrip("/").endswith(EMBEDDED_DIR_NAME) else name
 
@@ -75,7 +72,7 @@ def recommend(table: dict, sliding: list, threshold: float):
 def calibrate(model, tokenizer, *, lengths=(1000, 2000, 4000), depths=(10, 50, 90), ks=(256, 512, 1024),
               threshold: float = 0.8, haystack_dir=None, save: bool = True, progress=None) -> dict:
     """Run the probes and return (and by default store) the calibration record."""
-    from eval.niah.haystack import NEEDLE, build_case, make_haystack
+    from .haystack import NEEDLE, build_case, make_haystack
 
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")

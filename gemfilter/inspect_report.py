@@ -124,7 +124,7 @@ def _check_calibrate(args) -> tuple:
 
 
 def _cmd_inspect(args) -> int:
-    from eval.niah.haystack import NEEDLE, build_case
+    from .haystack import NEEDLE, build_case
 
     from .io import write_json_atomic
     from .models import load_model

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import STATE_KWARG, wrapped_attention
-from .methods.cache import keep_indices, window_votes
+from .methods.cache import keep_indices, pool_prefix, window_votes
 from .selection import last_row_scores, num_layers, pool_scores, positions_from_mask, sliding_window_of, topk_sorted
 
 CAPTURE_NAMES = ("qk_last_row", "attn_last_row", "snapkv_votes")
@@ -122,7 +122,7 @@ def snapkv_kept(tr: Trace, layer: int, topk: int, window: int = 32, kernel: int 
     if tr.n <= topk:
         return torch.arange(tr.n)
     votes = tr[("snapkv_votes", layer)][None, None]
-    pooled = torch.nn.functional.avg_pool1d(votes, kernel, 1, kernel // 2)
+    pooled = pool_prefix(votes, window, kernel)  # the official edge: only the n - window scores are pooled
     return keep_indices(pooled, torch.ones(1, tr.n, dtype=torch.bool), topk, window)[0, 0]
 
 

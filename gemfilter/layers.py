@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import math
 
+from .calibrate import load_calibration
+from .models import EMBEDDED_DIR_NAME
 from .selection import num_layers, sliding_window_of
-
-EMBEDDED_DIR_NAME = "gemma3-270m-dequantized"
 
 #: name_or_path (lower-cased, or a suffix of it) -> 0-based filter layer.
 PAPER_LAYERS = {
@@ -42,8 +42,6 @@ def rule_layer(model) -> int:
 def default_layer(model) -> int:
     """This model's default: its ``gemfilter calibrate`` result if one is stored, else the table
     above, else :func:`rule_layer`."""
-    from .calibrate import load_calibration
-
     record = load_calibration(model)
     if record is not None:
         return int(record["layer"])

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 EMBEDDED_NAME = "embedded:gemma3-270m"
+EMBEDDED_DIR_NAME = "gemma3-270m-dequantized"  # the cache folder; also how the loaded model names itself
 _EMBEDDED_ALIASES = {None, "", "embedded", EMBEDDED_NAME, "gemma3-270m"}
 
 
@@ -28,7 +29,7 @@ def cache_dir() -> Path:
 
 def embedded_model_dir() -> Path:
     """Folder holding the dequantized safetensors copy of the embedded model, created on demand."""
-    target = cache_dir() / "gemma3-270m-dequantized"
+    target = cache_dir() / EMBEDDED_DIR_NAME
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
         return target
     try:
@@ -166,3 +167,22 @@ def load_config(name: str | None = None, **kw):
             f"Could not load the config of model {name!r}: {err}\nPass a local path, connect to the network, or omit "
             f"the name to use the embedded default ({EMBEDDED_NAME})."
         ) from err
+
+
+def resolve_dtype(name, device) -> tuple:
+    """(dtype for :func:`load_model`, a note to print or None) for a requested dtype name on ``device``.
+
+    name: None (the loader's default: float32 for the embedded model, the checkpoint's otherwise) or
+    "float16" / "bfloat16" / "float32". The GemFilter repo loads every model in float16 on GPU; on CPU,
+    half precision is slow and some kernels lack it, so CPU keeps float32 and the note says so.
+    """
+    import torch
+
+    if name is None:
+        return None, None
+    allowed = ("float16", "bfloat16", "float32")
+    if name not in allowed:
+        raise ValueError(f"dtype {name!r} is not supported; allowed: {', '.join(allowed)}")
+    if torch.device(device).type == "cpu" and name != "float32":
+        return torch.float32, f"dtype: float32 on CPU ({name} was asked for; it is used on GPU only)"
+    return getattr(torch, name), f"dtype: {name} on {torch.device(device).type}"

@@ -256,11 +256,11 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
     input_ids = input_ids.to(device)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device).long()
     valid = mask.bool()
-    if method is None:
-        from .methods.prompt import GemFilter  # methods import this module, so import here
-
-        method = GemFilter(layer=layer, topk=topk, kernel=kernel)
-    raw = filter_pass(model, input_ids, mask, layer, lambda q, k: method.score(q, k, valid))
-    indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
+    if method is None:  # Algorithm 2 itself (what the ``gemfilter`` method runs)
+        raw = filter_pass(model, input_ids, mask, layer, last_row_scores)
+        indices, scores = paper_pick(raw.float(), valid, topk, kernel)
+    else:
+        raw = filter_pass(model, input_ids, mask, layer, lambda q, k: method.score(q, k, valid))
+        indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
     kept_ids = [row[idx] for row, idx in zip(input_ids, indices)]
     return Selection(indices=indices, scores=scores, layer=layer, kept_ids=kept_ids)

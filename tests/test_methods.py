@@ -106,10 +106,9 @@ def test_snapkv_and_h2o_plans_match_explicit_softmax(family):
             probs, g = _dense_probs(model, ids, layer)
             if name == "snapkv":
                 votes = probs[0, :, -window:, :].sum(1)  # (h, n)
-                n = votes.shape[1]
-                pooled = torch.stack([  # avg-pool 5 with zero padding, by hand
-                    torch.stack([votes[:, max(0, j - 2): j + 3].sum(1) / 5 for j in range(n)], 1)])[0]
-                ref = _ref_keep(pooled, g, budget, window)
+                m = votes.shape[1] - window  # avg-pool 5 with zero padding, by hand, over the prefix only
+                pooled = torch.stack([votes[:, max(0, j - 2): min(j + 3, m)].sum(1) / 5 for j in range(m)], 1)
+                ref = _ref_keep(torch.cat([pooled, torch.zeros(pooled.shape[0], window)], 1), g, budget, window)
             else:
                 ref = _ref_keep(probs[0].sum(1), g, budget, window)  # column sums
             assert plans[layer][0].tolist() == ref, (name, layer)

@@ -20,6 +20,12 @@ methods (gemfilter's registry; --topk/--layer go to those that have them):
 pipeline (official pred.py): prompt template -> middle truncation to --max-length tokens (first and
 last halves kept) -> optional chat template -> greedy decoding -> new tokens decoded.
 
+presets (--preset; explicit options win):
+{presets}
+  The official runs (GemFilter repo, config/model2maxlen.json) cut H2O's prompts to 8192 tokens and
+  every other method's to 128000 for Llama 3.1 8B, Mistral Nemo and Phi 3.5 (other models: their
+  window minus 500); --max-length-per-method sets such per-method lengths yourself.
+
 outputs in --out: pred/<method>/<task>.jsonl (pred_e/ with --e), one row per sample: pred, answers,
 all_classes, length, _id, kept (prompt tokens the answer came from), prompt_tokens, layer;
 report.md / report.csv (methods x tasks, Table 9.1 layout); result.json per method; config.json.
@@ -58,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
 
+    from .presets import PRESETS
     from .tasks import TASKS
 
+    presets = "\n".join(f"  {name}: {p['description']}" for name, p in PRESETS.items())
     tasks = "\n".join(f"  {t.config:<21} {t.category}, {t.metric}, {t.max_new_tokens}{' *' if t.e else ''}"
                       for t in TASKS)
     width = max(len(n) for n, _ in describe())
@@ -75,10 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", formatter_class=raw, help="generate predictions, then score them",
                        description="Generate LongBench predictions with each method (greedy, official pipeline), "
                        "write them in the official layout, and score them.",
-                       epilog=RUN_EPILOG.format(tasks=tasks, methods=methods))
+                       epilog=RUN_EPILOG.format(tasks=tasks, methods=methods, presets=presets))
     r.add_argument("--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M)")
     add_attn_argument(r)
-    r.add_argument("--methods", default="full,gemfilter", help="comma-separated method names (default: full,gemfilter)")
+    r.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                   help="settings of a published run (see below); explicit options override them")
+    r.add_argument("--methods", default=None,
+                   help="comma-separated method names (default: the preset's, else full,gemfilter)")
     r.add_argument("--tasks", default=None,
                    help="comma-separated task configs or aliases (default: all 16; with --e the 13 LongBench-E tasks)")
     r.add_argument("--e", action="store_true", help="LongBench-E: <task>_e data, pred_e/ folder, scores per length bucket")
@@ -91,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt tokens kept by middle truncation, k = thousands, e.g. 3.5k (default: the model's "
                    "context window minus 500; "
                    "official configs use 3500, 15500, 31500 for 4K, 16K, 32K models)")
+    r.add_argument("--max-length-per-method", default=None, metavar="METHOD=TOKENS,...",
+                   help="a max length for some methods, e.g. h2o=8192 (the official H2O cut); the others use "
+                   "--max-length")
+    r.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
+                   help="model dtype on GPU (default: the loader's; --preset gemfilter-paper: float16, as the "
+                   "official runs); CPU always runs float32 and prints so")
     r.add_argument("--chat-template", action="store_true",
                    help="wrap prompts in the tokenizer's chat template (not for trec, triviaqa, samsum, lcc, "
                    "repobench-p); the GemFilter paper's Table 9.1 uses none (default: off)")
@@ -125,6 +142,9 @@ def main(argv=None) -> int:
 def _settings(config) -> str:
     layer = "model default" if config.layer is None else config.layer
     max_length = "model window - 500" if config.max_length is None else config.max_length
+    own = {m: v for m, v in config.method_max_length.items() if m in config.methods}
+    if own:
+        max_length = f"{max_length} ({', '.join(f'{m} {v}' for m, v in own.items())})"
     return (f"Model {config.model or 'embedded:gemma3-270m'}; topk {config.topk}, layer {layer}, max_length "
             f"{max_length}, chat template {'on' if config.chat_template else 'off'}"
             + (f", first {config.limit} samples per task" if config.limit else "") + ".")
@@ -139,12 +159,21 @@ def _run(args) -> int:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
     from gemfilter.io import parse_length
 
-    tasks = parse_tasks(args.tasks, e=args.e)
+    from .presets import PRESETS, paper_max_length, parse_method_lengths
+
+    preset = PRESETS.get(args.preset, {})
+    tasks = parse_tasks(args.tasks if args.tasks is not None else preset.get("tasks"), e=args.e)
+    methods = _split(args.methods) if args.methods is not None else preset.get("methods", ("full", "gemfilter"))
+    own = {**preset.get("method_max_length", {}), **parse_method_lengths(args.max_length_per_method)}
     max_length = None if args.max_length is None else parse_length(args.max_length, "--max-length")
-    config = RunConfig(model=args.model, methods=_split(args.methods), tasks=tuple(t.config for t in tasks),
+    if max_length is None and preset:
+        max_length = paper_max_length(args.model)  # None: the model's window minus 500
+    config = RunConfig(model=args.model, methods=methods, tasks=tuple(t.config for t in tasks),
                        e=args.e, limit=args.limit, topk=args.topk, layer=args.layer, max_length=max_length,
-                       chat_template=args.chat_template, data_dir=args.data_dir, attn=args.attn,
-                       extra={"attn": args.attn or "model default"})
+                       chat_template=args.chat_template or preset.get("chat_template", False), data_dir=args.data_dir,
+                       method_max_length={m: v for m, v in own.items() if m in methods}, attn=args.attn,
+                       dtype=args.dtype or preset.get("dtype"),
+                       extra={"preset": args.preset, "attn": args.attn or "model default"})
     if args.threads:
         import torch
 

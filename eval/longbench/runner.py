@@ -50,7 +50,9 @@ class RunConfig:
     per task (None: all); topk, layer: method parameters (methods without them ignore them; layer None
     = the model's default); max_length: prompt tokens after middle truncation (None: the model's window
     minus 500); chat_template: apply the tokenizer's chat template (not to trec, triviaqa, samsum, lcc,
-    repobench-p); data_dir: local folder of ``<config>.jsonl`` (None: the hub).
+    repobench-p); data_dir: local folder of ``<config>.jsonl`` (None: the hub); method_max_length:
+    method -> its own max_length (the official runs cut H2O to 8192); dtype: None (the loader's) or a
+    torch dtype name, used on an accelerator only (CPU keeps float32 and says so).
     """
 
     model: str | None = None
@@ -64,13 +66,21 @@ class RunConfig:
     chat_template: bool = False
     data_dir: str | None = None
     attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
+    method_max_length: dict = field(default_factory=dict)
+    dtype: str | None = None
     extra: dict = field(default_factory=dict)  # recorded in config.json, not compared
 
     def identity(self) -> dict:
         """Settings every finished row depends on besides its (method, task, _id)."""
         return {"model": self.model, "topk": self.topk, "layer": self.layer, "max_length": self.max_length,
                 "chat_template": self.chat_template,
-                "data": HUB_REPO if self.data_dir is None else str(self.data_dir)}
+                "data": HUB_REPO if self.data_dir is None else str(self.data_dir),
+                "method_max_length": {m: v for m, v in sorted(self.method_max_length.items()) if m in self.methods},
+                "dtype": self.dtype}
+
+    def max_length_of(self, method: str, default: int) -> int:
+        """Prompt tokens kept for ``method``: its own max length, else --max-length, else ``default``."""
+        return self.method_max_length.get(method) or self.max_length or default
 
     def pred_dir(self, out, method: str) -> Path:
         """``out/pred/<method>`` (``out/pred_e/<method>`` for LongBench-E), the official layout."""
@@ -95,6 +105,9 @@ def validate(config: RunConfig) -> None:
         raise ValueError(f"--layer must be a 0-based int >= 0 (or omitted for the model's default), got {config.layer!r}")
     if config.max_length is not None:
         check_max_length(config.max_length)
+    for name, value in config.method_max_length.items():
+        check_names([name])
+        check_max_length(value)
     if config.limit is not None and (isinstance(config.limit, bool) or not isinstance(config.limit, int)
                                      or config.limit < 1):
         raise ValueError(f"--limit must be an int >= 1 (or omitted for every sample), got {config.limit!r}")
@@ -164,10 +177,17 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    f"{len(tasks)} tasks), {total - len(todo)} already done, {len(todo)} to compute over "
                    f"{state.num_processes} process(es) -> {out}")
     if mine:
-        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn)
+        from gemfilter.models import resolve_dtype
+
+        dtype, note = resolve_dtype(config.dtype, state.device)
+        if note and state.is_main_process and model_and_tokenizer is None:
+            tqdm.write(note)
+        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn, dtype=dtype)
         if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
             model.to(state.device)
-        max_length = config.max_length or default_max_length(model)
+        # The model's window is needed only by methods with neither their own length nor --max-length.
+        needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
+        max_length = default_max_length(model) if needs_window else config.max_length
         methods = {m: resolve(model, gemfilter.get_method(m, layer=config.layer, topk=config.topk))
                    for m in config.methods}
         check_layers([{"method": m, "layer": row.get("layer")} for (m, _), rows in done.items()
@@ -178,7 +198,8 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         for name, task, record in bar:
             folder = config.pred_dir(out, name)
             folder.mkdir(parents=True, exist_ok=True)
-            res = predict(model, tok, methods[name], task, record, max_length, config.chat_template)
+            res = predict(model, tok, methods[name], task, record, config.max_length_of(name, max_length),
+                          config.chat_template)
             row = {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
                    "length": record["length"], "_id": record["_id"], "kept": res["kept"],
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None)}

@@ -10,10 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .grid import PRESETS
+from .grid import PRESET_SETTINGS, PRESETS
 
-EPILOG = """presets (--lengths / --depths replace the preset's axis):
+EPILOG = """presets (--lengths / --depths replace the preset's axis; explicit options win):
 {presets}
+
+protocols (--protocol): how the context is tokenized around the needle.
+  kamradt         clean text: every encode without special tokens (default)
+  gemfilter-repo  the GemFilter repository's harness, which made the paper's NIAH figures: encodes
+                  with the tokenizer's default special tokens, so on a BOS tokenizer the context holds
+                  BOS tokens (two at its start, one right before the needle); the gemfilter-paper
+                  preset uses it
 
 methods (gemfilter's registry; --topk/--layer go to those that have them):
 {methods}
@@ -39,7 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
 
-    presets = "\n".join(f"  {name:<16} {desc}" for name, (_, _, desc) in PRESETS.items())
+    from .grid import PRESET_SETTINGS
+
+    presets = "\n".join(
+        f"  {name:<16} {desc}" + "".join(f"\n  {'':<16} sets --{k} {','.join(v) if isinstance(v, tuple) else v}"
+                                         for k, v in PRESET_SETTINGS.get(name, {}).items())
+        for name, (_, _, desc) in PRESETS.items())
     width = max(len(n) for n, _ in describe())
     methods = "\n".join(f"  {name:<{width}}  {desc}" for name, desc in describe())
     p = argparse.ArgumentParser(
@@ -50,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None,
                    help="Hugging Face id or local path (default: the embedded Gemma 3 270M, offline)")
     add_attn_argument(p)
-    p.add_argument("--methods", default="full,gemfilter",
-                   help="comma-separated method names (default: full,gemfilter); see the list below")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated method names (default: the preset's, else full,gemfilter); see the list below")
     p.add_argument("--preset", default="cpu-demo", choices=list(PRESETS), help="named grid (default: cpu-demo)")
     p.add_argument("--lengths", default=None,
                    help="context lengths in tokens, comma-separated, k = thousands (e.g. 1000,2k,4k); "
@@ -66,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default="gemfilter", choices=["gemfilter", "kamradt-chat"],
                    help="gemfilter: the GemFilter repo's plain 'very long story book' prompt (default); "
                    "kamradt-chat: needlehaystack's system/context/question chat (needs a chat template)")
+    p.add_argument("--protocol", default=None, choices=["kamradt", "gemfilter-repo"],
+                   help="kamradt: clean context (default); gemfilter-repo: the GemFilter repo's special tokens, "
+                   "as the paper's figures used (default of --preset gemfilter-paper); see below")
+    p.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
+                   help="model dtype on GPU (default: the loader's; --preset gemfilter-paper: float16 as the "
+                   "GemFilter repo); CPU always runs float32 and prints so")
     p.add_argument("--haystack-dir", default=None,
                    help="folder of .txt files to use as haystack (default: needlehaystack's Paul Graham essays)")
     p.add_argument("--out", default="results/niah", help="output folder (default: results/niah)")
@@ -86,7 +104,8 @@ def _settings(settings: dict, lengths, depths) -> str:
     """The summary's settings line. settings: the run's identity (RunConfig.identity() or its stored
     config.json); lengths, depths: the grid axes."""
     layer = "model default" if settings.get("layer") is None else settings["layer"]
-    return (f"topk {settings.get('topk')}, layer {layer}, prompt `{settings.get('prompt')}`, max_new_tokens "
+    return (f"topk {settings.get('topk')}, layer {layer}, prompt `{settings.get('prompt')}`, "
+            f"protocol `{settings.get('protocol', 'kamradt')}`, max_new_tokens "
             f"{settings.get('max_new_tokens')}, grid {len(lengths)} lengths x {len(depths)} depths. "
             "Score: word recall of the answer (max 11/12), averaged over the cells.")
 
@@ -106,13 +125,21 @@ def _main(args) -> int:
 
     from .grid import resolve_grid
     from .report import write_report
+    from .grid import preset_settings
     from .runner import RunConfig, finished_rows, read_config, run
 
     lengths, depths = resolve_grid(args.preset, args.lengths, args.depths)
-    config = RunConfig(model=args.model, methods=_split(args.methods), lengths=lengths, depths=depths,
+    preset = preset_settings(args.preset)
+    methods = _split(args.methods) if args.methods is not None else preset["methods"]
+    config = RunConfig(model=args.model, methods=methods, lengths=lengths, depths=depths,
                        topk=args.topk, layer=args.layer, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
-                       haystack_dir=args.haystack_dir, attn=args.attn,
+                       haystack_dir=args.haystack_dir, attn=args.attn, protocol=args.protocol or preset["protocol"],
+                       dtype=args.dtype or preset["dtype"],
                        extra={"preset": args.preset, "attn": args.attn or "model default"})
+    if not args.report_only:
+        print(f"methods {','.join(config.methods)}; protocol {config.protocol}"
+              + (f" (preset {args.preset})" if args.protocol is None and args.preset in PRESET_SETTINGS else ""),
+              file=sys.stderr)
     if args.max_cells is not None and args.max_cells < 1:
         raise ValueError(f"--max-cells must be >= 1, got {args.max_cells}")
     if args.threads < 0:

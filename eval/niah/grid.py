@@ -24,6 +24,19 @@ PRESETS = {
     "cpu-quick": ((1000, 2000, 4000), (0, 50, 100), "newcomer demo (make demo, minutes): lengths 1K,2K,4K x depths 0,50,100"),
 }
 
+#: What a preset sets besides its grid, where it claims to be the paper's (explicit options win):
+#: the GemFilter repo's context protocol, the per-query-head SnapKV the paper compared with, fp16 on GPU.
+PRESET_SETTINGS = {
+    "gemfilter-paper": {"protocol": "gemfilter-repo", "methods": ("full", "snapkv-per-head", "gemfilter"),
+                        "dtype": "float16"},
+}
+DEFAULT_SETTINGS = {"protocol": "kamradt", "methods": ("full", "gemfilter"), "dtype": None}
+
+
+def preset_settings(preset: str) -> dict:
+    """protocol, methods and dtype of ``preset`` (the defaults where it sets none)."""
+    return {**DEFAULT_SETTINGS, **PRESET_SETTINGS.get(preset, {})}
+
 
 def resolve_grid(preset: str, lengths: str | None = None, depths: str | None = None) -> tuple:
     """(lengths, depths): the preset's axes, each replaced by --lengths / --depths when given."""

@@ -31,9 +31,12 @@ from gemfilter.io import (append_jsonl, check_against_model, check_out_dir, fold
                           read_json_object, read_jsonl, write_json_atomic)
 
 from .grid import PRESETS, normalize_depth
-from .haystack import TEMPLATES, build_case, make_haystack, read_haystack
+from .haystack import PROTOCOLS, TEMPLATES, build_case, make_haystack, read_haystack
 from .scoring import score_all
 
+#: Settings added after folders were written without them: a missing key means this value
+#: (LongBench's runner shares :func:`check_config`, hence its method_max_length).
+LEGACY_IDENTITY = {"protocol": "kamradt", "dtype": None, "method_max_length": {}}
 RESULTS = "results.jsonl"
 CONFIG = "config.json"
 SHARD = "results.rank{}.jsonl"
@@ -46,7 +49,10 @@ class RunConfig:
     """One NIAH experiment. model: HF id / local path / None (embedded Gemma 3 270M);
     methods: registry names; lengths: context tokens; depths: percents; topk, layer: method
     parameters (methods without them ignore them; layer None = the model's default);
-    prompt: ``gemfilter`` or ``kamradt-chat``; haystack_dir: None = the Paul Graham essays."""
+    prompt: ``gemfilter`` or ``kamradt-chat``; haystack_dir: None = the Paul Graham essays;
+    protocol: ``kamradt`` (clean context) or ``gemfilter-repo`` (the GemFilter repo's special tokens, as
+    in the paper's figures); dtype: None (the loader's default) or a torch dtype name, used on an
+    accelerator only (fp16 on CPU is slow and poorly supported, so CPU keeps float32 and says so)."""
 
     model: str | None = None
     methods: tuple = ("full", "gemfilter")
@@ -58,13 +64,16 @@ class RunConfig:
     max_new_tokens: int = 50
     haystack_dir: str | None = None
     attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
+    protocol: str = "kamradt"
+    dtype: str | None = None
     extra: dict = field(default_factory=dict)  # recorded in config.json, not compared (e.g. preset name)
 
     def identity(self) -> dict:
         """Settings a finished cell depends on besides its (method, length, depth)."""
         return {"model": self.model, "topk": self.topk, "layer": self.layer, "prompt": self.prompt,
                 "max_new_tokens": self.max_new_tokens,
-                "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir)}
+                "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir),
+                "protocol": self.protocol, "dtype": self.dtype}
 
     def cells(self) -> list:
         return [(m, L, normalize_depth(d)) for m in self.methods for L in self.lengths for d in self.depths]
@@ -77,6 +86,8 @@ def validate(config: RunConfig) -> None:
     check_names(config.methods)
     if config.prompt not in TEMPLATES:
         raise ValueError(f"unknown --prompt {config.prompt!r}; allowed: {', '.join(TEMPLATES)}")
+    if config.protocol not in PROTOCOLS:
+        raise ValueError(f"unknown --protocol {config.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
     if not config.lengths or not config.depths:
         raise ValueError("the grid is empty: give at least one length and one depth")
     for name, value, low in (("--topk", config.topk, 1), ("--max-new-tokens", config.max_new_tokens, 1)):
@@ -117,7 +128,8 @@ def check_config(out: Path, config: RunConfig, write: bool) -> None:
     with folder_lock(out) if write else nullcontext():
         stored = read_config(out)
         if stored is not None:
-            old = {k: v for k, v in stored.items() if k in new}
+            saved = {**LEGACY_IDENTITY, **stored}
+            old = {k: v for k, v in saved.items() if k in new}
             if old != new:
                 diff = ", ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} now" for k in new if old.get(k) != new[k])
                 raise ValueError(f"--out {out} holds results of another setup ({diff}). Use another --out, "
@@ -218,7 +230,12 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    f"{state.num_processes} process(es)" + (f", {later} left for a later run" if later else "")
                    + f" -> {out}")
     if mine:
-        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn)
+        from gemfilter.models import resolve_dtype
+
+        dtype, note = resolve_dtype(config.dtype, state.device)
+        if note and state.is_main_process and model_and_tokenizer is None:
+            tqdm.write(note)
+        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn, dtype=dtype)
         if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
             model.to(state.device)
         hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
@@ -231,11 +248,12 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         desc = "NIAH cells" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
         bar = tqdm(mine, desc=desc, unit="cell", disable=not (progress and state.is_main_process))
         for name, length, depth in bar:
-            case = build_case(tok, length, depth, haystack=hay, template=config.prompt)
+            case = build_case(tok, length, depth, haystack=hay, template=config.prompt, protocol=config.protocol)
             res = run_cell(model, tok, methods[name], case, config.max_new_tokens)
             row = {"method": name, "length": length, "depth": depth, **res, **score_all(res["response"]),
                    "model": label, "topk": config.topk, "layer": getattr(methods[name], "layer", None),
-                   "prompt": config.prompt, "max_new_tokens": config.max_new_tokens,
+                   "prompt": config.prompt, "protocol": config.protocol, "dtype": str(model.dtype).replace("torch.", ""),
+                   "max_new_tokens": config.max_new_tokens,
                    "attn": model.config._attn_implementation,
                    "process": state.process_index}  # which shard computed it (not part of the result)
             append_row(shard, row)

@@ -1,14 +1,22 @@
 """KV-cache baselines: full prefill, then evict the cache to a budget. Decoding keeps original positions.
 
 - SnapKV (Li et al. 2024), as in GemFilter's official copy: the last 32 queries vote with fp32
-  softmax attention, kernel-5 pooling, top (k - 32) keys per KV head plus the window.
+  softmax attention, kernel-5 pooling over the n - 32 scores before the window (the official copy and
+  kvpress pool only those, so the window's own votes never leak into its neighbours), top (k - 32)
+  keys plus the window.
 - H2O (Zhang et al. 2023), one-shot at prefill: the 32 most recent tokens plus (k - 32) heavy hitters
   ranked by column sums of the prefill softmax, computed blockwise so no n x n matrix is built.
 - GemFilter-One-Run (Shi et al. 2024, App. G.4.5): GemFilter's single index set applied to every
   layer's cache after a full prefill.
 
-GQA: scores are averaged over each query group, so the cache keeps one index set per KV head and
-stays at the KV-head count (the official copy repeats KV heads before caching; we do not).
+GQA, a parameter of SnapKV and H2O (``gqa``):
+
+- ``"group-mean"`` (default of ``snapkv`` / ``h2o``; kvpress's convention): scores are averaged over
+  each query group, so the cache keeps one index set per KV head and stays at h_kv heads.
+- ``"repeat-kv"`` (default of ``snapkv-per-head`` / ``h2o-per-head``; the paper's baselines): as the
+  official copies, K/V are repeated to every query head before compressing; each query head keeps
+  its own set and the cache holds h heads (see :mod:`gemfilter.methods.per_head`).
+
 Only full-attention layers are evicted: a sliding-window layer already holds at most its window,
 and its mask offsets are computed from a token counter that eviction would break.
 """
@@ -23,7 +31,10 @@ import torch.nn.functional as F
 
 from ..attention import STATE_KWARG
 from ..selection import decode_mask, last_row_scores, pool_scores
-from . import register
+from .per_head import attend, per_head_layer
+from .registry import register
+
+GQA_MODES = ("group-mean", "repeat-kv")
 
 
 def keep_indices(scores, valid, budget: int, keep_last: int):
@@ -92,6 +103,31 @@ def column_sums(query, key, valid, scaling: float, block: int = 256):
     return total.reshape(b, h, n)
 
 
+def pool_prefix(votes, window: int, kernel: int, pooling: str = "avg"):
+    """Pool SnapKV votes over the n - window positions before the observation window only.
+
+    votes (b, h, n) -> (b, h, n): the window's own columns are returned as 0 (they are always kept;
+    :func:`keep_indices` never ranks them). Zero padding at both ends of the prefix, as
+    ``avg_pool1d(..., padding=kernel // 2)`` on ``votes[..., :-window]`` in the official copy.
+    """
+    b, h, n = votes.shape
+    prefix = votes[..., : n - window].reshape(b * h, 1, n - window)
+    pool = F.avg_pool1d if pooling == "avg" else F.max_pool1d
+    pooled = pool(prefix, kernel_size=kernel, stride=1, padding=kernel // 2).reshape(b, h, n - window)
+    return torch.cat([pooled, votes.new_zeros(b, h, window)], dim=-1)
+
+
+def check_gqa(name: str, gqa: str) -> None:
+    if gqa not in GQA_MODES:
+        raise ValueError(f"{name}: gqa must be one of {', '.join(GQA_MODES)} (group-mean: one set per KV head, "
+                         f"kvpress; repeat-kv: one set per query head, the paper's baselines), got {gqa!r}")
+
+
+def per_gqa(scores, h_kv: int, gqa: str):
+    """(b, h, n) scores -> the rows that get index sets: (b, h_kv, n) group means or (b, h, n) as they are."""
+    return group_mean(scores, h_kv) if gqa == "group-mean" else scores
+
+
 def group_mean(scores, h_kv: int):
     """(b, h, n) -> (b, h_kv, n): average each GQA query group."""
     b, h, n = scores.shape
@@ -108,6 +144,8 @@ class CacheCall:
         b, self.n = input_ids.shape
         self.skip = self.n <= self.budget
         self.plans = {}
+        self.prefilled = False
+        self.per_head = getattr(method, "gqa", "group-mean") == "repeat-kv"
         real = valid.sum(1)
         self.kept = [int(r) if self.skip else min(int(r), self.budget) for r in real]
         self.padded = not bool(valid.all())
@@ -126,16 +164,18 @@ class CacheCall:
         return kwargs
 
     def attention(self, module, query, key, value, attention_mask, kernel, **kwargs):
-        out = kernel(module, query, key, value, attention_mask, **kwargs)
+        # Decode steps come here only for per-query-head caches, whose K/V must not be repeated again.
+        out = attend(module, query, key, value, attention_mask, kernel, **kwargs)
         # Prefill only (all n queries present); sliding layers are not evicted, so need no plan,
         # except One-Run's filter layer, whose single plan serves every layer.
-        if query.shape[2] == self.n and (self.method.shared or kwargs.get("sliding_window") is None):
+        if not self.prefilled and (self.method.shared or kwargs.get("sliding_window") is None):
             plan = self.method.plan(module.layer_idx, query, key, self.valid, kwargs.get("scaling") or module.scaling)
             if plan is not None:
                 self.plans["shared" if self.method.shared else module.layer_idx] = plan
         return out
 
     def after_prefill(self, cache):
+        self.prefilled = True
         if self.skip:
             return
         shared = self.plans.get("shared")
@@ -143,6 +183,9 @@ class CacheCall:
             if getattr(layer, "sliding_window", None) is not None:
                 continue
             idx = shared if shared is not None else self.plans[i]
+            if idx.shape[1] > layer.keys.shape[1]:  # one set per query head: the cache grows to h heads
+                cache.layers[i] = per_head_layer(layer, idx, idx.shape[1] // layer.keys.shape[1])
+                continue
             idx = idx.expand(-1, layer.keys.shape[1], -1)[..., None].expand(-1, -1, -1, layer.keys.shape[-1])
             layer.keys = layer.keys.gather(2, idx)
             layer.values = layer.values.gather(2, idx)
@@ -152,6 +195,8 @@ class CacheCall:
             return kwargs
         q = kwargs["input_ids"].shape[1]
         kwargs["attention_mask"] = decode_mask(self.kept_mask, past, q) if self.padded else None
+        if self.per_head:
+            kwargs[STATE_KWARG] = self  # so attention() reads the h-head cache without repeating it
         return kwargs
 
 
@@ -168,48 +213,76 @@ class _CacheMethod:
 @register
 @dataclass(frozen=True)
 class SnapKV(_CacheMethod):
-    """SnapKV: observation window of the last ``window`` queries; top (topk - window) per KV head.
+    """SnapKV: observation window of the last ``window`` queries; top (topk - window) per set + the window.
 
-    topk: cache budget per layer; kernel: pooling width; pooling: "avg" (official default) or "max".
+    topk: cache budget per layer; kernel: pooling width; pooling: "avg" (official default) or "max";
+    gqa: "group-mean" (one set per KV head, kvpress) or "repeat-kv" (one per query head, the paper's).
     """
 
     topk: int = 1024
     window: int = 32
     kernel: int = 5
     pooling: str = "avg"
+    gqa: str = "group-mean"
     name: ClassVar[str] = "snapkv"
-    description: ClassVar[str] = "baseline: last-32-query softmax votes, pool 5, top (k-32) per KV head + window"
+    description: ClassVar[str] = ("baseline: last-32-query softmax votes, pool 5, top (k-32) + window; "
+                                  "gqa=group-mean: one set per KV head, cache h_kv heads (kvpress)")
 
     def __post_init__(self):
         if self.pooling not in ("avg", "max"):
             raise ValueError(f"pooling must be 'avg' or 'max', got {self.pooling!r}")
+        check_gqa(self.name, self.gqa)
 
     def plan(self, layer_idx, query, key, valid, scaling):
         votes = window_votes(query, key, valid, scaling, self.window)  # (b, h, n)
-        b, h, n = votes.shape
-        x = votes.reshape(b * h, 1, n)
-        pool = F.avg_pool1d if self.pooling == "avg" else F.max_pool1d
-        x = pool(x, kernel_size=self.kernel, stride=1, padding=self.kernel // 2).reshape(b, h, n)
-        return keep_indices(group_mean(x, key.shape[1]), valid, self.topk, self.window)
+        pooled = pool_prefix(votes, self.window, self.kernel, self.pooling)
+        return keep_indices(per_gqa(pooled, key.shape[1], self.gqa), valid, self.topk, self.window)
+
+
+@register
+@dataclass(frozen=True)
+class SnapKVPerHead(SnapKV):
+    """SnapKV as the paper's baseline ran it: K/V repeated to every query head, one set per query head."""
+
+    gqa: str = "repeat-kv"
+    name: ClassVar[str] = "snapkv-per-head"
+    description: ClassVar[str] = ("paper's baseline: snapkv with gqa=repeat-kv, one set per query head, cache h "
+                                  "heads (official copy)")
 
 
 @register
 @dataclass(frozen=True)
 class H2O(_CacheMethod):
-    """H2O one-shot at prefill: ``window`` recent tokens + (topk - window) heavy hitters per KV head.
+    """H2O one-shot at prefill: ``window`` recent tokens + (topk - window) heavy hitters per set.
 
-    block: query block size of the blockwise column sums.
+    block: query block size of the blockwise column sums; gqa: as for :class:`SnapKV`.
     """
 
     topk: int = 1024
     window: int = 32
     block: int = 256
+    gqa: str = "group-mean"
     name: ClassVar[str] = "h2o"
-    description: ClassVar[str] = "baseline: 32 recent + (k-32) heavy hitters by blockwise prefill column sums"
+    description: ClassVar[str] = ("baseline: 32 recent + (k-32) heavy hitters by blockwise prefill column sums; "
+                                  "gqa=group-mean: one set per KV head (kvpress)")
+
+    def __post_init__(self):
+        check_gqa(self.name, self.gqa)
 
     def plan(self, layer_idx, query, key, valid, scaling):
         sums = column_sums(query, key, valid, scaling, self.block)
-        return keep_indices(group_mean(sums, key.shape[1]), valid, self.topk, self.window)
+        return keep_indices(per_gqa(sums, key.shape[1], self.gqa), valid, self.topk, self.window)
+
+
+@register
+@dataclass(frozen=True)
+class H2OPerHead(H2O):
+    """H2O as the paper's baseline ran it: K/V repeated to every query head, one set per query head."""
+
+    gqa: str = "repeat-kv"
+    name: ClassVar[str] = "h2o-per-head"
+    description: ClassVar[str] = ("paper's baseline: h2o with gqa=repeat-kv, one set per query head, cache h "
+                                  "heads (official copy)")
 
 
 @register

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from . import register
+from .registry import register
 
 
 class PassThrough:

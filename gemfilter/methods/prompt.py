@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..selection import decode_mask, last_row_scores, paper_pick, positions_from_mask, select_tokens
-from . import register
+from .registry import register
 
 
 def pad_left(rows: list, pad_id: int):

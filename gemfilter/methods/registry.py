@@ -1,0 +1,45 @@
+"""The method registry: name -> frozen dataclass. Kept apart from the package ``__init__`` so method
+modules import it without importing the package that imports them (no import cycle)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+REGISTRY: dict = {}
+
+
+def register(cls):
+    """Class decorator: add a method class to :data:`REGISTRY` under ``cls.name``."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"method name {cls.name!r} is registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_method(name: str, **params):
+    """Build a registered method by name.
+
+    Parameters a method does not have (say ``layer`` for ``snapkv``) are ignored, so one set of
+    command-line options can drive every method; ``None`` values keep the method's default.
+    """
+    if name not in REGISTRY:
+        raise ValueError(f"unknown method {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
+    cls = REGISTRY[name]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in params.items() if k in fields and v is not None})
+
+
+def check_names(names) -> None:
+    """Raise ValueError unless ``names`` is a non-empty list of distinct registered method names."""
+    if not names:
+        raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
+    bad = [m for m in names if m not in REGISTRY]
+    if bad:
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; allowed: {', '.join(sorted(REGISTRY))}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--methods lists a method twice: {','.join(names)}")
+
+
+def describe() -> list:
+    """(name, description) for every registered method, sorted by name."""
+    return [(name, cls.description) for name, cls in sorted(REGISTRY.items())]

@@ -1,0 +1,108 @@
+"""Layering (issue 16): the library never imports ``eval``, and no library module is part of an import cycle.
+
+The graph is read from the source with ``ast`` (no module is imported), counting every import
+statement, module level or inside a function: a lazy import still ties two modules together.
+``from pkg import name`` points at ``pkg.name`` when that is a module, else at ``pkg`` itself.
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "gemfilter"
+
+
+def module_files(package: str = PACKAGE) -> dict:
+    """dotted module name -> file, for every .py file of the package."""
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports_of(name: str, path: Path, modules: dict) -> set:
+    """Every module named by an import statement in ``path`` (absolute, dotted)."""
+    is_pkg = path.name == "__init__.py"
+    base = name.split(".") if is_pkg else name.split(".")[:-1]  # the package relative imports start from
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base[: len(base) - (node.level - 1)]
+                target = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules else target)
+    return found
+
+
+def graph() -> dict:
+    modules = module_files()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(edges: dict) -> list:
+    """Strongly connected components with more than one module, or a module importing itself (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in edges:
+                continue  # outside the package
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in edges.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_library_never_imports_eval():
+    bad = {name: sorted(t for t in targets if t == "eval" or t.startswith("eval."))
+           for name, targets in graph().items()}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_no_library_module_takes_part_in_an_import_cycle():
+    assert cycles(graph()) == []
+
+
+def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path):
+    """The checker itself: a cycle through a function-level import and a package __init__ is found."""
+    edges = {"p": {"p.a"}, "p.a": {"p.b"}, "p.b": {"p"}, "p.c": {"p.a"}}
+    assert cycles(edges) == [["p", "p.a", "p.b"]]
+    src = tmp_path / "gemfilter" / "methods"
+    src.mkdir(parents=True)
+    (src / "__init__.py").write_text("from . import cache\n")
+    (src / "cache.py").write_text("def f():\n    from . import register\n    from ..selection import x\n")
+    modules = {"gemfilter.methods": src / "__init__.py", "gemfilter.methods.cache": src / "cache.py",
+               "gemfilter.selection": None}
+    assert imports_of("gemfilter.methods", src / "__init__.py", modules) == {"gemfilter.methods.cache"}
+    assert imports_of("gemfilter.methods.cache", src / "cache.py", modules) == {
+        "gemfilter.methods", "gemfilter.selection"}
