@@ -17,6 +17,7 @@ accelerate ``PartialState``, round-robin over the missing samples, filter-layer 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,8 +125,12 @@ def validate(config: RunConfig) -> None:
         raise ValueError(f"--layer must be a 0-based int >= 0 (or omitted for the model's default), got {config.layer!r}")
 
 
+@functools.lru_cache(maxsize=2)
 def load_tokenizer(model: str | None):
-    """The tokenizer alone (cheap), for prepare: the embedded model's or ``AutoTokenizer.from_pretrained(model)``."""
+    """The tokenizer alone, for prepare: the embedded model's or ``AutoTokenizer.from_pretrained(model)``.
+
+    Cached: loading takes seconds, counting tokens does not change it.
+    """
     from transformers import AutoTokenizer
 
     from gemfilter.models import _EMBEDDED_ALIASES, embedded_model_dir
