@@ -19,7 +19,7 @@ LAYOUT = """layout of --out (RULER's, one folder per length):
   <L>/data/<task>/validation.jsonl     samples: index, input, outputs, length, length_w_model_temp,
                                        answer_prefix (+ token_position_answer for niah)
   <L>/pred/<method>[_k<topk>]/<task>.jsonl   predictions: index, pred, outputs, length, others,
-                                       truncation, _id, kept, prompt_tokens, layer, topk, seconds
+                                       truncation, _id, kept, prompt_tokens, layer, topk, seconds, attn
   config.json, report.md, report.csv, report.png"""
 
 PREPARE_EPILOG = """{tasks}
@@ -75,6 +75,7 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
+    from gemfilter.models import add_attn_argument
 
     from .tasks import TASKS
 
@@ -124,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of --topk: keep this fraction (0-1] of each prompt's tokens")
     r.add_argument("--layer", type=int, default=None,
                    help="0-based filter layer (default: the model's, 11 for the embedded model)")
+    add_attn_argument(r)
     r.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (default: torch's choice)")
     s = sub.add_parser("score", formatter_class=raw, help="score a prediction folder and write the table",
                        description="Score RULER predictions with the official metrics; write report.md/.csv/.png.",
@@ -178,7 +180,8 @@ def _run(args) -> int:
     specs = method_specs(_split(args.methods), _ints(args.topk, "--topk"), args.ratio)
     config = RunConfig(model=args.model, methods=specs, tasks=tuple(t.name for t in parse_tasks(args.tasks)),
                        lengths=parse_lengths(args.lengths), num_samples=args.num_samples, layer=args.layer,
-                       seed=args.seed, haystack_dir=args.haystack_dir, data_dir=args.data_dir)
+                       seed=args.seed, haystack_dir=args.haystack_dir, data_dir=args.data_dir, attn=args.attn,
+                       extra={"attn": args.attn or "model default"})
     if args.threads:
         import torch
 

@@ -6,7 +6,7 @@ task's ``tokens_to_generate`` new tokens, decoded with ``skip_special_tokens=Tru
 to ``OUT/<L>/pred/<label>/<task>.jsonl`` (RULER: ``<results>/<L>/pred/<task>.jsonl``), one row per sample
 with ``index``, ``pred``, ``outputs``, ``length``, ``others``, ``truncation`` (RULER's fields), plus
 ``_id`` (resume key), ``kept`` (prompt tokens the answer came from), ``prompt_tokens``, ``layer``,
-``topk`` and ``seconds``. The label is the method name, with ``_k<topk>`` (or ``_r<ratio>``) for
+``topk``, ``seconds`` and ``attn`` (the attention kernel). The label is the method name, with ``_k<topk>`` (or ``_r<ratio>``) for
 methods that keep a budget, so one folder holds several budgets side by side.
 
 Resume, sharding and merging are the LongBench runner's (``<task>.jsonl.rank<i>`` shards appended and
@@ -98,6 +98,7 @@ class RunConfig:
     seed: int = DEFAULT_SEED
     haystack_dir: str | None = None
     data_dir: str | None = None
+    attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
     extra: dict = field(default_factory=dict)  # recorded in config.json, not compared
 
     def identity(self) -> dict:
@@ -195,7 +196,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             f"{len(config.lengths)} lengths), {total - len(todo)} already done, {len(todo)} to compute over "
             f"{state.num_processes} process(es) -> {out}")
     if mine:
-        model, tok = model_and_tokenizer or gemfilter.load_model(config.model)
+        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn)
         if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
             model.to(state.device)
         fixed = {s.label: s.build(model, config.layer, 0) for s in config.methods if s.ratio is None}
@@ -213,7 +214,8 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             rec = {"index": row["index"], "pred": res["pred"], "outputs": row["outputs"], "length": row["length"],
                    "others": {"id": row["index"]}, "truncation": -1, "_id": str(row["index"]), "kept": res["kept"],
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
-                   "topk": getattr(method, "topk", None), "seconds": res["seconds"]}
+                   "topk": getattr(method, "topk", None), "seconds": res["seconds"],
+                   "attn": model.config._attn_implementation}
             shard = folder / SHARD.format(name, state.process_index)
             if shard not in opened:  # check a shard's last line once, not before every append
                 opened.add(_open_shard(shard))
