@@ -70,7 +70,7 @@ def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_pat
             samples = read_jsonl(data_file(out, 4096, task))[:2]
             assert [r["index"] for r in rows] == [0, 1] and [r["outputs"] for r in rows] == [s["outputs"] for s in samples]
             assert all(set(r) == {"index", "pred", "outputs", "length", "others", "truncation", "_id", "kept",
-                                  "prompt_tokens", "layer", "topk", "seconds", "attn"} for r in rows)
+                                  "prompt_tokens", "layer", "topk", "answers_kept", "seconds", "attn"} for r in rows)
             ttg = {"niah_single_1": 128, "vt": 30, "fwe": 50}[task]
             for r, s in zip(rows, samples):
                 enc = tok(s["input"] + s["answer_prefix"], return_tensors="pt")
@@ -78,10 +78,16 @@ def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_pat
                 if label == "full":  # independent: plain greedy generate on input + answer_prefix
                     gen = model.generate(**enc, max_new_tokens=ttg, do_sample=False)
                     assert r["pred"] == tok.decode(gen[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-                    assert r["kept"] == 62 and r["layer"] is None and r["topk"] is None
+                    assert r["kept"] == 62 and r["layer"] is None and r["topk"] is None and r["answers_kept"] is None
                 else:
                     k = int(label.split("_k")[1])
                     assert r["kept"] == k == r["topk"] and r["layer"] == 2
+                    # independent: the kept tokens (selection indices) decoded, searched for each expected output
+                    import gemfilter
+
+                    sel = gemfilter.select_tokens(model, enc["input_ids"], layer=2, topk=k)
+                    kept_text = tok.decode(enc["input_ids"][0, sel.indices[0].sort().values]).lower()
+                    assert r["answers_kept"] == sum(o in kept_text for o in s["outputs"]) / len(s["outputs"])
     with open(out / "report.csv") as f:
         table = list(csv.DictReader(f))
     assert [(r["length"], r["method"]) for r in table] == [("4096", label) for label in sorted(labels)]

@@ -19,7 +19,8 @@ LAYOUT = """layout of --out (RULER's, one folder per length):
   <L>/data/<task>/validation.jsonl     samples: index, input, outputs, length, length_w_model_temp,
                                        answer_prefix (+ token_position_answer for niah)
   <L>/pred/<method>[_k<topk>]/<task>.jsonl   predictions: index, pred, outputs, length, others,
-                                       truncation, _id, kept, prompt_tokens, layer, topk, seconds, attn
+                                       truncation, _id, kept, prompt_tokens, layer, topk,
+                                       answers_kept, seconds, attn
   config.json, report.md, report.csv, report.png"""
 
 PREPARE_EPILOG = """{tasks}

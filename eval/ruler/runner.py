@@ -6,7 +6,8 @@ task's ``tokens_to_generate`` new tokens, decoded with ``skip_special_tokens=Tru
 to ``OUT/<L>/pred/<label>/<task>.jsonl`` (RULER: ``<results>/<L>/pred/<task>.jsonl``), one row per sample
 with ``index``, ``pred``, ``outputs``, ``length``, ``others``, ``truncation`` (RULER's fields), plus
 ``_id`` (resume key), ``kept`` (prompt tokens the answer came from), ``prompt_tokens``, ``layer``,
-``topk``, ``seconds`` and ``attn`` (the attention kernel). The label is the method name, with ``_k<topk>`` (or ``_r<ratio>``) for
+``topk``, ``answers_kept`` (share of the expected outputs still in the kept prompt text, for methods
+that select prompt tokens; None for KV-cache policies and full), ``seconds`` and ``attn`` (the kernel). The label is the method name, with ``_k<topk>`` (or ``_r<ratio>``) for
 methods that keep a budget, so one folder holds several budgets side by side.
 
 Resume, sharding and merging are the LongBench runner's (``<task>.jsonl.rank<i>`` shards appended and
@@ -140,15 +141,19 @@ def load_tokenizer(model: str | None):
 
 
 def predict(model, tokenizer, method, row: dict, task) -> dict:
-    """Greedy answer to ``input + answer_prefix`` with ``method``: pred, kept, prompt_tokens, seconds."""
+    """Greedy answer to ``input + answer_prefix`` with ``method``: pred, kept, prompt_tokens, seconds, answers_kept."""
     import gemfilter
 
     start = time.perf_counter()
     enc = tokenizer(row["input"] + row["answer_prefix"], return_tensors="pt").to(model.device)
     out = gemfilter.generate(model, enc, method=method, tokenizer=tokenizer,
                              max_new_tokens=task.spec.tokens_to_generate)
+    # Which expected answers survived the filter (methods that pick prompt tokens; None for KV policies).
+    kept_text = out.kept_text[0].lower() if out.kept_text else None
+    found = None if kept_text is None else sum(o.lower() in kept_text for o in row["outputs"]) / len(row["outputs"])
     return {"pred": tokenizer.decode(out.new_tokens[0], skip_special_tokens=True), "kept": int(out.kept[0]),
-            "prompt_tokens": int(enc["input_ids"].shape[1]), "seconds": round(time.perf_counter() - start, 3)}
+            "prompt_tokens": int(enc["input_ids"].shape[1]), "seconds": round(time.perf_counter() - start, 3),
+            "answers_kept": found}
 
 
 def load_samples(config: RunConfig, out, tokenizer_fn, progress=None) -> dict:
@@ -214,7 +219,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             rec = {"index": row["index"], "pred": res["pred"], "outputs": row["outputs"], "length": row["length"],
                    "others": {"id": row["index"]}, "truncation": -1, "_id": str(row["index"]), "kept": res["kept"],
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
-                   "topk": getattr(method, "topk", None), "seconds": res["seconds"],
+                   "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"], "seconds": res["seconds"],
                    "attn": model.config._attn_implementation}
             shard = folder / SHARD.format(name, state.process_index)
             if shard not in opened:  # check a shard's last line once, not before every append
