@@ -90,7 +90,7 @@ def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_pat
                     assert r["answers_kept"] == sum(o in kept_text for o in s["outputs"]) / len(s["outputs"])
     with open(out / "report.csv") as f:
         table = list(csv.DictReader(f))
-    assert [(r["length"], r["method"]) for r in table] == [("4096", label) for label in sorted(labels)]
+    assert [(r["length"], r["method"]) for r in table] == [("4096", label) for label in labels]  # full, k8, k16
     for r in table:
         for task in TASKS:
             assert float(r[task]) == _official_score(read_jsonl(out / "4096" / "pred" / r["method"] / f"{task}.jsonl"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -24,6 +25,13 @@ def _has_jsonl(folder: Path) -> bool:
     return any(p.stem in BY_NAME for p in folder.glob("*.jsonl"))
 
 
+def _label_order(folder: Path) -> tuple:
+    """full first, then by method name and numeric budget (gemfilter_k256 before gemfilter_k1024)."""
+    m = re.fullmatch(r"(.+)_([kr])([0-9.]+)", folder.name)
+    base, budget = (m.group(1), float(m.group(3))) if m else (folder.name, -1.0)
+    return folder.name != "full", base, budget
+
+
 def find_runs(root) -> list:
     """[(length label, method label, folder)] under ``root`` (see the module docstring)."""
     root = Path(root)
@@ -33,11 +41,12 @@ def find_runs(root) -> list:
     for length_dir in sorted((d for d in root.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)):
         pred = length_dir / "pred"
         if pred.is_dir():
-            found += [(length_dir.name, d.name, d) for d in sorted(pred.iterdir()) if d.is_dir() and _has_jsonl(d)]
+            found += [(length_dir.name, d.name, d) for d in sorted(pred.iterdir(), key=_label_order)
+                      if d.is_dir() and _has_jsonl(d)]
     if not found and _has_jsonl(root):
         found = [("?", root.name, root)]
     elif not found:
-        found = [("?", d.name, d) for d in sorted(root.iterdir()) if d.is_dir() and _has_jsonl(d)]
+        found = [("?", d.name, d) for d in sorted(root.iterdir(), key=_label_order) if d.is_dir() and _has_jsonl(d)]
     if not found:
         raise ValueError(f"no predictions under {root}: expected <length>/pred/<method>/<task>.jsonl, a folder of "
                          "method folders, or one folder of <task>.jsonl files (rows with pred and outputs)")
