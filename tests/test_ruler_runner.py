@@ -1,0 +1,153 @@
+"""RULER runner, report and CLI on the tiny random Llama (``tiny_model_dir``) with prepared samples written here.
+
+The tiny model's tokenizer knows only the words w4..w95, so the samples are word lists in RULER's row
+layout (input, answer_prefix, outputs, ...) rather than generated prompts (tests/test_ruler_generators.py
+covers those with the embedded tokenizer).
+"""
+
+import csv
+import json
+import random
+
+import pytest
+
+from eval.niah.runner import read_jsonl
+from eval.ruler.cli import main
+from eval.ruler.prepare import data_file, write_rows
+from eval.ruler.runner import MethodSpec, RunConfig, method_specs, run
+
+TASKS = ("niah_single_1", "vt", "fwe")
+FAST = ["--topk", "8,16", "--layer", "2", "--threads", "1", "--no-progress", "--lengths", "4k"]
+
+
+def write_samples(out, n=3, words=60, length=4096):
+    rnd = random.Random(0)
+    for task in TASKS:
+        rows = []
+        for i in range(n):
+            text = " ".join(f"w{rnd.randrange(4, 96)}" for _ in range(words))
+            rows.append({"index": i, "input": text, "answer_prefix": " w9 w10", "outputs": [f"w{4 + i}", "w5"],
+                         "length": words + 2, "length_w_model_temp": words + 2})
+        write_rows(data_file(out, length, task), rows)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    import gemfilter
+
+    return gemfilter.load_model(str(tiny_model_dir))
+
+
+def config(tiny_model_dir, **over):
+    base = dict(model=str(tiny_model_dir), methods=method_specs(("full", "gemfilter"), (8,)), tasks=TASKS,
+                lengths=(4096,), num_samples=2, layer=2)
+    return RunConfig(**{**base, **over})
+
+
+def _official_score(rows):
+    """string_match_all, written out here: strip, control chars -> newline, strip; share found; x100, 2 places."""
+    import re
+
+    total = 0.0
+    for r in rows:
+        pred = re.sub(r"[\x00-\x1f]", "\n", r["pred"].strip()).strip().lower()
+        total += sum(o.lower() in pred for o in r["outputs"]) / len(r["outputs"])
+    return round(total / len(rows) * 100, 2)
+
+
+def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_path, capsys):
+    out = write_samples(tmp_path / "out")
+    rc = main(["run", "--model", str(tiny_model_dir), "--tasks", ",".join(TASKS), "--num-samples", "2",
+               "--methods", "full,gemfilter", "--out", str(out), *FAST])
+    assert rc == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    model, tok = tiny
+    labels = ("full", "gemfilter_k8", "gemfilter_k16")
+    for label in labels:
+        for task in TASKS:
+            rows = read_jsonl(out / "4096" / "pred" / label / f"{task}.jsonl")
+            samples = read_jsonl(data_file(out, 4096, task))[:2]
+            assert [r["index"] for r in rows] == [0, 1] and [r["outputs"] for r in rows] == [s["outputs"] for s in samples]
+            assert all(set(r) == {"index", "pred", "outputs", "length", "others", "truncation", "_id", "kept",
+                                  "prompt_tokens", "layer", "topk", "answers_kept", "seconds", "attn"} for r in rows)
+            ttg = {"niah_single_1": 128, "vt": 30, "fwe": 50}[task]
+            for r, s in zip(rows, samples):
+                enc = tok(s["input"] + s["answer_prefix"], return_tensors="pt")
+                assert r["prompt_tokens"] == enc["input_ids"].shape[1] == 62  # 60 words + 2 (this tokenizer adds no BOS)
+                if label == "full":  # independent: plain greedy generate on input + answer_prefix
+                    gen = model.generate(**enc, max_new_tokens=ttg, do_sample=False)
+                    assert r["pred"] == tok.decode(gen[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                    assert r["kept"] == 62 and r["layer"] is None and r["topk"] is None and r["answers_kept"] is None
+                else:
+                    k = int(label.split("_k")[1])
+                    assert r["kept"] == k == r["topk"] and r["layer"] == 2
+                    # independent: the kept tokens (selection indices) decoded, searched for each expected output
+                    import gemfilter
+
+                    sel = gemfilter.select_tokens(model, enc["input_ids"], layer=2, topk=k)
+                    kept_text = tok.decode(enc["input_ids"][0, sel.indices[0].sort().values]).lower()
+                    assert r["answers_kept"] == sum(o in kept_text for o in s["outputs"]) / len(s["outputs"])
+    with open(out / "report.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [(r["length"], r["method"]) for r in table] == [("4096", label) for label in labels]  # full, k8, k16
+    for r in table:
+        for task in TASKS:
+            assert float(r[task]) == _official_score(read_jsonl(out / "4096" / "pred" / r["method"] / f"{task}.jsonl"))
+        assert r["avg_offline"] == "" and r["avg_all"] == ""  # 3 of 11 tasks: no suite average
+    assert (out / "report.png").stat().st_size > 0
+    md = (out / "report.md").read_text()
+    assert "| **Length** | **Method** | **S1** | **VT** | **FWE** | **Avg (11 offline)** | **Avg (13)** |" in md
+    assert md in printed
+    # `score` on RULER's own layout: one method folder of <task>.jsonl files
+    single = out / "4096" / "pred" / "full"
+    assert main(["score", str(single)]) == 0
+    assert "| ? | full |" in (single / "report.md").read_text()
+
+
+def test_resume_computes_only_missing_samples_and_repairs_a_cut_line(tiny, tiny_model_dir, tmp_path, capsys):
+    first = write_samples(tmp_path / "first")
+    full = run(config(tiny_model_dir), first, model_and_tokenizer=tiny, progress=False)
+    assert sorted(full) == sorted((4096, label, t) for label in ("full", "gemfilter_k8") for t in TASKS)
+
+    again = write_samples(tmp_path / "again")
+    run(config(tiny_model_dir, num_samples=1), again, model_and_tokenizer=tiny, progress=False)
+    folder = again / "4096" / "pred" / "full"
+    kept = read_jsonl(folder / "vt.jsonl")
+    kept[0]["pred"] = "KEPT"  # a finished row is never recomputed, so this marker must survive
+    (folder / "vt.jsonl").write_text(json.dumps(kept[0]) + "\n")
+    (folder / "vt.jsonl.rank0").write_text('{"pred": "cut sho')  # a row cut short by a kill
+    with pytest.warns(UserWarning, match="incomplete row"):
+        rows = run(config(tiny_model_dir), again, model_and_tokenizer=tiny, progress=True)
+    assert "6 already done, 6 to compute over 1 process(es)" in capsys.readouterr().out
+    assert rows[4096, "full", "vt"][0]["pred"] == "KEPT"
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]  # noqa: E731
+    assert strip(rows[4096, "full", "vt"][1:]) == strip(full[4096, "full", "vt"][1:])
+    assert strip(rows[4096, "gemfilter_k8", "fwe"]) == strip(full[4096, "gemfilter_k8", "fwe"])
+    assert not list(again.rglob("*.rank*"))  # shards merged and removed
+
+    with pytest.raises(ValueError, match=r"holds results of another setup \(layer: 2 there, 1 now\)"):
+        run(config(tiny_model_dir, layer=1), again, model_and_tokenizer=tiny, progress=False)
+
+
+def test_ratio_budget_and_bad_input(tiny, tiny_model_dir, tmp_path, capsys):
+    out = write_samples(tmp_path / "out")
+    specs = method_specs(("full", "snapkv"), ratio=0.75)
+    assert [s.label for s in specs] == ["full", "snapkv_r0.75"]
+    rows = run(config(tiny_model_dir, methods=(MethodSpec("h2o", ratio=0.75),), tasks=("vt",), num_samples=1),
+               out, model_and_tokenizer=tiny, progress=False)
+    assert [(r["topk"], r["kept"]) for r in rows[4096, "h2o_r0.75", "vt"]] == [(46, 46)]  # round(0.75 * 62)
+    base = ["run", "--model", str(tiny_model_dir), "--out", str(out), "--tasks", "vt", "--lengths", "4k"]
+    for extra, msg in [(["--methods", "full,nope"], "unknown method(s) nope; allowed:"),
+                       (["--topk", "8,x"], "--topk must be comma-separated whole numbers"),
+                       (["--topk", "0"], "--topk must be ints >= 1"),
+                       (["--ratio", "1.5"], "--ratio must be a fraction in (0, 1]"),
+                       (["--num-samples", "0"], "--num-samples must be an int >= 1"),
+                       (["--lengths", "4x"], "--lengths: '4x' is not a whole number"),
+                       (["--tasks", "qa_3"], "unknown RULER task 'qa_3'")]:
+        assert main([*base, *extra]) == 2
+        assert msg in capsys.readouterr().err, extra
+    with pytest.raises(ValueError, match="no predictions under"):
+        from eval.ruler.report import write_report
+
+        write_report(tmp_path / "out" / "4096" / "data")
