@@ -113,19 +113,20 @@ def validate(config: RunConfig) -> None:
         raise ValueError(f"--limit must be an int >= 1 (or omitted for every sample), got {config.limit!r}")
 
 
-def finished(folder: Path, task: str) -> dict:
-    """_id -> row over ``<task>.jsonl`` and its shards (first one wins)."""
+def finished(folder: Path, task: str, required=ROW_FIELDS) -> dict:
+    """_id -> row over ``<task>.jsonl`` and its shards (first one wins); rows lacking a ``required`` field are
+    skipped with a warning, so their samples are rerun (RULER passes its own fields)."""
     rows = {}
     if not folder.is_dir():
         return rows
     with folder_lock(folder):
         for path in [folder / f"{task}.jsonl"] + sorted(folder.glob(SHARD.format(task, "*"))):
-            for row in read_jsonl(path, required=ROW_FIELDS, skip_note="that sample will be rerun"):
+            for row in read_jsonl(path, required=required, skip_note="that sample will be rerun"):
                 rows.setdefault(row["_id"], row)
     return rows
 
 
-def merge(folder: Path, task: str, order: list) -> list:
+def merge(folder: Path, task: str, order: list, required=ROW_FIELDS) -> list:
     """Write ``<task>.jsonl`` (atomically) in dataset order, then drop the task's shards.
 
     order: the _ids of this run's records; rows of other _ids (from a run with a larger --limit) keep
@@ -134,7 +135,7 @@ def merge(folder: Path, task: str, order: list) -> list:
     rank = {key: i for i, key in enumerate(order)}
     # stable sort: unknown _ids keep their order; under the folder lock, which appends also take
     return merge_jsonl(Path(folder) / f"{task}.jsonl", SHARD.format(task, "*"), lambda r: r["_id"],
-                       sort_key=lambda r: rank.get(r["_id"], len(rank)), required=ROW_FIELDS, ensure_ascii=False)
+                       sort_key=lambda r: rank.get(r["_id"], len(rank)), required=required, ensure_ascii=False)
 
 
 def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True) -> dict | None:

@@ -22,8 +22,9 @@ the seed and the samples before it, so a file of N samples starts with the file 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from gemfilter.io import read_json_object, read_jsonl, write_json_atomic, write_text_atomic
 
 from . import synthetic
 from .qa import load_qa, qa
@@ -192,18 +193,17 @@ def generate(task: Task, length: int, num_samples: int, tokenizer, seed: int = D
 def write_rows(path: Path, rows: list) -> None:
     """Write rows as sorted-key JSON lines, atomically (a killed prepare leaves no half file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
 
 
 def prepared_rows(path: Path) -> list:
-    """Rows of a prepared file ([] if absent)."""
-    if not path.is_file():
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """Rows of a prepared file ([] if absent); CorruptFileError naming the line if one is damaged.
+
+    Prepared files are written whole, so a bad line was edited by hand: it is an error, not skipped,
+    because a skipped sample would shift every later index.
+    """
+    return read_jsonl(path, required=("index", "input", "outputs"), strict=True,
+                      fix=f"Delete {path} and rerun: prepare rewrites it byte-identically from the seed")
 
 
 IDENTITY = "prepare.json"
@@ -220,14 +220,15 @@ def check_identity(out, ident: dict) -> None:
     """Refuse to add samples of another tokenizer / seed / source to ``OUT``; record them on first use."""
     path = Path(out) / IDENTITY
     if path.is_file():
-        old = json.loads(path.read_text(encoding="utf-8"))
+        old = read_json_object(path, "RULER prepare identity", fix=f"Delete {path} and rerun with the settings "
+                               "the samples were prepared with (tokenizer, seed, sources)")
         if old != ident:
             diff = ", ".join(f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in ident.items() if old.get(k) != v)
             raise ValueError(f"{out} holds samples prepared with other settings ({diff}); use another --out, or "
                              "repeat those settings")
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(ident, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        write_json_atomic(path, dict(sorted(ident.items())))
 
 
 def prepare(tasks, lengths, num_samples: int, tokenizer, out, seed: int = DEFAULT_SEED, *, progress=None,

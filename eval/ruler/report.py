@@ -15,7 +15,7 @@ import re
 import warnings
 from pathlib import Path
 
-from eval.niah.runner import read_jsonl
+from gemfilter.io import read_json_object, read_jsonl, write_text_atomic
 
 from .metrics import postprocess_pred, suite_average, task_score
 from .tasks import BY_NAME, OFFLINE, TASKS
@@ -64,10 +64,13 @@ def score_folder(folder) -> dict:
         path = folder / f"{task.name}.jsonl"
         if not path.is_file():
             continue
-        rows = read_jsonl(path)
+        # strict: a skipped row would change the score silently, so a bad row stops scoring and is named
+        rows = read_jsonl(path, required=("pred", "outputs"), strict=True,
+                          fix=f"RULER prediction rows hold pred and outputs; delete that line of {path} and rerun "
+                          "the same `run` command, which recomputes that sample")
         for i, row in enumerate(rows, 1):
-            if "pred" not in row or "outputs" not in row:
-                raise ValueError(f"{path}: row {i} lacks pred or outputs; RULER prediction rows hold both")
+            if not isinstance(row["pred"], str) or not isinstance(row["outputs"], list):
+                raise ValueError(f"{path}: row {i}: pred must be a string and outputs a list of strings")
         if rows:
             preds = [r["pred"] for r in rows]
             out[task.name] = {"score": task_score(task.spec.metric, preds, [r["outputs"] for r in rows]),
@@ -170,11 +173,10 @@ def write_report(root, settings: str = "", title: str = "RULER") -> list:
     if not results:
         raise ValueError(f"no scored predictions under {root}: every prediction file is empty")
     if not settings and (root / "config.json").is_file():
-        import json
-
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+        config = read_json_object(root / "config.json", "run config",
+                                  fix="Fix it or delete it; the report then omits the settings line")
         settings = "Settings (config.json): " + ", ".join(f"{k} {v}" for k, v in config.items()) + "."
     md, cv = root / "report.md", root / "report.csv"
-    md.write_text(markdown(results, settings), encoding="utf-8")
-    cv.write_text(csv_text(results), encoding="utf-8")
+    write_text_atomic(md, markdown(results, settings))
+    write_text_atomic(cv, csv_text(results))
     return [md, cv, png(results, root / "report.png", title)]

@@ -12,8 +12,10 @@ The label is the method name, with ``_k<topk>`` (or ``_r<ratio>``) for methods t
 one folder holds several budgets side by side.
 
 Resume, sharding and merging are the LongBench runner's (``<task>.jsonl.rank<i>`` shards appended and
-fsynced, merged in sample order by the main process) and the NIAH runner's (``config.json`` identity,
-accelerate ``PartialState``, round-robin over the missing samples, filter-layer check).
+fsynced under the folder lock, merged in sample order by the main process) and the NIAH runner's
+(``config.json`` identity, accelerate ``PartialState``, round-robin over the missing samples,
+filter-layer check). As there, options are checked against the model's config before any weights
+load, and ``config.json`` is written only when the first row is coming.
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.longbench.runner import SHARD, _open_shard, finished, merge
-from eval.niah.runner import append_row, check_config, check_layers, make_state
+from eval.longbench.runner import SHARD, finished, merge
+from eval.niah.runner import CONFIG, check_config, check_layers, make_state
+from gemfilter.io import append_jsonl, check_against_model, check_out_dir
 
 from .prepare import DEFAULT_SEED, check_identity, data_file, identity, prepare, prepared_rows
 from .tasks import BY_NAME, OFFLINE, get_task
+
+#: Fields a prediction row must hold to count as done (RULER's pred/outputs, our resume key).
+ROW_FIELDS = ("pred", "outputs", "_id")
 
 
 @dataclass(frozen=True)
@@ -183,14 +189,16 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
 
     validate(config)
     state = state or make_state()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    check_config(out, config, write=state.is_main_process)
+    out = check_out_dir(out, files=(CONFIG,))
+    check_config(out, config, write=False)
+    model_config = gemfilter.models.load_config(config.model) if model_and_tokenizer is None \
+        else model_and_tokenizer[0].config
+    check_against_model(model_config, layer=config.layer, lengths=config.lengths)
     say = tqdm.write if (progress and state.is_main_process) else None
     with state.main_process_first():  # the main process prepares missing data; the others then read it
         samples = load_samples(config, out, lambda: (model_and_tokenizer[1] if model_and_tokenizer
                                                      else load_tokenizer(config.model)), say)
-    done = {(L, s.label, t): finished(pred_dir(out, L, s.label), t)
+    done = {(L, s.label, t): finished(pred_dir(out, L, s.label), t, ROW_FIELDS)
             for L in config.lengths for s in config.methods for t in config.tasks}
     todo = [(L, s, t, r) for L in config.lengths for s in config.methods for t in config.tasks
             for r in samples[L, t] if str(r["index"]) not in done[L, s.label, t]]
@@ -209,7 +217,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         check_layers([{"method": label, "layer": row.get("layer")} for (_, label, _), rows in done.items()
                       for row in rows.values()], fixed)
         desc = "RULER" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
-        opened = set()
+        check_config(out, config, write=True)  # the first row is coming: pin the setup now
         bar = tqdm(mine, desc=desc, unit="sample", disable=not (progress and state.is_main_process))
         for length, spec, name, row in bar:
             task = get_task(name)
@@ -222,10 +230,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
                    "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"], "seconds": res["seconds"],
                    "attn": model.config._attn_implementation}
-            shard = folder / SHARD.format(name, state.process_index)
-            if shard not in opened:  # check a shard's last line once, not before every append
-                opened.add(_open_shard(shard))
-            append_row(shard, rec)
+            append_jsonl(folder / SHARD.format(name, state.process_index), rec, ensure_ascii=False)
             bar.set_postfix(method=spec.label, L=length, task=name, kept=res["kept"])
     state.wait_for_everyone()
     if not state.is_main_process:
@@ -236,7 +241,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             folder = pred_dir(out, L, s.label)
             for t in config.tasks:
                 if folder.is_dir():
-                    merged[L, s.label, t] = merge(folder, t, [str(r["index"]) for r in samples[L, t]])
+                    merged[L, s.label, t] = merge(folder, t, [str(r["index"]) for r in samples[L, t]], ROW_FIELDS)
     return merged
 
 

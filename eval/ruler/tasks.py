@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gemfilter.io import MAX_TOKENS
+
 
 @dataclass(frozen=True)
 class Kind:
@@ -137,7 +139,8 @@ def parse_tasks(text: str | None) -> tuple:
 def parse_lengths(text) -> tuple:
     """'4k,8k' or '4096,8192' -> (4096, 8192). RULER's lengths are powers of two: k/K means x1024.
 
-    Each length is the whole budget: prompt tokens plus tokens_to_generate (RULER's max_seq_length).
+    Unlike the other commands' ``k`` (x1000, :func:`gemfilter.io.parse_length`), RULER's published
+    lengths are 4096, 8192, ..., so here ``4k`` means 4096. Each length is the whole budget: prompt tokens plus tokens_to_generate (RULER's max_seq_length).
     """
     items = [s.strip() for s in str(text).split(",") if s.strip()]
     if not items:
@@ -152,5 +155,8 @@ def parse_lengths(text) -> tuple:
             raise ValueError(f"--lengths: {item!r} is not a whole number; give e.g. 4k,8k (k = 1024) or 4096") from None
         if value < 256:
             raise ValueError(f"--lengths: {item!r} is too small; RULER contexts need at least 256 tokens")
+        if value > MAX_TOKENS:
+            raise ValueError(f"--lengths: {item!r} is {value:,} tokens, more than any model's context window "
+                             f"(at most {MAX_TOKENS:,} allowed)")
         out.append(value)
     return tuple(sorted(set(out)))
