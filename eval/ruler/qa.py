@@ -12,9 +12,10 @@ Offline, loading fails with an error that names ``--data-dir``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from gemfilter.io import read_json
 
 DOCUMENT_PROMPT = "Document {i}:\n{document}"
 FILES = {"squad": "squad.json", "hotpotqa": "hotpotqa.json"}
@@ -88,10 +89,7 @@ def load_qa(dataset: str, data_dir=None) -> QAData:
             raise FileNotFoundError(f"{path} not found; --data-dir must hold RULER's QA files as its download script "
                                     f"names them: squad.json (SQuAD dev-v2.0.json) and hotpotqa.json "
                                     f"(hotpot_dev_distractor_v1.json)")
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON ({err.msg})") from err
+        raw = read_json(path, "QA data file", fix="Download it again with RULER's download_qa_dataset.sh")
     else:
         import datasets
 
