@@ -38,9 +38,13 @@ def test_each_method_is_truncated_to_its_own_max_length(tiny, tiny_model_dir, tm
 
 
 def test_bad_per_method_lengths_are_refused():
-    assert parse_method_lengths("h2o=8192, snapkv=4000") == {"h2o": 8192, "snapkv": 4000}
-    for bad in ("h2o", "h2o=", "=8", "h2o=8k"):
+    # the values take --max-length's forms (gemfilter.io.parse_length): 8k is 8000 there too
+    assert parse_method_lengths("h2o=8192, snapkv=4k") == {"h2o": 8192, "snapkv": 4000}
+    for bad in ("h2o", "h2o=", "=8"):
         with pytest.raises(ValueError, match="must look like METHOD=TOKENS"):
+            parse_method_lengths(bad)
+    for bad, msg in (("h2o=x", "not a number"), ("h2o=1.5", "whole number"), ("h2o=inf", "not a finite")):
+        with pytest.raises(ValueError, match=f"--max-length-per-method h2o.*{msg}"):
             parse_method_lengths(bad)
     with pytest.raises(ValueError, match="unknown method"):
         runner.validate(RunConfig(method_max_length={"h2x": 10}))

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eval.niah.runner import read_jsonl
+from gemfilter.io import read_jsonl
 from test_niah_accelerate import free_port
 from test_ruler_runner import TASKS, write_samples
 
@@ -26,7 +26,7 @@ def test_two_processes_resume_and_merge_to_the_single_process_result(tiny_model_
 
     from eval.ruler.cli import main
 
-    args = ["--model", str(tiny_model_dir), "--tasks", ",".join(TASKS), "--num-samples", "3", "--lengths", "4k",
+    args = ["--model", str(tiny_model_dir), "--tasks", ",".join(TASKS), "--num-samples", "3", "--lengths", "512",
             "--methods", "full,gemfilter", "--topk", "8", "--layer", "2", "--threads", "1"]
     single = write_samples(tmp_path / "single")
     threads = torch.get_num_threads()
@@ -34,15 +34,15 @@ def test_two_processes_resume_and_merge_to_the_single_process_result(tiny_model_
         assert main(["run", *args, "--no-progress", "--out", str(single)]) == 0
     finally:
         torch.set_num_threads(threads)
-    files = sorted(p.relative_to(single / "4096" / "pred") for p in (single / "4096" / "pred").rglob("*.jsonl"))
+    files = sorted(p.relative_to(single / "512" / "pred") for p in (single / "512" / "pred").rglob("*.jsonl"))
     assert len(files) == 6  # 2 methods x 3 tasks
 
     # A run interrupted after one prediction, resumed by two processes dealing the other 17 round-robin.
     sharded = write_samples(tmp_path / "sharded")
     (sharded / "config.json").write_text((single / "config.json").read_text())
-    folder = sharded / "4096" / "pred" / "full"
+    folder = sharded / "512" / "pred" / "full"
     folder.mkdir(parents=True)
-    first = read_jsonl(single / "4096" / "pred" / "full" / "vt.jsonl")[0]
+    first = read_jsonl(single / "512" / "pred" / "full" / "vt.jsonl")[0]
     (folder / "vt.jsonl.rank0").write_text(json.dumps(first) + "\n")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -51,9 +51,9 @@ def test_two_processes_resume_and_merge_to_the_single_process_result(tiny_model_
     r = subprocess.run(launch, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "1 already done, 17 to compute over 2 process(es)" in r.stdout
-    got = sorted(p.relative_to(sharded / "4096" / "pred") for p in (sharded / "4096" / "pred").rglob("*.jsonl"))
+    got = sorted(p.relative_to(sharded / "512" / "pred") for p in (sharded / "512" / "pred").rglob("*.jsonl"))
     assert got == files
     for f in files:
-        assert _strip(sharded / "4096" / "pred" / f) == _strip(single / "4096" / "pred" / f), f
+        assert _strip(sharded / "512" / "pred" / f) == _strip(single / "512" / "pred" / f), f
     assert not list(sharded.rglob("*.rank*"))
     assert (sharded / "report.csv").read_text() == (single / "report.csv").read_text()

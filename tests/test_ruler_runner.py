@@ -11,16 +11,16 @@ import random
 
 import pytest
 
-from eval.niah.runner import read_jsonl
+from gemfilter.io import read_jsonl
 from eval.ruler.cli import main
 from eval.ruler.prepare import data_file, write_rows
 from eval.ruler.runner import MethodSpec, RunConfig, method_specs, run
 
 TASKS = ("niah_single_1", "vt", "fwe")
-FAST = ["--topk", "8,16", "--layer", "2", "--threads", "1", "--no-progress", "--lengths", "4k"]
+FAST = ["--topk", "8,16", "--layer", "2", "--threads", "1", "--no-progress", "--lengths", "512"]
 
 
-def write_samples(out, n=3, words=60, length=4096):
+def write_samples(out, n=3, words=60, length=512):  # the tiny model's whole window: RULER refuses lengths beyond it
     rnd = random.Random(0)
     for task in TASKS:
         rows = []
@@ -41,7 +41,7 @@ def tiny(tiny_model_dir):
 
 def config(tiny_model_dir, **over):
     base = dict(model=str(tiny_model_dir), methods=method_specs(("full", "gemfilter"), (8,)), tasks=TASKS,
-                lengths=(4096,), num_samples=2, layer=2)
+                lengths=(512,), num_samples=2, layer=2)
     return RunConfig(**{**base, **over})
 
 
@@ -66,8 +66,8 @@ def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_pat
     labels = ("full", "gemfilter_k8", "gemfilter_k16")
     for label in labels:
         for task in TASKS:
-            rows = read_jsonl(out / "4096" / "pred" / label / f"{task}.jsonl")
-            samples = read_jsonl(data_file(out, 4096, task))[:2]
+            rows = read_jsonl(out / "512" / "pred" / label / f"{task}.jsonl")
+            samples = read_jsonl(data_file(out, 512, task))[:2]
             assert [r["index"] for r in rows] == [0, 1] and [r["outputs"] for r in rows] == [s["outputs"] for s in samples]
             assert all(set(r) == {"index", "pred", "outputs", "length", "others", "truncation", "_id", "kept",
                                   "prompt_tokens", "layer", "topk", "answers_kept", "seconds", "attn"} for r in rows)
@@ -90,17 +90,17 @@ def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_pat
                     assert r["answers_kept"] == sum(o in kept_text for o in s["outputs"]) / len(s["outputs"])
     with open(out / "report.csv") as f:
         table = list(csv.DictReader(f))
-    assert [(r["length"], r["method"]) for r in table] == [("4096", label) for label in labels]  # full, k8, k16
+    assert [(r["length"], r["method"]) for r in table] == [("512", label) for label in labels]  # full, k8, k16
     for r in table:
         for task in TASKS:
-            assert float(r[task]) == _official_score(read_jsonl(out / "4096" / "pred" / r["method"] / f"{task}.jsonl"))
+            assert float(r[task]) == _official_score(read_jsonl(out / "512" / "pred" / r["method"] / f"{task}.jsonl"))
         assert r["avg_offline"] == "" and r["avg_all"] == ""  # 3 of 11 tasks: no suite average
     assert (out / "report.png").stat().st_size > 0
     md = (out / "report.md").read_text()
     assert "| **Length** | **Method** | **S1** | **VT** | **FWE** | **Avg (11 offline)** | **Avg (13)** |" in md
     assert md in printed
     # `score` on RULER's own layout: one method folder of <task>.jsonl files
-    single = out / "4096" / "pred" / "full"
+    single = out / "512" / "pred" / "full"
     assert main(["score", str(single)]) == 0
     assert "| ? | full |" in (single / "report.md").read_text()
 
@@ -108,11 +108,11 @@ def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_pat
 def test_resume_computes_only_missing_samples_and_repairs_a_cut_line(tiny, tiny_model_dir, tmp_path, capsys):
     first = write_samples(tmp_path / "first")
     full = run(config(tiny_model_dir), first, model_and_tokenizer=tiny, progress=False)
-    assert sorted(full) == sorted((4096, label, t) for label in ("full", "gemfilter_k8") for t in TASKS)
+    assert sorted(full) == sorted((512, label, t) for label in ("full", "gemfilter_k8") for t in TASKS)
 
     again = write_samples(tmp_path / "again")
     run(config(tiny_model_dir, num_samples=1), again, model_and_tokenizer=tiny, progress=False)
-    folder = again / "4096" / "pred" / "full"
+    folder = again / "512" / "pred" / "full"
     kept = read_jsonl(folder / "vt.jsonl")
     kept[0]["pred"] = "KEPT"  # a finished row is never recomputed, so this marker must survive
     (folder / "vt.jsonl").write_text(json.dumps(kept[0]) + "\n")
@@ -120,10 +120,10 @@ def test_resume_computes_only_missing_samples_and_repairs_a_cut_line(tiny, tiny_
     with pytest.warns(UserWarning, match="incomplete row"):
         rows = run(config(tiny_model_dir), again, model_and_tokenizer=tiny, progress=True)
     assert "6 already done, 6 to compute over 1 process(es)" in capsys.readouterr().out
-    assert rows[4096, "full", "vt"][0]["pred"] == "KEPT"
+    assert rows[512, "full", "vt"][0]["pred"] == "KEPT"
     strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]  # noqa: E731
-    assert strip(rows[4096, "full", "vt"][1:]) == strip(full[4096, "full", "vt"][1:])
-    assert strip(rows[4096, "gemfilter_k8", "fwe"]) == strip(full[4096, "gemfilter_k8", "fwe"])
+    assert strip(rows[512, "full", "vt"][1:]) == strip(full[512, "full", "vt"][1:])
+    assert strip(rows[512, "gemfilter_k8", "fwe"]) == strip(full[512, "gemfilter_k8", "fwe"])
     assert not list(again.rglob("*.rank*"))  # shards merged and removed
 
     with pytest.raises(ValueError, match=r"holds results of another setup \(layer: 2 there, 1 now\)"):
@@ -136,8 +136,8 @@ def test_ratio_budget_and_bad_input(tiny, tiny_model_dir, tmp_path, capsys):
     assert [s.label for s in specs] == ["full", "snapkv_r0.75"]
     rows = run(config(tiny_model_dir, methods=(MethodSpec("h2o", ratio=0.75),), tasks=("vt",), num_samples=1),
                out, model_and_tokenizer=tiny, progress=False)
-    assert [(r["topk"], r["kept"]) for r in rows[4096, "h2o_r0.75", "vt"]] == [(46, 46)]  # round(0.75 * 62)
-    base = ["run", "--model", str(tiny_model_dir), "--out", str(out), "--tasks", "vt", "--lengths", "4k"]
+    assert [(r["topk"], r["kept"]) for r in rows[512, "h2o_r0.75", "vt"]] == [(46, 46)]  # round(0.75 * 62)
+    base = ["run", "--model", str(tiny_model_dir), "--out", str(out), "--tasks", "vt", "--lengths", "512"]
     for extra, msg in [(["--methods", "full,nope"], "unknown method(s) nope; allowed:"),
                        (["--topk", "8,x"], "--topk must be comma-separated whole numbers"),
                        (["--topk", "0"], "--topk must be ints >= 1"),
@@ -150,4 +150,30 @@ def test_ratio_budget_and_bad_input(tiny, tiny_model_dir, tmp_path, capsys):
     with pytest.raises(ValueError, match="no predictions under"):
         from eval.ruler.report import write_report
 
-        write_report(tmp_path / "out" / "4096" / "data")
+        write_report(tmp_path / "out" / "512" / "data")
+
+
+def test_options_are_checked_against_the_model_before_anything_is_written(tiny_model_dir, tmp_path, capsys):
+    out = write_samples(tmp_path / "out")
+    base = ["run", "--model", str(tiny_model_dir), "--out", str(out), "--tasks", "vt", "--no-progress"]
+    for extra, msg in [(["--lengths", "1k"], "1024 tokens exceed this model's context window of 512"),
+                       (["--lengths", "512", "--layer", "4"], "--layer 4 is outside [0, 4)"),
+                       (["--lengths", "20000k"], "more than any model's context window")]:
+        assert main([*base, *extra]) == 2
+        assert msg in capsys.readouterr().err, extra
+    assert not (out / "config.json").exists()  # the corrected command may still use this folder
+    assert not (out / "512" / "pred").exists()
+
+
+def test_a_damaged_prediction_row_stops_scoring_and_is_named(tiny, tiny_model_dir, tmp_path, capsys):
+    out = write_samples(tmp_path / "out")
+    run(config(tiny_model_dir, tasks=("vt",)), out, model_and_tokenizer=tiny, progress=False)
+    path = out / "512" / "pred" / "full" / "vt.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text(lines[0] + "\n" + lines[1][:20] + "\n")  # the second row cut short
+    assert main(["score", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2" in err and "not valid JSON" in err
+    path.write_text(lines[0] + "\n" + json.dumps({"pred": 3, "outputs": ["w5"], "_id": "1"}) + "\n")
+    assert main(["score", str(out)]) == 2
+    assert "pred must be a string" in capsys.readouterr().err
