@@ -180,16 +180,17 @@ def _run(args) -> int:
         torch.set_num_threads(args.threads)
     if run(config, args.out, progress=not args.no_progress) is None:
         return 0  # not the main process: it only computed its shard
-    return _print(write_report(args.out, settings=_settings(config)))
+    return print_report(write_report(args.out, settings=_settings(config)))
 
 
 def _score(args) -> int:
     from .report import write_report
 
-    return _print(write_report(args.dir, e=args.e))
+    return print_report(write_report(args.dir, e=args.e))
 
 
-def _print(paths) -> int:
+def print_report(paths) -> int:
+    """Print the markdown report(s) among ``paths`` and where each file went; exit status 0."""
     for path in paths:
         if path.suffix == ".md":
             print(path.read_text(encoding="utf-8"))

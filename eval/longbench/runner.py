@@ -30,7 +30,7 @@ from pathlib import Path
 
 from gemfilter.io import check_against_model, check_out_dir, folder_lock, merge_jsonl, read_jsonl
 
-from eval.niah.runner import CONFIG, append_row, check_config, check_layers, make_state
+from eval.niah.runner import CONFIG, append_row, check_config, check_layers, load_for_run, make_state
 
 from .data import HUB_REPO, load_records
 from .pipeline import check_max_length, default_max_length, predict
@@ -178,14 +178,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    f"{len(tasks)} tasks), {total - len(todo)} already done, {len(todo)} to compute over "
                    f"{state.num_processes} process(es) -> {out}")
     if mine:
-        from gemfilter.models import resolve_dtype
-
-        dtype, note = resolve_dtype(config.dtype, state.device)
-        if note and state.is_main_process and model_and_tokenizer is None:
-            tqdm.write(note)
-        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn, dtype=dtype)
-        if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
-            model.to(state.device)
+        model, tok = load_for_run(config, state, model_and_tokenizer, tqdm.write if state.is_main_process else None)
         # The model's window is needed only by methods with neither their own length nor --max-length.
         needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
         max_length = default_max_length(model) if needs_window else config.max_length

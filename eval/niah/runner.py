@@ -167,6 +167,27 @@ def make_state():
     return PartialState(cpu=cpu)
 
 
+def load_for_run(config, state, model_and_tokenizer=None, say=None) -> tuple:
+    """(model, tokenizer) for an eval run (NIAH, LongBench, RULER), on this process's device.
+
+    config: a runner config with ``model``, ``attn`` and (optionally) ``dtype``; state: accelerate's
+    PartialState; model_and_tokenizer: a loaded pair, used as given; say: where the dtype note goes.
+    A model placed by ``device_map`` (``hf_device_map`` set) is not moved.
+    """
+    import gemfilter
+    from gemfilter.models import resolve_dtype
+
+    if model_and_tokenizer is not None:
+        return model_and_tokenizer
+    dtype, note = resolve_dtype(getattr(config, "dtype", None), state.device)
+    if note and say:
+        say(note)
+    model, tok = gemfilter.load_model(config.model, attn=config.attn, dtype=dtype)
+    if getattr(model, "hf_device_map", None) is None:
+        model.to(state.device)
+    return model, tok
+
+
 def run_cell(model, tokenizer, method, case, max_new_tokens: int) -> dict:
     """Generate for one prompt with one method: response text, kept tokens, prompt tokens, seconds."""
     import gemfilter
@@ -230,14 +251,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    f"{state.num_processes} process(es)" + (f", {later} left for a later run" if later else "")
                    + f" -> {out}")
     if mine:
-        from gemfilter.models import resolve_dtype
-
-        dtype, note = resolve_dtype(config.dtype, state.device)
-        if note and state.is_main_process and model_and_tokenizer is None:
-            tqdm.write(note)
-        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn, dtype=dtype)
-        if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
-            model.to(state.device)
+        model, tok = load_for_run(config, state, model_and_tokenizer, tqdm.write if state.is_main_process else None)
         hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
         methods = {m: resolve(model, gemfilter.get_method(m, layer=config.layer, topk=config.topk))
                    for m in dict.fromkeys(c[0] for c in mine)}

@@ -192,21 +192,17 @@ def _run(args) -> int:
     layer = "model default" if args.layer is None else args.layer
     settings = (f"Model {args.model or 'embedded:gemma3-270m'}; layer {layer}; seed {args.seed}; lengths "
                 f"{', '.join(map(str, config.lengths))}; first {args.num_samples} samples per task.")
-    return _print(write_report(args.out, settings=settings))
+    from eval.longbench.cli import print_report
+
+    return print_report(write_report(args.out, settings=settings))
 
 
 def _score(args) -> int:
     from .report import write_report
 
-    return _print(write_report(args.dir))
+    from eval.longbench.cli import print_report
 
-
-def _print(paths) -> int:
-    for path in paths:
-        if path.suffix == ".md":
-            print(path.read_text(encoding="utf-8"))
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return 0
+    return print_report(write_report(args.dir))
 
 
 if __name__ == "__main__":

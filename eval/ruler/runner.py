@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.longbench.runner import SHARD, finished, merge
-from eval.niah.runner import CONFIG, check_config, check_layers, make_state
+from eval.niah.runner import CONFIG, check_config, check_layers, load_for_run, make_state
 from gemfilter.io import append_jsonl, check_against_model, check_out_dir
 
 from .prepare import DEFAULT_SEED, check_identity, data_file, identity, prepare, prepared_rows
@@ -210,9 +210,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             f"{len(config.lengths)} lengths), {total - len(todo)} already done, {len(todo)} to compute over "
             f"{state.num_processes} process(es) -> {out}")
     if mine:
-        model, tok = model_and_tokenizer or gemfilter.load_model(config.model, attn=config.attn)
-        if model_and_tokenizer is None and getattr(model, "hf_device_map", None) is None:
-            model.to(state.device)
+        model, tok = load_for_run(config, state, model_and_tokenizer)
         fixed = {s.label: s.build(model, config.layer, 0) for s in config.methods if s.ratio is None}
         check_layers([{"method": label, "layer": row.get("layer")} for (_, label, _), rows in done.items()
                       for row in rows.values()], fixed)
