@@ -18,16 +18,32 @@ def smoothed_relu(z: torch.Tensor, power: float, threshold: float) -> torch.Tens
     return torch.where(z >= threshold, z - (1 - 1 / power) * threshold, poly)
 
 
-def run_resumable(cfg, jsonl_path, sweep: tuple, units, key_of, compute) -> list[dict]:
+def run_resumable(cfg, jsonl_path, sweep: tuple, units, key_of, compute, *, force: bool = False,
+                  desc: str | None = None) -> list[dict]:
     """compute(*unit) for every unit, resumable: the settings are cfg without its ``sweep`` fields; a row in
     jsonl_path with the same settings and ``key_of(row) == unit`` is reused, each new row is appended (so an
-    interrupted sweep resumes). Returns the rows in the order of ``units``."""
+    interrupted sweep resumes). Returns the rows in the order of ``units``.
+
+    force: recompute these units; first their old rows (same settings, one of ``units``) are removed from
+    jsonl_path, atomically under the folder lock, and every other row (other settings, other units) stays.
+    desc: show a progress bar over the units with this label."""
+    from tqdm.auto import tqdm
+
+    from gemfilter.io import folder_lock, write_text_atomic
     from icl_probes.common import append_jsonl, as_stored, read_jsonl
 
+    units = list(units)
     settings = {key: val for key, val in as_stored(cfg).items() if key not in sweep}
+    ours = set(units)
+    if force and jsonl_path and jsonl_path.exists():
+        import json
+
+        with folder_lock(jsonl_path.parent):
+            keep = [r for r in read_jsonl(jsonl_path) if not (r.get("settings") == settings and key_of(r) in ours)]
+            write_text_atomic(jsonl_path, "".join(json.dumps(r) + "\n" for r in keep))
     done = {key_of(r): r for r in (read_jsonl(jsonl_path) if jsonl_path else []) if r.get("settings") == settings}
     rows = []
-    for unit in units:
+    for unit in tqdm(units, desc=desc, disable=desc is None, leave=False):
         row = done.get(unit)
         if row is None:
             row = dict(compute(*unit), settings=settings)
@@ -40,7 +56,8 @@ def run_resumable(cfg, jsonl_path, sweep: tuple, units, key_of, compute) -> list
 def start_run(parser, args, argv, prog: str, make_config, jsonl_name: str):
     """What every feature-probe run subcommand does before computing: check --threads and the config (errors
     go to the subcommand's parser), record the command line, set torch's threads, create --out and, with
-    --force, drop the old JSONL rows. Returns (cfg, command, out, fig_dir, jsonl path)."""
+    Returns (cfg, command, out, fig_dir, jsonl path); --force is the run function's (it drops only the rows it
+    recomputes)."""
     import shlex
     import sys
 
@@ -58,8 +75,6 @@ def start_run(parser, args, argv, prog: str, make_config, jsonl_name: str):
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / jsonl_name
-    if args.force and jsonl.exists():
-        jsonl.unlink()
     return cfg, command, out, args.fig_dir or out, jsonl
 
 
@@ -74,7 +89,8 @@ def add_run_args(sp, presets: dict) -> None:
     sp.add_argument("--fig-dir", type=Path, help="folder for the PNG figures (default: --out)")
     sp.add_argument("--seeds", type=seed_list, help="override the preset's seeds, e.g. 0,1,2")
     sp.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
-    sp.add_argument("--force", action="store_true", help="discard finished rows in --out and rerun everything")
+    sp.add_argument("--force", action="store_true", help="recompute this run's units: their old rows (same settings) are removed from the "
+                    "JSONL first; rows of other settings stay")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

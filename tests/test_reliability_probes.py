@@ -110,3 +110,35 @@ def test_every_probe_command_checks_out_before_computing(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit) as exc:
         main(argv[1:] + ["--out", str(tmp_path / "file")])
     assert exc.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_feature_probe_force_recomputes_only_its_own_rows(tmp_path):
+    """--force on a feature probe drops the rows it recomputes (same settings, its units), no others."""
+    from dataclasses import dataclass
+
+    from feature_probes.common import run_resumable
+    from icl_probes.common import read_jsonl
+
+    @dataclass(frozen=True)
+    class Cfg:
+        lr: float
+        seeds: tuple = (0, 1)
+
+    path = tmp_path / "runs.jsonl"
+    calls = []
+
+    def compute(seed, tag):
+        calls.append(seed)
+        return {"seed": seed, "tag": tag}
+
+    def sweep(cfg, seeds, tag, force=False):
+        return run_resumable(cfg, path, ("seeds",), [(s,) for s in seeds], lambda r: (r["seed"],),
+                             lambda s: compute(s, tag), force=force)
+
+    sweep(Cfg(0.1), (0, 1), "old")
+    sweep(Cfg(0.2), (0,), "other settings")
+    assert sweep(Cfg(0.1), (0, 1), "new") == read_jsonl(path)[:2] and calls == [0, 1, 0]  # resumed: nothing new
+    rows = sweep(Cfg(0.1), (1,), "new", force=True)
+    assert calls == [0, 1, 0, 1] and [r["tag"] for r in rows] == ["new"]
+    stored = [(r["settings"]["lr"], r["seed"], r["tag"]) for r in read_jsonl(path)]
+    assert sorted(stored) == [(0.1, 0, "old"), (0.1, 1, "new"), (0.2, 0, "other settings")]

@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.midpoint_mixup", make_config,
                                                f"{args.command}_runs.jsonl")
     run = run_synthetic if args.command == "synthetic" else run_images
-    rows = run_units(run, cfg, jsonl, progress=not args.quiet)
+    rows = run_units(run, cfg, jsonl, progress=not args.quiet, force=args.force)
     write_json(out / f"{args.command}_result.json", dict(config=asdict(cfg), command=command, runs=rows))
     if args.command == "synthetic":
         md, png = synthetic_markdown(rows, asdict(cfg), command), plot_synthetic(rows, figs / "midpoint_synthetic.png")

@@ -177,10 +177,11 @@ def run_images(cfg: ImagesRun, method: str, seed: int, progress: bool = False) -
                 partner=partner.tolist(), train_clean_error=100 * _error(model, concat_views(x, None, None), y))
 
 
-def run_units(run, cfg, jsonl_path=None, progress: bool = True) -> list[dict]:
+def run_units(run, cfg, jsonl_path=None, progress: bool = True, force: bool = False) -> list[dict]:
     """run(cfg, method, seed) for every method and seed of cfg; rows in jsonl_path with the same settings
-    are reused, and each finished unit is appended (so an interrupted sweep resumes)."""
+    are reused (unless ``force``: recomputed), and each finished unit is appended (so an interrupted sweep
+    resumes)."""
     cfg.check()
     units = [(method, seed) for method in cfg.methods for seed in cfg.seeds]
     return run_resumable(cfg, jsonl_path, ("methods", "seeds", "note"), units, lambda r: (r["method"], r["seed"]),
-                         lambda method, seed: run(cfg, method, seed, progress))
+                         lambda method, seed: run(cfg, method, seed, progress), force=force)

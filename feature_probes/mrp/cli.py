@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         return 0
     cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.mrp", make_config,
                                                "mrp_runs.jsonl")
-    rows = run_units(cfg, jsonl, progress=not args.quiet)
+    rows = run_units(cfg, jsonl, progress=not args.quiet, force=args.force)
     write_json(out / "mrp_result.json", dict(config=asdict(cfg), command=command, runs=rows))
     md = markdown(rows, asdict(cfg), command)
     png = plot(rows, figs / "mrp_capture.png")

@@ -177,13 +177,12 @@ def run_sl(cfg: MRPRun, seed: int, progress: bool = False) -> dict:
                 final=_capture_summary(enc, cfg), own=own, head=_fit_head(enc, cfg, train, tests), history=history)
 
 
-def run_units(cfg: MRPRun, jsonl_path=None, progress: bool = True) -> list[dict]:
-    """SL and MRP at every mask ratio, for every seed; finished rows with the same settings are reused."""
+def run_units(cfg: MRPRun, jsonl_path=None, progress: bool = True, force: bool = False) -> list[dict]:
+    """SL and MRP at every mask ratio, for every seed; finished rows with the same settings are reused
+    (unless ``force``: recomputed)."""
     cfg.check()
     units = [("sl", None, s) for s in cfg.seeds] + [("mrp", r, s) for r in cfg.mask_ratios for s in cfg.seeds]
-    from tqdm.auto import tqdm
-
-    return run_resumable(cfg, jsonl_path, ("seeds", "mask_ratios", "note"),
-                         tqdm(units, desc="mrp units", disable=not progress, leave=False),
+    return run_resumable(cfg, jsonl_path, ("seeds", "mask_ratios", "note"), units,
                          lambda r: (r["method"], r["mask_ratio"], r["seed"]),
-                         lambda method, ratio, seed: run_sl(cfg, seed) if method == "sl" else run_mrp(cfg, ratio, seed))
+                         lambda method, ratio, seed: run_sl(cfg, seed) if method == "sl" else run_mrp(cfg, ratio, seed),
+                         force=force, desc="mrp units" if progress else None)

@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         return 0
     cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.parity", make_config,
                                                "parity_runs.jsonl")
-    rows = run_table(cfg, jsonl, progress=not args.quiet)
+    rows = run_table(cfg, jsonl, progress=not args.quiet, force=args.force)
     slim = [{key: val for key, val in r.items() if key != "mds"} for r in rows]
     write_json(out / "parity_result.json", dict(config=asdict(cfg), command=command, runs=slim))
     md = markdown(rows, asdict(cfg), command)

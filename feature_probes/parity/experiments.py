@@ -193,10 +193,10 @@ def _bar(progress: bool, total: int, desc: str):
     return tqdm(total=total - 2, desc=desc, disable=not progress, leave=False)
 
 
-def run_table(cfg: ParityRun, jsonl_path=None, progress: bool = True) -> list[dict]:
+def run_table(cfg: ParityRun, jsonl_path=None, progress: bool = True, force: bool = False) -> list[dict]:
     """run_parity for every (law, seed) of cfg; rows already in jsonl_path with the same settings are reused,
     each newly finished unit is appended (so an interrupted table resumes)."""
     cfg.check()
     units = [(structured, seed) for structured in cfg.laws for seed in cfg.seeds]
     return run_resumable(cfg, jsonl_path, ("seeds", "laws", "note"), units, lambda r: (r["structured"], r["seed"]),
-                         lambda structured, seed: run_parity(cfg, structured, seed, progress))
+                         lambda structured, seed: run_parity(cfg, structured, seed, progress), force=force)
