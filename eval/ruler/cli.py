@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--layer", type=int, default=None,
                    help="0-based filter layer (default: the model's, 11 for the embedded model)")
     add_attn_argument(r)
+    r.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
+                   help="model dtype on GPU (default: the loader's: float32 for the embedded model, the checkpoint's "
+                   "otherwise); CPU always runs float32 and prints so")
     r.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (default: torch's choice)")
     s = sub.add_parser("score", formatter_class=raw, help="score a prediction folder and write the table",
                        description="Score RULER predictions with the official metrics; write report.md/.csv/.png.",
@@ -182,7 +185,7 @@ def _run(args) -> int:
     config = RunConfig(model=args.model, methods=specs, tasks=tuple(t.name for t in parse_tasks(args.tasks)),
                        lengths=parse_lengths(args.lengths), num_samples=args.num_samples, layer=args.layer,
                        seed=args.seed, haystack_dir=args.haystack_dir, data_dir=args.data_dir, attn=args.attn,
-                       extra={"attn": args.attn or "model default"})
+                       dtype=args.dtype, extra={"attn": args.attn or "model default"})
     if args.threads:
         import torch
 

@@ -107,13 +107,14 @@ class RunConfig:
     haystack_dir: str | None = None
     data_dir: str | None = None
     attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
+    dtype: str | None = None  # None: the loader's; a name from gemfilter.models.resolve_dtype (GPU only)
     extra: dict = field(default_factory=dict)  # recorded in config.json, not compared
 
     def identity(self) -> dict:
         """Settings every row depends on besides (label, length, task, index); budgets are in the labels."""
         return {"model": self.model, "layer": self.layer, "seed": self.seed,
                 "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir),
-                "qa_data": "hub" if self.data_dir is None else str(self.data_dir)}
+                "qa_data": "hub" if self.data_dir is None else str(self.data_dir), "dtype": self.dtype}
 
 
 def pred_dir(out, length: int, label: str) -> Path:
@@ -227,7 +228,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    "others": {"id": row["index"]}, "truncation": -1, "_id": str(row["index"]), "kept": res["kept"],
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
                    "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"], "seconds": res["seconds"],
-                   "attn": model.config._attn_implementation}
+                   "attn": model.config._attn_implementation, "dtype": str(model.dtype).replace("torch.", "")}
             append_jsonl(folder / SHARD.format(name, state.process_index), rec, ensure_ascii=False)
             bar.set_postfix(method=spec.label, L=length, task=name, kept=res["kept"])
     state.wait_for_everyone()
