@@ -7,7 +7,7 @@ to ``OUT/<L>/pred/<label>/<task>.jsonl`` (RULER: ``<results>/<L>/pred/<task>.jso
 with ``index``, ``pred``, ``outputs``, ``length``, ``others``, ``truncation`` (RULER's fields), plus
 ``_id`` (resume key), ``kept`` (prompt tokens the answer came from), ``prompt_tokens``, ``layer``,
 ``topk``, ``answers_kept`` (share of the expected outputs still in the kept prompt text, for methods
-that select prompt tokens; None for KV-cache policies and full), ``seconds`` and ``attn`` (the kernel).
+that select prompt tokens; None for KV-cache policies and full), ``seconds``, ``attn`` (the kernel) and ``dtype``.
 The label is the method name, with ``_k<topk>`` (or ``_r<ratio>``) for methods that keep a budget, so
 one folder holds several budgets side by side.
 
