@@ -29,19 +29,18 @@ def run_resumable(cfg, jsonl_path, sweep: tuple, units, key_of, compute, *, forc
     desc: show a progress bar over the units with this label."""
     from tqdm.auto import tqdm
 
-    from gemfilter.io import folder_lock, write_text_atomic
+    from gemfilter.io import remove_jsonl_rows
     from icl_probes.common import append_jsonl, as_stored, read_jsonl
 
     units = list(units)
     settings = {key: val for key, val in as_stored(cfg).items() if key not in sweep}
-    ours = set(units)
-    if force and jsonl_path and jsonl_path.exists():
-        import json
-
-        with folder_lock(jsonl_path.parent):
-            keep = [r for r in read_jsonl(jsonl_path) if not (r.get("settings") == settings and key_of(r) in ours)]
-            write_text_atomic(jsonl_path, "".join(json.dumps(r) + "\n" for r in keep))
-    done = {key_of(r): r for r in (read_jsonl(jsonl_path) if jsonl_path else []) if r.get("settings") == settings}
+    done = {}
+    if force:  # none of our units' rows is left to reuse
+        if jsonl_path and jsonl_path.exists():
+            ours = set(units)
+            remove_jsonl_rows(jsonl_path, lambda r: r.get("settings") == settings and key_of(r) in ours)
+    elif jsonl_path:
+        done = {key_of(r): r for r in read_jsonl(jsonl_path) if r.get("settings") == settings}
     rows = []
     for unit in tqdm(units, desc=desc, disable=desc is None, leave=False):
         row = done.get(unit)

@@ -243,6 +243,18 @@ def merge_jsonl(target, shard_pattern: str, key, sort_key=None, *, required=(), 
     return merged
 
 
+def remove_jsonl_rows(path, drop) -> None:
+    """Rewrite the JSONL ``path`` without the rows for which ``drop(row)`` is true (a ``--force`` rerun).
+
+    Under :func:`folder_lock`, as appends and merges, and written atomically: a row another process
+    appends meanwhile is kept, and a crash leaves the old file. Unreadable lines are left out with a warning.
+    """
+    path = Path(path)
+    with folder_lock(path.parent):
+        keep = [r for r in read_jsonl(path) if not drop(r)]
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
+
+
 def check_out_dir(path, flag: str = "--out", files=()) -> Path:
     """Create the output folder and prove it writable before any compute; ValueError saying what is wrong.
 

@@ -17,8 +17,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from gemfilter.io import check_out_dir, folder_lock, write_text_atomic
-from icl_probes.common import as_stored, read_json, read_jsonl, resolve_device, write_json
+from gemfilter.io import check_out_dir, remove_jsonl_rows, write_text_atomic
+from icl_probes.common import as_stored, read_json, resolve_device, write_json
 from icl_probes.modular import plots, report
 from icl_probes.modular.experiments import GROK_PRESETS, MLP_PRESETS, TRANSFORMER_PRESETS, run_grokking, run_mlp, run_transformer
 
@@ -152,9 +152,7 @@ def _same(path: Path, cfg, force: bool = False) -> dict | None:
 
 def _drop_rows(path: Path, settings: dict, kps) -> None:
     """grok --force: remove from path only the rows that this sweep will recompute (same settings, listed (k, p))."""
-    with folder_lock(path.parent):
-        keep = [r for r in read_jsonl(path) if not (r.get("settings") == settings and (r.get("k"), r.get("p")) in kps)]
-        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
+    remove_jsonl_rows(path, lambda r: r.get("settings") == settings and (r.get("k"), r.get("p")) in kps)
 
 
 def main(argv=None) -> int:
