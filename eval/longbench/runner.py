@@ -30,7 +30,8 @@ from pathlib import Path
 
 from gemfilter.io import check_against_model, check_out_dir, folder_lock, merge_jsonl, read_jsonl
 
-from eval.niah.runner import CONFIG, append_row, check_config, check_layers, load_for_run, make_state
+from eval.niah.runner import (CONFIG, append_row, check_config, check_layers, load_for_run, make_state,
+                              model_config_for)
 
 from .data import HUB_REPO, load_records
 from .pipeline import check_max_length, default_max_length, predict
@@ -153,8 +154,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     state = state or make_state()
     out = check_out_dir(out, files=(CONFIG,))
     check_config(out, config, write=False)
-    model_config = gemfilter.models.load_config(config.model) if model_and_tokenizer is None \
-        else model_and_tokenizer[0].config
+    model_config = model_config_for(config, model_and_tokenizer)
     check_against_model(model_config, layer=config.layer, lengths=(config.max_length or 1,), length_flag="--max-length")
     tasks = [get_task(name) for name in config.tasks]
     with state.main_process_first():  # the main process fills the datasets cache; the others then read it

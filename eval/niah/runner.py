@@ -167,10 +167,19 @@ def make_state():
     return PartialState(cpu=cpu)
 
 
+def model_config_for(config, model_and_tokenizer=None):
+    """The transformers config that options are checked against before any weights load: the loaded
+    model's, else ``gemfilter.models.load_config(config.model)`` (the config file only)."""
+    import gemfilter
+
+    return model_and_tokenizer[0].config if model_and_tokenizer is not None \
+        else gemfilter.models.load_config(config.model)
+
+
 def load_for_run(config, state, model_and_tokenizer=None, say=None) -> tuple:
     """(model, tokenizer) for an eval run (NIAH, LongBench, RULER), on this process's device.
 
-    config: a runner config with ``model``, ``attn`` and (optionally) ``dtype``; state: accelerate's
+    config: a runner config with ``model``, ``attn`` and ``dtype``; state: accelerate's
     PartialState; model_and_tokenizer: a loaded pair, used as given; say: where the dtype note goes.
     A model placed by ``device_map`` (``hf_device_map`` set) is not moved.
     """
@@ -179,7 +188,7 @@ def load_for_run(config, state, model_and_tokenizer=None, say=None) -> tuple:
 
     if model_and_tokenizer is not None:
         return model_and_tokenizer
-    dtype, note = resolve_dtype(getattr(config, "dtype", None), state.device)
+    dtype, note = resolve_dtype(config.dtype, state.device)
     if note and say:
         say(note)
     model, tok = gemfilter.load_model(config.model, attn=config.attn, dtype=dtype)
@@ -232,10 +241,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     state = state or make_state()
     out = check_out_dir(out, files=(RESULTS, CONFIG))
     check_config(out, config, write=False)
-    if model_and_tokenizer is not None:
-        check_before_compute(config, model_and_tokenizer[0].config)
-    else:
-        check_before_compute(config, gemfilter.models.load_config(config.model))
+    check_before_compute(config, model_config_for(config, model_and_tokenizer))
     done = finished_rows(out)
     todo = [c for c in config.cells() if c not in done]
     if max_cells is not None:

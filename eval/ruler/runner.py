@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.longbench.runner import SHARD, finished, merge
-from eval.niah.runner import CONFIG, check_config, check_layers, load_for_run, make_state
+from eval.niah.runner import CONFIG, check_config, check_layers, load_for_run, make_state, model_config_for
 from gemfilter.io import append_jsonl, check_against_model, check_out_dir
 
 from .prepare import DEFAULT_SEED, check_identity, data_file, identity, prepare, prepared_rows
@@ -185,15 +185,13 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     state: an accelerate PartialState (default: the NIAH runner's ``make_state``, gloo on CPU).
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     """
-    import gemfilter
     from tqdm.auto import tqdm
 
     validate(config)
     state = state or make_state()
     out = check_out_dir(out, files=(CONFIG,))
     check_config(out, config, write=False)
-    model_config = gemfilter.models.load_config(config.model) if model_and_tokenizer is None \
-        else model_and_tokenizer[0].config
+    model_config = model_config_for(config, model_and_tokenizer)
     check_against_model(model_config, layer=config.layer, lengths=config.lengths)
     say = tqdm.write if (progress and state.is_main_process) else None
     with state.main_process_first():  # the main process prepares missing data; the others then read it
