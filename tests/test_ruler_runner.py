@@ -131,6 +131,28 @@ def test_resume_computes_only_missing_samples_and_repairs_a_cut_line(tiny, tiny_
         run(config(tiny_model_dir, layer=1), again, model_and_tokenizer=tiny, progress=False)
 
 
+def test_a_cut_off_run_has_given_every_method_the_same_samples(tiny, tiny_model_dir, tmp_path, monkeypatch):
+    """Sample-major order: 5 of 12 predictions done means sample 0 only, never sample 1 of one method."""
+    import eval.ruler.runner as runner
+
+    out = write_samples(tmp_path / "out")
+    real, calls = runner.predict, []
+
+    def predict_then_stop(*a, **kw):
+        if len(calls) == 5:
+            raise KeyboardInterrupt  # the user's Ctrl-C after five predictions
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(runner, "predict", predict_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        run(config(tiny_model_dir), out, model_and_tokenizer=tiny, progress=False)
+    rows = [(p.parent.name, p.name.split(".")[0], r["index"]) for p in (out / "512" / "pred").rglob("*.rank0")
+            for r in read_jsonl(p)]
+    assert len(rows) == 5 and {i for _, _, i in rows} == {0}
+    assert len({(label, task) for label, task, _ in rows}) == 5
+
+
 def test_ratio_budget_and_bad_input(tiny, tiny_model_dir, tmp_path, capsys):
     out = write_samples(tmp_path / "out")
     specs = method_specs(("full", "snapkv"), ratio=0.75)

@@ -49,7 +49,9 @@ its own column, e.g. gemfilter_k256 and gemfilter_k1024):
 pipeline (RULER call_api.py, hf wrapper): prompt = input + answer_prefix, tokenized with the default
 special tokens; greedy decoding of tokens_to_generate new tokens; decoded without special tokens.
 Missing samples are prepared first (same seed, the model's tokenizer). Rerunning the same command
-skips finished predictions, so an interrupted run resumes; --num-samples can grow later.
+skips finished predictions, so an interrupted run resumes; --num-samples can grow later. Work goes
+sample by sample (sample i of every task and method before sample i+1), so a run cut off early has
+given every method the same samples.
 
 {layout}
 

@@ -199,8 +199,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                                                      else load_tokenizer(config.model)), say)
     done = {(L, s.label, t): finished(pred_dir(out, L, s.label), t, ROW_FIELDS)
             for L in config.lengths for s in config.methods for t in config.tasks}
-    todo = [(L, s, t, r) for L in config.lengths for s in config.methods for t in config.tasks
-            for r in samples[L, t] if str(r["index"]) not in done[L, s.label, t]]
+    todo = plan(config, samples, done)
     state.wait_for_everyone()  # everyone has read the finished rows before anyone appends
     mine = todo[state.process_index::state.num_processes]
     if say:
@@ -240,6 +239,16 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                 if folder.is_dir():
                     merged[L, s.label, t] = merge(folder, t, [str(r["index"]) for r in samples[L, t]], ROW_FIELDS)
     return merged
+
+
+def plan(config: RunConfig, samples: dict, done: dict) -> list:
+    """The missing predictions [(length, spec, task, row)], sample-major: sample i of every task and method
+    comes before sample i+1 of any, so a run cut off at any point leaves all methods on the same samples
+    (give or take the one in progress) and its table compares like with like."""
+    depth = max(len(rows) for rows in samples.values())
+    return [(L, s, t, samples[L, t][i]) for L in config.lengths for i in range(depth) for t in config.tasks
+            for s in config.methods
+            if i < len(samples[L, t]) and str(samples[L, t][i]["index"]) not in done[L, s.label, t]]
 
 
 def _prompt_len(tok, row) -> int:
