@@ -109,6 +109,8 @@ def arch_config(name: str, layers: int | None = None, test_shrink: bool = False)
     """
     from transformers import AutoConfig
 
+    from .models import drop_unreachable_window
+
     values = published_config(name)
     changes = []
     total = values["num_hidden_layers"]
@@ -120,15 +122,14 @@ def arch_config(name: str, layers: int | None = None, test_shrink: bool = False)
             values["layer_types"] = values["layer_types"][:layers]
         if layers != total:
             changes.append(f"first {layers} of {total} decoder layers")
-    window = values.get("sliding_window")
-    if window is not None and window >= values["max_position_embeddings"]:
-        values["sliding_window"] = None
-        changes.append(f"sliding_window {window} >= max_position_embeddings dropped (never binds)")
     if test_shrink:
         _shrink_for_tests(values)
         changes.append(f"TEST SHRINK: widths and heads / {TEST_SHRINK}, vocabulary {TEST_VOCAB}")
     model_type = values.pop("model_type")
     config = AutoConfig.for_model(model_type, **values)
+    dropped = drop_unreachable_window(config)
+    if dropped:
+        changes.insert(len(changes) - bool(test_shrink), dropped)  # published-value changes before the test shrink
     config.name_or_path = name
     config.gemfilter_changes = changes
     return config

@@ -93,6 +93,29 @@ def set_attention(model, attn: str):
     return model
 
 
+def drop_unreachable_window(config) -> str | None:
+    """Drop a ``sliding_window`` that is at least ``max_position_embeddings`` from ``config`` (its text config).
+
+    Phi 3.5 publishes ``sliding_window=262144`` with ``max_position_embeddings=131072``: the window never
+    masks a key within the model's positions, so attention is unchanged, but transformers then makes
+    every layer a sliding-window layer and this project's cache methods (which evict only full-attention
+    layers, see :mod:`gemfilter.methods.cache`) would evict nothing. Returns the change, for
+    ``config.gemfilter_changes``, or None when there was nothing to drop. Mutates ``config``.
+    """
+    text = config.get_text_config()
+    window, positions = getattr(text, "sliding_window", None), getattr(text, "max_position_embeddings", None)
+    if window is None or positions is None or window < positions:
+        return None
+    text.sliding_window = None
+    if getattr(text, "layer_types", None) is not None:  # models that build their layers from this list
+        text.layer_types = ["full_attention" if t == "sliding_attention" else t for t in text.layer_types]
+    return f"sliding_window {window} >= max_position_embeddings {positions} dropped (never binds)"
+
+
+def _hub_kw(kw) -> dict:
+    return {k: v for k, v in kw.items() if k in ("revision", "trust_remote_code")}
+
+
 def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: str | None = None,
                attn_implementation=None, **kw):
     """Load a causal LM and its tokenizer.
@@ -107,9 +130,13 @@ def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: st
         available devices with ``accelerate``.
     kw: any other ``from_pretrained`` keyword (``revision``, ``trust_remote_code``, ...).
 
-    Returns ``(model, tokenizer)`` with the model in eval mode.
+    Returns ``(model, tokenizer)`` with the model in eval mode. A sliding window that can never bind
+    (Phi 3.5's) is dropped, with a warning, and listed in ``model.config.gemfilter_changes``; see
+    :func:`drop_unreachable_window`.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import warnings
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if attn is not None and attn_implementation is not None and attn != attn_implementation:
         raise ValueError(f"attn={attn!r} and attn_implementation={attn_implementation!r} disagree; pass one")
@@ -126,7 +153,11 @@ def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: st
     if device_map is not None:
         model_kw["device_map"] = device_map
     try:
-        tok = AutoTokenizer.from_pretrained(path, **{k: v for k, v in kw.items() if k in ("revision", "trust_remote_code")})
+        tok = AutoTokenizer.from_pretrained(path, **_hub_kw(kw))
+        config = AutoConfig.from_pretrained(path, **_hub_kw(kw))
+        change = drop_unreachable_window(config)
+        if change:  # only then pass the config, so from_pretrained's own config handling is untouched otherwise
+            model_kw["config"] = config
         model = AutoModelForCausalLM.from_pretrained(path, **model_kw)
     except OSError as err:
         raise OSError(
@@ -134,6 +165,10 @@ def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: st
             f"from here. Pass a local path, connect to the network, or omit the name to use the embedded "
             f"default ({EMBEDDED_NAME}, Gemma 3 270M, which works offline)."
         ) from err
+    if change:
+        model.config.gemfilter_changes = [change]
+        warnings.warn(f"{name}: {change}; attention is unchanged and the cache methods can evict its layers",
+                      stacklevel=2)
     if attn is not None:
         set_attention(model, attn)
     if tok.pad_token_id is None:
@@ -155,18 +190,23 @@ def add_attn_argument(parser, multiple: bool = False) -> None:
 def load_config(name: str | None = None, **kw):
     """The model's config only (no weights): lets commands check --layer and lengths before loading.
 
-    name: as for :func:`load_model`; kw: ``revision`` / ``trust_remote_code``, as there.
+    name: as for :func:`load_model`; kw: ``revision`` / ``trust_remote_code``, as there. The config is
+    the one :func:`load_model` builds the model from (an unreachable window dropped).
     """
     from transformers import AutoConfig
 
     path = str(embedded_model_dir()) if name in _EMBEDDED_ALIASES else str(name)
     try:
-        return AutoConfig.from_pretrained(path, **{k: v for k, v in kw.items() if k in ("revision", "trust_remote_code")})
+        config = AutoConfig.from_pretrained(path, **_hub_kw(kw))
     except OSError as err:
         raise OSError(
             f"Could not load the config of model {name!r}: {err}\nPass a local path, connect to the network, or omit "
             f"the name to use the embedded default ({EMBEDDED_NAME})."
         ) from err
+    change = drop_unreachable_window(config)
+    if change:
+        config.gemfilter_changes = [change]
+    return config
 
 
 def resolve_dtype(name, device) -> tuple:

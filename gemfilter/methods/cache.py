@@ -18,7 +18,9 @@ GQA, a parameter of SnapKV and H2O (``gqa``):
   its own set and the cache holds h heads (see :mod:`gemfilter.methods.per_head`).
 
 Only full-attention layers are evicted: a sliding-window layer already holds at most its window,
-and its mask offsets are computed from a token counter that eviction would break.
+and its mask offsets are computed from a token counter that eviction would break. A model with no
+full-attention layer is refused (nothing would be evicted); ``gemfilter.load_model`` drops a window
+that can never bind (Phi 3.5's), see :func:`gemfilter.models.drop_unreachable_window`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import STATE_KWARG
-from ..selection import decode_mask, last_row_scores, pool_scores
+from ..selection import decode_mask, last_row_scores, num_layers, pool_scores, sliding_window_of
 from .per_head import attend, per_head_layer
 from .registry import register
 
@@ -152,6 +154,15 @@ class CacheCall:
         slots = torch.arange(self.budget, device=valid.device)
         self.kept_mask = (slots[None, :] >= self.budget - real.clamp(max=self.budget)[:, None]).long()
         cfg = model.config.get_text_config()
+        windows = {sliding_window_of(model, i) for i in range(num_layers(model))}
+        if not self.skip and None not in windows:
+            raise ValueError(
+                f"{method.name} evicts only full-attention layers, and every layer of this model has a sliding "
+                f"window ({', '.join(map(str, sorted(windows)))}), so it would keep the whole cache and equal "
+                "`full` while reporting the budget. If the window can never bind (at least max_position_embeddings, "
+                "as Phi 3.5's), load the model with gemfilter.load_model, which drops it; otherwise use a method "
+                "that selects prompt tokens (gemfilter, gemfilter-span)"
+            )
         if self.padded and not self.skip and getattr(cfg, "sliding_window", None) is not None:
             raise ValueError(
                 f"{method.name} on a left-padded batch is not supported for models with sliding-window layers "

@@ -1,0 +1,59 @@
+"""A sliding window that can never bind (Phi 3.5: 262144 >= 131072 positions) is dropped at load time.
+
+Left in place, transformers makes every layer a sliding-window layer and the cache methods, which
+evict only full-attention layers, would keep everything while reporting the budget. Checked on a tiny
+Phi 3 saved with sliding_window 1024 >= its 512 positions, against transformers' own loading of it.
+"""
+
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Phi3Config, Phi3ForCausalLM
+
+import gemfilter
+from gemfilter.models import load_config
+from tiny_models import COMMON, _build
+
+N, BUDGET = 64, 40
+
+
+@pytest.fixture(scope="module")
+def phi_dir(tiny_model_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-phi3-window")
+    _build(Phi3ForCausalLM, Phi3Config, original_max_position_embeddings=512, sliding_window=1024).save_pretrained(path)
+    for f in tiny_model_dir.iterdir():  # the tiny tokenizer (words w4..w95)
+        if "token" in f.name:
+            shutil.copy(f, path / f.name)
+    return path
+
+
+def _ids():
+    return torch.randint(4, COMMON["vocab_size"], (1, N), generator=torch.Generator().manual_seed(0))
+
+
+def test_load_drops_the_window_and_attention_is_unchanged(phi_dir):
+    stock = AutoModelForCausalLM.from_pretrained(phi_dir).eval()  # transformers' loading: the window stays
+    assert stock.config.sliding_window == 1024
+    with pytest.warns(UserWarning, match="sliding_window 1024 >= max_position_embeddings 512 dropped"):
+        model, _ = gemfilter.load_model(str(phi_dir))
+    assert model.config.sliding_window is None
+    assert model.config.gemfilter_changes == ["sliding_window 1024 >= max_position_embeddings 512 dropped (never binds)"]
+    assert load_config(str(phi_dir)).sliding_window is None  # what the runners check options against
+    with torch.no_grad():
+        assert torch.allclose(model(_ids()).logits, stock(_ids()).logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["snapkv", "h2o", "gemfilter-one-run"])
+def test_cache_methods_evict_after_the_drop_and_refuse_an_all_sliding_model(phi_dir, name):
+    with pytest.warns(UserWarning):
+        model, _ = gemfilter.load_model(str(phi_dir))
+    method = gemfilter.get_method(name, topk=BUDGET, layer=2)
+    with gemfilter.apply(model, method):
+        out = model.generate(_ids(), max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
+    assert [layer.keys.shape[-2] for layer in out.past_key_values.layers] == [BUDGET] * COMMON["num_hidden_layers"]
+
+    stock = AutoModelForCausalLM.from_pretrained(phi_dir).eval()
+    with pytest.raises(ValueError, match=r"every layer of this model has a sliding window \(1024\).*gemfilter.load_model"):
+        with gemfilter.apply(stock, method):
+            stock.generate(_ids(), max_new_tokens=1, do_sample=False)
