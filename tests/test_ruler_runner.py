@@ -153,6 +153,27 @@ def test_a_cut_off_run_has_given_every_method_the_same_samples(tiny, tiny_model_
     assert len({(label, task) for label, task, _ in rows}) == 5
 
 
+def test_a_smaller_run_reports_only_its_first_samples(tiny, tiny_model_dir, tmp_path, capsys):
+    """After a 3-sample run, a 1-sample run's table (and `score --num-samples 1`) covers sample 0 only."""
+    out = write_samples(tmp_path / "out")
+    run(config(tiny_model_dir, num_samples=3, methods=method_specs(("full", "gemfilter"), (8, 16))), out,
+        model_and_tokenizer=tiny, progress=False)
+    args = ["--model", str(tiny_model_dir), "--tasks", ",".join(TASKS), "--methods", "full,gemfilter", "--out", str(out)]
+    assert main(["run", "--num-samples", "1", *args, *FAST]) == 0
+    capsys.readouterr()
+    assert main(["score", str(out), "--num-samples", "1"]) == 0  # the same table from `score`
+    for rc_out in (capsys.readouterr().out, (out / "report.md").read_text()):
+        assert "Samples per task: 1." in rc_out
+    with open(out / "report.csv") as f:
+        for r in csv.DictReader(f):
+            for task in TASKS:
+                rows = read_jsonl(out / "512" / "pred" / r["method"] / f"{task}.jsonl")
+                assert len(rows) == 3 and float(r[task]) == _official_score(rows[:1])
+    assert main(["score", str(out)]) == 0 and "Samples per task: 3." in (out / "report.md").read_text()
+    assert main(["score", str(out), "--num-samples", "0"]) == 2
+    assert "--num-samples must be >= 1" in capsys.readouterr().err
+
+
 def test_ratio_budget_and_bad_input(tiny, tiny_model_dir, tmp_path, capsys):
     out = write_samples(tmp_path / "out")
     specs = method_specs(("full", "snapkv"), ratio=0.75)

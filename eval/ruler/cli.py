@@ -73,7 +73,8 @@ or string_match_part (qa: 1 if any is found); per task round(100 x mean, 2); ave
 offline tasks and over all 13. Writes report.md, report.csv and report.png in DIR.
 
 examples:
-  gemfilter-ruler score results/ruler"""
+  gemfilter-ruler score results/ruler
+  gemfilter-ruler score results/ruler --num-samples 10"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Score RULER predictions with the official metrics; write report.md/.csv/.png.",
                        epilog=SCORE_EPILOG)
     s.add_argument("dir", metavar="DIR", help="prediction folder (see below)")
+    s.add_argument("--num-samples", type=int, default=None, metavar="N",
+                   help="score only the first N samples of each task (default: all rows), e.g. to compare methods "
+                   "on the samples every one of them has finished")
     return p
 
 
@@ -199,7 +203,7 @@ def _run(args) -> int:
                 f"{', '.join(map(str, config.lengths))}; first {args.num_samples} samples per task.")
     from eval.longbench.cli import print_report
 
-    return print_report(write_report(args.out, settings=settings))
+    return print_report(write_report(args.out, settings=settings, num_samples=args.num_samples))
 
 
 def _score(args) -> int:
@@ -207,7 +211,9 @@ def _score(args) -> int:
 
     from eval.longbench.cli import print_report
 
-    return print_report(write_report(args.dir))
+    if args.num_samples is not None and args.num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1 (or omitted for every row), got {args.num_samples}")
+    return print_report(write_report(args.dir, num_samples=args.num_samples))
 
 
 if __name__ == "__main__":

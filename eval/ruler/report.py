@@ -53,8 +53,12 @@ def find_runs(root) -> list:
     return found
 
 
-def score_folder(folder) -> dict:
-    """{task: {"score", "nulls", "n"}} for one method folder (official evaluate.py per task file)."""
+def score_folder(folder, num_samples: int | None = None) -> dict:
+    """{task: {"score", "nulls", "n"}} for one method folder (official evaluate.py per task file).
+
+    num_samples: score only the first n rows of each task file (rows are in sample order), so a folder
+    that also holds a larger run's samples still gives the table of the first n; None: every row.
+    """
     folder = Path(folder)
     if any(folder.glob("*.jsonl.rank*")):
         warnings.warn(f"{folder} holds unmerged shard files (*.jsonl.rank*): an interrupted run; rerun the same "
@@ -71,6 +75,7 @@ def score_folder(folder) -> dict:
         for i, row in enumerate(rows, 1):
             if not isinstance(row["pred"], str) or not isinstance(row["outputs"], list):
                 raise ValueError(f"{path}: row {i}: pred must be a string and outputs a list of strings")
+        rows = rows[:num_samples]
         if rows:
             preds = [r["pred"] for r in rows]
             out[task.name] = {"score": task_score(task.spec.metric, preds, [r["outputs"] for r in rows]),
@@ -78,9 +83,9 @@ def score_folder(folder) -> dict:
     return out
 
 
-def collect(root) -> dict:
-    """{(length, method): {task: score entry}} for every method folder under ``root``."""
-    return {(L, m): s for L, m, d in find_runs(root) if (s := score_folder(d))}
+def collect(root, num_samples: int | None = None) -> dict:
+    """{(length, method): {task: score entry}} for every method folder under ``root`` (see :func:`score_folder`)."""
+    return {(L, m): s for L, m, d in find_runs(root) if (s := score_folder(d, num_samples))}
 
 
 def _fmt(x) -> str:
@@ -166,10 +171,13 @@ def png(results: dict, path, title: str = "RULER") -> Path:
     return Path(path)
 
 
-def write_report(root, settings: str = "", title: str = "RULER") -> list:
-    """Score every method folder under ``root``; write report.md, report.csv, report.png there; return the paths."""
+def write_report(root, settings: str = "", title: str = "RULER", num_samples: int | None = None) -> list:
+    """Score every method folder under ``root``; write report.md, report.csv, report.png there; return the paths.
+
+    num_samples: only the first n samples of each task (see :func:`score_folder`); None: all.
+    """
     root = Path(root)
-    results = collect(root)
+    results = collect(root, num_samples)
     if not results:
         raise ValueError(f"no scored predictions under {root}: every prediction file is empty")
     if not settings and (root / "config.json").is_file():
