@@ -173,7 +173,7 @@ def _load(model_name, attn, layers, dtype, device, test_shrink, length, seed):
         kw["device_map"] = "auto" if device == "auto" else {"": device}
     model, tok = gemfilter.load_model(model_name, attn=attn, **kw)
     enc = tok(build_case(tok, length, 50).prompt, return_tensors="pt").to(model.device)
-    return model, tok, enc, dict(weights="pretrained", changes=[])
+    return model, tok, enc, dict(weights="pretrained", changes=list(getattr(model.config, "gemfilter_changes", [])))
 
 
 def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: int, layer, threads: int = 0,

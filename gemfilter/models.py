@@ -99,21 +99,26 @@ def drop_unreachable_window(config) -> str | None:
     Phi 3.5 publishes ``sliding_window=262144`` with ``max_position_embeddings=131072``: the window never
     masks a key within the model's positions, so attention is unchanged, but transformers then makes
     every layer a sliding-window layer and this project's cache methods (which evict only full-attention
-    layers, see :mod:`gemfilter.methods.cache`) would evict nothing. Returns the change, for
-    ``config.gemfilter_changes``, or None when there was nothing to drop. Mutates ``config``.
+    layers, see :mod:`gemfilter.methods.cache`) would evict nothing. Only configs without ``layer_types``
+    are changed: where that list exists it can choose more than the mask (Gemma 3's local or global
+    RoPE), so rewriting it could change attention. Returns the change, for ``config.gemfilter_changes``,
+    or None when there was nothing to drop. Mutates ``config``.
     """
     text = config.get_text_config()
     window, positions = getattr(text, "sliding_window", None), getattr(text, "max_position_embeddings", None)
-    if window is None or positions is None or window < positions:
+    if window is None or positions is None or window < positions or getattr(text, "layer_types", None) is not None:
         return None
     text.sliding_window = None
-    if getattr(text, "layer_types", None) is not None:  # models that build their layers from this list
-        text.layer_types = ["full_attention" if t == "sliding_attention" else t for t in text.layer_types]
     return f"sliding_window {window} >= max_position_embeddings {positions} dropped (never binds)"
 
 
-def _hub_kw(kw) -> dict:
-    return {k: v for k, v in kw.items() if k in ("revision", "trust_remote_code")}
+#: from_pretrained keywords that say where files come from (the config's loader consumes them too).
+HUB_KEYS = ("revision", "trust_remote_code", "token", "cache_dir", "force_download", "proxies", "local_files_only",
+            "subfolder")
+
+
+def _hub_kw(kw, keys=("revision", "trust_remote_code")) -> dict:
+    return {k: v for k, v in kw.items() if k in keys}
 
 
 def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: str | None = None,
@@ -154,10 +159,13 @@ def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: st
         model_kw["device_map"] = device_map
     try:
         tok = AutoTokenizer.from_pretrained(path, **_hub_kw(kw))
-        config = AutoConfig.from_pretrained(path, **_hub_kw(kw))
+        # As from_pretrained does: config keywords (use_cache=..., rope_scaling=...) update the config and
+        # the rest go on to the model; hub keywords serve both loads.
+        config, rest = AutoConfig.from_pretrained(path, return_unused_kwargs=True, **kw)
         change = drop_unreachable_window(config)
         if change:  # only then pass the config, so from_pretrained's own config handling is untouched otherwise
-            model_kw["config"] = config
+            model_kw = {k: v for k, v in model_kw.items() if k not in kw}
+            model_kw.update(config=config, **_hub_kw(kw, HUB_KEYS), **rest)
         model = AutoModelForCausalLM.from_pretrained(path, **model_kw)
     except OSError as err:
         raise OSError(

@@ -40,6 +40,8 @@ def test_load_drops_the_window_and_attention_is_unchanged(phi_dir):
     assert model.config.sliding_window is None
     assert model.config.gemfilter_changes == ["sliding_window 1024 >= max_position_embeddings 512 dropped (never binds)"]
     assert load_config(str(phi_dir)).sliding_window is None  # what the runners check options against
+    with pytest.warns(UserWarning, match="dropped"):  # a config keyword still reaches the config
+        assert gemfilter.load_model(str(phi_dir), use_cache=False)[0].config.use_cache is False
     with torch.no_grad():
         assert torch.allclose(model(_ids()).logits, stock(_ids()).logits, atol=1e-5)
 
@@ -57,3 +59,13 @@ def test_cache_methods_evict_after_the_drop_and_refuse_an_all_sliding_model(phi_
     with pytest.raises(ValueError, match=r"every layer of this model has a sliding window \(1024\).*gemfilter.load_model"):
         with gemfilter.apply(stock, method):
             stock.generate(_ids(), max_new_tokens=1, do_sample=False)
+
+
+def test_a_window_in_layer_types_is_left_alone(tmp_path):
+    """Gemma 3's layer_types also pick each layer's RoPE, so an unreachable window there is not rewritten."""
+    from transformers import Gemma3TextConfig
+
+    from gemfilter.models import drop_unreachable_window
+
+    cfg = Gemma3TextConfig(**{**COMMON, "sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention"] * 2})
+    assert drop_unreachable_window(cfg) is None and cfg.sliding_window == 4096
