@@ -168,10 +168,36 @@ def test_a_smaller_run_reports_only_its_first_samples(tiny, tiny_model_dir, tmp_
         for r in csv.DictReader(f):
             for task in TASKS:
                 rows = read_jsonl(out / "512" / "pred" / r["method"] / f"{task}.jsonl")
-                assert len(rows) == 3 and float(r[task]) == _official_score(rows[:1])
+                assert len(rows) == 3 and float(r[task]) == _official_score([x for x in rows if x["index"] == 0])
+    # Samples are chosen by index, not by line: the same table from a file whose rows are reversed
+    path = out / "512" / "pred" / "full" / "vt.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(reversed(lines)))
+    before = (out / "report.csv").read_text()
+    assert main(["score", str(out), "--num-samples", "1"]) == 0 and (out / "report.csv").read_text() == before
+    with pytest.warns(UserWarning) as warned:
+        main(["score", str(out), "--num-samples", "4"])
+    assert len(warned) == 9 and all("3 of the first 4 samples are there" in str(w.message) for w in warned)
+    capsys.readouterr()
     assert main(["score", str(out)]) == 0 and "Samples per task: 3." in (out / "report.md").read_text()
     assert main(["score", str(out), "--num-samples", "0"]) == 2
     assert "--num-samples must be >= 1" in capsys.readouterr().err
+
+
+def test_processes_share_every_method_evenly():
+    """2 processes, 2 methods: each process gets half of every method's predictions, not all of one."""
+    from collections import Counter
+
+    from eval.ruler.runner import plan, share
+
+    cfg = RunConfig(methods=method_specs(("full", "gemfilter"), (8,)), tasks=TASKS, lengths=(512,), num_samples=4)
+    samples = {(512, t): [{"index": i} for i in range(4)] for t in TASKS}
+    done = {(512, s.label, t): {} for s in cfg.methods for t in TASKS}
+    todo = plan(cfg, samples, done)
+    parts = [share(cfg, todo, p, 2) for p in range(2)]
+    assert sorted(map(id, parts[0] + parts[1])) == sorted(map(id, todo))  # a partition of the work
+    for part in parts:
+        assert Counter((s.label, t) for _, s, t, _ in part) == Counter({(s.label, t): 2 for s in cfg.methods for t in TASKS})
 
 
 def test_ratio_budget_and_bad_input(tiny, tiny_model_dir, tmp_path, capsys):

@@ -139,8 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=SCORE_EPILOG)
     s.add_argument("dir", metavar="DIR", help="prediction folder (see below)")
     s.add_argument("--num-samples", type=int, default=None, metavar="N",
-                   help="score only the first N samples of each task (default: all rows), e.g. to compare methods "
-                   "on the samples every one of them has finished")
+                   help="score only samples 0..N-1 of each task (rows with index < N; default: every row), e.g. "
+                   "the table of a smaller run in a folder that also holds a larger one's; a task with fewer of "
+                   "them is named in a warning. Shards of a cut-off run (*.jsonl.rank*) are read only once a "
+                   "`run` on that folder finishes and merges them")
     return p
 
 

@@ -56,8 +56,9 @@ def find_runs(root) -> list:
 def score_folder(folder, num_samples: int | None = None) -> dict:
     """{task: {"score", "nulls", "n"}} for one method folder (official evaluate.py per task file).
 
-    num_samples: score only the first n rows of each task file (rows are in sample order), so a folder
-    that also holds a larger run's samples still gives the table of the first n; None: every row.
+    num_samples: score only the rows with ``index`` < n (this project's index is the sample number), so
+    a folder that also holds a larger run's samples still gives the table of the first n, whatever the
+    rows' order; a task with fewer of them gets a warning. None: every row.
     """
     folder = Path(folder)
     if any(folder.glob("*.jsonl.rank*")):
@@ -75,12 +76,25 @@ def score_folder(folder, num_samples: int | None = None) -> dict:
         for i, row in enumerate(rows, 1):
             if not isinstance(row["pred"], str) or not isinstance(row["outputs"], list):
                 raise ValueError(f"{path}: row {i}: pred must be a string and outputs a list of strings")
-        rows = rows[:num_samples]
+        if num_samples is not None:
+            rows = first_samples(rows, num_samples, path)
         if rows:
             preds = [r["pred"] for r in rows]
             out[task.name] = {"score": task_score(task.spec.metric, preds, [r["outputs"] for r in rows]),
                               "nulls": sum(len(postprocess_pred(p)) == 0 for p in preds), "n": len(rows)}
     return out
+
+
+def first_samples(rows: list, n: int, path) -> list:
+    """The rows of samples 0..n-1 (by ``index``); ValueError if a row has no integer index."""
+    bad = [i for i, r in enumerate(rows, 1) if isinstance(r.get("index"), bool) or not isinstance(r.get("index"), int)]
+    if bad:
+        raise ValueError(f"{path}: row {bad[0]} has no integer index, so --num-samples cannot tell which samples "
+                         "come first; score without --num-samples")
+    kept = [r for r in rows if r["index"] < n]
+    if len(kept) < n:
+        warnings.warn(f"{path}: {len(kept)} of the first {n} samples are there; that task is scored on those")
+    return kept
 
 
 def collect(root, num_samples: int | None = None) -> dict:

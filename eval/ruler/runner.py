@@ -201,7 +201,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             for L in config.lengths for s in config.methods for t in config.tasks}
     todo = plan(config, samples, done)
     state.wait_for_everyone()  # everyone has read the finished rows before anyone appends
-    mine = todo[state.process_index::state.num_processes]
+    mine = share(config, todo, state.process_index, state.num_processes)
     if say:
         total = sum(len(samples[k]) for k in samples) * len(config.methods)
         say(f"RULER: {total} predictions ({len(config.methods)} methods x {len(config.tasks)} tasks x "
@@ -242,13 +242,26 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
 
 
 def plan(config: RunConfig, samples: dict, done: dict) -> list:
-    """The missing predictions [(length, spec, task, row)], sample-major: sample i of every task and method
-    comes before sample i+1 of any, so a run cut off at any point leaves all methods on the same samples
-    (give or take the one in progress) and its table compares like with like."""
+    """The missing predictions [(length, spec, task, row)], sample-major within each length: sample i of
+    every task and method comes before sample i+1 of any, so a run cut off at any point leaves all
+    methods on the same samples (give or take those in progress) and its table compares like with like."""
     depth = max(len(rows) for rows in samples.values())
     return [(L, s, t, samples[L, t][i]) for L in config.lengths for i in range(depth) for t in config.tasks
             for s in config.methods
             if i < len(samples[L, t]) and str(samples[L, t][i]["index"]) not in done[L, s.label, t]]
+
+
+def share(config: RunConfig, todo: list, process: int, processes: int) -> list:
+    """This process's part of ``todo``: (sample + task position + method position) mod processes.
+
+    Dealing by position in the list would hand one process the same methods every time whenever the
+    number of processes divides the number of methods (2 processes, full + gemfilter: one does every
+    ``full``); shifting by sample and task rotates methods and tasks over the processes. The part
+    depends only on each prediction's own coordinates, so resumed runs deal the rest the same way.
+    """
+    tasks = {t: i for i, t in enumerate(config.tasks)}
+    methods = {s.label: i for i, s in enumerate(config.methods)}
+    return [x for x in todo if (int(x[3]["index"]) + tasks[x[2]] + methods[x[1].label]) % processes == process]
 
 
 def _prompt_len(tok, row) -> int:
