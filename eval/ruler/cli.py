@@ -150,13 +150,6 @@ def _split(text: str) -> tuple:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def _ints(text: str, flag: str) -> tuple:
-    try:
-        return tuple(int(x) for x in _split(text))
-    except ValueError:
-        raise ValueError(f"{flag} must be comma-separated whole numbers, got {text!r}") from None
-
-
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-ruler`` and ``python -m eval.ruler``; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -183,13 +176,15 @@ def _prepare(args) -> int:
 
 
 def _run(args) -> int:
+    from gemfilter.io import parse_positive_ints
+
     from .report import write_report
     from .runner import RunConfig, method_specs, run
     from .tasks import parse_lengths, parse_tasks
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
-    specs = method_specs(_split(args.methods), _ints(args.topk, "--topk"), args.ratio)
+    specs = method_specs(_split(args.methods), parse_positive_ints(args.topk, "--topk"), args.ratio)
     config = RunConfig(model=args.model, methods=specs, tasks=tuple(t.name for t in parse_tasks(args.tasks)),
                        lengths=parse_lengths(args.lengths), num_samples=args.num_samples, layer=args.layer,
                        seed=args.seed, haystack_dir=args.haystack_dir, data_dir=args.data_dir, attn=args.attn,
