@@ -22,6 +22,7 @@ import fcntl
 import json
 import math
 import os
+import sys
 import tempfile
 import threading
 import warnings
@@ -297,6 +298,21 @@ def parse_length(item, flag: str = "--lengths") -> int:
         raise ValueError(f"{flag}: {text!r} is {int(value):,} tokens, more than any model's context window "
                          f"(at most {MAX_TOKENS:,} allowed)")
     return int(value)
+
+
+def split_names(text) -> tuple:
+    """'full, gemfilter,' -> ('full', 'gemfilter'): a comma-separated option's items (may be empty)."""
+    return tuple(s.strip() for s in str(text).split(",") if s.strip())
+
+
+def cli_exit(call) -> int:
+    """``call()``'s exit status; a ValueError or OSError (bad input, missing file) is printed as one
+    ``error: ...`` line on stderr and gives 2, so commands fail with a message instead of a traceback."""
+    try:
+        return call()
+    except (ValueError, OSError) as err:  # FileNotFoundError is an OSError
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 def _items(text, flag: str) -> list:

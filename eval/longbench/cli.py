@@ -125,18 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _split(text: str) -> tuple:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
 
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-longbench`` and ``python -m eval.longbench``; returns the exit status."""
+    from gemfilter.io import cli_exit
+
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args) if args.command == "run" else _score(args)
-    except (ValueError, FileNotFoundError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return cli_exit(lambda: _run(args) if args.command == "run" else _score(args))
 
 
 def _settings(config) -> str:
@@ -157,13 +152,13 @@ def _run(args) -> int:
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
-    from gemfilter.io import parse_length
+    from gemfilter.io import parse_length, split_names
 
     from .presets import PRESETS, paper_max_length, parse_method_lengths
 
     preset = PRESETS.get(args.preset, {})
     tasks = parse_tasks(args.tasks if args.tasks is not None else preset.get("tasks"), e=args.e)
-    methods = _split(args.methods) if args.methods is not None else preset.get("methods", ("full", "gemfilter"))
+    methods = split_names(args.methods) if args.methods is not None else preset.get("methods", ("full", "gemfilter"))
     own = {**preset.get("method_max_length", {}), **parse_method_lengths(args.max_length_per_method)}
     max_length = None if args.max_length is None else parse_length(args.max_length, "--max-length")
     if max_length is None and preset:

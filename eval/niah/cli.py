@@ -96,9 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _split(text: str) -> tuple:
-    return tuple(s.strip() for s in text.split(",") if s.strip())
-
 
 def _settings(settings: dict, lengths, depths) -> str:
     """The summary's settings line. settings: the run's identity (RunConfig.identity() or its stored
@@ -112,25 +109,24 @@ def _settings(settings: dict, lengths, depths) -> str:
 
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-niah`` and ``python -m eval.niah``; returns the exit status."""
+    from gemfilter.io import cli_exit
+
     args = build_parser().parse_args(argv)
-    try:
-        return _main(args)
-    except (ValueError, FileNotFoundError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return cli_exit(lambda: _main(args))
 
 
 def _main(args) -> int:
     from pathlib import Path
 
-    from .grid import resolve_grid
+    from gemfilter.io import split_names
+
+    from .grid import preset_settings, resolve_grid
     from .report import write_report
-    from .grid import preset_settings
     from .runner import RunConfig, finished_rows, read_config, run
 
     lengths, depths = resolve_grid(args.preset, args.lengths, args.depths)
     preset = preset_settings(args.preset)
-    methods = _split(args.methods) if args.methods is not None else preset["methods"]
+    methods = split_names(args.methods) if args.methods is not None else preset["methods"]
     config = RunConfig(model=args.model, methods=methods, lengths=lengths, depths=depths,
                        topk=args.topk, layer=args.layer, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
                        haystack_dir=args.haystack_dir, attn=args.attn, protocol=args.protocol or preset["protocol"],

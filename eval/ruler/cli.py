@@ -146,18 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _split(text: str) -> tuple:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
 
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-ruler`` and ``python -m eval.ruler``; returns the exit status."""
+    from gemfilter.io import cli_exit
+
     args = build_parser().parse_args(argv)
-    try:
-        return {"prepare": _prepare, "run": _run, "score": _score}[args.command](args)
-    except (ValueError, FileNotFoundError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return cli_exit(lambda: {"prepare": _prepare, "run": _run, "score": _score}[args.command](args))
 
 
 def _prepare(args) -> int:
@@ -176,7 +171,7 @@ def _prepare(args) -> int:
 
 
 def _run(args) -> int:
-    from gemfilter.io import parse_positive_ints
+    from gemfilter.io import parse_positive_ints, split_names
 
     from .report import write_report
     from .runner import RunConfig, method_specs, run
@@ -184,7 +179,7 @@ def _run(args) -> int:
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
-    specs = method_specs(_split(args.methods), parse_positive_ints(args.topk, "--topk"), args.ratio)
+    specs = method_specs(split_names(args.methods), parse_positive_ints(args.topk, "--topk"), args.ratio)
     config = RunConfig(model=args.model, methods=specs, tasks=tuple(t.name for t in parse_tasks(args.tasks)),
                        lengths=parse_lengths(args.lengths), num_samples=args.num_samples, layer=args.layer,
                        seed=args.seed, haystack_dir=args.haystack_dir, data_dir=args.data_dir, attn=args.attn,
