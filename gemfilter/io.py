@@ -316,7 +316,7 @@ def cli_exit(call) -> int:
 
 
 def _items(text, flag: str) -> list:
-    items = [s.strip() for s in str(text).split(",") if s.strip()]
+    items = list(split_names(text))
     if not items:
         raise ValueError(f"{flag} is empty; give a comma-separated list")
     return items

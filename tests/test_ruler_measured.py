@@ -6,6 +6,7 @@ run it came from, and a table cannot claim more samples than the folder holds.
 """
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,37 +19,25 @@ ROOT = REPO / "eval" / "results" / "ruler"
 METHODS = {"full"} | {f"{m}_k{k}" for m in ("gemfilter", "gemfilter-span", "snapkv", "h2o") for k in (256, 1024)}
 
 
+@pytest.fixture(scope="module")
 def measured():
+    """(README text, its sample count n, collect() of the committed rows over samples 0..n-1)."""
     text = (REPO / "eval" / "ruler" / "README.md").read_text(encoding="utf-8")
     marker = re.search(r"<!-- ruler-measured: num_samples=(\d+) -->", text)
     if marker is None:
         pytest.fail("eval/ruler/README.md has no <!-- ruler-measured: num_samples=N --> marker before its table")
     n = int(marker[1])
-    with _no_missing_samples():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         results = collect(ROOT, n)
+    # collect warns "k of the first n samples are there" when a task is short: the table must cover n samples
+    missing = [str(w.message) for w in caught if "of the first" in str(w.message)]
+    assert not missing, missing[0]
     return text, n, results
 
 
-class _no_missing_samples:
-    """Fail on collect's 'k of the first n samples are there' warning: the table must cover n samples."""
-
-    def __enter__(self):
-        import warnings
-
-        self._catch = warnings.catch_warnings(record=True)
-        self.caught = self._catch.__enter__()
-        warnings.simplefilter("always")
-        return self
-
-    def __exit__(self, *exc):
-        self._catch.__exit__(*exc)
-        missing = [str(w.message) for w in self.caught if "of the first" in str(w.message)]
-        assert not missing, missing[0]
-        return False
-
-
-def test_committed_run_covers_every_method_and_offline_task_for_the_stated_samples():
-    _, n, results = measured()
+def test_committed_run_covers_every_method_and_offline_task_for_the_stated_samples(measured):
+    _, n, results = measured
     assert {m for _, m in results} == METHODS
     for (length, method), scores in results.items():
         assert length == "4096", (length, method)
@@ -56,18 +45,18 @@ def test_committed_run_covers_every_method_and_offline_task_for_the_stated_sampl
         assert {e["n"] for e in scores.values()} == {n}, method
 
 
-def test_ruler_readme_table_is_the_score_of_the_committed_predictions():
-    text, _, results = measured()
+def test_ruler_readme_table_is_the_score_of_the_committed_predictions(measured):
+    text, _, results = measured
     _, rows, _ = table(results)
     for row in rows:
         line = "| " + " | ".join(str(c) for c in row) + " |"
         assert line in text, f"eval/ruler/README.md lacks the scored row {line}"
 
 
-def test_top_readme_averages_are_the_committed_ones():
+def test_top_readme_averages_are_the_committed_ones(measured):
     text = (REPO / "README.md").read_text(encoding="utf-8")
     section = text.split("## RULER", 1)[1].split("\n## ", 1)[0]
-    _, rows, cols = table(measured()[2])
+    _, rows, cols = table(measured[2])
     avg = len(cols) + 2  # Length, Method, tasks..., Avg (11 offline)
     for row in rows:
         assert row[avg] in section, f"README.md's RULER section lacks {row[1]}'s 11-task average {row[avg]}"

@@ -125,7 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-longbench`` and ``python -m eval.longbench``; returns the exit status."""
     from gemfilter.io import cli_exit

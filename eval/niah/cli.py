@@ -96,7 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-
 def _settings(settings: dict, lengths, depths) -> str:
     """The summary's settings line. settings: the run's identity (RunConfig.identity() or its stored
     config.json); lengths, depths: the grid axes."""

@@ -146,7 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-ruler`` and ``python -m eval.ruler``; returns the exit status."""
     from gemfilter.io import cli_exit
