@@ -230,7 +230,8 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))  # a full disk: no file may grow past 16 bytes
 big = {"x": "y" * 500}
 jobs = {
-    "niah config": lambda: check_config(root / "niah", RunConfig(model="tiny", extra=big), write=True),
+    "niah config": lambda: check_config(root / "niah", RunConfig(model="tiny", extra=big), write=True,
+                                          model_config=None),
     "calibration": lambda: calibrate(model, tok, lengths=(240,), depths=(50,), ks=(8,), haystack_dir=hay),
     "longbench result": lambda: score_folder(preds),
     "probe result": lambda: write_json(root / "probe.json", big),

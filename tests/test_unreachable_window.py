@@ -69,3 +69,32 @@ def test_a_window_in_layer_types_is_left_alone(tmp_path):
 
     cfg = Gemma3TextConfig(**{**COMMON, "sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention"] * 2})
     assert drop_unreachable_window(cfg) is None and cfg.sliding_window == 4096
+
+
+def test_an_eval_folder_made_before_the_drop_is_not_resumed_after_it(phi_dir, tmp_path):
+    """Rows made with the window in place (cache methods kept everything) must not mix with rows after
+    the drop: the runners keep the model's gemfilter_changes in the folder's identity."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from eval.ruler.prepare import data_file, write_rows
+    from eval.ruler.runner import RunConfig, method_specs, run
+
+    rows = [{"index": 0, "input": "w4 w5 w6", "answer_prefix": " w9", "outputs": ["w5"], "length": 4,
+             "length_w_model_temp": 4}]
+    write_rows(data_file(tmp_path, 512, "vt"), rows)
+    cfg = RunConfig(model=str(phi_dir), methods=method_specs(("full",)), tasks=("vt",), lengths=(512,),
+                    num_samples=1, layer=2)
+    stock = AutoModelForCausalLM.from_pretrained(phi_dir).eval()  # as a folder from before the drop was made
+    run(cfg, tmp_path, model_and_tokenizer=(stock, AutoTokenizer.from_pretrained(phi_dir)), progress=False)
+    assert json.loads((tmp_path / "config.json").read_text()).get("model_changes") == []
+
+    with pytest.raises(ValueError, match=r"another setup \(model_changes: \[\] there, \['sliding_window 1024"):
+        run(cfg, tmp_path, progress=False)  # gemfilter.load_config drops the window: refused before any weights load
+    legacy = json.loads((tmp_path / "config.json").read_text())
+    del legacy["model_changes"]  # a folder written before the key existed reads as "no changes"
+    (tmp_path / "config.json").write_text(json.dumps(legacy))
+    with pytest.raises(ValueError, match="model_changes"):
+        run(cfg, tmp_path, progress=False)
+    assert run(cfg, tmp_path, model_and_tokenizer=(stock, None), progress=False)[512, "full", "vt"][0]["index"] == 0

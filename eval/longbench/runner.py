@@ -153,8 +153,8 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     validate(config)
     state = state or make_state()
     out = check_out_dir(out, files=(CONFIG,))
-    check_config(out, config, write=False)
     model_config = model_config_for(config, model_and_tokenizer)
+    check_config(out, config, write=False, model_config=model_config)
     check_against_model(model_config, layer=config.layer, lengths=(config.max_length or 1,), length_flag="--max-length")
     tasks = [get_task(name) for name in config.tasks]
     with state.main_process_first():  # the main process fills the datasets cache; the others then read it
@@ -187,7 +187,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         check_layers([{"method": m, "layer": row.get("layer")} for (m, _), rows in done.items()
                       for row in rows.values()], methods)
         desc = "LongBench" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
-        check_config(out, config, write=True)  # the first row is coming: pin the setup now
+        check_config(out, config, write=True, model_config=model_config)  # the first row is coming: pin the setup
         bar = tqdm(mine, desc=desc, unit="sample", disable=not (progress and state.is_main_process))
         for name, task, record in bar:
             folder = config.pred_dir(out, name)

@@ -36,7 +36,7 @@ from .scoring import score_all
 
 #: Settings added after folders were written without them: a missing key means this value
 #: (LongBench's runner shares :func:`check_config`, hence its method_max_length).
-LEGACY_IDENTITY = {"protocol": "kamradt", "dtype": None, "method_max_length": {}}
+LEGACY_IDENTITY = {"protocol": "kamradt", "dtype": None, "method_max_length": {}, "model_changes": []}
 RESULTS = "results.jsonl"
 CONFIG = "config.json"
 SHARD = "results.rank{}.jsonl"
@@ -121,10 +121,15 @@ def read_config(out: Path) -> dict | None:
                             "made this folder (a rerun with the same settings resumes it), or use another --out")
 
 
-def check_config(out: Path, config: RunConfig, write: bool) -> None:
-    """Refuse a folder holding results of another setup; record this setup if ``write`` (under the lock)."""
+def check_config(out: Path, config: RunConfig, write: bool, *, model_config) -> None:
+    """Refuse a folder holding results of another setup; record this setup if ``write`` (under the lock).
+
+    model_config: the transformers config the run uses (:func:`model_config_for`), or None. Its
+    ``gemfilter_changes`` (such as Phi 3.5's dropped window, which changes what SnapKV/H2O evict) are
+    part of the setup; a folder from before a change reads as having none, so its rows are not mixed in.
+    """
     path = out / CONFIG
-    new = config.identity()
+    new = {**config.identity(), "model_changes": list(getattr(model_config, "gemfilter_changes", None) or [])}
     with folder_lock(out) if write else nullcontext():
         stored = read_config(out)
         if stored is not None:
@@ -240,8 +245,9 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     validate(config)
     state = state or make_state()
     out = check_out_dir(out, files=(RESULTS, CONFIG))
-    check_config(out, config, write=False)
-    check_before_compute(config, model_config_for(config, model_and_tokenizer))
+    model_config = model_config_for(config, model_and_tokenizer)
+    check_config(out, config, write=False, model_config=model_config)
+    check_before_compute(config, model_config)
     done = finished_rows(out)
     todo = [c for c in config.cells() if c not in done]
     if max_cells is not None:
@@ -263,7 +269,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    for m in dict.fromkeys(c[0] for c in mine)}
         check_layers(done.values(), methods)
         shard = out / SHARD.format(state.process_index)
-        check_config(out, config, write=True)  # the first row is coming: pin the setup now
+        check_config(out, config, write=True, model_config=model_config)  # the first row is coming: pin the setup
         label = config.model or EMBEDDED_NAME
         desc = "NIAH cells" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
         bar = tqdm(mine, desc=desc, unit="cell", disable=not (progress and state.is_main_process))

@@ -190,8 +190,8 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     validate(config)
     state = state or make_state()
     out = check_out_dir(out, files=(CONFIG,))
-    check_config(out, config, write=False)
     model_config = model_config_for(config, model_and_tokenizer)
+    check_config(out, config, write=False, model_config=model_config)
     check_against_model(model_config, layer=config.layer, lengths=config.lengths)
     say = tqdm.write if (progress and state.is_main_process) else None
     with state.main_process_first():  # the main process prepares missing data; the others then read it
@@ -213,7 +213,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         check_layers([{"method": label, "layer": row.get("layer")} for (_, label, _), rows in done.items()
                       for row in rows.values()], fixed)
         desc = "RULER" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
-        check_config(out, config, write=True)  # the first row is coming: pin the setup now
+        check_config(out, config, write=True, model_config=model_config)  # the first row is coming: pin the setup
         bar = tqdm(mine, desc=desc, unit="sample", disable=not (progress and state.is_main_process))
         for length, spec, name, row in bar:
             task = get_task(name)
