@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 _STATUS = "/proc/self/status"
 

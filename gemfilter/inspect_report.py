@@ -5,7 +5,6 @@ Paper: Shi et al. 2024, Figs. 9.2, 9.5 and G.5. Every figure is a PNG.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 

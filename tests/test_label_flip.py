@@ -275,11 +275,11 @@ def test_closed_form_loss_agrees_with_monte_carlo(r, sigma):
 
 def test_thm_5_4_1_v_star_is_the_least_squares_optimum():
     """Fit U on the top-r eigenspace by least squares on sampled pretraining prompts (N examples,
-    w ~ N(0, I), no noise): the fit must be Q_r diag(v*_1..r) Q_r^T."""
+    w ~ N(0, I), no noise): the fit must be Q_r diag(v*_1..r) Q_r^T. Fitted in the eigenbasis
+    (Q = I, no loss of generality: the loss is rotation invariant), so the fit must be diag(v*_1..r)."""
     d, r, n_pre, n = 4, 2, 20, 200_000
     lam = torch.tensor([1.0, 0.6, 0.3, 0.1], dtype=torch.float64)
     g = torch.Generator().manual_seed(11)
-    q = theory.random_orthogonal(d, g)
     x = torch.randn(n, n_pre, d, generator=g, dtype=torch.float64) * lam.sqrt()  # eigenbasis coordinates
     w = torch.randn(n, d, generator=g, dtype=torch.float64)
     h = (x * (x @ w[:, :, None])).mean(1)

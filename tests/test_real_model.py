@@ -1,6 +1,5 @@
 """Real-behaviour checks on the embedded Gemma 3 270M (slow: marked, and run in CI)."""
 
-import warnings
 
 import pytest
 import torch

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from eval.longbench.cli import main as lb_main
-from eval.niah import runner
 from eval.niah.cli import main as niah_main
 from eval.niah.runner import RunConfig, run
 from longbench_fixtures import write_words
