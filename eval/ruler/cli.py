@@ -76,6 +76,14 @@ examples:
   gemfilter-ruler score results/ruler
   gemfilter-ruler score results/ruler --num-samples 10"""
 
+FAILURES_EPILOG = """A sample passes when every expected output is found (per-sample score 1 under the task's
+official metric). Rows are matched by index, the sample number. Per method: a table of its misses
+(task, sample, score, answers_kept, prediction, expected outputs) and its mean answers_kept per task.
+
+examples:
+  gemfilter-ruler failures results/ruler
+  gemfilter-ruler failures eval/results/ruler --num-samples 4"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
@@ -92,11 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gemfilter-ruler", formatter_class=raw,
         description="RULER (NVIDIA/RULER): 13 synthetic long-context tasks (11 offline), faithful to the official "
         "generators and scorer, with GemFilter, SnapKV, H2O or full attention. 'prepare' makes samples, 'run' "
-        "predicts and scores, 'score' scores a prediction folder. See '<command> --help'.",
+        "predicts and scores, 'score' scores a prediction folder, 'failures' lists the samples a method misses "
+        "that full passes. See '<command> --help'.",
         epilog="examples:\n  gemfilter-ruler prepare --lengths 4k --num-samples 20 --out results/ruler\n"
         "  gemfilter-ruler run --lengths 4k --num-samples 20 --methods full,gemfilter --topk 256,1024\n"
-        "  gemfilter-ruler score results/ruler")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{prepare,run,score}")
+        "  gemfilter-ruler score results/ruler\n  gemfilter-ruler failures results/ruler")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{prepare,run,score,failures}")
 
     def common(sp):
         sp.add_argument("--tasks", default=None, help="comma-separated task names or aliases (default: offline, the 11)")
@@ -143,6 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "the table of a smaller run in a folder that also holds a larger one's; a task with fewer of "
                    "them is named in a warning. Shards of a cut-off run (*.jsonl.rank*) are read only once a "
                    "`run` on that folder finishes and merges them")
+    f = sub.add_parser("failures", formatter_class=raw, help="list the samples a method misses that full passes",
+                       description="For each method, list the samples the reference method (full) passes in full "
+                       "and the method misses, with its prediction and answers_kept (the share of the expected "
+                       "outputs still in the text a prompt-filtering method kept): a selection miss has "
+                       "answers_kept < 1, a miss with every answer kept is the model's. Writes failures.md in DIR.",
+                       epilog=FAILURES_EPILOG)
+    f.add_argument("dir", metavar="DIR", help="prediction folder, as for score")
+    f.add_argument("--against", default="full", help="the reference method folder (default: full)")
+    f.add_argument("--num-samples", type=int, default=None, metavar="N",
+                   help="only samples 0..N-1 of each task, as for score (default: every row)")
     return p
 
 
@@ -151,7 +170,8 @@ def main(argv=None) -> int:
     from gemfilter.io import cli_exit
 
     args = build_parser().parse_args(argv)
-    return cli_exit(lambda: {"prepare": _prepare, "run": _run, "score": _score}[args.command](args))
+    commands = {"prepare": _prepare, "run": _run, "score": _score, "failures": _failures}
+    return cli_exit(lambda: commands[args.command](args))
 
 
 def _prepare(args) -> int:
@@ -205,6 +225,17 @@ def _score(args) -> int:
     if args.num_samples is not None and args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1 (or omitted for every row), got {args.num_samples}")
     return print_report(write_report(args.dir, num_samples=args.num_samples))
+
+
+def _failures(args) -> int:
+    from .failures import write_failures
+
+    if args.num_samples is not None and args.num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1 (or omitted for every row), got {args.num_samples}")
+    path = write_failures(args.dir, args.against, args.num_samples)
+    print(path.read_text(encoding="utf-8"))
+    print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -66,23 +66,29 @@ def score_folder(folder, num_samples: int | None = None) -> dict:
                       "`run` command to finish and merge them. Scoring only the merged <task>.jsonl files.")
     out = {}
     for task in TASKS:
-        path = folder / f"{task.name}.jsonl"
-        if not path.is_file():
-            continue
-        # strict: a skipped row would change the score silently, so a bad row stops scoring and is named
-        rows = read_jsonl(path, required=("pred", "outputs"), strict=True,
-                          fix=f"RULER prediction rows hold pred and outputs; delete that line of {path} and rerun "
-                          "the same `run` command, which recomputes that sample")
-        for i, row in enumerate(rows, 1):
-            if not isinstance(row["pred"], str) or not isinstance(row["outputs"], list):
-                raise ValueError(f"{path}: row {i}: pred must be a string and outputs a list of strings")
-        if num_samples is not None:
-            rows = first_samples(rows, num_samples, path)
+        rows = read_rows(folder / f"{task.name}.jsonl", num_samples)
         if rows:
             preds = [r["pred"] for r in rows]
             out[task.name] = {"score": task_score(task.spec.metric, preds, [r["outputs"] for r in rows]),
                               "nulls": sum(len(postprocess_pred(p)) == 0 for p in preds), "n": len(rows)}
     return out
+
+
+def read_rows(path, num_samples: int | None = None) -> list:
+    """The prediction rows of one task file ([] if there is none), samples 0..n-1 only if ``num_samples``.
+
+    Strict: a skipped row would change a score silently, so a bad row raises and is named.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = read_jsonl(path, required=("pred", "outputs"), strict=True,
+                      fix=f"RULER prediction rows hold pred and outputs; delete that line of {path} and rerun "
+                      "the same `run` command, which recomputes that sample")
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row["pred"], str) or not isinstance(row["outputs"], list):
+            raise ValueError(f"{path}: row {i}: pred must be a string and outputs a list of strings")
+    return rows if num_samples is None else first_samples(rows, num_samples, path)
 
 
 def first_samples(rows: list, n: int, path) -> list:
