@@ -60,3 +60,14 @@ def test_top_readme_averages_are_the_committed_ones(measured):
     avg = len(cols) + 2  # Length, Method, tasks..., Avg (11 offline)
     for row in rows:
         assert row[avg] in section, f"README.md's RULER section lacks {row[1]}'s 11-task average {row[avg]}"
+
+
+def test_committed_failures_md_is_the_failures_command_over_the_stated_samples(measured):
+    """eval/ruler/README.md's sentences on failures cite failures.md; it must be what the command gives now."""
+    from eval.ruler.failures import find_misses, markdown
+
+    _, n, _ = measured
+    path = ROOT / "failures.md"
+    assert path.is_file(), f"run: gemfilter-ruler failures {ROOT.relative_to(REPO)} --num-samples {n}"
+    assert path.read_text(encoding="utf-8") == markdown(find_misses(ROOT, num_samples=n)), (
+        f"{path} is stale: rerun gemfilter-ruler failures {ROOT.relative_to(REPO)} --num-samples {n}")
