@@ -58,3 +58,7 @@ def test_cli_writes_failures_md_and_refuses_an_unknown_reference(folder, capsys)
     assert main(["failures", str(folder), "--against", "nope"]) == 2
     assert "--against takes one of the method folders there: c_k8, full, m_k8" in capsys.readouterr().err
     assert main(["failures", str(folder), "--num-samples", "0"]) == 2
+    capsys.readouterr()
+    _write(folder / "4096" / "pred" / "m_k8", "vt", [{"pred": "x", "outputs": ["y"]}])  # no index
+    assert main(["failures", str(folder)]) == 2
+    assert "vt.jsonl: row 1 has no integer index, so it cannot be matched" in capsys.readouterr().err

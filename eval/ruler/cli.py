@@ -222,20 +222,22 @@ def _score(args) -> int:
 
     from eval.longbench.cli import print_report
 
-    if args.num_samples is not None and args.num_samples < 1:
-        raise ValueError(f"--num-samples must be >= 1 (or omitted for every row), got {args.num_samples}")
-    return print_report(write_report(args.dir, num_samples=args.num_samples))
+    return print_report(write_report(args.dir, num_samples=_scope(args.num_samples)))
 
 
 def _failures(args) -> int:
     from .failures import write_failures
 
-    if args.num_samples is not None and args.num_samples < 1:
-        raise ValueError(f"--num-samples must be >= 1 (or omitted for every row), got {args.num_samples}")
-    path = write_failures(args.dir, args.against, args.num_samples)
-    print(path.read_text(encoding="utf-8"))
-    print(f"wrote {path}")
-    return 0
+    from eval.longbench.cli import print_report
+
+    return print_report([write_failures(args.dir, args.against, _scope(args.num_samples))])
+
+
+def _scope(num_samples):
+    """score's and failures' --num-samples: None (every row) or an int >= 1."""
+    if num_samples is not None and num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1 (or omitted for every row), got {num_samples}")
+    return num_samples
 
 
 if __name__ == "__main__":

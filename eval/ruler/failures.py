@@ -17,7 +17,7 @@ from pathlib import Path
 from gemfilter.io import write_text_atomic
 
 from .metrics import METRICS, postprocess_pred
-from .report import find_runs, read_rows
+from .report import check_indices, find_runs, read_rows
 from .tasks import BY_NAME, TASKS
 
 
@@ -44,9 +44,7 @@ def sample_score(task: str, row: dict) -> float:
 
 def _by_index(path, num_samples) -> dict:
     rows = read_rows(path, num_samples)
-    bad = [i for i, r in enumerate(rows, 1) if isinstance(r.get("index"), bool) or not isinstance(r.get("index"), int)]
-    if bad:
-        raise ValueError(f"{path}: row {bad[0]} has no integer index, so it cannot be matched with the reference's sample")
+    check_indices(rows, path, "it cannot be matched with the reference's sample")
     return {r["index"]: r for r in rows}
 
 

@@ -91,12 +91,17 @@ def read_rows(path, num_samples: int | None = None) -> list:
     return rows if num_samples is None else first_samples(rows, num_samples, path)
 
 
-def first_samples(rows: list, n: int, path) -> list:
-    """The rows of samples 0..n-1 (by ``index``); ValueError if a row has no integer index."""
+def check_indices(rows: list, path, why: str) -> None:
+    """ValueError naming the first row of ``path`` without an integer ``index`` (the sample number),
+    and ``why`` that matters."""
     bad = [i for i, r in enumerate(rows, 1) if isinstance(r.get("index"), bool) or not isinstance(r.get("index"), int)]
     if bad:
-        raise ValueError(f"{path}: row {bad[0]} has no integer index, so --num-samples cannot tell which samples "
-                         "come first; score without --num-samples")
+        raise ValueError(f"{path}: row {bad[0]} has no integer index, so {why}")
+
+
+def first_samples(rows: list, n: int, path) -> list:
+    """The rows of samples 0..n-1 (by ``index``); ValueError if a row has no integer index."""
+    check_indices(rows, path, "--num-samples cannot tell which samples come first; score without --num-samples")
     kept = [r for r in rows if r["index"] < n]
     if len(kept) < n:
         warnings.warn(f"{path}: {len(kept)} of the first {n} samples are there; that task is scored on those")
