@@ -70,7 +70,8 @@ def topk_sorted(scores: torch.Tensor, valid: torch.Tensor, topk: int) -> list:
 
 
 def text_config(model):
-    cfg = model.config
+    """The text config of a model, or of a transformers config given directly (no weights needed)."""
+    cfg = getattr(model, "config", model)
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
@@ -79,7 +80,7 @@ def num_layers(model) -> int:
 
 
 def sliding_window_of(model, layer: int):
-    """The window of ``layer`` if it is a sliding-window layer, else None."""
+    """The window of ``layer`` if it is a sliding-window layer, else None. model: a model or its config."""
     cfg = text_config(model)
     window = getattr(cfg, "sliding_window", None)
     types = getattr(cfg, "layer_types", None)

@@ -148,6 +148,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     """
     import gemfilter
     from gemfilter.apply import resolve
+    from gemfilter.methods import check_for_model
     from tqdm.auto import tqdm
 
     validate(config)
@@ -156,6 +157,11 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     model_config = model_config_for(config, model_and_tokenizer)
     check_config(out, config, write=False, model_config=model_config)
     check_against_model(model_config, layer=config.layer, lengths=(config.max_length or 1,), length_flag="--max-length")
+    window = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    for m in config.methods:  # e.g. SnapKV on a model whose every layer is windowed; prompts are cut to this
+        longest = config.max_length_of(m, window)
+        if longest is not None:
+            check_for_model(gemfilter.get_method(m, layer=config.layer, topk=config.topk), model_config, longest)
     tasks = [get_task(name) for name in config.tasks]
     with state.main_process_first():  # the main process fills the datasets cache; the others then read it
         records = {t.config: load_records(t.e_config() if config.e else t.config, config.data_dir, config.limit)

@@ -220,12 +220,18 @@ def append_row(path: Path, row: dict) -> None:
 
 
 def check_before_compute(config: RunConfig, model_config) -> None:
-    """Everything that can be checked without the weights: --layer and --lengths against the model, the haystack.
+    """Everything that can be checked without the weights: --layer, --lengths and the methods against the
+    model, the haystack.
 
     model_config: the model's transformers config. Reading the haystack here (not after the model
     loaded) means a bad --haystack-dir fails in a second, before config.json is written.
     """
+    from gemfilter import get_method
+    from gemfilter.methods import check_for_model
+
     check_against_model(model_config, layer=config.layer, lengths=config.lengths)
+    for name in config.methods:  # e.g. SnapKV on a model whose every layer is windowed
+        check_for_model(get_method(name, layer=config.layer, topk=config.topk), model_config, max(config.lengths))
     read_haystack(config.haystack_dir)
 
 

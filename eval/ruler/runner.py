@@ -51,13 +51,18 @@ class MethodSpec:
             return f"{self.name}_r{self.ratio:g}"
         return self.name if self.topk is None else f"{self.name}_k{self.topk}"
 
-    def build(self, model, layer, prompt_tokens: int):
-        """The resolved method object for one prompt."""
+    def method(self, layer, prompt_tokens: int):
+        """The method object for one prompt, not yet resolved against a model."""
         import gemfilter
-        from gemfilter.apply import resolve
 
         topk = self.topk if self.ratio is None else max(1, round(self.ratio * prompt_tokens))
-        return resolve(model, gemfilter.get_method(self.name, layer=layer, topk=topk))
+        return gemfilter.get_method(self.name, layer=layer, topk=topk)
+
+    def build(self, model, layer, prompt_tokens: int):
+        """The resolved method object for one prompt."""
+        from gemfilter.apply import resolve
+
+        return resolve(model, self.method(layer, prompt_tokens))
 
 
 def has_budget(name: str) -> bool:
@@ -185,6 +190,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     state: an accelerate PartialState (default: the NIAH runner's ``make_state``, gloo on CPU).
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     """
+    from gemfilter.methods import check_for_model
     from tqdm.auto import tqdm
 
     validate(config)
@@ -193,6 +199,9 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     model_config = model_config_for(config, model_and_tokenizer)
     check_config(out, config, write=False, model_config=model_config)
     check_against_model(model_config, layer=config.layer, lengths=config.lengths)
+    for spec in config.methods:  # e.g. SnapKV on a model whose every layer is windowed: refused before loading
+        for length in config.lengths:
+            check_for_model(spec.method(config.layer, length), model_config, length)
     say = tqdm.write if (progress and state.is_main_process) else None
     with state.main_process_first():  # the main process prepares missing data; the others then read it
         samples = load_samples(config, out, lambda: (model_and_tokenizer[1] if model_and_tokenizer

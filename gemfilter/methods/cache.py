@@ -19,8 +19,9 @@ GQA, a parameter of SnapKV and H2O (``gqa``):
 
 Only full-attention layers are evicted: a sliding-window layer already holds at most its window,
 and its mask offsets are computed from a token counter that eviction would break. A model with no
-full-attention layer is refused (nothing would be evicted); ``gemfilter.load_model`` drops a window
-that can never bind (Phi 3.5's), see :func:`gemfilter.models.drop_unreachable_window`.
+full-attention layer is refused for prompts longer than the budget (nothing would be evicted), by
+``check_model``, which needs only the config; ``gemfilter.load_model`` drops a window that can never
+bind (Phi 3.5's), see :func:`gemfilter.models.drop_unreachable_window`.
 """
 
 from __future__ import annotations
@@ -154,15 +155,6 @@ class CacheCall:
         slots = torch.arange(self.budget, device=valid.device)
         self.kept_mask = (slots[None, :] >= self.budget - real.clamp(max=self.budget)[:, None]).long()
         cfg = model.config.get_text_config()
-        windows = {sliding_window_of(model, i) for i in range(num_layers(model))}
-        if not self.skip and None not in windows:
-            raise ValueError(
-                f"{method.name} evicts only full-attention layers, and every layer of this model has a sliding "
-                f"window ({', '.join(map(str, sorted(windows)))}), so it would keep the whole cache and equal "
-                "`full` while reporting the budget. If the window can never bind (at least max_position_embeddings, "
-                "as Phi 3.5's), load the model with gemfilter.load_model, which drops it; otherwise use a method "
-                "that selects prompt tokens (gemfilter, gemfilter-span)"
-            )
         if self.padded and not self.skip and getattr(cfg, "sliding_window", None) is not None:
             raise ValueError(
                 f"{method.name} on a left-padded batch is not supported for models with sliding-window layers "
@@ -215,9 +207,28 @@ class _CacheMethod:
     window: int = 32
     shared: ClassVar[bool] = False
 
-    def begin(self, model, input_ids, valid, tokenizer=None):
+    def check_model(self, config, prompt_tokens: int) -> None:
+        """Refuse what this method cannot run on prompts of ``prompt_tokens`` tokens (padding included)
+        under a model's ``config`` (a model or its transformers config: no weights needed, so the eval
+        runners call it before loading any).
+
+        A budget must exceed the recent-token window. A prompt longer than the budget needs a
+        full-attention layer to evict; when it fits, nothing is evicted and any model will do.
+        """
         if self.topk <= self.window:
             raise ValueError(f"{self.name}: topk={self.topk} must exceed the window of {self.window} kept recent tokens")
+        windows = {sliding_window_of(config, i) for i in range(num_layers(config))}
+        if prompt_tokens > self.topk and None not in windows:
+            raise ValueError(
+                f"{self.name} evicts only full-attention layers, and every layer of this model has a sliding "
+                f"window ({', '.join(map(str, sorted(windows)))}), so on prompts longer than topk={self.topk} it "
+                "would keep the whole cache and equal `full` while reporting the budget. If the window can never "
+                "bind (at least max_position_embeddings, as Phi 3.5's), load the model with gemfilter.load_model, "
+                "which drops it; otherwise use a method that selects prompt tokens (gemfilter, gemfilter-span)"
+            )
+
+    def begin(self, model, input_ids, valid, tokenizer=None):
+        self.check_model(model, input_ids.shape[1])
         return CacheCall(self, model, input_ids, valid)
 
 

@@ -43,3 +43,12 @@ def check_names(names) -> None:
 def describe() -> list:
     """(name, description) for every registered method, sorted by name."""
     return [(name, cls.description) for name, cls in sorted(REGISTRY.items())]
+
+
+def check_for_model(method, config, prompt_tokens: int) -> None:
+    """Refuse, from a model's config alone (no weights), a method that could not run on prompts of up to
+    ``prompt_tokens`` tokens. Methods with such limits (the KV-cache ones) define
+    ``check_model(config, prompt_tokens)``; the others run on any model that takes their layer."""
+    check = getattr(method, "check_model", None)
+    if check is not None:
+        check(config, prompt_tokens)
