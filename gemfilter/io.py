@@ -85,6 +85,24 @@ def _row_problem(row, required) -> str | None:
     return f"the row lacks {', '.join(missing)}" if missing else None
 
 
+def jsonl_lines(path):
+    """(line number, value, problem) for each non-blank line of a JSONL file, numbered from 1.
+
+    problem: None, or why the line could not be read ("not UTF-8 text", "not valid JSON (<why>)"),
+    in which case value is None.
+    """
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                yield i, json.loads(raw.decode("utf-8")), None
+            except UnicodeDecodeError:
+                yield i, None, "not UTF-8 text"
+            except json.JSONDecodeError as err:
+                yield i, None, f"not valid JSON ({err.msg})"
+
+
 def read_jsonl(path, *, required=(), strict: bool = False, skip_note: str = "that row will be recomputed",
                fix: str | None = None) -> list:
     """The rows (JSON objects) of a JSONL file; [] if it does not exist. Blank lines are ignored.
@@ -97,23 +115,16 @@ def read_jsonl(path, *, required=(), strict: bool = False, skip_note: str = "tha
     if not path.exists():
         return []
     rows = []
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw.decode("utf-8"))
-                problem = _row_problem(row, required)
-            except UnicodeDecodeError:
-                problem = "the line is not UTF-8 text"
-            except json.JSONDecodeError as err:
-                problem = f"the line is not valid JSON ({err.msg}; a write cut short by a kill?)"
-            if problem is None:
-                rows.append(row)
-            elif strict:
-                raise corrupt(f"{path}:{i}", problem, fix or f"Fix or delete line {i} of {path}")
-            else:
-                warnings.warn(f"{path}:{i}: skipping an incomplete row: {problem}; {skip_note}", stacklevel=2)
+    for i, row, unreadable in jsonl_lines(path):
+        # A killed append leaves a line cut short: bad JSON, or bad UTF-8 if cut inside a character.
+        problem = _row_problem(row, required) if unreadable is None else \
+            f"the line is {unreadable}; a write cut short by a kill?"
+        if problem is None:
+            rows.append(row)
+        elif strict:
+            raise corrupt(f"{path}:{i}", problem, fix or f"Fix or delete line {i} of {path}")
+        else:
+            warnings.warn(f"{path}:{i}: skipping an incomplete row: {problem}; {skip_note}", stacklevel=2)
     return rows
 
 

@@ -11,8 +11,9 @@ so that results stay resumable.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from gemfilter.io import jsonl_lines
 
 HUB_REPO = "THUDM/LongBench"
 REQUIRED = ("input", "context", "answers", "length")
@@ -41,17 +42,11 @@ def _check(record, where: str, config: str, index: int) -> dict:
 def read_jsonl_records(path: Path, config: str) -> list:
     """Records of a local ``<config>.jsonl`` file (one JSON object per line, blank lines skipped)."""
     records = []
-    with open(path, "rb") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError:
-                raise ValueError(f"{path}:{i}: not UTF-8 text; re-save the file as UTF-8") from None
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{i}: not valid JSON ({err.msg})") from err
-            records.append(_check(raw, f"{path}:{i}", config, i))
+    for i, raw, problem in jsonl_lines(path):
+        if problem is not None:
+            raise ValueError(f"{path}:{i}: {problem}; LongBench data files are UTF-8 JSON Lines, one record "
+                             f"per line: re-save the file as UTF-8 or fix line {i}")
+        records.append(_check(raw, f"{path}:{i}", config, i))
     return records
 
 
