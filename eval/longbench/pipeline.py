@@ -22,8 +22,11 @@ CONTEXT_MARGIN = 500  # tokens left for the template's question and the answer (
 
 
 def default_max_length(model) -> int:
-    """The model's context window minus :data:`CONTEXT_MARGIN` (official configs: 3500 / 15500 / 31500)."""
-    window = getattr(model.config, "max_position_embeddings", None)
+    """The model's context window minus :data:`CONTEXT_MARGIN` (official configs: 3500 / 15500 / 31500).
+
+    model: a model or its transformers config (no weights needed).
+    """
+    window = getattr(getattr(model, "config", model), "max_position_embeddings", None)
     if not isinstance(window, int) or window <= CONTEXT_MARGIN + 1:
         raise ValueError(f"cannot derive --max-length from the model's max_position_embeddings={window!r} "
                          f"(need > {CONTEXT_MARGIN + 1}); pass --max-length explicitly")

@@ -157,11 +157,12 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     model_config = model_config_for(config, model_and_tokenizer)
     check_config(out, config, write=False, model_config=model_config)
     check_against_model(model_config, layer=config.layer, lengths=(config.max_length or 1,), length_flag="--max-length")
-    window = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    # The model's window is needed only by methods with neither their own length nor --max-length.
+    needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
+    max_length = default_max_length(model_config) if needs_window else config.max_length
     for m in config.methods:  # e.g. SnapKV on a model whose every layer is windowed; prompts are cut to this
-        longest = config.max_length_of(m, window)
-        if longest is not None:
-            check_for_model(gemfilter.get_method(m, layer=config.layer, topk=config.topk), model_config, longest)
+        check_for_model(gemfilter.get_method(m, layer=config.layer, topk=config.topk), model_config,
+                        config.max_length_of(m, max_length))
     tasks = [get_task(name) for name in config.tasks]
     with state.main_process_first():  # the main process fills the datasets cache; the others then read it
         records = {t.config: load_records(t.e_config() if config.e else t.config, config.data_dir, config.limit)
@@ -185,9 +186,6 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    f"{state.num_processes} process(es) -> {out}")
     if mine:
         model, tok = load_for_run(config, state, model_and_tokenizer, tqdm.write if state.is_main_process else None)
-        # The model's window is needed only by methods with neither their own length nor --max-length.
-        needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
-        max_length = default_max_length(model) if needs_window else config.max_length
         methods = {m: resolve(model, gemfilter.get_method(m, layer=config.layer, topk=config.topk))
                    for m in config.methods}
         check_layers([{"method": m, "layer": row.get("layer")} for (m, _), rows in done.items()
