@@ -62,3 +62,50 @@ def test_cli_writes_failures_md_and_refuses_an_unknown_reference(folder, capsys)
     _write(folder / "4096" / "pred" / "m_k8", "vt", [{"pred": "x", "outputs": ["y"]}])  # no index
     assert main(["failures", str(folder)]) == 2
     assert "vt.jsonl: row 1 has no integer index, so it cannot be matched" in capsys.readouterr().err
+
+
+def test_num_samples_per_length_scopes_each_length_on_its_own(folder, capsys):
+    """--num-samples 4096=1: sample 0 only at 4096, every row at a length it does not name (8192)."""
+    import shutil
+
+    from eval.ruler.report import collect, parse_scope
+
+    shutil.copytree(folder / "4096", folder / "8192")
+    scope = parse_scope("4k=1")
+    assert scope == {"4096": 1}
+    c = find_misses(folder, num_samples=scope)
+    assert c.compared == {("4096", "c_k8"): 1, ("4096", "m_k8"): 1, ("8192", "c_k8"): 1, ("8192", "m_k8"): 3}
+    assert [(x.length, x.method, x.task, x.index) for x in c.misses] == [
+        ("8192", "m_k8", "niah_single_1", 2), ("8192", "m_k8", "niah_multivalue", 1)]
+    assert {k: {t: e["n"] for t, e in v.items()} for k, v in collect(folder, scope).items()} == {
+        ("4096", "full"): {"niah_single_1": 1, "niah_multivalue": 1}, ("4096", "c_k8"): {"niah_single_1": 1},
+        ("4096", "m_k8"): {"niah_single_1": 1, "niah_multivalue": 1},
+        ("8192", "full"): {"niah_single_1": 3, "niah_multivalue": 2}, ("8192", "c_k8"): {"niah_single_1": 1},
+        ("8192", "m_k8"): {"niah_single_1": 3, "niah_multivalue": 2}}
+    with pytest.warns(UserWarning, match="8192/pred/c_k8/niah_single_1.jsonl: 1 of the first 2 samples"):
+        assert main(["failures", str(folder), "--num-samples", "4096=1,8k=2"]) == 0
+    text = (folder / "failures.md").read_text()
+    assert "Scope: samples 0..0 at 4096, 0..1 at 8192 of each task (every sample at any other length)." in text
+    assert "## Length 8192\n\n`full` passes: S1 1/2, MV 1/2." in text
+    assert main(["score", str(folder), "--num-samples", "4096=1"]) == 0
+    assert "Samples per task: 1, 2, 3." in (folder / "report.md").read_text()
+
+
+@pytest.mark.parametrize("text, error", [
+    ("0", "--num-samples must be >= 1"), ("4k=0", "got '4k=0'; allowed"), ("x", "'x' is not a sample count"),
+    ("4k=x", "'4k=x' is not a sample count"), ("=3", "'=3' is not LENGTH=N"), ("4k=2,3", "'3' is not LENGTH=N"),
+    ("4k=2,4096=3", "names length 4096 twice"), ("100=2", "'100=2': '100' is too small")])
+def test_num_samples_scope_refuses_bad_input_and_says_what_is_allowed(text, error):
+    from eval.ruler.report import parse_scope
+
+    with pytest.raises(ValueError) as e:
+        parse_scope(text)
+    assert error in str(e.value)
+
+
+def test_num_samples_scope_reads_one_count_or_none():
+    from eval.ruler.report import parse_scope, scope_text
+
+    assert parse_scope(None) is None and parse_scope("") is None and parse_scope(" 20 ") == 20
+    assert parse_scope("4k=20,8192=2") == {"4096": 20, "8192": 2}
+    assert scope_text(20) == "samples 0..19 of each task" and scope_text(None) == "every sample of each task"

@@ -1,8 +1,9 @@
 """The RULER figures in the READMEs are the official scores of the predictions committed in eval/results/ruler.
 
 The rows are scored again here with RULER's metric (``eval.ruler.report``), over the sample count that
-eval/ruler/README.md names in its ``ruler-measured`` marker, so a README figure cannot drift from the
-run it came from, and a table cannot claim more samples than the folder holds.
+eval/ruler/README.md names in its ``ruler-measured`` marker (``--num-samples N``, or one count per
+length such as ``4096=20,8192=2``), so a README figure cannot drift from the run it came from, and a
+table cannot claim more samples than the folder holds.
 """
 
 import re
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.ruler.report import collect, table
+from eval.ruler.report import collect, parse_scope, samples_at, table
 from eval.ruler.tasks import OFFLINE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,28 +22,32 @@ METHODS = {"full"} | {f"{m}_k{k}" for m in ("gemfilter", "gemfilter-span", "snap
 
 @pytest.fixture(scope="module")
 def measured():
-    """(README text, its sample count n, collect() of the committed rows over samples 0..n-1)."""
+    """(README text, its --num-samples scope, collect() of the committed rows over that scope)."""
     text = (REPO / "eval" / "ruler" / "README.md").read_text(encoding="utf-8")
-    marker = re.search(r"<!-- ruler-measured: num_samples=(\d+) -->", text)
+    marker = re.search(r"<!-- ruler-measured: --num-samples (\S+) -->", text)
     if marker is None:
-        pytest.fail("eval/ruler/README.md has no <!-- ruler-measured: num_samples=N --> marker before its table")
-    n = int(marker[1])
+        pytest.fail("eval/ruler/README.md has no <!-- ruler-measured: --num-samples N --> marker (or 4096=N,8192=M, "
+                    "one count per length) before its table")
+    scope = parse_scope(marker[1])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        results = collect(ROOT, n)
+        results = collect(ROOT, scope)
     # collect warns "k of the first n samples are there" when a task is short: the table must cover n samples
     missing = [str(w.message) for w in caught if "of the first" in str(w.message)]
     assert not missing, missing[0]
-    return text, n, results
+    return text, scope, results
 
 
 def test_committed_run_covers_every_method_and_offline_task_for_the_stated_samples(measured):
-    _, n, results = measured
-    assert {m for _, m in results} == METHODS
+    _, scope, results = measured
+    assert "4096" in {length for length, _ in results}
+    for length in {length for length, _ in results}:
+        assert {m for L, m in results if L == length} == METHODS, length
     for (length, method), scores in results.items():
-        assert length == "4096", (length, method)
-        assert set(scores) == set(OFFLINE), method
-        assert {e["n"] for e in scores.values()} == {n}, method
+        n = samples_at(scope, length)
+        assert n is not None, f"the ruler-measured marker gives no sample count for length {length}"
+        assert set(scores) == set(OFFLINE), (length, method)
+        assert {e["n"] for e in scores.values()} == {n}, (length, method)
 
 
 def test_ruler_readme_table_is_the_score_of_the_committed_predictions(measured):
@@ -66,8 +71,13 @@ def test_committed_failures_md_is_the_failures_command_over_the_stated_samples(m
     """eval/ruler/README.md's sentences on failures cite failures.md; it must be what the command gives now."""
     from eval.ruler.failures import find_misses, markdown
 
-    _, n, _ = measured
+    _, scope, _ = measured
     path = ROOT / "failures.md"
-    assert path.is_file(), f"run: gemfilter-ruler failures {ROOT.relative_to(REPO)} --num-samples {n}"
-    assert path.read_text(encoding="utf-8") == markdown(find_misses(ROOT, num_samples=n)), (
-        f"{path} is stale: rerun gemfilter-ruler failures {ROOT.relative_to(REPO)} --num-samples {n}")
+    command = f"gemfilter-ruler failures {ROOT.relative_to(REPO)} --num-samples {scope_arg(scope)}"
+    assert path.is_file(), f"run: {command}"
+    assert path.read_text(encoding="utf-8") == markdown(find_misses(ROOT, num_samples=scope)), (
+        f"{path} is stale: rerun {command}")
+
+
+def scope_arg(scope) -> str:
+    return ",".join(f"{L}={n}" for L, n in scope.items()) if isinstance(scope, dict) else str(scope)

@@ -184,6 +184,23 @@ def test_a_smaller_run_reports_only_its_first_samples(tiny, tiny_model_dir, tmp_
     assert "--num-samples must be >= 1" in capsys.readouterr().err
 
 
+def test_a_run_at_another_length_reports_the_earlier_lengths_rows_in_full(tiny, tiny_model_dir, tmp_path):
+    """A 1-sample run at 256 in a folder with a 3-sample run at 512: its report has 512 at 3 samples."""
+    out = write_samples(write_samples(tmp_path / "out"), length=256, words=30)
+    run(config(tiny_model_dir, num_samples=3), out, model_and_tokenizer=tiny, progress=False)
+    args = ["--model", str(tiny_model_dir), "--tasks", ",".join(TASKS), "--methods", "full,gemfilter", "--out", str(out)]
+    assert main(["run", "--num-samples", "1", *args, *FAST[:-1], "256"]) == 0
+    with open(out / "report.csv") as f:
+        rows = {(r["length"], r["method"]): r for r in csv.DictReader(f)}
+    assert set(rows) == {(L, m) for L in ("256", "512") for m in ("full", "gemfilter_k8", "gemfilter_k16")} - {
+        ("512", "gemfilter_k16")}  # the 3-sample run had k=8 only
+    for (L, method), r in rows.items():
+        for task in TASKS:
+            kept = read_jsonl(out / L / "pred" / method / f"{task}.jsonl")
+            assert len(kept) == (1 if L == "256" else 3) and float(r[task]) == _official_score(kept)
+    assert "Samples per task: 1, 3." in (out / "report.md").read_text()
+
+
 def test_processes_share_every_method_evenly():
     """2 processes, 2 methods: each process gets half of every method's predictions, not all of one."""
     from collections import Counter

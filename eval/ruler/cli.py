@@ -51,7 +51,8 @@ special tokens; greedy decoding of tokens_to_generate new tokens; decoded withou
 Missing samples are prepared first (same seed, the model's tokenizer). Rerunning the same command
 skips finished predictions, so an interrupted run resumes; --num-samples can grow later. Work goes
 sample by sample (sample i of every task and method before sample i+1), so a run cut off early has
-given every method the same samples.
+given every method the same samples. The report it writes scores this run's lengths on their first
+--num-samples samples, and every finished sample of any other length already in --out.
 
 {layout}
 
@@ -74,7 +75,8 @@ offline tasks and over all 13. Writes report.md, report.csv and report.png in DI
 
 examples:
   gemfilter-ruler score results/ruler
-  gemfilter-ruler score results/ruler --num-samples 10"""
+  gemfilter-ruler score results/ruler --num-samples 10
+  gemfilter-ruler score results/ruler --num-samples 4k=20,8k=2   # 20 samples at 4096, 2 at 8192"""
 
 FAILURES_EPILOG = """A sample passes when every expected output is found (per-sample score 1 under the task's
 official metric). Rows are matched by index, the sample number. Per method: a table of its misses
@@ -147,11 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Score RULER predictions with the official metrics; write report.md/.csv/.png.",
                        epilog=SCORE_EPILOG)
     s.add_argument("dir", metavar="DIR", help="prediction folder (see below)")
-    s.add_argument("--num-samples", type=int, default=None, metavar="N",
+    s.add_argument("--num-samples", default=None, metavar="N|L=N,...",
                    help="score only samples 0..N-1 of each task (rows with index < N; default: every row), e.g. "
                    "the table of a smaller run in a folder that also holds a larger one's; a task with fewer of "
-                   "them is named in a warning. Shards of a cut-off run (*.jsonl.rank*) are read only once a "
-                   "`run` on that folder finishes and merges them")
+                   "them is named in a warning. Per length: 4096=20,8192=2 (or 4k=20,8k=2) scores 20 samples at "
+                   "4096 and 2 at 8192, and every row of a length it does not name. Shards of a cut-off run "
+                   "(*.jsonl.rank*) are read only once a `run` on that folder finishes and merges them")
     f = sub.add_parser("failures", formatter_class=raw, help="list the samples a method misses that full passes",
                        description="For each method, list the samples the reference method (full) passes in full "
                        "and the method misses, with its prediction and answers_kept (the share of the expected "
@@ -160,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=FAILURES_EPILOG)
     f.add_argument("dir", metavar="DIR", help="prediction folder, as for score")
     f.add_argument("--against", default="full", help="the reference method folder (default: full)")
-    f.add_argument("--num-samples", type=int, default=None, metavar="N",
-                   help="only samples 0..N-1 of each task, as for score (default: every row)")
+    f.add_argument("--num-samples", default=None, metavar="N|L=N,...",
+                   help="only samples 0..N-1 of each task, or per length (4096=20,8192=2), as for score "
+                   "(default: every row)")
     return p
 
 
@@ -211,33 +215,30 @@ def _run(args) -> int:
         return 0  # not the main process: it only computed its shard
     layer = "model default" if args.layer is None else args.layer
     settings = (f"Model {args.model or 'embedded:gemma3-270m'}; layer {layer}; seed {args.seed}; lengths "
-                f"{', '.join(map(str, config.lengths))}; first {args.num_samples} samples per task.")
+                f"{', '.join(map(str, config.lengths))}; first {args.num_samples} samples per task (at any other "
+                "length in the folder, every finished sample).")
     from eval.longbench.cli import print_report
 
-    return print_report(write_report(args.out, settings=settings, num_samples=args.num_samples))
+    # this run's lengths at its sample count; another length's rows (an earlier run's) are all shown
+    scope = {str(L): args.num_samples for L in config.lengths}
+    return print_report(write_report(args.out, settings=settings, num_samples=scope))
 
 
 def _score(args) -> int:
-    from .report import write_report
+    from .report import parse_scope, write_report
 
     from eval.longbench.cli import print_report
 
-    return print_report(write_report(args.dir, num_samples=_scope(args.num_samples)))
+    return print_report(write_report(args.dir, num_samples=parse_scope(args.num_samples)))
 
 
 def _failures(args) -> int:
     from .failures import write_failures
+    from .report import parse_scope
 
     from eval.longbench.cli import print_report
 
-    return print_report([write_failures(args.dir, args.against, _scope(args.num_samples))])
-
-
-def _scope(num_samples):
-    """score's and failures' --num-samples: None (every row) or an int >= 1."""
-    if num_samples is not None and num_samples < 1:
-        raise ValueError(f"--num-samples must be >= 1 (or omitted for every row), got {num_samples}")
-    return num_samples
+    return print_report([write_failures(args.dir, args.against, parse_scope(args.num_samples))])
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 from gemfilter.io import write_text_atomic
 
 from .metrics import METRICS, postprocess_pred
-from .report import check_indices, find_runs, read_rows
+from .report import check_indices, find_runs, read_rows, samples_at, scope_text
 from .tasks import BY_NAME, TASKS
 
 
@@ -59,7 +59,7 @@ class Comparison:
     """
 
     against: str
-    num_samples: int | None
+    num_samples: int | dict | None
     passed: dict
     methods: dict
     compared: dict
@@ -67,9 +67,10 @@ class Comparison:
     kept: dict
 
 
-def find_misses(root, against: str = "full", num_samples: int | None = None) -> Comparison:
-    """Compare every method folder under ``root`` with ``against``; num_samples: only samples 0..n-1
-    (as ``score --num-samples``)."""
+def find_misses(root, against: str = "full", num_samples=None) -> Comparison:
+    """Compare every method folder under ``root`` with ``against``; num_samples: only samples 0..n-1,
+    one n for every length or {length label: n} (as ``score --num-samples``, see
+    :func:`eval.ruler.report.parse_scope`)."""
     runs = find_runs(root)
     refs = {L: d for L, m, d in runs if m == against}
     if not refs:
@@ -77,7 +78,8 @@ def find_misses(root, against: str = "full", num_samples: int | None = None) -> 
                          f"there: {', '.join(sorted({m for _, m, _ in runs}))}")
     passed, misses, kept, methods, compared = {}, [], {}, {}, {}
     for L, ref_dir in refs.items():
-        ref = {t.name: _by_index(ref_dir / f"{t.name}.jsonl", num_samples) for t in TASKS}
+        n = samples_at(num_samples, L)
+        ref = {t.name: _by_index(ref_dir / f"{t.name}.jsonl", n) for t in TASKS}
         good = {t: {i for i, r in rows.items() if sample_score(t, r) == 1.0} for t, rows in ref.items()}
         passed.update({(L, t): (len(good[t]), len(ref[t])) for t in ref if ref[t]})
         for L2, method, folder in runs:
@@ -85,7 +87,7 @@ def find_misses(root, against: str = "full", num_samples: int | None = None) -> 
                 continue
             methods.setdefault(L, []).append(method)
             for t in ref:
-                rows = _by_index(folder / f"{t}.jsonl", num_samples)
+                rows = _by_index(folder / f"{t}.jsonl", n)
                 shares = [r["answers_kept"] for r in rows.values() if isinstance(r.get("answers_kept"), (int, float))]
                 if shares:
                     kept[L, method, t] = sum(shares) / len(shares)
@@ -108,9 +110,8 @@ def markdown(c: Comparison) -> str:
     """failures.md: per length, what the reference passes; per method, a table of its misses and its
     mean answers_kept per task."""
     short = {t.name: t.short for t in TASKS}
-    scope = f"samples 0..{c.num_samples - 1}" if c.num_samples else "every sample"
     lines = [f"# RULER: where a method misses a sample `{c.against}` passes", "",
-             f"Scope: {scope} of each task. A sample passes when every expected output is found (per-sample "
+             f"Scope: {scope_text(c.num_samples)}. A sample passes when every expected output is found (per-sample "
              "score 1 under the task's official metric). answers_kept: share of the expected outputs in the "
              "method's kept prompt text (- where not recorded: full and the KV-cache methods keep no text).", ""]
     for L, methods in c.methods.items():
@@ -132,7 +133,7 @@ def markdown(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-def write_failures(root, against: str = "full", num_samples: int | None = None) -> Path:
+def write_failures(root, against: str = "full", num_samples=None) -> Path:
     """Write ``failures.md`` in ``root`` (see :func:`find_misses`); return its path."""
     path = Path(root) / "failures.md"
     write_text_atomic(path, markdown(find_misses(root, against, num_samples)))

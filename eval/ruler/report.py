@@ -18,7 +18,7 @@ from pathlib import Path
 from gemfilter.io import read_json_object, read_jsonl, write_text_atomic
 
 from .metrics import postprocess_pred, suite_average, task_score
-from .tasks import BY_NAME, OFFLINE, TASKS
+from .tasks import BY_NAME, OFFLINE, TASKS, parse_lengths
 
 
 def _has_jsonl(folder: Path) -> bool:
@@ -108,9 +108,63 @@ def first_samples(rows: list, n: int, path) -> list:
     return kept
 
 
-def collect(root, num_samples: int | None = None) -> dict:
-    """{(length, method): {task: score entry}} for every method folder under ``root`` (see :func:`score_folder`)."""
-    return {(L, m): s for L, m, d in find_runs(root) if (s := score_folder(d, num_samples))}
+def parse_scope(text) -> int | dict | None:
+    """score's and failures' ``--num-samples``: None or "" (every row), "N" (samples 0..N-1 at every
+    length) or "L=N,..." per length, e.g. "4096=20,8192=2" or "4k=20,8k=2" (k = 1024, as --lengths);
+    a length not named there is scored on every row. Returns None, an int, or {length label: n}."""
+    if text is None or str(text).strip() == "":
+        return None
+    allowed = ("allowed: a whole number N >= 1 (samples 0..N-1 at every length) or counts per length, "
+               "e.g. 4096=20,8192=2 or 4k=20,8k=2")
+
+    def count(item, text):
+        try:
+            n = int(text)
+        except ValueError:
+            raise ValueError(f"--num-samples: {item!r} is not a sample count; {allowed}") from None
+        if n < 1:
+            raise ValueError(f"--num-samples must be >= 1 (or omitted for every row), got {item!r}; {allowed}")
+        return n
+
+    text = str(text).strip()
+    if "=" not in text:
+        return count(text, text)
+    scope = {}
+    for item in (s.strip() for s in text.split(",")):
+        length, sep, n = item.partition("=")
+        if not sep or not length.strip():
+            raise ValueError(f"--num-samples: {item!r} is not LENGTH=N; {allowed}")
+        try:
+            (key,) = parse_lengths(length)
+        except ValueError as e:
+            raise ValueError(f"--num-samples: {item!r}: {str(e).removeprefix('--lengths: ')}") from None
+        if str(key) in scope:
+            raise ValueError(f"--num-samples names length {key} twice; give each length once")
+        scope[str(key)] = count(item, n)
+    return scope
+
+
+def samples_at(num_samples, length: str) -> int | None:
+    """The sample count :func:`parse_scope`'s value gives ``length`` (a length label such as "4096")."""
+    return num_samples.get(length) if isinstance(num_samples, dict) else num_samples
+
+
+def scope_text(num_samples) -> str:
+    """Words for a :func:`parse_scope` value, e.g. "samples 0..19 of each task at 4096, 0..1 at 8192"."""
+    if num_samples is None:
+        return "every sample of each task"
+    if not isinstance(num_samples, dict):
+        return f"samples 0..{num_samples - 1} of each task"
+    named = ", ".join(f"0..{n - 1} at {L}" for L, n in num_samples.items())
+    return f"samples {named} of each task (every sample at any other length)"
+
+
+def collect(root, num_samples=None) -> dict:
+    """{(length, method): {task: score entry}} for every method folder under ``root`` (see :func:`score_folder`).
+
+    num_samples: a :func:`parse_scope` value: None, one count for every length, or {length: count}.
+    """
+    return {(L, m): s for L, m, d in find_runs(root) if (s := score_folder(d, samples_at(num_samples, L)))}
 
 
 def _fmt(x) -> str:
@@ -196,10 +250,11 @@ def png(results: dict, path, title: str = "RULER") -> Path:
     return Path(path)
 
 
-def write_report(root, settings: str = "", title: str = "RULER", num_samples: int | None = None) -> list:
+def write_report(root, settings: str = "", title: str = "RULER", num_samples=None) -> list:
     """Score every method folder under ``root``; write report.md, report.csv, report.png there; return the paths.
 
-    num_samples: only the first n samples of each task (see :func:`score_folder`); None: all.
+    num_samples: only the first n samples of each task (see :func:`score_folder`), one n for every
+    length or {length label: n} (see :func:`parse_scope`); None: all.
     """
     root = Path(root)
     results = collect(root, num_samples)
