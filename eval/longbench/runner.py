@@ -160,9 +160,9 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     # The model's window is needed only by methods with neither their own length nor --max-length.
     needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
     max_length = default_max_length(model_config) if needs_window else config.max_length
-    for m in config.methods:  # e.g. SnapKV on a model whose every layer is windowed; prompts are cut to this
-        check_for_model(gemfilter.get_method(m, layer=config.layer, topk=config.topk), model_config,
-                        config.max_length_of(m, max_length))
+    unresolved = {m: gemfilter.get_method(m, layer=config.layer, topk=config.topk) for m in config.methods}
+    for m, method in unresolved.items():  # e.g. SnapKV on a model whose every layer is windowed; prompts are cut to this
+        check_for_model(method, model_config, config.max_length_of(m, max_length))
     tasks = [get_task(name) for name in config.tasks]
     with state.main_process_first():  # the main process fills the datasets cache; the others then read it
         records = {t.config: load_records(t.e_config() if config.e else t.config, config.data_dir, config.limit)
@@ -186,8 +186,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    f"{state.num_processes} process(es) -> {out}")
     if mine:
         model, tok = load_for_run(config, state, model_and_tokenizer, tqdm.write if state.is_main_process else None)
-        methods = {m: resolve(model, gemfilter.get_method(m, layer=config.layer, topk=config.topk))
-                   for m in config.methods}
+        methods = {m: resolve(model, method) for m, method in unresolved.items()}
         check_layers([{"method": m, "layer": row.get("layer")} for (m, _), rows in done.items()
                       for row in rows.values()], methods)
         desc = "LongBench" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")

@@ -219,9 +219,9 @@ def append_row(path: Path, row: dict) -> None:
     append_jsonl(path, row)
 
 
-def check_before_compute(config: RunConfig, model_config) -> None:
+def check_before_compute(config: RunConfig, model_config) -> dict:
     """Everything that can be checked without the weights: --layer, --lengths and the methods against the
-    model, the haystack.
+    model, the haystack. Returns {method name: its registry object, not yet resolved against the model}.
 
     model_config: the model's transformers config. Reading the haystack here (not after the model
     loaded) means a bad --haystack-dir fails in a second, before config.json is written.
@@ -230,9 +230,11 @@ def check_before_compute(config: RunConfig, model_config) -> None:
     from gemfilter.methods import check_for_model
 
     check_against_model(model_config, layer=config.layer, lengths=config.lengths)
-    for name in config.methods:  # e.g. SnapKV on a model whose every layer is windowed
-        check_for_model(get_method(name, layer=config.layer, topk=config.topk), model_config, max(config.lengths))
+    methods = {name: get_method(name, layer=config.layer, topk=config.topk) for name in config.methods}
+    for method in methods.values():  # e.g. SnapKV on a model whose every layer is windowed
+        check_for_model(method, model_config, max(config.lengths))
     read_haystack(config.haystack_dir)
+    return methods
 
 
 def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True,
@@ -243,7 +245,6 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     max_cells: compute at most this many missing cells this time (the rest on a later run).
     """
-    import gemfilter
     from gemfilter.apply import resolve
     from gemfilter.models import EMBEDDED_NAME
     from tqdm.auto import tqdm
@@ -253,7 +254,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     out = check_out_dir(out, files=(RESULTS, CONFIG))
     model_config = model_config_for(config, model_and_tokenizer)
     check_config(out, config, write=False, model_config=model_config)
-    check_before_compute(config, model_config)
+    unresolved = check_before_compute(config, model_config)
     done = finished_rows(out)
     todo = [c for c in config.cells() if c not in done]
     if max_cells is not None:
@@ -271,8 +272,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     if mine:
         model, tok = load_for_run(config, state, model_and_tokenizer, tqdm.write if state.is_main_process else None)
         hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
-        methods = {m: resolve(model, gemfilter.get_method(m, layer=config.layer, topk=config.topk))
-                   for m in dict.fromkeys(c[0] for c in mine)}
+        methods = {m: resolve(model, unresolved[m]) for m in dict.fromkeys(c[0] for c in mine)}
         check_layers(done.values(), methods)
         shard = out / SHARD.format(state.process_index)
         check_config(out, config, write=True, model_config=model_config)  # the first row is coming: pin the setup
