@@ -84,7 +84,9 @@ def plot_kept(kept: dict, n, span, layers, path, title):
 
 
 def _num_layers(config) -> int:
-    return int((config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers)
+    from .io import text_config
+
+    return int(text_config(config).num_hidden_layers)
 
 
 def _check_inspect(args) -> Path:

@@ -377,12 +377,23 @@ def check_int(value, flag: str, low: int) -> None:
         raise ValueError(f"{flag} must be a whole number >= {low}, got {value!r}")
 
 
+def text_config(model):
+    """The text config of a model, or of a transformers config given directly (no weights needed).
+
+    A multimodal config (Gemma 3's ``Gemma3Config``) keeps the decoder's fields in ``text_config``;
+    ``get_text_config`` returns that, or the config itself for a text-only model. Here, not in
+    :mod:`gemfilter.selection`, so that config checks need no torch import.
+    """
+    cfg = getattr(model, "config", model)
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
 def check_against_model(config, *, layer=None, lengths=(), length_flag: str = "--lengths") -> None:
     """Check options against a model's config (no weights needed): 0 <= layer < layers, lengths <= window.
 
     config: a transformers config (``gemfilter.models.load_config``) or a model's ``.config``.
     """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     m = getattr(text, "num_hidden_layers", None)
     if layer is not None and isinstance(m, int) and not 0 <= layer < m:
         raise ValueError(f"--layer {layer} is outside [0, {m}): this model has {m} decoder layers (0-based)")

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import STATE_KWARG, FilterLayerReached, wrapped_attention
+from .io import text_config
 
 
 @dataclass
@@ -67,12 +68,6 @@ def topk_sorted(scores: torch.Tensor, valid: torch.Tensor, topk: int) -> list:
         k = min(topk, int(ok.sum()))
         out.append(torch.topk(row, k).indices.sort().values)
     return out
-
-
-def text_config(model):
-    """The text config of a model, or of a transformers config given directly (no weights needed)."""
-    cfg = getattr(model, "config", model)
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def num_layers(model) -> int:
