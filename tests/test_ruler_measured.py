@@ -22,7 +22,8 @@ METHODS = {"full"} | {f"{m}_k{k}" for m in ("gemfilter", "gemfilter-span", "snap
 
 @pytest.fixture(scope="module")
 def measured():
-    """(README text, its --num-samples scope, collect() of the committed rows over that scope)."""
+    """(README text, the marker's --num-samples text, its parsed scope, collect() of the committed rows
+    over that scope)."""
     text = (REPO / "eval" / "ruler" / "README.md").read_text(encoding="utf-8")
     marker = re.search(r"<!-- ruler-measured: --num-samples (\S+) -->", text)
     if marker is None:
@@ -35,11 +36,11 @@ def measured():
     # collect warns "k of the first n samples are there" when a task is short: the table must cover n samples
     missing = [str(w.message) for w in caught if "of the first" in str(w.message)]
     assert not missing, missing[0]
-    return text, scope, results
+    return text, marker[1], scope, results
 
 
 def test_committed_run_covers_every_method_and_offline_task_for_the_stated_samples(measured):
-    _, scope, results = measured
+    _, _, scope, results = measured
     assert "4096" in {length for length, _ in results}
     for length in {length for length, _ in results}:
         assert {m for L, m in results if L == length} == METHODS, length
@@ -51,7 +52,7 @@ def test_committed_run_covers_every_method_and_offline_task_for_the_stated_sampl
 
 
 def test_ruler_readme_table_is_the_score_of_the_committed_predictions(measured):
-    text, _, results = measured
+    text, _, _, results = measured
     _, rows, _ = table(results)
     for row in rows:
         line = "| " + " | ".join(str(c) for c in row) + " |"
@@ -61,7 +62,7 @@ def test_ruler_readme_table_is_the_score_of_the_committed_predictions(measured):
 def test_top_readme_averages_are_the_committed_ones(measured):
     text = (REPO / "README.md").read_text(encoding="utf-8")
     section = text.split("## RULER", 1)[1].split("\n## ", 1)[0]
-    _, rows, cols = table(measured[2])
+    _, rows, cols = table(measured[3])
     avg = len(cols) + 2  # Length, Method, tasks..., Avg (11 offline)
     for row in rows:
         assert row[avg] in section, f"README.md's RULER section lacks {row[1]}'s 11-task average {row[avg]}"
@@ -71,13 +72,9 @@ def test_committed_failures_md_is_the_failures_command_over_the_stated_samples(m
     """eval/ruler/README.md's sentences on failures cite failures.md; it must be what the command gives now."""
     from eval.ruler.failures import find_misses, markdown
 
-    _, scope, _ = measured
+    _, marked, scope, _ = measured
     path = ROOT / "failures.md"
-    command = f"gemfilter-ruler failures {ROOT.relative_to(REPO)} --num-samples {scope_arg(scope)}"
+    command = f"gemfilter-ruler failures {ROOT.relative_to(REPO)} --num-samples {marked}"
     assert path.is_file(), f"run: {command}"
     assert path.read_text(encoding="utf-8") == markdown(find_misses(ROOT, num_samples=scope)), (
         f"{path} is stale: rerun {command}")
-
-
-def scope_arg(scope) -> str:
-    return ",".join(f"{L}={n}" for L, n in scope.items()) if isinstance(scope, dict) else str(scope)

@@ -117,9 +117,9 @@ def parse_scope(text) -> int | dict | None:
     allowed = ("allowed: a whole number N >= 1 (samples 0..N-1 at every length) or counts per length, "
                "e.g. 4096=20,8192=2 or 4k=20,8k=2")
 
-    def count(item, text):
+    def count(item, digits):
         try:
-            n = int(text)
+            n = int(digits)
         except ValueError:
             raise ValueError(f"--num-samples: {item!r} is not a sample count; {allowed}") from None
         if n < 1:
