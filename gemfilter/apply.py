@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import wrapped_attention
+from .compat import cache_in
 from .layers import default_layer
 from .selection import Selection, as_batch, check_causal_decoder, check_params, check_prompt
 
@@ -48,7 +49,7 @@ def _make_hooks(model, handle: Applied, tokenizer):
             raise TypeError("apply(): call the model with keyword arguments (as model.generate does)")
         if kwargs.get("inputs_embeds") is not None:
             raise ValueError(f"apply(): {method.name} needs input_ids, not inputs_embeds")
-        cache = kwargs.get("past_key_values")
+        _, cache = cache_in(kwargs)
         if cache is None:
             raise ValueError(
                 f"apply(): {method.name} needs generate's KV cache (use_cache=True). For one forward pass, "
@@ -70,7 +71,7 @@ def _make_hooks(model, handle: Applied, tokenizer):
         return args, (kwargs if call is None else call.decode(kwargs, cache, past))
 
     def post_hook(module, args, kwargs, output):
-        cache = kwargs.get("past_key_values")
+        _, cache = cache_in(kwargs)
         call = handle._prefilling.pop(cache, None) if cache is not None else None
         if call is not None:
             call.after_prefill(cache)

@@ -162,7 +162,8 @@ def build_model(name: str, *, layers: int | None = None, dtype=None, device=None
     attn: attention kernel (None: transformers' default, SDPA). seed: for the random weights.
     """
     from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
+
+    from .compat import no_init_weights
 
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"

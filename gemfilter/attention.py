@@ -17,6 +17,8 @@ import sys
 import warnings
 from contextlib import contextmanager
 
+from .compat import attention_functions, mask_functions, register_attention
+
 STATE_KWARG = "gemfilter_state"
 _PREFIX = "gemfilter_"
 
@@ -31,8 +33,6 @@ class FilterLayerReached(Exception):
 
 def _base_kernel(base: str, module):
     """The attention function the model would have used without us."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     if base == "eager":
         # "eager" is not in the global interface: each model file defines its own
         # ``eager_attention_forward`` (Gemma's has soft-capping, for example). Use the model's own.
@@ -40,7 +40,7 @@ def _base_kernel(base: str, module):
         if fn is None:
             raise TypeError(f"{type(module).__name__}'s module defines no eager_attention_forward to delegate to")
         return fn
-    return ALL_ATTENTION_FUNCTIONS[base]
+    return attention_functions()[base]
 
 
 def _make_wrapper(base: str):
@@ -57,15 +57,12 @@ def _make_wrapper(base: str):
 
 def register(base: str) -> str:
     """Register the wrapper around ``base`` (sdpa, eager, flash_attention_2, ...) and return its name."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
     name = f"{_PREFIX}{base}"
-    if base not in ALL_MASK_ATTENTION_FUNCTIONS:
-        allowed = ", ".join(sorted(k for k in ALL_MASK_ATTENTION_FUNCTIONS if not k.startswith(_PREFIX)))
+    masks = mask_functions()
+    if base not in masks:
+        allowed = ", ".join(sorted(k for k in masks if not k.startswith(_PREFIX)))
         raise ValueError(f"attention implementation {base!r} has no mask builder in transformers; allowed: {allowed}")
-    AttentionInterface.register(name, _make_wrapper(base))
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+    register_attention(name, _make_wrapper(base), masks[base])
     return name
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .compat import mask_helpers, register_attention, sdpa_attention_forward
+
 NAME = "banded"
 
 
@@ -75,8 +77,7 @@ def banded_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
     The band is evaluated from the model's own predicate (causal, window, chunks, packed sequences),
     only on the W x 2W blocks around the diagonal: O(n W) booleans instead of n^2.
     """
-    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
-
+    causal_mask_function, prepare_padding_mask, sdpa_mask = mask_helpers()
     mask_function = mask_function or causal_mask_function
     if local_size is None or use_vmap:  # full attention, or custom overlays that may reach outside the band
         return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
@@ -149,15 +150,13 @@ def banded_attention_forward(module, query, key, value, attention_mask, dropout:
 
     Returns (attn_output (b, q, h, d), None).
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if kwargs.get("softcap") is not None:
         raise ValueError(
             f"the 'banded' attention kernel does not compute soft-capped attention (softcap={kwargs['softcap']}, "
             "Gemma 2's attn_logit_softcapping). Load the model with attn='eager', which applies the cap exactly."
         )
     if not isinstance(attention_mask, BandedMask):  # full-attention layer or dense fallback: stock SDPA
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+        return sdpa_attention_forward()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
@@ -167,9 +166,5 @@ def banded_attention_forward(module, query, key, value, attention_mask, dropout:
 
 def register() -> str:
     """Register ``"banded"`` in both of transformers' interfaces (idempotent) and return the name."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(NAME, banded_attention_forward)
-    AttentionMaskInterface.register(NAME, banded_mask)
+    register_attention(NAME, banded_attention_forward, banded_mask)
     return NAME

@@ -98,10 +98,10 @@ class _MaskTimer:
     """Wraps the model's mask builder (this worker process only) to add up the seconds spent building masks."""
 
     def __init__(self, name: str, sync):
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+        from .compat import mask_functions, register_mask
 
         self.seconds, self.sync = 0.0, sync
-        inner = ALL_MASK_ATTENTION_FUNCTIONS[name]
+        inner = mask_functions()[name]
 
         def timed(*args, **kwargs):
             start = time.perf_counter()
@@ -110,7 +110,7 @@ class _MaskTimer:
             self.seconds += time.perf_counter() - start
             return out
 
-        AttentionMaskInterface.register(name, timed)
+        register_mask(name, timed)
 
 
 def forced_kwargs(gen_tokens: int) -> dict:

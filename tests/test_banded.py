@@ -12,6 +12,7 @@ import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 import gemfilter
+from gemfilter.compat import cache_kwargs
 from gemfilter.banded import BandedMask, banded_mask
 from gemfilter.inspection import trace
 from gemfilter.methods import REGISTRY, get_method
@@ -79,7 +80,7 @@ def test_decode_steps_of_several_tokens_against_a_cache(models, family):
             for size in (ids.shape[1], 3, 1, 3, 1):
                 new = torch.randint(3, 96, (2, size), generator=torch.Generator().manual_seed(size)) if start else ids
                 m = mask if not start else torch.cat([m, torch.ones_like(new)], 1)
-                chunks.append(model(input_ids=new, attention_mask=m, past_key_values=cache, use_cache=True).logits)
+                chunks.append(model(input_ids=new, attention_mask=m, **cache_kwargs(cache), use_cache=True).logits)
                 start += size
         outs[kernel] = chunks
     for ref, got in zip(outs["sdpa"], outs["banded"]):

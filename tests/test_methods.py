@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import gemfilter
+from gemfilter.compat import cache_kwargs, output_cache
 from gemfilter.methods import REGISTRY, get_method
 from gemfilter.methods.cache import column_sums
 from reference import qk_at_layer
@@ -61,7 +62,7 @@ def test_cache_holds_exactly_the_budget_after_prefill(family, name):
     with gemfilter.apply(model, method):
         out = model.generate(prompt(n=64), max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
     evicted = 0
-    for layer in out.past_key_values.layers:
+    for layer in output_cache(out).layers:
         if getattr(layer, "sliding_window", None) is None:
             assert layer.keys.shape[-2] == budget and layer.values.shape[-2] == budget
             evicted += 1
@@ -139,13 +140,13 @@ def test_snapkv_decodes_at_original_positions():
     plans = handle.calls[-1].plans
     with torch.no_grad():
         out = model(ids, use_cache=True)
-        cache = out.past_key_values
+        cache = output_cache(out)
         for i, layer in enumerate(cache.layers):
             idx = plans[i][..., None].expand(-1, -1, -1, layer.keys.shape[-1])
             layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
         tokens = [int(out.logits[0, -1].argmax())]
         for t in range(5):
-            step = model(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True,
+            step = model(torch.tensor([[tokens[-1]]]), **cache_kwargs(cache), use_cache=True,
                          position_ids=torch.tensor([[64 + t]]))
             tokens.append(int(step.logits[0, -1].argmax()))
     assert got[0, 64:].tolist() == tokens

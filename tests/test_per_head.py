@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import gemfilter
+from gemfilter.compat import output_cache
 from gemfilter.methods import get_method
 from gemfilter.methods.cache import SnapKV
 from reference import qk_at_layer
@@ -91,12 +92,12 @@ def test_after_prefill_the_cache_holds_h_heads_of_the_kept_rows(family):
     ids = prompt(n, seed=12)
     h, h_kv = model.config.num_attention_heads, model.config.num_key_value_heads
     with torch.no_grad():
-        plain = model(ids, use_cache=True).past_key_values  # the un-evicted cache, (1, h_kv, n, d)
+        plain = output_cache(model(ids, use_cache=True))  # the un-evicted cache, (1, h_kv, n, d)
     for name, heads in (("snapkv-per-head", h), ("snapkv", h_kv), ("h2o-per-head", h)):
         with gemfilter.apply(model, get_method(name, topk=budget)) as handle:
             out = model.generate(ids, max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
         plans = handle.calls[-1].plans
-        for i, layer in enumerate(out.past_key_values.layers):
+        for i, layer in enumerate(output_cache(out).layers):
             if getattr(layer, "sliding_window", None) is not None:
                 assert layer.keys.shape[1] == h_kv  # sliding layers are not evicted
                 continue
@@ -160,7 +161,7 @@ def test_per_head_cache_is_g_times_the_group_mean_cache():
     for name in ("snapkv", "snapkv-per-head", "h2o", "h2o-per-head"):
         with gemfilter.apply(model, get_method(name, topk=40)):
             out = model.generate(prompt(72, 14), max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
-        sizes[name] = sum(layer.keys.numel() + layer.values.numel() for layer in out.past_key_values.layers)
+        sizes[name] = sum(layer.keys.numel() + layer.values.numel() for layer in output_cache(out).layers)
     g = model.config.num_attention_heads // model.config.num_key_value_heads
     assert sizes["snapkv-per-head"] == g * sizes["snapkv"] and sizes["h2o-per-head"] == g * sizes["h2o"]
 
@@ -208,7 +209,7 @@ def test_embedded_model_per_head_cache_reads_like_its_multi_head_twin():
     kw = dict(max_new_tokens=8, output_scores=True, return_dict_in_generate=True)
     with gemfilter.apply(model, get_method("snapkv-per-head", topk=256)):
         got = model.generate(ids, do_sample=False, **kw)
-    heads = {layer.keys.shape[1] for layer in got.past_key_values.layers if not getattr(layer, "is_sliding", False)}
+    heads = {layer.keys.shape[1] for layer in output_cache(got).layers if not getattr(layer, "is_sliding", False)}
     assert heads == {4}
     ref = gemfilter.generate(twin, ids, method=get_method("snapkv", topk=256), **kw)
     assert got.sequences[0, ids.shape[1]:].tolist() == ref.new_tokens[0].tolist()

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, Phi3Config, Phi3ForCausalLM
 
 import gemfilter
+from gemfilter.compat import output_cache
 from gemfilter.models import load_config
 from tiny_models import COMMON, _build
 
@@ -53,7 +54,7 @@ def test_cache_methods_evict_after_the_drop_and_refuse_an_all_sliding_model(phi_
     method = gemfilter.get_method(name, topk=BUDGET, layer=2)
     with gemfilter.apply(model, method):
         out = model.generate(_ids(), max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
-    assert [layer.keys.shape[-2] for layer in out.past_key_values.layers] == [BUDGET] * COMMON["num_hidden_layers"]
+    assert [layer.keys.shape[-2] for layer in output_cache(out).layers] == [BUDGET] * COMMON["num_hidden_layers"]
 
     stock = AutoModelForCausalLM.from_pretrained(phi_dir).eval()
     with pytest.raises(ValueError, match=r"every layer of this model has a sliding window \(1024\).*gemfilter.load_model"):

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 
+from ..compat import dynamic_layer_class
+
 
 def repeat_heads(x, groups: int):
     """(b, h_kv, n, d) -> (b, h_kv * groups, n, d); head j is KV head j // groups (transformers' repeat_kv)."""
@@ -27,9 +29,7 @@ def repeat_heads(x, groups: int):
 @functools.cache
 def _layer_class():
     # transformers is imported on first use, not when gemfilter is imported.
-    from transformers.cache_utils import DynamicLayer
-
-    class PerQueryHeadLayer(DynamicLayer):
+    class PerQueryHeadLayer(dynamic_layer_class()):
         """A full-attention cache layer that holds one K/V set per query head: (b, h, kept + t, d).
 
         groups: query heads per KV head (g); incoming (b, h_kv, q, d) states are repeated g times.

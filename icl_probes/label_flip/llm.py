@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from gemfilter.compat import cache_kwargs, output_cache
+
 from ..common import append_jsonl, read_jsonl, write_json
 from .data import get_task, load_examples
 from .prompts import FLIP_SHARES, M_DEFAULT, SEEDS, check_share, class_index, eval_indices, make_prompt
@@ -104,7 +106,7 @@ class LabelScorer:
         if prefix != self._prefix:
             ids = self.tok(prefix)["input_ids"]
             out = self.model(torch.tensor([ids], device=self.device), use_cache=True, logits_to_keep=1)
-            self._prefix, self._ids, self._cache = prefix, ids, out.past_key_values
+            self._prefix, self._ids, self._cache = prefix, ids, output_cache(out)
         return self._ids, self._cache
 
     def _logits(self, seq: list, keep: int, prefix: str | None) -> torch.Tensor:
@@ -114,7 +116,7 @@ class LabelScorer:
             if seq[:len(pids)] == pids and len(seq) - len(pids) >= keep:
                 self.cache_hits += 1
                 rest = torch.tensor([seq[len(pids):]], device=self.device)
-                out = self.model(rest, past_key_values=copy.deepcopy(cache), use_cache=True, logits_to_keep=keep)
+                out = self.model(rest, **cache_kwargs(copy.deepcopy(cache)), use_cache=True, logits_to_keep=keep)
                 return out.logits[0].float().log_softmax(-1)
         out = self.model(torch.tensor([seq], device=self.device), logits_to_keep=keep)
         return out.logits[0].float().log_softmax(-1)

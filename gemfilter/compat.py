@@ -1,0 +1,124 @@
+"""Everything that depends on transformers' internals, for every release in the supported range.
+
+The project reaches into transformers at a few places: the forward keyword that carries the KV cache,
+the output field that returns it, the cache layer class, the attention and mask interfaces, the mask
+helpers of ``masking_utils``, SDPA's forward and ``no_init_weights``. Each is named here once, and no
+other module checks a version or imports a transformers internal.
+
+The one rename inside the range (``pyproject.toml``'s ``transformers`` bounds, each end tested in CI):
+
+- transformers 5.24 renamed the model-forward keyword ``past_key_values`` to ``cache``, and the
+  output field likewise. ``generate`` passes ``cache=``; the old keyword stays a deprecated alias
+  (renamed by ``deprecate_kwarg`` inside ``forward``) until 5.40. A forward pre-hook sees the keywords
+  as the caller spelled them, before that rename, so the hooks accept both (:func:`cache_in`).
+
+transformers is imported on first use, never when gemfilter is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+
+# Both spellings of the forward keyword, the current one first.
+CACHE_KWARGS = ("cache", "past_key_values")
+_RENAMED_IN = (5, 24)  # first release whose forward and generate use ``cache``
+
+
+def _version() -> tuple[int, int]:
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+@functools.cache
+def cache_kwarg() -> str:
+    """The forward keyword (and output field) this transformers release uses for the KV cache."""
+    return CACHE_KWARGS[0] if _version() >= _RENAMED_IN else CACHE_KWARGS[1]
+
+
+def cache_in(kwargs: dict):
+    """(keyword, cache) of a forward call's keywords, whichever spelling the caller used; (None, None) if none.
+
+    Both at once is refused, as transformers itself refuses it.
+    """
+    present = [k for k in CACHE_KWARGS if kwargs.get(k) is not None]
+    if len(present) > 1:
+        raise ValueError("pass the KV cache once: both `cache` and `past_key_values` were given")
+    return (present[0], kwargs[present[0]]) if present else (None, None)
+
+
+def cache_kwargs(cache) -> dict:
+    """Keywords that hand ``cache`` to a model's forward under this release's name: ``model(ids, **cache_kwargs(c))``."""
+    return {cache_kwarg(): cache}
+
+
+def output_cache(output):
+    """The KV cache a forward returned (``output.cache`` from 5.24 on, ``output.past_key_values`` before)."""
+    return getattr(output, cache_kwarg())
+
+
+def dynamic_cache(config):
+    """An empty ``DynamicCache`` laid out for ``config`` (sliding layers included)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=config)
+
+
+def dynamic_layer_class():
+    """The cache layer class of a full-attention ``DynamicCache`` layer."""
+    from transformers.cache_utils import DynamicLayer
+
+    return DynamicLayer
+
+
+def attention_functions():
+    """transformers' global registry of attention kernels (``ALL_ATTENTION_FUNCTIONS``)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS
+
+
+def mask_functions():
+    """transformers' global registry of mask builders (``ALL_MASK_ATTENTION_FUNCTIONS``)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    return ALL_MASK_ATTENTION_FUNCTIONS
+
+
+def register_attention(name: str, attention_fn, mask_fn) -> None:
+    """Register ``attention_fn`` in ``AttentionInterface`` and ``mask_fn`` in ``AttentionMaskInterface``, under
+    one ``name`` (transformers looks both up by ``config._attn_implementation``)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, attention_fn)
+    AttentionMaskInterface.register(name, mask_fn)
+
+
+def register_mask(name: str, mask_fn) -> None:
+    """Replace only the mask builder registered under ``name``."""
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionMaskInterface.register(name, mask_fn)
+
+
+def mask_helpers():
+    """(causal_mask_function, prepare_padding_mask, sdpa_mask) from ``transformers.masking_utils``."""
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
+
+    return causal_mask_function, prepare_padding_mask, sdpa_mask
+
+
+def sdpa_attention_forward():
+    """transformers' SDPA attention kernel (the ``"sdpa"`` entry of the attention registry)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward as fn
+
+    return fn
+
+
+def no_init_weights():
+    """transformers' context manager that skips weight initialisation while a model is built."""
+    from transformers.initialization import no_init_weights as ctx
+
+    return ctx()
