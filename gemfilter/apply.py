@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import wrapped_attention
-from .compat import cache_in
+from .compat import cache_in, generation_modes_limited
 from .layers import default_layer
 from .selection import Selection, as_batch, check_causal_decoder, check_params, check_prompt
 
@@ -55,11 +55,17 @@ def _make_hooks(model, handle: Applied, tokenizer):
                 f"apply(): {method.name} needs generate's KV cache (use_cache=True). For one forward pass, "
                 "use gemfilter.select_tokens and run the model on the kept tokens."
             )
+        if getattr(cache, "is_compileable", False):
+            raise ValueError(
+                f"apply(): {method.name} needs a dynamic KV cache, got {type(cache).__name__}: a static (compileable) "
+                "cache, e.g. from generate(cache_implementation='static'), has a fixed length and comes with prebuilt "
+                "4-D masks that the method can neither shrink nor rewrite. Use generate's default cache")
         mask = kwargs.get("attention_mask")
-        if mask is not None and mask.dim() != 2:
-            raise ValueError("apply(): only 2-D attention masks are supported (no static/compiled cache)")
+        if mask is not None and not (torch.is_tensor(mask) and mask.dim() == 2):
+            got = f"a {mask.dim()}-D tensor" if torch.is_tensor(mask) else f"a {type(mask).__name__}"
+            raise ValueError(f"apply(): only 2-D (batch, seq) attention masks are supported, got {got}")
         past = cache.get_seq_length()
-        if past == 0:  # prefill of a new generate call
+        if past == 0:  # prefill of a new generate call (or the first forward on an empty cache inside the block)
             input_ids = kwargs["input_ids"]
             valid = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
             call = method.begin(model, input_ids, valid, tokenizer)
@@ -68,7 +74,13 @@ def _make_hooks(model, handle: Applied, tokenizer):
             handle._prefilling[cache] = call
             return args, call.prefill(kwargs, cache)
         call = handle._by_cache.get(cache)
-        return args, (kwargs if call is None else call.decode(kwargs, cache, past))
+        if call is None:
+            raise ValueError(
+                f"apply(): the KV cache passed in already holds {past} tokens and was not filled inside this "
+                f"apply() block, so {method.name} never saw those tokens and would run as plain full generation. "
+                "Inside apply(), pass no cache or an empty one (a prefix cache built outside the block cannot be "
+                "filtered)")
+        return args, call.decode(kwargs, cache, past)
 
     def post_hook(module, args, kwargs, output):
         _, cache = cache_in(kwargs)
@@ -125,7 +137,7 @@ def apply(model, method, tokenizer=None):
     handle = Applied(method=resolve(model, method))
     check_causal_decoder(model, need_generate=True)
     _check_not_nested(model)
-    with wrapped_attention(model):
+    with wrapped_attention(model), generation_modes_limited(model):
         pre, post = _make_hooks(model, handle, tokenizer)
         hooks = [model.register_forward_pre_hook(pre, with_kwargs=True),
                  model.register_forward_hook(post, with_kwargs=True)]
@@ -183,6 +195,9 @@ def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kerne
     generate_kwargs.setdefault("num_beams", 1)
     with apply(model, method, tokenizer=tokenizer) as handle:
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
+    if not handle.calls:
+        raise RuntimeError("gemfilter.generate: model.generate made no prefill forward on an empty KV cache, so "
+                           f"{method.name} never ran")
     sel = handle.selection
     text = sel.kept_text(tokenizer) if tokenizer is not None and sel is not None else None
     return GemFilterOutput(output=out, selection=sel, kept_text=text, prompt_len=input_ids.shape[1],

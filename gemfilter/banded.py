@@ -21,7 +21,10 @@ Use: ``gemfilter.load_model(name, attn="banded")`` or, for a model loaded elsewh
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 
@@ -52,6 +55,17 @@ class BandedMask:
     blocked: bool
     allowed: torch.Tensor
 
+    # With a static (compileable) cache, generate builds the masks before the forward and hands them in as
+    # a prebuilt mask, which transformers' mask code probes with ``.ndim`` and ``.contiguous()``. Answering
+    # as a prebuilt 4-D mask lets it reach :func:`banded_mask` unchanged, which passes it through.
+    ndim: ClassVar[int] = 4
+
+    def contiguous(self):
+        return self
+
+    def sizes(self) -> tuple:
+        return self.q_offset, self.kv_offset, self.q_length, self.kv_length, self.window
+
 
 def _allowed(mask_function, padding, batch, q_offset, q_length, kv_offset, kv_length, q_pos, kv_pos):
     """Evaluate transformers' index predicate on absolute positions q_pos (..., Q, 1), kv_pos (..., 1, K).
@@ -70,6 +84,18 @@ def _allowed(mask_function, padding, batch, q_offset, q_length, kv_offset, kv_le
     return ok.expand((batch,) + torch.broadcast_shapes(q_pos.shape, kv_pos.shape))
 
 
+def _sees_ahead(mask_function, q_offset, q_length, kv_offset, kv_length, device) -> bool:
+    """Whether the predicate lets the first query see the key right after it (a non-causal window).
+
+    Only asked when that key exists among this call's keys and queries, so an index-based predicate
+    never reads out of range."""
+    q = int(q_offset)
+    if q_length < 2 or not int(kv_offset) <= q + 1 < int(kv_offset) + int(kv_length):
+        return False
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    return bool(mask_function(zero, zero, zero + q, zero + q + 1))
+
+
 def banded_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
                 local_size=None, use_vmap=False, device="cpu", **kwargs):
     """``AttentionMaskInterface`` entry: a :class:`BandedMask` for sliding layers, SDPA's mask otherwise.
@@ -79,7 +105,15 @@ def banded_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
     """
     causal_mask_function, prepare_padding_mask, sdpa_mask = mask_helpers()
     mask_function = mask_function or causal_mask_function
-    if local_size is None or use_vmap:  # full attention, or custom overlays that may reach outside the band
+    if isinstance(attention_mask, BandedMask):  # prebuilt by generate for a static cache (see BandedMask.ndim)
+        asked = tuple(map(int, (q_offset, kv_offset, q_length, kv_length, local_size)))
+        if asked != attention_mask.sizes():
+            raise ValueError(f"banded: a prebuilt mask for (q_offset, kv_offset, q, kv, window) = "
+                             f"{attention_mask.sizes()} was handed to a layer that needs {asked}")
+        return attention_mask
+    # Full attention, custom overlays that may reach outside the band, or a predicate that lets a query see
+    # keys after it (config.is_causal=False: bidirectional windows): the band holds only past keys, so SDPA's mask.
+    if local_size is None or use_vmap or _sees_ahead(mask_function, q_offset, q_length, kv_offset, kv_length, device):
         return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                          kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                          local_size=local_size, use_vmap=use_vmap, device=device, **kwargs)
@@ -112,8 +146,11 @@ def banded_attention(query, key, value, mask: BandedMask, scaling: float, dropou
     b, h, q_len, d = query.shape
     h_kv, kv_len = key.shape[1], key.shape[2]
     if (q_len, kv_len) != (mask.q_length, mask.kv_length):
+        why = ("; with sliding_window=1, transformers' sliding cache layer keeps every past key while the mask "
+               "sizes allow only the current one (stock sdpa and eager silently attend to all of them), so banded "
+               "refuses: use a window of at least 2, or no cache") if mask.window == 1 else ""
         raise ValueError(f"banded attention: the mask was built for {mask.q_length} queries x {mask.kv_length} keys, "
-                         f"the layer has {q_len} x {kv_len}")
+                         f"the layer has {q_len} x {kv_len}{why}")
     g = h // h_kv
     B = mask.window
     # GQA without repeating K/V: the g query heads of a group are stacked along the query axis.
@@ -155,6 +192,9 @@ def banded_attention_forward(module, query, key, value, attention_mask, dropout:
             f"the 'banded' attention kernel does not compute soft-capped attention (softcap={kwargs['softcap']}, "
             "Gemma 2's attn_logit_softcapping). Load the model with attn='eager', which applies the cap exactly."
         )
+    if kwargs.get("output_attentions"):
+        warnings.warn("the 'banded' attention kernel returns no attention weights, so output_attentions=True gives "
+                      "none for its layers; load the model with attn='eager' to get them", UserWarning, stacklevel=2)
     if not isinstance(attention_mask, BandedMask):  # full-attention layer or dense fallback: stock SDPA
         return sdpa_attention_forward()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)

@@ -18,6 +18,7 @@ transformers is imported on first use, never when gemfilter is imported.
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 
 # Both spellings of the forward keyword, the current one first.
 CACHE_KWARGS = ("cache", "past_key_values")
@@ -122,3 +123,38 @@ def no_init_weights():
     from transformers.initialization import no_init_weights as ctx
 
     return ctx()
+
+
+class _ModesInsideApply(tuple):
+    """The generation modes ``apply()`` runs exactly; its repr is the sentence transformers' refusal prints."""
+
+    def __repr__(self):
+        return ("greedy search, sampling and beam search inside gemfilter.apply() (assisted generation, prompt "
+                "lookup and assistant early exit feed draft tokens into the prefill and crop the cache, so the method "
+                "would score the drafts as prompt: run without assistant_model / prompt_lookup_num_tokens / "
+                "assistant_early_exit)")
+
+    __str__ = __repr__
+
+
+@contextmanager
+def generation_modes_limited(model):
+    """Inside the block, ``model.generate`` refuses every generation mode but greedy, sampling and beam search.
+
+    transformers' ``generate`` checks ``model._supported_generation_modes`` before it decodes, and raises a
+    ValueError naming the mode it got; the instance attribute set here is removed (or the class's own
+    restored) on exit, errors included.
+    """
+    from transformers.generation.configuration_utils import GenerationMode
+
+    ours = [GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE]
+    had = "_supported_generation_modes" in vars(model)
+    before = getattr(model, "_supported_generation_modes", None)
+    model._supported_generation_modes = _ModesInsideApply(m for m in ours if before is None or m in before)
+    try:
+        yield
+    finally:
+        if had:
+            model._supported_generation_modes = before
+        else:
+            del model._supported_generation_modes

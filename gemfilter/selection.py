@@ -137,6 +137,8 @@ def check_causal_decoder(model, need_generate: bool = False) -> None:
     if getattr(model, "config", None) is None:
         raise TypeError(f"{type(model).__name__} has no .config: pass a transformers causal LM, not a bare torch module")
     bidirectional = [type(m).__name__ for m in model.modules() if getattr(m, "is_causal", None) is False]
+    if getattr(text_config(model), "is_causal", True) is False:  # transformers then builds bidirectional masks
+        bidirectional.insert(0, "config (is_causal=False)")
     if bidirectional or getattr(model.config, "is_encoder_decoder", False):
         why = f"its {bidirectional[0]} attends both ways" if bidirectional else "it is an encoder-decoder"
         raise TypeError(f"{type(model).__name__} is not a causal decoder ({why}); GemFilter needs a decoder-only "
