@@ -26,7 +26,7 @@ def calibration_path(model_name: str) -> Path:
 
 def model_key(model) -> str:
     """The model's name for its calibration file; the embedded model's cache path is machine-specific."""
-    name = str(getattr(model.config, "name_or_path", "") or "model")
+    name = str(getattr(getattr(model, "config", model), "name_or_path", "") or "model")
     return EMBEDDED_NAME if name.rstrip("/").endswith(EMBEDDED_DIR_NAME) else name
 
 

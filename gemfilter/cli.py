@@ -119,8 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_generate)
 
     from .inspect_report import add_subcommands
+    from .serve.cli import add_parser as add_serve
 
     add_subcommands(sub)
+    add_serve(sub)
     return parser
 
 

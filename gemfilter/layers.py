@@ -41,11 +41,12 @@ def rule_layer(model) -> int:
 
 def default_layer(model) -> int:
     """This model's default: its ``gemfilter calibrate`` result if one is stored, else the table
-    above, else :func:`rule_layer`."""
+    above, else :func:`rule_layer`. model: a model or its config (no weights needed)."""
     record = load_calibration(model)
     if record is not None:
         return int(record["layer"])
-    name = str(getattr(model.config, "name_or_path", "") or getattr(model, "name_or_path", "")).rstrip("/").lower()
+    config = getattr(model, "config", model)
+    name = str(getattr(config, "name_or_path", "") or getattr(model, "name_or_path", "")).rstrip("/").lower()
     for key, layer in PAPER_LAYERS.items():
         if name == key or name.endswith("/" + key) or name.endswith(key):
             return layer

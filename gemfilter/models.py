@@ -18,6 +18,11 @@ EMBEDDED_DIR_NAME = "gemma3-270m-dequantized"  # the cache folder; also how the 
 _EMBEDDED_ALIASES = {None, "", "embedded", EMBEDDED_NAME, "gemma3-270m"}
 
 
+def is_embedded(name) -> bool:
+    """Whether ``name`` names the embedded Gemma 3 270M (None, "", "embedded", ...)."""
+    return name in _EMBEDDED_ALIASES
+
+
 def cache_dir() -> Path:
     """Root of this project's user cache."""
     env = os.environ.get("GEMFILTER_CACHE")

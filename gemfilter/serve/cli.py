@@ -1,0 +1,103 @@
+"""``gemfilter serve``: start the GemFilter proxy in front of an OpenAI-compatible engine.
+
+Example (vLLM serving the same model, then the proxy in front of it)::
+
+    vllm serve ~/.cache/gemfilter/gemma3-270m-dequantized --port 8000
+    gemfilter serve --upstream http://127.0.0.1:8000/v1 --port 8100 --topk 1024
+    curl http://127.0.0.1:8100/v1/completions -H 'Content-Type: application/json' \\
+         -d '{"prompt": "...long context... Question: ...", "max_tokens": 50, "temperature": 0}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+#: Text whose token ids the selector and the engine must agree on (words, digits, punctuation, unicode).
+PROBE = "GemFilter keeps 1024 of 120,000 tokens: the needle (\"7 days\") — überall, 東京, 🙂!\n\tdone."
+
+EPILOG = """Each request runs the selection on a local model that holds only layers 0..r (embeddings,
+those layers and the final norm; no LM head) and sends the kept token ids to the engine's
+/v1/completions. Prompts of at most --topk tokens, and method "full", pass through unchanged.
+Override per request with {"gemfilter": {"method": "gemfilter-span", "topk": 512}} in the body.
+Paper: Shi et al. 2024, "Discovering the Gems in Early Layers" (GemFilter)."""
+
+
+def check_tokenizer(upstream, tokenizer, model: str) -> None:
+    """Refuse to start unless the engine tokenizes :data:`PROBE` to the same ids as the selector (vLLM's
+    ``POST /tokenize``): kept ids from another tokenizer would be other tokens."""
+    from .upstream import UpstreamError
+
+    ours = tokenizer(PROBE, add_special_tokens=True)["input_ids"]
+    try:
+        theirs = upstream.post("/tokenize", {"model": model, "prompt": PROBE, "add_special_tokens": True}, root=True)
+    except UpstreamError as err:
+        raise ValueError(f"could not compare tokenizers: {err}. The check uses the engine's POST /tokenize "
+                         "(vLLM has it); pass --skip-tokenizer-check to start without it") from err
+    tokens = theirs.get("tokens") if isinstance(theirs, dict) else None
+    if tokens != ours:
+        raise ValueError(f"the selector's tokenizer and the engine's differ: {PROBE!r} is {ours[:12]}... here and "
+                         f"{(tokens or [])[:12]}... at the engine. Serve the same model (or one with the same "
+                         "tokenizer) on both sides")
+
+
+def add_parser(sub) -> None:
+    from ..models import add_attn_argument
+
+    p = sub.add_parser("serve", help="OpenAI-compatible proxy: select on layers 0..r, generate on an engine (vLLM)",
+                       description="Serve /v1/completions, /v1/chat/completions (streaming included) and /v1/models "
+                       "in front of an OpenAI-compatible engine: the GemFilter selection runs here, the "
+                       "generation on the engine.",
+                       epilog=EPILOG + "\n\n" + __doc__.split("\n\n", 1)[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--upstream", required=True, metavar="URL",
+                   help="the engine's OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", default=None,
+                   help="selector model: Hugging Face id or local path, the engine's model or one with its tokenizer "
+                        "(default: the embedded Gemma 3 270M)")
+    p.add_argument("--method", default="gemfilter", help="default method: full, gemfilter (paper), gemfilter-span, "
+                   "middle-row, largest-row (default gemfilter)")
+    p.add_argument("--topk", type=int, default=1024, help="default number of prompt tokens kept (default 1024)")
+    p.add_argument("--layer", type=int, default=None, help="filter layer r (default: the model's default)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8100, help="port to listen on (default 8100; 0 picks a free one)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds to wait for the engine's answer, or between its stream chunks (default 600)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads for the selection (default: torch's)")
+    p.add_argument("--skip-tokenizer-check", action="store_true",
+                   help="start even if the engine's tokenizer cannot be compared (it has no POST /tokenize)")
+    p.add_argument("--quiet", action="store_true", help="do not log each request")
+    add_attn_argument(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    import torch
+
+    from ..io import check_int
+    from .proxy import ProxyServer, request_options, serve
+    from .selector import Selector, load_selector
+    from .upstream import Upstream
+
+    check_int(args.topk, "--topk", 1)
+    check_int(args.port, "--port", 0)
+    check_int(args.threads, "--threads", 0)
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    request_options({}, {"method": args.method, "topk": args.topk})
+    upstream = Upstream(args.upstream, timeout=args.timeout)
+    models = upstream.model_ids()  # unreachable: a clear error now, not at the first request
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok, layer = load_selector(args.model, layer=args.layer, attn=args.attn)
+    if not args.skip_tokenizer_check:
+        check_tokenizer(upstream, tok, models[0] if models else "")
+    server = ProxyServer((args.host, args.port), Selector(model, tok, layer), upstream, method=args.method,
+                         topk=args.topk, quiet=args.quiet)
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    host, port = server.server_address[:2]
+    print(f"gemfilter serve: http://{host}:{port}/v1 -> {upstream.url} ({', '.join(models) or 'no model listed'}); "
+          f"selector: layers 0..{layer} of {args.model or 'the embedded Gemma 3 270M'} ({params:.1f}M parameters); "
+          f"default {args.method}, topk {args.topk}", file=sys.stderr, flush=True)
+    serve(server)
+    return 0

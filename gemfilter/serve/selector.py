@@ -1,0 +1,115 @@
+"""The selection half of GemFilter, on its own: layers 0..r of a causal LM, for a serving proxy.
+
+Paper: Shi et al. 2024, Algorithm 2 steps 1-4. The filter pass stops inside layer r, so a selector
+needs only the embeddings, decoder layers 0..r and the final norm: :func:`load_selector` builds the
+base model (no LM head) from a config cut to r+1 layers, and ``from_pretrained`` reads no weight of a
+later layer. The kept token ids then go to any engine as an ordinary prompt (positions 0..k-1).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+#: Methods the proxy can run: they choose prompt tokens; ``full`` sends the whole prompt.
+PROMPT_METHODS = ("full", "gemfilter", "gemfilter-span", "middle-row", "largest-row")
+
+
+def cut_config(config, layers: int):
+    """``config`` (its text config) cut to the first ``layers`` decoder layers, in place; returns it."""
+    text = config.get_text_config()
+    total = int(text.num_hidden_layers)
+    if not 1 <= layers <= total:
+        raise ValueError(f"a selector keeps layers 0..r, so r+1 = {layers} must lie in [1, {total}]")
+    text.num_hidden_layers = layers
+    if getattr(text, "layer_types", None) is not None:
+        text.layer_types = list(text.layer_types)[:layers]
+    return config
+
+
+def load_selector(name: str | None = None, *, layer: int | None = None, attn: str | None = None, dtype=None):
+    """(selector model, tokenizer, layer): the base model of ``name`` with decoder layers 0..``layer`` only.
+
+    name: as for :func:`gemfilter.load_model` (None: the embedded Gemma 3 270M). layer: the filter layer
+    r (None: the model's default). The model has no LM head and never runs past layer r.
+    """
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from ..layers import default_layer
+    from ..models import _check_attn, embedded_model_dir, load_config, is_embedded
+
+    config = load_config(name)
+    full_layers = int(config.get_text_config().num_hidden_layers)
+    if layer is None:
+        layer = default_layer(config)
+    if not 0 <= layer < full_layers:
+        raise ValueError(f"layer={layer} is outside [0, {full_layers}): the model has {full_layers} decoder layers")
+    embedded = is_embedded(name)
+    path = str(embedded_model_dir()) if embedded else str(name)
+    cut_config(config, layer + 1)
+    kw = {"attn_implementation": attn} if attn not in (None, "banded") else {}
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the weights of layers > r are skipped on purpose: no report of them
+    try:
+        model = AutoModel.from_pretrained(path, config=config, dtype=dtype or (torch.float32 if embedded else "auto"),
+                                          **kw)
+    finally:
+        hf_logging.set_verbosity(level)
+    if attn == "banded" or (attn is None and embedded):
+        model.set_attn_implementation(_check_attn("banded", model.config))
+    tok = AutoTokenizer.from_pretrained(path)
+    model.eval()
+    return model, tok, layer
+
+
+@dataclass
+class Choice:
+    """One request's selection: the ids to send upstream and what to report."""
+
+    ids: list
+    method: str
+    topk: int
+    prompt_tokens: int
+    kept_tokens: int
+    passthrough: bool
+    seconds: float
+
+    def meta(self, layer: int) -> dict:
+        return {"method": self.method, "topk": self.topk, "layer": layer, "prompt_tokens": self.prompt_tokens,
+                "kept_tokens": self.kept_tokens, "passthrough": self.passthrough,
+                "selection_seconds": round(self.seconds, 4)}
+
+
+class Selector:
+    """A loaded selector and its tokenizer; :meth:`choose` is safe to call from several threads (one runs at a time)."""
+
+    def __init__(self, model, tokenizer, layer: int, max_tokens: int | None = None):
+        self.model, self.tokenizer, self.layer = model, tokenizer, layer
+        cfg = model.config.get_text_config()
+        self.max_tokens = max_tokens or int(getattr(cfg, "max_position_embeddings", 0) or 0) or None
+        self._lock = threading.Lock()
+
+    def choose(self, ids: list, method: str, topk: int) -> Choice:
+        """Select from prompt ``ids`` with a prompt method; prompts of at most ``topk`` tokens pass unchanged."""
+        import torch
+
+        from ..methods import get_method
+        from ..selection import select_tokens
+
+        n = len(ids)
+        if self.max_tokens is not None and n > self.max_tokens:
+            raise ValueError(f"the prompt has {n} tokens; the selector's model takes at most {self.max_tokens} "
+                             "(max_position_embeddings)")
+        start = time.perf_counter()
+        if method == "full" or n <= topk:
+            return Choice(list(ids), method, topk, n, n, True, time.perf_counter() - start)
+        m = get_method(method, layer=self.layer, topk=topk)
+        with self._lock, torch.no_grad():
+            sel = select_tokens(self.model, torch.tensor([ids]), layer=self.layer, topk=topk, kernel=getattr(m, "kernel", 5),
+                                method=m, tokenizer=self.tokenizer)
+        kept = sel.kept_ids[0].tolist()
+        return Choice(kept, method, topk, n, len(kept), False, time.perf_counter() - start)
