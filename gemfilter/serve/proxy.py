@@ -118,6 +118,12 @@ class ProxyServer(ThreadingHTTPServer):
         self.defaults = {"method": method, "topk": topk}
         super().__init__(address, Handler)
 
+    def handle_error(self, request, client_address):
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):  # a client that left is no error
+            super().handle_error(request, client_address)
+
 
 class Handler(BaseHTTPRequestHandler):
     server: ProxyServer
@@ -130,6 +136,7 @@ class Handler(BaseHTTPRequestHandler):
     # --- answers -------------------------------------------------------------------------------
     def _send_json(self, status: int, data: dict, meta: dict | None = None):
         raw = json.dumps(data).encode()
+        self._answered = True
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
@@ -154,6 +161,16 @@ class Handler(BaseHTTPRequestHandler):
                                 "/v1/completions, /v1/chat/completions", "not_found")
 
     def do_POST(self):
+        try:
+            self._post()
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as err:  # a bug or a failed selection: say so instead of dropping the connection
+            if not getattr(self, "_answered", False):
+                self._error(500, f"the proxy failed: {type(err).__name__}: {err}", "internal_error")
+            raise
+
+    def _post(self):
         route = self.path.rstrip("/")
         if route not in ("/v1/completions", "/v1/chat/completions"):
             return self._error(404, f"no route POST {self.path}; the proxy serves /v1/completions and "
@@ -208,6 +225,7 @@ class Handler(BaseHTTPRequestHandler):
         """Relay the engine's SSE stream; the first chunk also carries the gemfilter metadata."""
         chunks = self.server.upstream.stream(path, sent)
         first = next(chunks, None)  # an engine error surfaces here, before any header is sent
+        self._answered = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
