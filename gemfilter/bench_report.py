@@ -209,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_attn_argument(p, multiple=True)
     p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a worker is killed (default 1800)")
+    p.add_argument("--engine", default=None, metavar="URL",
+                   help="time a serving engine instead (its OpenAI base URL, e.g. http://127.0.0.1:8000/v1): time to "
+                   "first token and total time of full against the last of --methods (a prompt method) through an "
+                   "in-process 'gemfilter serve', and the proxy's own overhead; writes OUT/bench-engine.md")
     return p
 
 
@@ -280,6 +284,10 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
     _check_arch_args(args)
     try:
+        if args.engine:
+            from .serve.bench import run
+
+            return run(args)
         return _main(args)
     except (ValueError, OSError, RuntimeError) as err:
         raise SystemExit(f"error: {err}") from None

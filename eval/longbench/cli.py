@@ -63,6 +63,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
+    from gemfilter.serve.engine import add_engine_argument
 
     from .presets import PRESETS
     from .tasks import TASKS
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=RUN_EPILOG.format(tasks=tasks, methods=methods, presets=presets))
     r.add_argument("--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M)")
     add_attn_argument(r)
+    add_engine_argument(r)
     r.add_argument("--preset", default=None, choices=sorted(PRESETS),
                    help="settings of a published run (see below); explicit options override them")
     r.add_argument("--methods", default=None,
@@ -166,7 +168,7 @@ def _run(args) -> int:
                        e=args.e, limit=args.limit, topk=args.topk, layer=args.layer, max_length=max_length,
                        chat_template=args.chat_template or preset.get("chat_template", False), data_dir=args.data_dir,
                        method_max_length={m: v for m, v in own.items() if m in methods}, attn=args.attn,
-                       dtype=args.dtype or preset.get("dtype"),
+                       dtype=args.dtype or preset.get("dtype"), engine=args.engine,
                        extra={"preset": args.preset, "attn": args.attn or "model default"})
     if args.threads:
         import torch

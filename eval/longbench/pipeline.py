@@ -91,11 +91,13 @@ def generation_kwargs(task, tokenizer) -> dict:
     return kw
 
 
-def predict(model, tokenizer, method, task, record: dict, max_length: int, chat_template: bool = False) -> dict:
+def predict(model, tokenizer, method, task, record: dict, max_length: int, chat_template: bool = False,
+            generate=None) -> dict:
     """Generate one record's answer with ``method``; returns pred, kept and prompt_tokens.
 
     model, tokenizer: a causal LM and its tokenizer; method: a resolved registry method object;
-    task: a row of ``TASKS``; max_length: prompt tokens kept by middle truncation.
+    task: a row of ``TASKS``; max_length: prompt tokens kept by middle truncation; generate:
+    ``gemfilter.generate`` (the default) or an engine's (``gemfilter.serve.engine.generator``).
     """
     import gemfilter
 
@@ -104,6 +106,7 @@ def predict(model, tokenizer, method, task, record: dict, max_length: int, chat_
     if enc["input_ids"].shape[1] == 0:
         raise ValueError(f"{task.config} record {record.get('_id')!r}: the prompt is empty after truncation "
                          "(the tokenizer decoded every kept token to nothing); check the tokenizer")
-    out = gemfilter.generate(model, enc, method=method, tokenizer=tokenizer, **generation_kwargs(task, tokenizer))
+    out = (generate or gemfilter.generate)(model, enc, method=method, tokenizer=tokenizer,
+                                           **generation_kwargs(task, tokenizer))
     return {"pred": tokenizer.decode(out.new_tokens[0], skip_special_tokens=True), "kept": int(out.kept[0]),
             "prompt_tokens": int(enc["input_ids"].shape[1])}

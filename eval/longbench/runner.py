@@ -53,7 +53,8 @@ class RunConfig:
     minus 500); chat_template: apply the tokenizer's chat template (not to trec, triviaqa, samsum, lcc,
     repobench-p); data_dir: local folder of ``<config>.jsonl`` (None: the hub); method_max_length:
     method -> its own max_length (the official runs cut H2O to 8192); dtype: None (the loader's) or a
-    torch dtype name, used on an accelerator only (CPU keeps float32 and says so).
+    torch dtype name, used on an accelerator only (CPU keeps float32 and says so); engine: None (generate
+    here) or an OpenAI-compatible engine's URL (select here, generate there).
     """
 
     model: str | None = None
@@ -69,6 +70,7 @@ class RunConfig:
     attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
     method_max_length: dict = field(default_factory=dict)
     dtype: str | None = None
+    engine: str | None = None
     extra: dict = field(default_factory=dict)  # recorded in config.json, not compared
 
     def identity(self) -> dict:
@@ -77,7 +79,7 @@ class RunConfig:
                 "chat_template": self.chat_template,
                 "data": HUB_REPO if self.data_dir is None else str(self.data_dir),
                 "method_max_length": {m: v for m, v in sorted(self.method_max_length.items()) if m in self.methods},
-                "dtype": self.dtype}
+                "dtype": self.dtype, "engine": self.engine}
 
     def max_length_of(self, method: str, default: int) -> int:
         """Prompt tokens kept for ``method``: its own max length, else --max-length, else ``default``."""
@@ -149,6 +151,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     import gemfilter
     from gemfilter.apply import resolve
     from gemfilter.methods import check_for_model
+    from gemfilter.serve.engine import generator
     from tqdm.auto import tqdm
 
     validate(config)
@@ -160,6 +163,10 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     # The model's window is needed only by methods with neither their own length nor --max-length.
     needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
     max_length = default_max_length(model_config) if needs_window else config.max_length
+    if config.engine is not None:
+        from gemfilter.serve.engine import check_engine_methods
+
+        check_engine_methods(config.methods)
     unresolved = {m: gemfilter.get_method(m, layer=config.layer, topk=config.topk) for m in config.methods}
     for m, method in unresolved.items():  # e.g. SnapKV on a model whose every layer is windowed; prompts are cut to this
         check_for_model(method, model_config, config.max_length_of(m, max_length))
@@ -187,6 +194,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     if mine:
         model, tok = load_for_run(config, state, model_and_tokenizer, tqdm.write if state.is_main_process else None)
         methods = {m: resolve(model, method) for m, method in unresolved.items()}
+        generate = generator(config.engine, tok)
         check_layers([{"method": m, "layer": row.get("layer")} for (m, _), rows in done.items()
                       for row in rows.values()], methods)
         desc = "LongBench" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
@@ -196,10 +204,11 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             folder = config.pred_dir(out, name)
             folder.mkdir(parents=True, exist_ok=True)
             res = predict(model, tok, methods[name], task, record, config.max_length_of(name, max_length),
-                          config.chat_template)
+                          config.chat_template, generate)
             row = {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
                    "length": record["length"], "_id": record["_id"], "kept": res["kept"],
-                   "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None)}
+                   "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None),
+                   "engine": config.engine}
             append_row(folder / SHARD.format(task.config, state.process_index), row)
             bar.set_postfix(method=name, task=task.config, kept=res["kept"])
     state.wait_for_everyone()

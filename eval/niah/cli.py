@@ -45,6 +45,7 @@ The default model is the embedded Gemma 3 270M (offline; first load about 75 s, 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
+    from gemfilter.serve.engine import add_engine_argument
 
     from .grid import PRESET_SETTINGS
 
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None,
                    help="Hugging Face id or local path (default: the embedded Gemma 3 270M, offline)")
     add_attn_argument(p)
+    add_engine_argument(p)
     p.add_argument("--methods", default=None,
                    help="comma-separated method names (default: the preset's, else full,gemfilter); see the list below")
     p.add_argument("--preset", default="cpu-demo", choices=list(PRESETS), help="named grid (default: cpu-demo)")
@@ -129,7 +131,7 @@ def _main(args) -> int:
     config = RunConfig(model=args.model, methods=methods, lengths=lengths, depths=depths,
                        topk=args.topk, layer=args.layer, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
                        haystack_dir=args.haystack_dir, attn=args.attn, protocol=args.protocol or preset["protocol"],
-                       dtype=args.dtype or preset["dtype"],
+                       dtype=args.dtype or preset["dtype"], engine=args.engine,
                        extra={"preset": args.preset, "attn": args.attn or "model default"})
     if not args.report_only:
         print(f"methods {','.join(config.methods)}; protocol {config.protocol}"

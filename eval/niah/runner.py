@@ -36,7 +36,7 @@ from .scoring import score_all
 
 #: Settings added after folders were written without them: a missing key means this value
 #: (LongBench's runner shares :func:`check_config`, hence its method_max_length).
-LEGACY_IDENTITY = {"protocol": "kamradt", "dtype": None, "method_max_length": {}, "model_changes": []}
+LEGACY_IDENTITY = {"protocol": "kamradt", "dtype": None, "method_max_length": {}, "model_changes": [], "engine": None}
 RESULTS = "results.jsonl"
 CONFIG = "config.json"
 SHARD = "results.rank{}.jsonl"
@@ -52,7 +52,8 @@ class RunConfig:
     prompt: ``gemfilter`` or ``kamradt-chat``; haystack_dir: None = the Paul Graham essays;
     protocol: ``kamradt`` (clean context) or ``gemfilter-repo`` (the GemFilter repo's special tokens, as
     in the paper's figures); dtype: None (the loader's default) or a torch dtype name, used on an
-    accelerator only (fp16 on CPU is slow and poorly supported, so CPU keeps float32 and says so)."""
+    accelerator only (fp16 on CPU is slow and poorly supported, so CPU keeps float32 and says so);
+    engine: None (generate here) or an OpenAI-compatible engine's URL (select here, generate there)."""
 
     model: str | None = None
     methods: tuple = ("full", "gemfilter")
@@ -66,6 +67,7 @@ class RunConfig:
     attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
     protocol: str = "kamradt"
     dtype: str | None = None
+    engine: str | None = None
     extra: dict = field(default_factory=dict)  # recorded in config.json, not compared (e.g. preset name)
 
     def identity(self) -> dict:
@@ -73,7 +75,7 @@ class RunConfig:
         return {"model": self.model, "topk": self.topk, "layer": self.layer, "prompt": self.prompt,
                 "max_new_tokens": self.max_new_tokens,
                 "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir),
-                "protocol": self.protocol, "dtype": self.dtype}
+                "protocol": self.protocol, "dtype": self.dtype, "engine": self.engine}
 
     def cells(self) -> list:
         return [(m, L, normalize_depth(d)) for m in self.methods for L in self.lengths for d in self.depths]
@@ -202,13 +204,16 @@ def load_for_run(config, state, model_and_tokenizer=None, say=None) -> tuple:
     return model, tok
 
 
-def run_cell(model, tokenizer, method, case, max_new_tokens: int) -> dict:
-    """Generate for one prompt with one method: response text, kept tokens, prompt tokens, seconds."""
+def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None) -> dict:
+    """Generate for one prompt with one method: response text, kept tokens, prompt tokens, seconds.
+
+    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.serve.engine.generator``)."""
     import gemfilter
 
+    generate = generate or gemfilter.generate
     start = time.perf_counter()
     enc = tokenizer(case.prompt, return_tensors="pt", add_special_tokens=case.add_special_tokens).to(model.device)
-    out = gemfilter.generate(model, enc, method=method, tokenizer=tokenizer, max_new_tokens=max_new_tokens)
+    out = generate(model, enc, method=method, tokenizer=tokenizer, max_new_tokens=max_new_tokens)
     text = tokenizer.decode(out.new_tokens[0], skip_special_tokens=True)
     return {"response": text, "kept": int(out.kept[0]), "prompt_tokens": int(enc["input_ids"].shape[1]),
             "seconds": time.perf_counter() - start}
@@ -230,6 +235,10 @@ def check_before_compute(config: RunConfig, model_config) -> dict:
     from gemfilter.methods import check_for_model
 
     check_against_model(model_config, layer=config.layer, lengths=config.lengths)
+    if config.engine is not None:
+        from gemfilter.serve.engine import check_engine_methods
+
+        check_engine_methods(config.methods)
     methods = {name: get_method(name, layer=config.layer, topk=config.topk) for name in config.methods}
     for method in methods.values():  # e.g. SnapKV on a model whose every layer is windowed
         check_for_model(method, model_config, max(config.lengths))
@@ -247,6 +256,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     """
     from gemfilter.apply import resolve
     from gemfilter.models import EMBEDDED_NAME
+    from gemfilter.serve.engine import generator
     from tqdm.auto import tqdm
 
     validate(config)
@@ -272,6 +282,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     if mine:
         model, tok = load_for_run(config, state, model_and_tokenizer, tqdm.write if state.is_main_process else None)
         hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
+        generate = generator(config.engine, tok)
         methods = {m: resolve(model, unresolved[m]) for m in dict.fromkeys(c[0] for c in mine)}
         check_layers(done.values(), methods)
         shard = out / SHARD.format(state.process_index)
@@ -281,12 +292,12 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         bar = tqdm(mine, desc=desc, unit="cell", disable=not (progress and state.is_main_process))
         for name, length, depth in bar:
             case = build_case(tok, length, depth, haystack=hay, template=config.prompt, protocol=config.protocol)
-            res = run_cell(model, tok, methods[name], case, config.max_new_tokens)
+            res = run_cell(model, tok, methods[name], case, config.max_new_tokens, generate)
             row = {"method": name, "length": length, "depth": depth, **res, **score_all(res["response"]),
                    "model": label, "topk": config.topk, "layer": getattr(methods[name], "layer", None),
                    "prompt": config.prompt, "protocol": config.protocol, "dtype": str(model.dtype).replace("torch.", ""),
                    "max_new_tokens": config.max_new_tokens,
-                   "attn": model.config._attn_implementation,
+                   "attn": model.config._attn_implementation, "engine": config.engine,
                    "process": state.process_index}  # which shard computed it (not part of the result)
             append_row(shard, row)
             bar.set_postfix(method=name, L=length, depth=depth, recall=f"{row['recall']:.2f}")

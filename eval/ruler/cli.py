@@ -90,6 +90,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
+    from gemfilter.serve.engine import add_engine_argument
 
     from .tasks import TASKS
 
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--layer", type=int, default=None,
                    help="0-based filter layer (default: the model's, 11 for the embedded model)")
     add_attn_argument(r)
+    add_engine_argument(r)
     r.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
                    help="model dtype on GPU (default: the loader's: float32 for the embedded model, the checkpoint's "
                    "otherwise); CPU always runs float32 and prints so")
@@ -206,7 +208,7 @@ def _run(args) -> int:
     config = RunConfig(model=args.model, methods=specs, tasks=tuple(t.name for t in parse_tasks(args.tasks)),
                        lengths=parse_lengths(args.lengths), num_samples=args.num_samples, layer=args.layer,
                        seed=args.seed, haystack_dir=args.haystack_dir, data_dir=args.data_dir, attn=args.attn,
-                       dtype=args.dtype, extra={"attn": args.attn or "model default"})
+                       dtype=args.dtype, engine=args.engine, extra={"attn": args.attn or "model default"})
     if args.threads:
         import torch
 

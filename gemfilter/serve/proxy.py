@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .selector import PROMPT_METHODS
+from .selector import prompt_methods
 from .upstream import UpstreamError
 
 MAX_BODY = 64 * 2**20
@@ -42,9 +42,9 @@ def request_options(body: dict, defaults: dict) -> dict:
     if unknown:
         raise BadRequest(f"unknown gemfilter option(s) {', '.join(unknown)}; allowed: {', '.join(OPTIONS)}")
     opts = {**defaults, **given}
-    if opts["method"] not in PROMPT_METHODS:
+    if opts["method"] not in prompt_methods():
         raise BadRequest(f"method {opts['method']!r} cannot run in front of an engine; allowed: "
-                         f"{', '.join(PROMPT_METHODS)} (KV-cache methods such as snapkv evict inside the engine)")
+                         f"{', '.join(prompt_methods())} (KV-cache methods such as snapkv evict inside the engine)")
     topk = opts["topk"]
     if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
         raise BadRequest(f"topk must be an int >= 1, got {topk!r}")
@@ -194,7 +194,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(400, str(err), "invalid_request_error")
             path, convert = "/completions", chat
         if "model" not in sent:
-            sent["model"] = self.server.upstream.model_ids()[0]
+            sent["model"] = self.server.upstream.default_model()
         try:
             if sent.get("stream"):
                 return self._stream(path, sent, meta, convert)

@@ -12,8 +12,18 @@ import threading
 import time
 from dataclasses import dataclass
 
-#: Methods the proxy can run: they choose prompt tokens; ``full`` sends the whole prompt.
-PROMPT_METHODS = ("full", "gemfilter", "gemfilter-span", "middle-row", "largest-row")
+
+def is_prompt_method(method) -> bool:
+    """Whether ``method`` (a class or an object) can run in front of an engine: ``full``, or a method that
+    picks prompt tokens. KV-cache methods evict inside the model, which an engine does not expose."""
+    return method.name == "full" or hasattr(method, "pick")
+
+
+def prompt_methods() -> tuple:
+    """Names of the registered methods that can run in front of an engine (``full`` sends the whole prompt)."""
+    from ..methods import REGISTRY
+
+    return tuple(sorted(name for name, cls in REGISTRY.items() if is_prompt_method(cls)))
 
 
 def cut_config(config, layers: int):

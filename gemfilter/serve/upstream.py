@@ -44,6 +44,7 @@ class Upstream:
         self.url = url.rstrip("/")
         self.root = self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
         self.timeout = timeout
+        self._model = None
 
     def _open(self, url: str, body: dict | None):
         data = None if body is None else json.dumps(body).encode()
@@ -101,3 +102,12 @@ class Upstream:
         """The model ids the engine serves (``GET /models``)."""
         data = self.get("/models")
         return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)] if isinstance(data, dict) else []
+
+    def default_model(self) -> str:
+        """The first model id the engine lists, asked once; the model field of requests that name none."""
+        if self._model is None:
+            ids = self.model_ids()
+            if not ids:
+                raise UpstreamError(502, f"the engine at {self.url} lists no model at GET /models")
+            self._model = ids[0]
+        return self._model

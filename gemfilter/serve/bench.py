@@ -1,0 +1,165 @@
+"""``gemfilter bench --engine URL``: time to first token and total time through a serving engine.
+
+Paper: Shi et al. 2024, Sec. 9 (the prompt-phase saving of generating from k kept tokens). For each
+context length the same NIAH prompt (needle at 50%) is sent three ways, streamed, with exactly
+``--gen-tokens`` new tokens (``min_tokens`` = ``max_tokens``, ``ignore_eos``):
+
+- ``full, direct``: the whole prompt straight to the engine;
+- ``full, proxy``: the whole prompt through an in-process ``gemfilter serve`` (passthrough), so that
+  its difference from the direct route is the proxy's own overhead;
+- ``<method>, proxy``: the selection on layers 0..r here, then the k kept ids to the engine.
+
+Rows go to OUT/bench-engine.jsonl as they finish (an interrupted run resumes); OUT/bench-engine.md holds
+the medians and ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+import urllib.request
+
+OUTPUTS = ("bench-engine.jsonl", "bench-engine.md", "bench-engine.json")
+
+
+def stream_timed(url: str, body: dict, timeout: float) -> dict:
+    """POST a streamed completion; seconds to the first text chunk and to the end, the text and the metadata."""
+    req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    first, text, meta = None, [], None
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for line in resp:
+            line = line.strip()
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if "error" in chunk:
+                raise RuntimeError(f"the engine's stream failed: {chunk['error']}")
+            meta = meta or chunk.get("gemfilter")
+            piece = "".join(c.get("text", "") for c in chunk.get("choices", []))
+            if piece and first is None:
+                first = time.perf_counter() - start
+            text.append(piece)
+    return {"ttft": first, "total": time.perf_counter() - start, "text": "".join(text), "meta": meta}
+
+
+def summarize(rows: list, method: str) -> list:
+    """One dict per length: medians of each route and the ratios the README reports."""
+    out = []
+    for n in sorted({r["length"] for r in rows}):
+        def med(route, key):
+            vals = [r[key] for r in rows if r["length"] == n and r["route"] == route and r[key] is not None]
+            return statistics.median(vals) if vals else None
+
+        d, p, g = "full, direct", "full, proxy", f"{method}, proxy"
+        row = {"length": n, "prompt_tokens": med(d, "prompt_tokens"), "kept_tokens": med(g, "kept_tokens"),
+               "ttft_full": med(d, "ttft"), "total_full": med(d, "total"), "ttft_method": med(g, "ttft"),
+               "total_method": med(g, "total"), "selection": med(g, "selection_seconds"),
+               "overhead_ttft": None, "overhead_total": None}
+        if med(p, "ttft") is not None and row["ttft_full"] is not None:
+            row["overhead_ttft"] = med(p, "ttft") - row["ttft_full"]
+            row["overhead_total"] = med(p, "total") - row["total_full"]
+        out.append(row)
+    return out
+
+
+def markdown(summary: list, meta: dict) -> str:
+    def f(x, spec=".2f"):
+        return "n/a" if x is None else format(x, spec)
+
+    def ratio(a, b):
+        return "n/a" if a is None or not b else f"{a / b:.2f}x"
+
+    m = meta["method"]
+    lines = [f"# Through the engine: full vs {m} (k={meta['topk']}, layer {meta['layer']})", "",
+             f"engine {meta['engine']}; {meta['gen_tokens']} new tokens, streamed; medians of {meta['repeats']} "
+             f"run(s); selector on {meta['selector_device']}.", "",
+             f"| length | prompt tokens | kept | TTFT full (s) | TTFT {m} (s) | TTFT full / {m} | total full (s) | "
+             f"total {m} (s) | total full / {m} | selection (s) | proxy overhead TTFT / total (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in summary:
+        lines.append(f"| {r['length']} | {f(r['prompt_tokens'], '.0f')} | {f(r['kept_tokens'], '.0f')} | "
+                     f"{f(r['ttft_full'])} | {f(r['ttft_method'])} | {ratio(r['ttft_full'], r['ttft_method'])} | "
+                     f"{f(r['total_full'])} | {f(r['total_method'])} | {ratio(r['total_full'], r['total_method'])} | "
+                     f"{f(r['selection'])} | {f(r['overhead_ttft'], '+.3f')} / {f(r['overhead_total'], '+.3f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(args) -> int:
+    """Run the engine benchmark for ``gemfilter bench --engine``'s parsed ``args``; returns the exit status."""
+    import torch
+    from tqdm import tqdm
+
+    from ..haystack import build_case, make_haystack
+    from ..io import append_jsonl, check_int, check_out_dir, parse_lengths, read_jsonl, write_json_atomic, \
+        write_text_atomic
+    from .proxy import ProxyServer, request_options
+    from .selector import Selector, load_selector
+    from .upstream import Upstream
+
+    method = args.methods.split(",")[-1].strip() if args.methods else "gemfilter"
+    if method == "full":
+        raise ValueError("--engine compares full with a prompt method: give one, e.g. --methods gemfilter")
+    request_options({}, {"method": method, "topk": args.topk})
+    lengths = parse_lengths(args.lengths, "--lengths")
+    for flag, value, low in (("--repeats", args.repeats, 1), ("--gen-tokens", args.gen_tokens, 1),
+                             ("--threads", args.threads, 0)):
+        check_int(value, flag, low)
+    out = check_out_dir(args.out, files=OUTPUTS)
+    upstream = Upstream(args.engine, timeout=args.timeout)
+    model_id = upstream.default_model()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok, layer = load_selector(args.model, layer=args.layer, attn=args.attn)
+    from .cli import check_tokenizer
+
+    check_tokenizer(upstream, tok, model_id)
+    server = ProxyServer(("127.0.0.1", 0), Selector(model, tok, layer), upstream, method=method, topk=args.topk,
+                         quiet=True)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    proxy = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+    meta = dict(engine=args.engine, model=args.model or "embedded:gemma3-270m", method=method, topk=args.topk,
+                layer=layer, gen_tokens=args.gen_tokens, selector_device=str(next(model.parameters()).device))
+    jsonl = out / "bench-engine.jsonl"
+    rows = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
+    done = {(r["length"], r["route"], r["repeat"]) for r in rows}
+    routes = (("full, direct", args.engine.rstrip("/") + "/completions", "full"), ("full, proxy", proxy, "full"),
+              (f"{method}, proxy", proxy, method))
+    todo = [(n, route, url, m, i) for n in lengths for i in range(args.repeats) for route, url, m in routes
+            if (n, route, i) not in done]
+    hay = make_haystack(tok, max(lengths)) if todo else None
+    try:
+        if todo:  # warm-up, not recorded: the engine's first request and the selector's first pass are slower
+            warm = tok(build_case(tok, min(lengths), 50, haystack=hay).prompt)["input_ids"]
+            for _, url, m in routes:
+                stream_timed(url, {"model": model_id, "prompt": warm, "max_tokens": 2, "temperature": 0,
+                                   **({"gemfilter": {"method": m, "topk": args.topk}} if url == proxy else {})},
+                             args.timeout)
+        for n, route, url, m, i in tqdm(todo, desc="engine runs", unit="run"):
+            case = build_case(tok, n, 50, haystack=hay)
+            ids = tok(case.prompt, add_special_tokens=case.add_special_tokens)["input_ids"]
+            body = {"model": model_id, "prompt": ids, "max_tokens": args.gen_tokens, "min_tokens": args.gen_tokens,
+                    "ignore_eos": True, "temperature": 0, "gemfilter": {"method": m, "topk": args.topk}}
+            if url != proxy:
+                del body["gemfilter"]
+            res = stream_timed(url, body, args.timeout)
+            info = res["meta"] or {}
+            row = dict(meta, length=n, route=route, repeat=i, ttft=res["ttft"], total=res["total"],
+                       prompt_tokens=len(ids), kept_tokens=info.get("kept_tokens", len(ids)),
+                       selection_seconds=info.get("selection_seconds"))
+            append_jsonl(jsonl, row)
+            rows.append(row)
+    finally:
+        server.shutdown()
+        server.server_close()
+    rows = [r for r in rows if r["length"] in lengths]
+    summary = summarize(rows, method)
+    meta["repeats"] = args.repeats
+    write_json_atomic(out / "bench-engine.json", {"meta": meta, "lengths": summary})
+    table = markdown(summary, meta)
+    write_text_atomic(out / "bench-engine.md", table)
+    print(table)
+    return 0
