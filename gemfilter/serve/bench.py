@@ -2,7 +2,8 @@
 
 Paper: Shi et al. 2024, Sec. 9 (the prompt-phase saving of generating from k kept tokens). For each
 context length the same NIAH prompt (needle at 50%) is sent three ways, streamed, with exactly
-``--gen-tokens`` new tokens (``min_tokens`` = ``max_tokens``, ``ignore_eos``):
+``--gen-tokens`` new tokens (``min_tokens`` = ``max_tokens``, ``ignore_eos``), each run's prompt with a
+first line of its own (a random run id) so that the engine cannot serve it from a cached prefix:
 
 - ``full, direct``: the whole prompt straight to the engine;
 - ``full, proxy``: the whole prompt through an in-process ``gemfilter serve`` (passthrough), so that
@@ -20,6 +21,7 @@ import statistics
 import threading
 import time
 import urllib.request
+import uuid
 
 OUTPUTS = ("bench-engine.jsonl", "bench-engine.md", "bench-engine.json")
 
@@ -140,7 +142,10 @@ def run(args) -> int:
                              args.timeout)
         for n, route, url, m, i in tqdm(todo, desc="engine runs", unit="run"):
             case = build_case(tok, n, 50, haystack=hay)
-            ids = tok(case.prompt, add_special_tokens=case.add_special_tokens)["input_ids"]
+            # A first line of its own per run, so that no engine serves it from a cached prefix of an earlier run
+            # (vLLM's automatic prefix caching would make every repeat's prefill almost free).
+            ids = tok(f"Run {uuid.uuid4().hex[:8]}.\n" + case.prompt, add_special_tokens=case.add_special_tokens)[
+                "input_ids"]
             body = {"model": model_id, "prompt": ids, "max_tokens": args.gen_tokens, "min_tokens": args.gen_tokens,
                     "ignore_eos": True, "temperature": 0, "gemfilter": {"method": m, "topk": args.topk}}
             if url != proxy:
