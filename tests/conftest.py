@@ -1,4 +1,6 @@
-"""Shared fixtures: a tiny Llama saved on disk with an offline word-level tokenizer."""
+"""Shared fixtures: a tiny Llama saved on disk with an offline word-level tokenizer; warning filters."""
+
+import warnings
 
 import pytest
 
@@ -20,3 +22,20 @@ def tiny_model_dir(tmp_path_factory):
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", bos_token="<s>", unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def quiet():
+    """Every warning silenced (use: ``pytestmark = pytest.mark.usefixtures("quiet")``); a test that checks a
+    warning records it itself."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@pytest.fixture
+def quiet_sliding_filter_layer():
+    """Only the warning that a filter layer is a sliding-window layer silenced (the tiny models' layers)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="filter layer .* sliding-window")
+        yield

@@ -5,8 +5,6 @@ shorter than, equal to and longer than the window, single rows and left-padded b
 decode steps; every registered method runs on both kernels and must produce the same logits and tokens.
 """
 
-import warnings
-
 import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM
@@ -23,11 +21,7 @@ WINDOW = {"mistral-sliding": 16, "gemma3": 8}
 TOL = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet")
 
 
 @pytest.fixture(scope="module")

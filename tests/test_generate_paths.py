@@ -20,11 +20,7 @@ PROMPT = 48
 NEW = 6
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet")
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,6 @@
 """Inspection and calibration on tiny models where the needle position is controlled."""
 
 import json
-import warnings
-
 import pytest
 import torch
 
@@ -15,11 +13,7 @@ from tiny_models import BUILDERS
 N = 64
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="filter layer .* sliding-window")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_sliding_filter_layer")
 
 
 def prompt(seed=1):

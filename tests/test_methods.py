@@ -1,7 +1,5 @@
 """Method registry and baselines (issue 3) on tiny random models, against explicit references."""
 
-import warnings
-
 import pytest
 import torch
 
@@ -15,11 +13,7 @@ from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 N = 48
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="filter layer .* sliding-window")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_sliding_filter_layer")
 
 
 def prompt(n=N, seed=1):

@@ -76,11 +76,11 @@ def test_interrupted_run_resumes_with_only_the_missing_cells(tiny, config, tmp_p
     real = runner.run_cell
     calls = []
 
-    def stop_after_five(model, tok, method, case, n):
+    def stop_after_five(model, tok, method, case, n, *generate):
         if len(calls) == 5:
             raise KeyboardInterrupt  # as if the user pressed Ctrl-C in the sixth cell
         calls.append(case.prompt)
-        return real(model, tok, method, case, n)
+        return real(model, tok, method, case, n, *generate)
 
     monkeypatch.setattr(runner, "run_cell", stop_after_five)
     with pytest.raises(KeyboardInterrupt):
@@ -90,9 +90,9 @@ def test_interrupted_run_resumes_with_only_the_missing_cells(tiny, config, tmp_p
 
     computed = []
 
-    def counting(model, tok, method, case, n):
+    def counting(model, tok, method, case, n, *generate):
         computed.append(1)
-        return real(model, tok, method, case, n)
+        return real(model, tok, method, case, n, *generate)
 
     monkeypatch.setattr(runner, "run_cell", counting)
     rows = run(config, out, model_and_tokenizer=tiny, progress=False)

@@ -6,8 +6,6 @@ the top-k. Reading the h-head cache is checked against a second model: the same 
 projections repeated (multi-head attention, g = 1), where one set per KV head *is* one per query head.
 """
 
-import warnings
-
 import pytest
 import torch
 
@@ -21,11 +19,7 @@ from tiny_models import BUILDERS
 WINDOW = 32
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="filter layer .* sliding-window")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_sliding_filter_layer")
 
 
 def prompt(n, seed):

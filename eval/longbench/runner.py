@@ -151,7 +151,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     import gemfilter
     from gemfilter.apply import resolve
     from gemfilter.methods import check_for_model
-    from gemfilter.serve.engine import generator
+    from gemfilter.serve.engine import engine_field, generator
     from tqdm.auto import tqdm
 
     validate(config)
@@ -208,7 +208,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             row = {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
                    "length": record["length"], "_id": record["_id"], "kept": res["kept"],
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None),
-                   "engine": config.engine}
+                   **engine_field(config.engine)}
             append_row(folder / SHARD.format(task.config, state.process_index), row)
             bar.set_postfix(method=name, task=task.config, kept=res["kept"])
     state.wait_for_everyone()

@@ -256,7 +256,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     """
     from gemfilter.apply import resolve
     from gemfilter.models import EMBEDDED_NAME
-    from gemfilter.serve.engine import generator
+    from gemfilter.serve.engine import engine_field, generator
     from tqdm.auto import tqdm
 
     validate(config)
@@ -297,7 +297,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    "model": label, "topk": config.topk, "layer": getattr(methods[name], "layer", None),
                    "prompt": config.prompt, "protocol": config.protocol, "dtype": str(model.dtype).replace("torch.", ""),
                    "max_new_tokens": config.max_new_tokens,
-                   "attn": model.config._attn_implementation, "engine": config.engine,
+                   "attn": model.config._attn_implementation, **engine_field(config.engine),
                    "process": state.process_index}  # which shard computed it (not part of the result)
             append_row(shard, row)
             bar.set_postfix(method=name, L=length, depth=depth, recall=f"{row['recall']:.2f}")

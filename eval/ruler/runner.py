@@ -197,7 +197,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     """
     from gemfilter.methods import check_for_model
-    from gemfilter.serve.engine import generator
+    from gemfilter.serve.engine import engine_field, generator
     from tqdm.auto import tqdm
 
     validate(config)
@@ -247,7 +247,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
                    "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"], "seconds": res["seconds"],
                    "attn": model.config._attn_implementation, "dtype": str(model.dtype).replace("torch.", ""),
-                   "engine": config.engine}
+                   **engine_field(config.engine)}
             append_jsonl(folder / SHARD.format(name, state.process_index), rec, ensure_ascii=False)
             bar.set_postfix(method=spec.label, L=length, task=name, kept=res["kept"])
     state.wait_for_everyone()

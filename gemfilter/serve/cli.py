@@ -11,6 +11,7 @@ Example (vLLM serving the same model, then the proxy in front of it)::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 #: Text whose token ids the selector and the engine must agree on (words, digits, punctuation, unicode).
@@ -100,4 +101,8 @@ def cmd_serve(args) -> int:
           f"selector: layers 0..{layer} of {args.model or 'the embedded Gemma 3 270M'} ({params:.1f}M parameters); "
           f"default {args.method}, topk {args.topk}", file=sys.stderr, flush=True)
     serve(server)
-    return 0
+    # Leave without the interpreter's teardown: torch's thread pools, used from the request threads, can abort
+    # it ("terminate called without an active exception"), which would turn a clean stop into status -6.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -93,6 +93,12 @@ def generator(engine: str | None, tokenizer=None, timeout: float = 600.0):
     return partial(engine_generate, upstream)
 
 
+def engine_field(engine: str | None) -> dict:
+    """What an eval row records of the engine: ``{"engine": URL}``, or nothing for a row generated here (whose
+    format stays as it was before engines existed)."""
+    return {} if engine is None else {"engine": engine}
+
+
 def add_engine_argument(parser) -> None:
     """The ``--engine URL`` option the eval commands share."""
     parser.add_argument("--engine", default=None, metavar="URL",

@@ -161,6 +161,7 @@ class Handler(BaseHTTPRequestHandler):
                                 "/v1/completions, /v1/chat/completions", "not_found")
 
     def do_POST(self):
+        self._answered = False  # one handler serves every request of a kept-alive connection
         try:
             self._post()
         except (BrokenPipeError, ConnectionResetError):
@@ -185,17 +186,17 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(400, str(err), "invalid_request_error")
         meta = choice.meta(self.server.selector.layer)
         if choice.passthrough:
-            path, sent, convert = ("/chat/completions" if chat else "/completions"), \
-                {k: v for k, v in body.items() if k != "gemfilter"}, False
+            path = "/chat/completions" if chat else "/completions"
+            sent, convert = {k: v for k, v in body.items() if k != "gemfilter"}, False
         else:
             try:
                 sent = completion_body(body, choice.ids, chat)
             except BadRequest as err:
                 return self._error(400, str(err), "invalid_request_error")
             path, convert = "/completions", chat
-        if "model" not in sent:
-            sent["model"] = self.server.upstream.default_model()
         try:
+            if "model" not in sent:
+                sent["model"] = self.server.upstream.default_model()
             if sent.get("stream"):
                 return self._stream(path, sent, meta, convert)
             answer = self.server.upstream.post(path, sent)
