@@ -23,6 +23,12 @@ def is_embedded(name) -> bool:
     return name in _EMBEDDED_ALIASES
 
 
+def model_path(name) -> str:
+    """What ``from_pretrained`` loads for ``name``: the embedded model's cache folder (made on first use), or
+    ``name`` itself."""
+    return str(embedded_model_dir()) if is_embedded(name) else str(name)
+
+
 def cache_dir() -> Path:
     """Root of this project's user cache."""
     env = os.environ.get("GEMFILTER_CACHE")
@@ -151,12 +157,12 @@ def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: st
     if attn is not None and attn_implementation is not None and attn != attn_implementation:
         raise ValueError(f"attn={attn!r} and attn_implementation={attn_implementation!r} disagree; pass one")
     attn = attn or attn_implementation
-    embedded = name in _EMBEDDED_ALIASES
+    embedded = is_embedded(name)
     if attn is None and embedded:
         attn = "banded"
     if attn is not None:
         _check_attn(attn, None)  # a wrong name fails before the slow load; the model's config is checked after it
-    path = str(embedded_model_dir()) if embedded else str(name)
+    path = model_path(name)
     if dtype is None:
         dtype = torch.float32 if embedded else "auto"
     model_kw = dict(dtype=dtype, **kw)
@@ -208,7 +214,7 @@ def load_config(name: str | None = None, **kw):
     """
     from transformers import AutoConfig
 
-    path = str(embedded_model_dir()) if name in _EMBEDDED_ALIASES else str(name)
+    path = model_path(name)
     try:
         config = AutoConfig.from_pretrained(path, **_hub_kw(kw))
     except OSError as err:

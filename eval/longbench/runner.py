@@ -151,7 +151,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     import gemfilter
     from gemfilter.apply import resolve
     from gemfilter.methods import check_for_model
-    from gemfilter.serve.engine import engine_field, generator
+    from gemfilter.serve.engine import check_engine_methods, engine_field, generator
     from tqdm.auto import tqdm
 
     validate(config)
@@ -163,10 +163,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     # The model's window is needed only by methods with neither their own length nor --max-length.
     needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
     max_length = default_max_length(model_config) if needs_window else config.max_length
-    if config.engine is not None:
-        from gemfilter.serve.engine import check_engine_methods
-
-        check_engine_methods(config.methods)
+    check_engine_methods(config.engine, config.methods)
     unresolved = {m: gemfilter.get_method(m, layer=config.layer, topk=config.topk) for m in config.methods}
     for m, method in unresolved.items():  # e.g. SnapKV on a model whose every layer is windowed; prompts are cut to this
         check_for_model(method, model_config, config.max_length_of(m, max_length))

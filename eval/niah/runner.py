@@ -233,12 +233,10 @@ def check_before_compute(config: RunConfig, model_config) -> dict:
     """
     from gemfilter import get_method
     from gemfilter.methods import check_for_model
+    from gemfilter.serve.engine import check_engine_methods
 
     check_against_model(model_config, layer=config.layer, lengths=config.lengths)
-    if config.engine is not None:
-        from gemfilter.serve.engine import check_engine_methods
-
-        check_engine_methods(config.methods)
+    check_engine_methods(config.engine, config.methods)
     methods = {name: get_method(name, layer=config.layer, topk=config.topk) for name in config.methods}
     for method in methods.values():  # e.g. SnapKV on a model whose every layer is windowed
         check_for_model(method, model_config, max(config.lengths))

@@ -151,9 +151,9 @@ def load_tokenizer(model: str | None):
     """
     from transformers import AutoTokenizer
 
-    from gemfilter.models import _EMBEDDED_ALIASES, embedded_model_dir
+    from gemfilter.models import model_path
 
-    return AutoTokenizer.from_pretrained(str(embedded_model_dir()) if model in _EMBEDDED_ALIASES else model)
+    return AutoTokenizer.from_pretrained(model_path(model))
 
 
 def predict(model, tokenizer, method, row: dict, task, generate=None) -> dict:
@@ -197,7 +197,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     """
     from gemfilter.methods import check_for_model
-    from gemfilter.serve.engine import engine_field, generator
+    from gemfilter.serve.engine import check_engine_methods, engine_field, generator
     from tqdm.auto import tqdm
 
     validate(config)
@@ -206,10 +206,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     model_config = model_config_for(config, model_and_tokenizer)
     check_config(out, config, write=False, model_config=model_config)
     check_against_model(model_config, layer=config.layer, lengths=config.lengths)
-    if config.engine is not None:
-        from gemfilter.serve.engine import check_engine_methods
-
-        check_engine_methods([s.name for s in config.methods])
+    check_engine_methods(config.engine, [s.name for s in config.methods])
     for spec in config.methods:  # e.g. SnapKV on a model whose every layer is windowed: refused before loading
         for length in config.lengths:
             check_for_model(spec.method(config.layer, length), model_config, length)

@@ -65,10 +65,15 @@ class PromptCall:
 class _FilterMethod:
     """Shared by the prompt filters: run :func:`select_tokens` with this method, then a PromptCall."""
 
+    def select(self, model, input_ids, attention_mask=None, tokenizer=None):
+        """This method's selection (Algorithm 2, steps 1-4) of ``input_ids`` (b, n).
+
+        attention_mask: (b, n) 0/1 or None; tokenizer: for methods that read token text."""
+        return select_tokens(model, input_ids, attention_mask, layer=self.layer, topk=self.topk, kernel=self.kernel,
+                             method=self, tokenizer=tokenizer)
+
     def begin(self, model, input_ids, valid, tokenizer=None):
-        sel = select_tokens(model, input_ids, None if valid.all() else valid.long(), layer=self.layer,
-                            topk=self.topk, kernel=self.kernel, method=self, tokenizer=tokenizer)
-        return PromptCall(model, sel)
+        return PromptCall(model, self.select(model, input_ids, None if valid.all() else valid.long(), tokenizer))
 
     def pick(self, raw, valid, input_ids, tokenizer):
         return paper_pick(raw, valid, self.topk, self.kernel)

@@ -92,15 +92,13 @@ def markdown(summary: list, meta: dict) -> str:
 
 def run(args) -> int:
     """Run the engine benchmark for ``gemfilter bench --engine``'s parsed ``args``; returns the exit status."""
-    import torch
     from tqdm import tqdm
 
     from ..haystack import build_case, make_haystack
     from ..io import append_jsonl, check_int, check_out_dir, parse_lengths, read_jsonl, write_json_atomic, \
         write_text_atomic
+    from .cli import connect
     from .proxy import ProxyServer, request_options
-    from .selector import Selector, load_selector
-    from .upstream import Upstream
 
     method = args.methods.split(",")[-1].strip() if args.methods else "gemfilter"
     if method == "full":
@@ -111,20 +109,15 @@ def run(args) -> int:
                              ("--threads", args.threads, 0)):
         check_int(value, flag, low)
     out = check_out_dir(args.out, files=OUTPUTS)
-    upstream = Upstream(args.engine, timeout=args.timeout)
-    model_id = upstream.default_model()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok, layer = load_selector(args.model, layer=args.layer, attn=args.attn)
-    from .cli import check_tokenizer
-
-    check_tokenizer(upstream, tok, model_id)
-    server = ProxyServer(("127.0.0.1", 0), Selector(model, tok, layer), upstream, method=method, topk=args.topk,
-                         quiet=True)
+    upstream, selector, _ = connect(args.engine, timeout=args.timeout, model=args.model, layer=args.layer,
+                                    attn=args.attn, threads=args.threads)
+    model_id, tok, layer = upstream.default_model(), selector.tokenizer, selector.layer
+    server = ProxyServer(("127.0.0.1", 0), selector, upstream, method=method, topk=args.topk, quiet=True)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     proxy = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+    device = next(selector.model.parameters()).device
     meta = dict(engine=args.engine, model=args.model or "embedded:gemma3-270m", method=method, topk=args.topk,
-                layer=layer, gen_tokens=args.gen_tokens, selector_device=str(next(model.parameters()).device))
+                layer=layer, gen_tokens=args.gen_tokens, selector_device=str(device))
     jsonl = out / "bench-engine.jsonl"
     rows = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
     done = {(r["length"], r["route"], r["repeat"]) for r in rows}

@@ -42,6 +42,26 @@ def check_tokenizer(upstream, tokenizer, model: str) -> None:
                          "tokenizer) on both sides")
 
 
+def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, threads: int = 0,
+            check: bool = True) -> tuple:
+    """(upstream, selector, the engine's model ids) for the engine at ``url``: reach it first (a clear error now,
+    not at the first request), then load the selector (layers 0..r of ``model``) and, if ``check``, refuse an
+    engine whose tokenizer differs (:func:`check_tokenizer`)."""
+    import torch
+
+    from .selector import Selector, load_selector
+    from .upstream import Upstream
+
+    upstream = Upstream(url, timeout=timeout)
+    models = upstream.model_ids()
+    if threads:
+        torch.set_num_threads(threads)
+    selector = Selector(*load_selector(model, layer=layer, attn=attn))
+    if check:
+        check_tokenizer(upstream, selector.tokenizer, models[0] if models else "")
+    return upstream, selector, models
+
+
 def add_parser(sub) -> None:
     from ..models import add_attn_argument
 
@@ -73,12 +93,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_serve(args) -> int:
-    import torch
-
     from ..io import check_int
     from .proxy import ProxyServer, request_options, serve
-    from .selector import Selector, load_selector
-    from .upstream import Upstream
 
     check_int(args.topk, "--topk", 1)
     check_int(args.port, "--port", 0)
@@ -86,16 +102,12 @@ def cmd_serve(args) -> int:
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
     request_options({}, {"method": args.method, "topk": args.topk})
-    upstream = Upstream(args.upstream, timeout=args.timeout)
-    models = upstream.model_ids()  # unreachable: a clear error now, not at the first request
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok, layer = load_selector(args.model, layer=args.layer, attn=args.attn)
-    if not args.skip_tokenizer_check:
-        check_tokenizer(upstream, tok, models[0] if models else "")
-    server = ProxyServer((args.host, args.port), Selector(model, tok, layer), upstream, method=args.method,
-                         topk=args.topk, quiet=args.quiet)
-    params = sum(p.numel() for p in model.parameters()) / 1e6
+    upstream, selector, models = connect(args.upstream, timeout=args.timeout, model=args.model, layer=args.layer,
+                                         attn=args.attn, threads=args.threads, check=not args.skip_tokenizer_check)
+    server = ProxyServer((args.host, args.port), selector, upstream, method=args.method, topk=args.topk,
+                         quiet=args.quiet)
+    layer = selector.layer
+    params = sum(p.numel() for p in selector.model.parameters()) / 1e6
     host, port = server.server_address[:2]
     print(f"gemfilter serve: http://{host}:{port}/v1 -> {upstream.url} ({', '.join(models) or 'no model listed'}); "
           f"selector: layers 0..{layer} of {args.model or 'the embedded Gemma 3 270M'} ({params:.1f}M parameters); "

@@ -14,9 +14,9 @@ from functools import partial
 from .selector import prompt_methods
 
 
-def check_engine_methods(names) -> None:
-    """Refuse, before anything loads, methods that cannot run in front of an engine."""
-    bad = [n for n in names if n not in prompt_methods()]
+def check_engine_methods(engine: str | None, names) -> None:
+    """Refuse, before anything loads, methods that cannot run in front of ``engine`` (nothing to check without one)."""
+    bad = [n for n in names if engine is not None and n not in prompt_methods()]
     if bad:
         raise ValueError(f"--engine runs the selection here and the generation on the engine, so it takes methods "
                          f"that pick prompt tokens: {', '.join(prompt_methods())}; not {', '.join(bad)} (KV-cache "
@@ -47,18 +47,15 @@ def engine_generate(upstream, model, inputs, *, method, tokenizer=None, max_new_
     """
     import torch
 
-    from ..selection import select_tokens
-
     ids = inputs["input_ids"]
     if ids.shape[0] != 1:
         raise ValueError(f"--engine sends one prompt per request; got a batch of {ids.shape[0]}")
-    check_engine_methods([method.name])
+    check_engine_methods(upstream.url, [method.name])
     selection = None
     if method.name == "full":
         kept = ids[0]
     else:
-        selection = select_tokens(model, ids, layer=method.layer, topk=method.topk,
-                                  kernel=getattr(method, "kernel", 5), method=method, tokenizer=tokenizer)
+        selection = method.select(model, ids, tokenizer=tokenizer)
         kept = selection.kept_ids[0]
     body = {"model": upstream.default_model(), "prompt": kept.tolist(), "max_tokens": max_new_tokens,
             "temperature": 0, "return_token_ids": True}

@@ -48,7 +48,7 @@ def load_selector(name: str | None = None, *, layer: int | None = None, attn: st
     from transformers import AutoModel, AutoTokenizer
 
     from ..layers import default_layer
-    from ..models import _check_attn, embedded_model_dir, load_config, is_embedded
+    from ..models import _check_attn, is_embedded, load_config, model_path
 
     config = load_config(name)
     full_layers = int(config.get_text_config().num_hidden_layers)
@@ -57,7 +57,7 @@ def load_selector(name: str | None = None, *, layer: int | None = None, attn: st
     if not 0 <= layer < full_layers:
         raise ValueError(f"layer={layer} is outside [0, {full_layers}): the model has {full_layers} decoder layers")
     embedded = is_embedded(name)
-    path = str(embedded_model_dir()) if embedded else str(name)
+    path = model_path(name)
     cut_config(config, layer + 1)
     kw = {"attn_implementation": attn} if attn not in (None, "banded") else {}
     from transformers.utils import logging as hf_logging
@@ -108,7 +108,6 @@ class Selector:
         import torch
 
         from ..methods import get_method
-        from ..selection import select_tokens
 
         n = len(ids)
         if self.max_tokens is not None and n > self.max_tokens:
@@ -119,7 +118,5 @@ class Selector:
             return Choice(list(ids), method, topk, n, n, True, time.perf_counter() - start)
         m = get_method(method, layer=self.layer, topk=topk)
         with self._lock, torch.no_grad():
-            sel = select_tokens(self.model, torch.tensor([ids]), layer=self.layer, topk=topk, kernel=getattr(m, "kernel", 5),
-                                method=m, tokenizer=self.tokenizer)
-        kept = sel.kept_ids[0].tolist()
+            kept = m.select(self.model, torch.tensor([ids]), tokenizer=self.tokenizer).kept_ids[0].tolist()
         return Choice(kept, method, topk, n, len(kept), False, time.perf_counter() - start)
