@@ -238,3 +238,16 @@ def test_a_failure_inside_the_proxy_is_a_500_with_its_message(proxy, monkeypatch
     monkeypatch.setattr(Selector, "choose", broken)
     status, answer, _ = post(proxy + "/v1/completions", {"prompt": PROMPT})
     assert status == 500 and answer["error"]["message"] == "the proxy failed: RuntimeError: selector out of memory"
+
+
+def test_serve_and_bench_report_an_unreachable_engine_without_a_traceback(capsys, tmp_path):
+    from gemfilter.bench_report import main as bench_main
+    from gemfilter.cli import main
+
+    stub = StubEngine()
+    url = stub.url
+    stub.close()  # nothing listens there any more
+    assert main(["serve", "--upstream", url, "--port", "0"]) == 2
+    assert "error: the engine at " in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="error: the engine at .* is unreachable"):
+        bench_main(["--engine", url, "--methods", "gemfilter", "--lengths", "1k", "--out", str(tmp_path / "b")])

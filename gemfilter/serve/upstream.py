@@ -13,8 +13,9 @@ import urllib.error
 import urllib.request
 
 
-class UpstreamError(Exception):
-    """The engine failed; ``status`` is the HTTP status to answer the client with."""
+class UpstreamError(OSError):
+    """The engine failed; ``status`` is the HTTP status to answer the client with. An OSError, so that the
+    commands report it as "error: ..." like any other failed connection or file."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
