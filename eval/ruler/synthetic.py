@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .sources import NOISE, cwe_words, essay_words, niah_words, split_sentences
+from .sources import DEFAULT_SPLITTER, NOISE, cwe_words, essay_words, niah_words, split_sentences
 
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
 #: niah.py / variable_tracking.py: needle depths, 40 points from 0 to 100 percent.
@@ -66,9 +66,9 @@ def _essay_text(num_words: int, haystack_dir=None) -> str:
     return " ".join(words[:num_words])
 
 
-def _insert_between_sentences(text: str, inserts: list, rng: Rng) -> str:
+def _insert_between_sentences(text: str, inserts: list, rng: Rng, splitter: str = DEFAULT_SPLITTER) -> str:
     """Official essay insertion: each insert at a random depth of DEPTHS, between sentences."""
-    sents = split_sentences(text.strip())
+    sents = split_sentences(text.strip(), splitter)
     cuts = [0] + sorted(int(len(sents) * (d / 100)) for d in rng.py.sample(DEPTHS, len(inserts))) + [len(sents)]
     parts = []
     for i in range(1, len(cuts)):
@@ -78,11 +78,12 @@ def _insert_between_sentences(text: str, inserts: list, rng: Rng) -> str:
     return " ".join(parts)
 
 
-def niah(args: dict, template: str, rng: Rng, num_haystack: int, haystack_dir=None) -> tuple:
+def niah(args: dict, template: str, rng: Rng, num_haystack: int, haystack_dir=None,
+         splitter: str = DEFAULT_SPLITTER) -> tuple:
     """One NIAH prompt with ``num_haystack`` haystack units (essay words, noise or needle sentences).
 
     args: the task's yaml arguments (type_haystack, type_needle_k/v, num_needle_k/v/q);
-    template: the official template + answer prefix. Returns (text, values of the queried keys).
+    template: the official template + answer prefix; splitter: a name in ``sources.SPLITTERS`` (essays). Returns (text, values of the queried keys).
     """
     kind_k, kind_v = args["type_needle_k"], args["type_needle_v"]
     num_k = max(args["num_needle_k"], args["num_needle_q"])
@@ -98,7 +99,7 @@ def niah(args: dict, template: str, rng: Rng, num_haystack: int, haystack_dir=No
 
     hay = args["type_haystack"]
     if hay == "essay":
-        context = _insert_between_sentences(_essay_text(num_haystack, haystack_dir), needles, rng)
+        context = _insert_between_sentences(_essay_text(num_haystack, haystack_dir), needles, rng, splitter)
     elif hay in ("noise", "needle"):
         if hay == "noise":
             sentences = [NOISE] * num_haystack
