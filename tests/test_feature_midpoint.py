@@ -176,3 +176,34 @@ def test_cli_help_bad_input_and_resume(tmp_path, capsys):
     assert (tmp_path / "synthetic_runs.jsonl").read_text().splitlines() == rows
     result = json.loads((tmp_path / "synthetic_result.json").read_text())
     assert {r["method"] for r in result["runs"]} == {"erm", "midpoint", "uniform"}
+
+
+def test_lr_sweep_presets_grow_the_budget_as_one_over_lr():
+    from dataclasses import replace
+
+    from feature_probes.midpoint_mixup.experiments import IMAGES_PRESETS, SWEEPS, SYNTHETIC_PRESETS
+
+    runs = [SYNTHETIC_PRESETS[name] for name in SWEEPS["lr"]]
+    assert [r.lr for r in runs] == [10.0, 1.0, 0.1]
+    assert [r.steps for r in runs] == [600, 6000, 60000]  # lr x steps = 6000, the cpu preset's budget
+    assert all(r.eval_every * 12 == r.steps and r.seeds == (0,) for r in runs)
+    cpu = SYNTHETIC_PRESETS["cpu"]
+    for r in runs:  # the same problem, network and methods as the cpu preset
+        r.check()
+        assert replace(r, lr=cpu.lr, steps=cpu.steps, eval_every=cpu.eval_every, seeds=cpu.seeds, note=cpu.note) == cpu
+    steps = IMAGES_PRESETS["cpu-steps"]
+    assert -(-1300 // steps.batch) * steps.epochs == 8200  # about the paper's 60000 / 750 x 100 = 8000 Adam steps
+    assert -(-1300 // IMAGES_PRESETS["cpu"].batch) * IMAGES_PRESETS["cpu"].epochs == 200
+
+
+def test_sweep_command_writes_a_row_per_setting_and_method(tmp_path, monkeypatch, capsys):
+    from feature_probes.midpoint_mixup.experiments import SYNTHETIC_PRESETS
+
+    monkeypatch.setitem(cli.SWEEPS, "lr", ("tiny",))
+    assert cli.main(["sweep", "--out", str(tmp_path), "--quiet"]) == 0
+    table = (tmp_path / "sweep_summary.md").read_text()
+    assert table.count("| tiny |") == len(SYNTHETIC_PRESETS["tiny"].methods)
+    assert (tmp_path / "midpoint_sweep_lr.png").stat().st_size > 0
+    rows = (tmp_path / "sweep_runs.jsonl").read_text().splitlines()
+    assert cli.main(["sweep", "--out", str(tmp_path), "--quiet"]) == 0  # resumes: nothing recomputed
+    assert (tmp_path / "sweep_runs.jsonl").read_text().splitlines() == rows

@@ -1,17 +1,19 @@
 """feature_probes.parity: labels recomputed from phi by hand, the structured law's statistics (gamma = 1/4,
 sigma~^2 = 25), the smoothed activation against Monte Carlo, steps 1 and 2 of Thm A.20 against their
-closed forms, the NTK predictor against autograd, and the CLI."""
+closed forms, the NTK predictor and NTK features against autograd, the NTK ridge solver against the closed form
+on every parameter, the Adam third stage's first step by hand, and the CLI."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from feature_probes.parity import cli
 from feature_probes.parity.data import ParitySpec, make_problem, make_split, normalise, parity_labels, sample_phi
-from feature_probes.parity.experiments import cos_to_star, hyper, PRESETS
-from feature_probes.parity.model import (FixedFeatureHead, LinearisedNet, TwoLayerNet, clip_relu, gd_step, hinge,
-                                        smoothed_clip_relu)
+from feature_probes.parity.experiments import PRESETS, _stage3, cos_to_star, hyper
+from feature_probes.parity.model import (FixedFeatureHead, LinearisedNet, NTKFeatures, TwoLayerNet, clip_relu, gd_step,
+                                        hinge, ntk_predict, ntk_ridge, regulariser, smoothed_clip_relu)
 
 SPEC = ParitySpec()  # the simulation's d = 500, D = 100, k = 5, p_o = 1/2
 
@@ -161,3 +163,72 @@ def test_cli_help_bad_input_and_resume(tmp_path, capsys):
     assert len(rows) == 2 and (tmp_path / "parity_figA2_mds.png").stat().st_size > 0
     assert cli.main(argv) == 0
     assert (tmp_path / "parity_runs.jsonl").read_text().splitlines() == rows
+
+
+def test_ntk_features_are_the_networks_gradient_at_initialisation():
+    x, _, net = _small()
+    feats = NTKFeatures(net, x)
+    dense = feats.dense(x[:6])
+    for i in range(6):
+        net.zero_grad()
+        net(x[i:i + 1]).sum().backward()  # plain sigma, derivative 1 on (0, 1)
+        grad = torch.cat([net.a.grad, net.w.grad.reshape(-1), net.b.grad])
+        assert torch.allclose(dense[i], grad, atol=1e-6)
+
+
+def test_ntk_ridge_equals_the_closed_form_on_all_parameters():
+    """The reduced, preconditioned CG solve predicts what (Phi^T Phi + lam I)^-1 Phi^T y on every parameter does."""
+    x, y, net = _small()
+    feats = NTKFeatures(net, x)
+    xt = torch.randn(20, x.shape[1], generator=torch.Generator().manual_seed(9)) * x.std()
+    phi, phit = feats.dense(x).double(), feats.dense(xt).double()
+    for lam in (10.0, 0.1):
+        theta = torch.linalg.solve(phi.T @ phi + lam * torch.eye(phi.shape[1], dtype=phi.dtype), phi.T @ y.double())
+        mine, iters = ntk_ridge(feats, x, y, lam, tol=1e-7, iters=2000)
+        assert iters < 2000
+        assert torch.allclose(ntk_predict(feats, mine, x).double(), phi @ theta, atol=1e-3)
+        assert torch.allclose(ntk_predict(feats, mine, xt).double(), phit @ theta, atol=1e-3)  # off the span too
+
+
+def test_adam_stage3_first_step_is_the_sign_of_the_gradient():
+    """Adam's first step is lr * g / (|g| + eps) on every parameter of both layers (bias-corrected moments)."""
+    x, y, net = _small()
+    cfg = replace(PRESETS["tiny"], adam_lr3=0.01)
+    h = hyper(cfg)
+    gd_step(net, x, y, 1.0, 0.5, 0.5, 0.0)  # leave the symmetric init, so every gradient is non-zero
+    before = [p.detach().clone() for p in net.parameters()]
+    net.zero_grad()
+    (hinge(net(x), y) + regulariser(net, h["lam3"], h["lam3"])).backward()
+    grads = [p.grad.clone() for p in net.parameters()]
+    _stage3("adam", net, cfg, h)(x, y)
+    for p, p0, g in zip(net.parameters(), before, grads):
+        assert torch.allclose(p.detach(), p0 - 0.01 * g / (g.abs() + 1e-8), atol=1e-7)
+    net2 = TwoLayerNet(x.shape[1], 8, 0.2, 0.04, 4.0, torch.Generator().manual_seed(0))
+    w0 = net2.w.detach().clone()
+    _stage3("thm_a20", net2, cfg, h)(x, y)  # plain GD at eta3: w - eta3 (grad + 2 lam3 w)
+    assert not torch.equal(net2.w.detach(), w0)
+
+
+def test_stage3_and_ntk_settings_are_checked():
+    with pytest.raises(ValueError, match="stage3=.*allowed"):
+        replace(PRESETS["tiny"], stage3=("sgd",)).check()
+    with pytest.raises(ValueError, match="ntk_lams"):
+        replace(PRESETS["tiny"], ntk_lams=(0.0,)).check()
+    with pytest.raises(ValueError, match="symmetric initialisation"):
+        x, _, net = _small()
+        with torch.no_grad():
+            net.a.add_(1.0)
+        NTKFeatures(net, x)
+
+
+def test_linear_ceiling_is_54_of_64_by_hand_and_by_sampling():
+    """s = sum_A phi: P(s) = (17, 5, 10, 10, 5, 17)/64 for s = 0..5; the threshold s >= 3 is right on
+    s = 0, 2 (label -1) and 3, 5 (label +1): (17 + 10 + 10 + 17)/64."""
+    assert SPEC.linear_ceiling() == pytest.approx(54 / 64)
+    assert ParitySpec(structured=False).linear_ceiling() == pytest.approx((1 + 10 + 10 + 1) / 32)  # Binomial(5, 1/2)
+    gen = torch.Generator().manual_seed(2)
+    problem = make_problem(SPEC, gen)
+    phi = sample_phi(SPEC, problem.A, 200000, gen)
+    s, y = phi[:, problem.A].sum(dim=1), parity_labels(phi, problem.A)
+    best = max(float(((s >= t).float() * 2 - 1 == y).float().mean()) for t in range(7))
+    assert best == pytest.approx(54 / 64, abs=0.005)

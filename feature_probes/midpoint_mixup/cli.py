@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 
 from icl_probes.common import pyplot, save_png, write_json
 from feature_probes.common import add_run_args, mean_std, start_run
-from feature_probes.midpoint_mixup.experiments import IMAGES_PRESETS, SYNTHETIC_PRESETS, run_images, run_synthetic, run_units
+from feature_probes.midpoint_mixup.experiments import (IMAGES_PRESETS, SWEEPS, SYNTHETIC_PRESETS, run_images,
+                                                       run_synthetic, run_units)
 from feature_probes.midpoint_mixup.model import METHODS
 
 PRESETS = {"synthetic": SYNTHETIC_PRESETS, "images": IMAGES_PRESETS}
@@ -32,7 +34,15 @@ outputs (in --out): synthetic_runs.jsonl (one row per (method, seed)), synthetic
     "images": """examples:
   python -m feature_probes.midpoint_mixup images --out results/midpoint/images --fig-dir feature_probes/figures
   python -m feature_probes.midpoint_mixup images --seeds 0 --epochs 20 --out results/midpoint/images_quick
-outputs (in --out): images_runs.jsonl, images_result.json, images_summary.md; in --fig-dir: midpoint_images.png""",
+  python -m feature_probes.midpoint_mixup images --preset cpu-steps --out results/midpoint/images_steps
+outputs (in --out): images_runs.jsonl, images_result.json, images_summary.md; in --fig-dir: midpoint_images.png
+  (midpoint_images_<preset>.png for another preset)""",
+    "sweep": """sweeps (each a list of synthetic presets; 'presets' prints their settings):
+  lr   lr10 (600 steps), lr1 (6000), lr0.1 (60000): the cpu preset on seed 0, lr x steps = 6000
+examples:
+  python -m feature_probes.midpoint_mixup sweep --out results/midpoint/lr_sweep --fig-dir feature_probes/figures
+outputs (in --out): sweep_runs.jsonl (one row per (setting, method, seed); an interrupted sweep resumes),
+  sweep_summary.md; in --fig-dir: midpoint_sweep_lr.png""",
 }
 
 
@@ -43,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "multi-view data, Midpoint Mixup learns both (Sec. 4); Table 1's image protocol (Sec. 5).",
         epilog="run '<subcommand> --help' for its options; 'presets' prints every preset",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synthetic,images,presets}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{synthetic,images,sweep,presets}")
     parser.subcommands = {}
     helps = {"synthetic": "Def. 4.1 data, Eq. 4.1 network, full-batch GD: feature strengths and single-view accuracy",
              "images": "Table 1 protocol on scikit-learn's digits: test error over 5 seeds"}
@@ -60,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
                             help="mixup pairs: all N^2 ordered pairs (Eq. 3.1) or only pairs of different classes")
         else:
             sp.add_argument("--epochs", type=int, help="override the number of epochs (paper: 100)")
+    text = "several synthetic presets in a row (the step-size sweep): classes with both features, per setting"
+    sp = sub.add_parser("sweep", help=text, description=text, epilog=EPILOG["sweep"],
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.subcommands["sweep"] = sp
+    sp.add_argument("--sweep", default="lr", choices=sorted(SWEEPS), help="which sweep (default lr)")
+    sp.add_argument("--out", required=True, type=Path, help="folder for the JSONL rows and the markdown table")
+    sp.add_argument("--fig-dir", type=Path, help="folder for the PNG figure (default: --out)")
+    sp.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sub.add_parser("presets", help="print every preset's settings as JSON")
     return parser
 
@@ -169,11 +188,55 @@ def plot_images(rows: list[dict], path):
     return save_png(fig, path)
 
 
+def run_sweep(name: str, out: Path, figs: Path, progress: bool = True) -> str:
+    """Every preset of SWEEPS[name], rows in OUT/sweep_runs.jsonl (resumable); returns the markdown table."""
+    jsonl = out / "sweep_runs.jsonl"
+    lines = [f"Midpoint Mixup, synthetic, sweep {name!r}: the fraction of the k classes with both features learned "
+             "(and with exactly one), per setting and method; train accuracy and loss at the end", "",
+             "| setting | lr | steps | method | both features | exactly one | train acc | final loss |",
+             "|---|---|---|---|---|---|---|---|"]
+    results = {}
+    for preset in SWEEPS[name]:
+        cfg = SYNTHETIC_PRESETS[preset]
+        rows = run_units(run_synthetic, cfg, jsonl, progress=progress)
+        results[preset] = rows
+        for method in cfg.methods:
+            f = [r["final"] for r in rows if r["method"] == method]
+            avg = lambda key: "%.2f" % mean_std(x[key] for x in f)[0]  # noqa: E731
+            loss = mean_std(x["loss"] for x in f)[0]
+            lines.append(f"| {preset} | {cfg.lr:g} | {cfg.steps} | {NAMES[method]} | {avg('both_learned')} | "
+                         f"{avg('one_learned')} | {avg('train_acc')} | {loss:.4f} |")
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.6), sharey=True)
+    for ax, (preset, rows) in zip(np.atleast_1d(axes), results.items()):
+        for i, method in enumerate(METHODS):
+            for r in (r for r in rows if r["method"] == method):
+                h = r["history"]
+                ax.plot([x["step"] for x in h], [x["both_learned"] for x in h], color=f"C{i}", label=NAMES[method])
+        cfg = SYNTHETIC_PRESETS[preset]
+        ax.set(title=f"{preset}: lr {cfg.lr:g}, {cfg.steps} steps", xlabel="GD step", ylim=(-0.05, 1.05))
+    np.atleast_1d(axes)[0].set_ylabel("classes with both features learned")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    png = save_png(fig, figs / f"midpoint_sweep_{name}.png")
+    md = "\n".join(lines) + "\n"
+    (out / "sweep_summary.md").write_text(md, encoding="utf-8")
+    return md + f"\nwrote: {out / 'sweep_summary.md'} {png}"
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "presets":
         print(json.dumps({name: {k: asdict(v) for k, v in table.items()} for name, table in PRESETS.items()}, indent=2))
+        return 0
+    if args.command == "sweep":
+        import torch
+
+        if args.threads < 1:
+            parser.subcommands["sweep"].error(f"--threads {args.threads}: must be >= 1")
+        torch.set_num_threads(args.threads)
+        args.out.mkdir(parents=True, exist_ok=True)
+        print(run_sweep(args.sweep, args.out, args.fig_dir or args.out, progress=not args.quiet))
         return 0
     cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.midpoint_mixup", make_config,
                                                f"{args.command}_runs.jsonl")
@@ -183,7 +246,8 @@ def main(argv=None) -> int:
     if args.command == "synthetic":
         md, png = synthetic_markdown(rows, asdict(cfg), command), plot_synthetic(rows, figs / "midpoint_synthetic.png")
     else:
-        md, png = images_markdown(rows, asdict(cfg), command), plot_images(rows, figs / "midpoint_images.png")
+        name = "midpoint_images.png" if args.preset == "cpu" else f"midpoint_images_{args.preset}.png"
+        md, png = images_markdown(rows, asdict(cfg), command), plot_images(rows, figs / name)
     (out / f"{args.command}_summary.md").write_text(md, encoding="utf-8")
     print(md)
     print("wrote:", out / f"{args.command}_summary.md", png)

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -86,8 +86,19 @@ SYNTHETIC_PRESETS = {
     "tiny": SyntheticRun(data=MultiViewSpec(k=4, P=8), n_train=12, n_test=200, m=3, d=200, steps=20, eval_every=10,
                          note="smoke-test size"),
 }
+#: The step-size sweep: the cpu preset's problem on seed 0, lr 10 / 1 / 0.1 with budgets growing as 1/lr
+#: (lr x steps = 6000), so every setting trains for the same "time". Thm 4.7 takes eta = O(1/poly(k)).
+SWEEPS = {"lr": ("lr10", "lr1", "lr0.1")}
+SYNTHETIC_PRESETS.update({
+    f"lr{lr:g}": replace(SYNTHETIC_PRESETS["cpu"], lr=lr, steps=steps, eval_every=steps // 12, seeds=(0,),
+                         note=f"the cpu preset on seed 0 with lr {lr:g} for {steps} steps (lr x steps = 6000)")
+    for lr, steps in ((10.0, 600), (1.0, 6000), (0.1, 60000))})
 IMAGES_PRESETS = {
     "cpu": ImagesRun(note="digits (1300 train / 497 test, 8x8), SmallCNN, the paper's Adam settings, 5 seeds"),
+    # The paper's FMNIST run takes 60000/750 x 100 = 8000 Adam steps; 1300 digits at batch 750 take 200. Batch 16
+    # gives ceil(1300/16) x 100 = 8200 steps, the paper's step count at the paper's epochs.
+    "cpu-steps": ImagesRun(batch=16, note="as cpu with batch 16: 8200 Adam steps in 100 epochs (the paper's "
+                                          "FMNIST runs take 8000)"),
     "tiny": ImagesRun(epochs=2, batch=256, width=4, seeds=(0,), note="smoke-test size"),
 }
 

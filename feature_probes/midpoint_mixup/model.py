@@ -79,13 +79,12 @@ def mixup_loss(model: MultiViewNet, x: torch.Tensor, y: torch.Tensor, method: st
     if method == "erm":
         return F.cross_entropy(model.logits_from_preact(a), y)
     n = len(x)
+    if method == "midpoint":
+        return _midpoint_loss(model, a, y, pairs, chunk * n)
     total, count = a.new_zeros(()), 0
     for s in range(0, n, chunk):
         ai, yi = a[s:s + chunk], y[s:s + chunk]
-        if method == "midpoint":
-            lam = torch.full((len(ai), n), 0.5)
-        else:
-            lam = torch.rand(len(ai), n, generator=gen)
+        lam = torch.rand(len(ai), n, generator=gen)
         lv = lam[:, :, None, None, None]
         mixed = lv * ai[:, None] + (1 - lv) * a[None, :]
         logp = F.log_softmax(model.logits_from_preact(mixed), dim=-1)  # (ci, N, k)
@@ -99,6 +98,24 @@ def mixup_loss(model: MultiViewNet, x: torch.Tensor, y: torch.Tensor, method: st
             count += loss.numel()
         total = total + loss.sum()
     return total / max(count, 1)
+
+
+def _midpoint_loss(model: MultiViewNet, a: torch.Tensor, y: torch.Tensor, pairs: str, block: int) -> torch.Tensor:
+    """Eq. 3.1 over all N^2 ordered pairs from the pairs i <= j: (i, j) and (j, i) are the same mixed point
+    (a_i + a_j)/2 with the same loss, so a pair i < j counts twice and i = j once. a: (N, k, m, P)."""
+    n = len(a)
+    i, j = torch.triu_indices(n, n)
+    if pairs == "different":
+        keep = y[i] != y[j]
+        i, j = i[keep], j[keep]
+    weight = torch.where(i == j, 1.0, 2.0)  # i < j stands for (i, j) and (j, i)
+    total = a.new_zeros(())
+    for s in range(0, len(i), block):
+        bi, bj = i[s:s + block], j[s:s + block]
+        logp = F.log_softmax(model.logits_from_preact(0.5 * (a[bi] + a[bj])), dim=-1)  # (pairs, k)
+        loss = -0.5 * (logp.gather(-1, y[bi, None]) + logp.gather(-1, y[bj, None])).squeeze(-1)
+        total = total + (loss * weight[s:s + block]).sum()
+    return total / weight.sum().clamp_min(1)
 
 
 # ---- Table 1's image protocol ----

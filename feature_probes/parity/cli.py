@@ -14,18 +14,27 @@ import numpy as np
 
 from icl_probes.common import pyplot, save_png, write_json
 from feature_probes.common import add_run_args, mean_std, start_run
+from feature_probes.parity.data import ParitySpec
 from feature_probes.parity.experiments import PRESETS, run_table
 
-METHODS = ("network", "ntk", "rf", "one_step", "two_step")
-NAMES = {"network": "Network", "ntk": "NTK", "rf": "RF", "one_step": "One Step", "two_step": "Two Step"}
+METHODS = ("network", "network_adam", "ntk", "ntk_ridge", "rf", "one_step", "two_step")
+NAMES = {"network": "Network, stage 3 thm_a20 (GD, Thm A.20's η)", "network_adam": "Network, stage 3 adam",
+         "ntk": "NTK, Adam", "ntk_ridge": "NTK, ridge", "rf": "RF", "one_step": "One Step", "two_step": "Two Step"}
 PAPER = {  # Table A.1: (train acc, test acc, cos similarity); "w/o structure" is the network's column
-    "network": (100.0, 100.0, 0.997), "ntk": (84.0, 86.4, None), "rf": (74.7, 76.0, 0.114),
+    "network": (100.0, 100.0, 0.997), "network_adam": (100.0, 100.0, 0.997), "ntk": (84.0, 86.4, None),
+    "ntk_ridge": (84.0, 86.4, None), "rf": (74.7, 76.0, 0.114),
     "one_step": (51.3, 52.2, 0.848), "two_step": (100.0, 100.0, 0.997), "unstructured": (100.0, 52.0, 0.253)}
 
 EPILOG = """examples:
   python -m feature_probes.parity table --out results/parity --fig-dir feature_probes/figures     # ~2-4 min
   python -m feature_probes.parity table --preset paper --out results/parity5                        # 5 seeds
   python -m feature_probes.parity table --step1 lemma_a17 --out results/parity_a17
+  python -m feature_probes.parity table --stage3 thm_a20 --lr3 0.5 --out results/parity_gd05
+stage 3 (steps 3..T, each from the same step-2 network; --stage3 picks, default both):
+  thm_a20   plain minibatch GD at Thm A.20's eta = k^2/(T m^(1/3)) (or --lr3), lambda = --lam3
+  adam      Adam (lr 0.01) on both layers, same hinge loss and lambda (ours; the paper does not say)
+NTK solvers: Adam on the linearised network (lr 0.01, as the other baselines), and ridge regression on the
+  NTK features with its penalty chosen on a held-out 20% of the training set, then refit on all of it.
 outputs (in --out): parity_runs.jsonl (one row per (law, seed)), parity_result.json, parity_summary.md;
   in --fig-dir: parity_figA1_curves.png, parity_figA2_mds.png"""
 
@@ -46,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--step1", choices=["thm_a20", "lemma_a17"], help="step-1 size and smoothing (default thm_a20)")
     sp.add_argument("--lr3", type=float, help="step size of steps 3..T (0 = Thm A.20's k^2/(T m^(1/3)))")
     sp.add_argument("--lam3", type=float, help="lambda_a = lambda_w in steps 3..T")
+    sp.add_argument("--stage3", help="comma-separated stage-3 settings: thm_a20, adam (default: both)")
     sp.add_argument("--laws", choices=["both", "structured", "unstructured"], default="both",
                     help="which data laws to run (default both)")
     sub.add_parser("presets", help="print every preset's settings as JSON")
@@ -56,6 +66,8 @@ def make_config(args):
     cfg = PRESETS[args.preset]
     over = {key: getattr(args, key) for key in ("seeds", "steps", "step1", "lr3", "lam3") if getattr(args, key) is not None}
     over["laws"] = {"both": (True, False), "structured": (True,), "unstructured": (False,)}[args.laws]
+    if args.stage3 is not None:
+        over["stage3"] = tuple(x.strip() for x in args.stage3.split(",") if x.strip())
     if set(over) - {"seeds", "laws"}:
         over["note"] = cfg.note + " (with command-line overrides)"
     cfg = replace(cfg, **over)
@@ -80,7 +92,7 @@ def markdown(rows: list[dict], cfg: dict, command: str) -> str:
     for structured in (True, False):
         mine = [r for r in rows if r["structured"] == structured]
         for method in METHODS:
-            if not mine:
+            if not mine or any(method not in r["methods"] for r in mine):
                 continue
             ms = [r["methods"][method] for r in mine]
             paper = PAPER[method] if structured else (PAPER["unstructured"] if method == "network" else None)
@@ -89,6 +101,13 @@ def markdown(rows: list[dict], cfg: dict, command: str) -> str:
                          f"{_fmt(m['train_acc'] for m in ms)} | {_fmt(m['test_acc'] for m in ms)} | "
                          f"{_fmt((m['cos'] for m in ms), 1.0, 3)} | {ptxt} |")
     secs = sum(r["seconds"] for r in rows)
+    lams = ", ".join(f"{'structured' if r['structured'] else 'no structure'} seed {r['seed']}: {r['methods']['ntk_ridge']['lam']:g}"
+                     for r in rows if "ntk_ridge" in r["methods"])
+    spec = ParitySpec(**{**cfg["spec"], "structured": True})
+    lines += ["", f"Best accuracy of any classifier linear in s = sum_(j in A) phi_j (a threshold on s), on the exact "
+              f"law: {100 * spec.linear_ceiling():.1f}% with structure, "
+              f"{100 * replace(spec, structured=False).linear_ceiling():.1f}% without."]
+    lines += ["", f"NTK ridge penalty chosen on the held-out split: {lams}." if lams else ""]
     lines += ["", f"{len(rows)} (law, seed) units, {secs:.0f} s of training and evaluation in total."]
     return "\n".join(lines) + "\n"
 
@@ -98,8 +117,10 @@ def plot_curves(rows: list[dict], path):
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, structured in zip(axes, (True, False)):
         mine = [r for r in rows if r["structured"] == structured]
-        for i, method in enumerate(("network", "ntk", "rf")):
+        for i, method in enumerate(("network", "network_adam", "ntk", "rf")):
             for j, r in enumerate(mine):
+                if method not in r["methods"]:
+                    continue
                 c = np.array(r["methods"][method]["curve"])
                 ax.plot(c[:, 0], 100 * c[:, 1], color=f"C{i}", alpha=0.8, label=NAMES[method] if j == 0 else None)
         ax.set(xlabel="step", title="with input structure" if structured else "without structure (D^(0) only)")

@@ -51,6 +51,21 @@ class ParitySpec:
         0 without structure."""
         return (1 - self.p_o) * 0.5 if self.structured else 0.0
 
+    def linear_ceiling(self) -> float:
+        """The best accuracy of any classifier linear in s = sum_{j in A} phi_j, sign(alpha s + beta): a threshold
+        on s, either way round, under the exact law of s. D^(0) (weight p_o, or 1 without structure) gives
+        s ~ Binomial(k, 1/2); D^(1) gives s = 0 or k, 1/2 each. k = 5, p_o = 1/2: 54/64 = 84.4%."""
+        w0 = self.p_o if self.structured else 1.0
+        prob = [w0 * math.comb(self.k, s) / 2 ** self.k for s in range(self.k + 1)]
+        prob[0] += (1 - w0) / 2
+        prob[self.k] += (1 - w0) / 2
+        odd = [s % 2 == 1 for s in range(self.k + 1)]  # label +1
+        best = 0.0
+        for t in range(self.k + 2):  # predict +1 for s >= t, or (the flip) for s < t
+            acc = sum(p for s, p in enumerate(prob) if (s >= t) == odd[s])
+            best = max(best, acc, 1 - acc)
+        return best
+
 
 @dataclass
 class Problem:

@@ -16,7 +16,12 @@ import torch
 from icl_probes.common import seed_everything
 from feature_probes.common import run_resumable
 from feature_probes.parity.data import ParitySpec, make_problem, make_split
-from feature_probes.parity.model import FixedFeatureHead, LinearisedNet, TwoLayerNet, gd_step, hinge
+from feature_probes.parity.model import (FixedFeatureHead, LinearisedNet, NTKFeatures, TwoLayerNet, gd_step, hinge,
+                                         ntk_predict, ntk_ridge, regulariser)
+
+
+#: third-stage setting -> its method key in the results (``network`` is the theorem's, as before)
+STAGE3 = {"thm_a20": "network", "adam": "network_adam"}
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,10 @@ class ParityRun:
     step1: "thm_a20" (eta1 = gamma^2 sigma~^2/(k m^3), sigma_xi = 1/k^2) or "lemma_a17"
     (eta1 = gamma^2 sigma~/(k m^3), sigma_xi = 1/k^1.5); step 2: eta = 1, lambda_a = lambda_w = 1/2.
     lr3: step size of steps 3..T (0 = Thm A.20's k^2/(T m^(1/3))); lam3: lambda_a = lambda_w there (ours,
-    Thm A.20 only bounds it by k^3/(sigma~ m^(1/3))). Baselines train their linear part with Adam
+    Thm A.20 only bounds it by k^3/(sigma~ m^(1/3))). stage3: the third-stage settings to run, each from the
+    same step-2 network: "thm_a20" (plain minibatch GD at lr3) and "adam" (ours: Adam at adam_lr3 on both
+    layers, the same loss and lam3; the paper does not give its third stage). ntk_lams: the ridge
+    penalties tried for the NTK's ridge solver, chosen on a held-out ntk_holdout share of the training set. Baselines train their linear part with Adam
     (baseline_lr, ours) on the same batches for the same number of steps; RF / One Step / Two Step heads see
     standardised features (``model.FixedFeatureHead``), the NTK its raw linearised features. gamma and sigma~ come from
     the structured law even when ``structured`` is False, so both laws run the same hyper-parameters.
@@ -41,6 +49,10 @@ class ParityRun:
     step1: str = "thm_a20"
     lr3: float = 0.0
     lam3: float = 1e-4
+    stage3: tuple[str, ...] = ("thm_a20", "adam")
+    adam_lr3: float = 0.01
+    ntk_lams: tuple[float, ...] = (1e7, 1e6, 3e5, 1e5, 3e4, 1e4, 1e3)
+    ntk_holdout: float = 0.2
     baseline_lr: float = 0.01
     eval_every: int = 25
     seeds: tuple[int, ...] = (0,)
@@ -51,6 +63,11 @@ class ParityRun:
         self.spec.check()
         if self.step1 not in ("thm_a20", "lemma_a17"):
             raise ValueError(f"step1={self.step1!r}; allowed: thm_a20, lemma_a17")
+        if not self.stage3 or set(self.stage3) - set(STAGE3):
+            raise ValueError(f"stage3={self.stage3!r}; allowed: a non-empty subset of {', '.join(STAGE3)}")
+        if not self.ntk_lams or min(self.ntk_lams) <= 0 or not 0 < self.ntk_holdout < 1:
+            raise ValueError(f"ntk_lams={self.ntk_lams!r}, ntk_holdout={self.ntk_holdout}: need penalties > 0 and "
+                             "a held-out share in (0, 1)")
         if self.steps < 3:
             raise ValueError(f"steps={self.steps}: the learning process needs at least 3 steps")
         if not 0 < self.batch <= self.n_train:
@@ -151,22 +168,29 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
     gd_step(net, x, y, 1.0, 0.5, 0.5, h["smooth12"])  # step 2
     w2, b2 = net.w.detach().clone(), net.b.detach().clone()
     snaps["step2"] = mds2(w2, star)
-    curve = [[0, 0.5], [2, accuracy(net(xt).detach(), yt)]]
-    bar = _bar(progress, cfg.steps, f"parity {'structured' if structured else 'no structure'} seed {seed}")
-    for t, idx in enumerate(batches, start=3):
-        gd_step(net, x[idx], y[idx], h["eta3"], h["lam3"], h["lam3"], 0.0)
-        if t % cfg.eval_every == 0 or t == cfg.steps:
-            with torch.no_grad():
-                curve.append([t, accuracy(net(xt), yt)])
-        bar.update(1)
-    bar.close()
-    with torch.no_grad():
-        methods = dict(network=dict(train_acc=accuracy(net(x), y), test_acc=accuracy(net(xt), yt),
-                                    cos=cos_to_star(net.w, star), curve=curve))
+    after2 = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    methods = {}
+    for mode in cfg.stage3:
+        net.load_state_dict(after2)
+        curve = [[0, 0.5], [2, accuracy(net(xt).detach(), yt)]]
+        bar = _bar(progress, cfg.steps, f"parity {'structured' if structured else 'no structure'} seed {seed} {mode}")
+        step = _stage3(mode, net, cfg, h)
+        for t, idx in enumerate(batches, start=3):
+            step(x[idx], y[idx])
+            if t % cfg.eval_every == 0 or t == cfg.steps:
+                with torch.no_grad():
+                    curve.append([t, accuracy(net(xt), yt)])
+            bar.update(1)
+        bar.close()
+        with torch.no_grad():
+            methods[STAGE3[mode]] = dict(train_acc=accuracy(net(x), y), test_acc=accuracy(net(xt), yt),
+                                         cos=cos_to_star(net.w, star), curve=curve)
     net_seconds = time.time() - t0
     # Baselines: the same initial network (w0, b0, a0), the same batches (steps 3..T) plus two more.
     base_batches = _batches(cfg.n_train, cfg.batch, cfg.steps, torch.Generator().manual_seed(seed + 1))
-    ntk = LinearisedNet(_init_copy(cfg, spec, h, seed))
+    init = _init_copy(cfg, spec, h, seed)
+    methods["ntk_ridge"] = _ntk_ridge(cfg, init, x, y, xt, yt)
+    ntk = LinearisedNet(init)
     for name, model, params, w in (("ntk", ntk, list(ntk.parameters()), None),
                                    ("rf", FixedFeatureHead(w0, b0, x), None, w0),
                                    ("one_step", FixedFeatureHead(w1, b1, x), None, w1),
@@ -176,6 +200,35 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
         methods[name] = dict(**acc, cos=None if w is None else cos_to_star(w, star), curve=curve_b)
     return dict(structured=structured, seed=seed, A=problem.A.tolist(), hyper=h, methods=methods,
                 mds=snaps, seconds=time.time() - t0, net_seconds=net_seconds)
+
+
+def _stage3(mode: str, net: TwoLayerNet, cfg: ParityRun, h: dict):
+    """One step of steps 3..T on a minibatch (x, y): Thm A.20's plain GD at eta3, or Adam on both layers."""
+    if mode == "thm_a20":
+        return lambda xb, yb: gd_step(net, xb, yb, h["eta3"], h["lam3"], h["lam3"], 0.0)
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.adam_lr3)
+
+    def adam_step(xb, yb):
+        opt.zero_grad()
+        (hinge(net(xb), yb) + regulariser(net, h["lam3"], h["lam3"])).backward()
+        opt.step()
+
+    return adam_step
+
+
+def _ntk_ridge(cfg: ParityRun, init: TwoLayerNet, x, y, xt, yt) -> dict:
+    """Ridge regression on the NTK features of the initial network (labels +-1), the penalty chosen on a
+    held-out share of the training set, then refit on all of it. Warm starts from the previous penalty."""
+    feats = NTKFeatures(init, x)
+    cut = int(len(x) * (1 - cfg.ntk_holdout))
+    scores, theta = [], None
+    for lam in sorted(cfg.ntk_lams, reverse=True):
+        theta, iters = ntk_ridge(feats, x[:cut], y[:cut], lam, start=theta)
+        scores.append(dict(lam=lam, heldout_acc=accuracy(ntk_predict(feats, theta, x[cut:]), y[cut:]), cg_iters=iters))
+    best = max(scores, key=lambda r: r["heldout_acc"])["lam"]
+    theta, iters = ntk_ridge(feats, x, y, best)
+    return dict(train_acc=accuracy(ntk_predict(feats, theta, x), y), test_acc=accuracy(ntk_predict(feats, theta, xt), yt),
+                cos=None, lam=best, cg_iters=iters, search=scores, curve=[])
 
 
 def _init_copy(cfg, spec, h, seed) -> TwoLayerNet:

@@ -116,3 +116,110 @@ class FixedFeatureHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ((clip_relu(x @ self.w.T + self.b) - self.mean) / self.std) @ self.a + self.c
+
+
+class NTKFeatures:
+    """The NTK feature map of a TwoLayerNet at its initialisation, phi(x) = grad_theta g(x; theta0), for ridge.
+
+    Per neuron i: d g/d a_i = sigma(z_i), d g/d w_i = a_i sigma'(z_i) x, d g/d b_i = a_i sigma'(z_i), with
+    z_i = <w_i, x> + b_i. Two exact reductions keep the ridge problem small:
+
+    - the w-block is written in coordinates of the span of the training inputs (``basis``: (d, r),
+      orthonormal): a ridge solution lies in the row space of the training features, so its w-part lies
+      in that span and <dw_i, x> = <dw_i, P x> on any x;
+    - neuron m+i copies neuron i with a_{m+i} = -a_i (the symmetric init), so its features are neuron i's
+      (d/da) or their negation (d/dw, d/db). The ridge solution is then symmetric, and the pair acts as one
+      neuron with features scaled by sqrt(2) under the same penalty.
+
+    The penalty ||theta||^2 is the same in these coordinates, so the problem is exactly ridge on all
+    2m(d + 2) parameters. Reduced parameters theta = (alpha (m,), v (m, r + 1)): a, and (w in the span, b).
+    """
+
+    def __init__(self, net: TwoLayerNet, x_train: torch.Tensor, tol: float = 1e-6):
+        self.w0, self.b0, self.a0 = net.w.detach().clone(), net.b.detach().clone(), net.a.detach().clone()
+        m = len(self.w0) // 2
+        if not (torch.equal(self.w0[:m], self.w0[m:]) and torch.equal(self.b0[:m], self.b0[m:])
+                and torch.equal(self.a0[:m], -self.a0[m:])):
+            raise ValueError("NTKFeatures needs the symmetric initialisation (neuron m+i = neuron i with -a_i)")
+        evals, evecs = torch.linalg.eigh((x_train.T @ x_train).double())
+        self.basis = evecs[:, evals > tol * evals.max()].to(x_train.dtype)  # (d, r)
+
+    def blocks(self, x: torch.Tensor) -> tuple:
+        """(F, S, C) of the m reduced neurons: sqrt(2) sigma(z) (n, m), sqrt(2) a_i sigma'(z_i) (n, m),
+        [P-coordinates of x, 1] (n, r + 1)."""
+        m = len(self.w0) // 2
+        z = x @ self.w0[:m].T + self.b0[:m]
+        slope = ((z > 0) & (z < 1)).to(x.dtype) * self.a0[:m]
+        coords = torch.cat([x @ self.basis, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+        return 2 ** 0.5 * clip_relu(z), 2 ** 0.5 * slope, coords
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """phi(x) in the original parameters, (n, 2m + 2m d + 2m): [d/da, d/dw (row-major), d/db]; for tests."""
+        z = x @ self.w0.T + self.b0
+        slope = ((z > 0) & (z < 1)).to(x.dtype) * self.a0
+        dw = (slope[:, :, None] * x[:, None, :]).reshape(len(x), -1)
+        return torch.cat([clip_relu(z), dw, slope], dim=1)
+
+
+def _apply(blocks, alpha, v):
+    f, s, c = blocks
+    return f @ alpha + ((c @ v.T) * s).sum(dim=1)
+
+
+def _apply_t(blocks, r):
+    f, s, c = blocks
+    return f.T @ r, (s * r[:, None]).T @ c
+
+
+def _preconditioner(blocks, lam: float):
+    """Block-Jacobi inverse of Phi^T Phi + lam I: the a-block whole, and one (r+1)^2 block per neuron."""
+    f, s, c = blocks
+    eye_a, eye_v = torch.eye(f.shape[1], dtype=f.dtype), torch.eye(c.shape[1], dtype=f.dtype)
+    inv_a = torch.linalg.inv((f.T @ f).double() + lam * eye_a.double()).to(f.dtype)
+    inv_v = torch.stack([torch.linalg.inv(((c * (s[:, i:i + 1] ** 2)).T @ c).double() + lam * eye_v.double())
+                         for i in range(s.shape[1])]).to(f.dtype)  # (m, r+1, r+1)
+    return lambda ra, rv: (inv_a @ ra, torch.bmm(inv_v, rv[:, :, None])[:, :, 0])
+
+
+def ntk_ridge(feats: NTKFeatures, x: torch.Tensor, y: torch.Tensor, lam: float, iters: int = 300,
+              tol: float = 1e-4, start=None) -> tuple:
+    """argmin_theta ||phi(x) theta - y||^2 + lam ||theta||^2, by block-Jacobi preconditioned conjugate gradients
+    on the normal equations, until the residual is tol times the right-hand side's.
+
+    x: (n, d); y: (n,) in {-1, +1}. Returns ((alpha, v), CG iterations used); start: a warm start (alpha, v).
+    """
+    blocks = feats.blocks(x)
+    m, r1 = blocks[0].shape[1], blocks[2].shape[1]
+    alpha, v = start if start is not None else (torch.zeros(m, dtype=x.dtype), torch.zeros(m, r1, dtype=x.dtype))
+    precond = _preconditioner(blocks, lam)
+
+    def normal(a, b):  # (Phi^T Phi + lam I) theta
+        ta, tb = _apply_t(blocks, _apply(blocks, a, b))
+        return ta + lam * a, tb + lam * b
+
+    def dot(p, q):
+        return float((p[0] * q[0]).sum() + (p[1] * q[1]).sum())
+
+    rhs = _apply_t(blocks, y)
+    n0 = normal(alpha, v)
+    res = (rhs[0] - n0[0], rhs[1] - n0[1])
+    z = precond(*res)
+    d = z
+    rz, goal = dot(res, z), tol ** 2 * dot(rhs, rhs)
+    for it in range(1, iters + 1):
+        if dot(res, res) <= goal:
+            return (alpha, v), it - 1
+        q = normal(*d)
+        step = rz / dot(d, q)
+        alpha, v = alpha + step * d[0], v + step * d[1]
+        res = (res[0] - step * q[0], res[1] - step * q[1])
+        z = precond(*res)
+        rz_new = dot(res, z)
+        d = (z[0] + (rz_new / rz) * d[0], z[1] + (rz_new / rz) * d[1])
+        rz = rz_new
+    return (alpha, v), iters
+
+
+def ntk_predict(feats: NTKFeatures, theta: tuple, x: torch.Tensor) -> torch.Tensor:
+    """g_lin(x) = <theta, phi(x)> for a ridge solution theta = (alpha, v): (n,)."""
+    return _apply(feats.blocks(x), *theta)
