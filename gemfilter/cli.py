@@ -31,7 +31,7 @@ def _cmd_methods(args) -> int:
 
 def check_generate_args(args) -> None:
     """Every option check that needs no weights (the config is enough), so a typo costs no model load."""
-    from .io import check_against_model, check_int
+    from .options import check_against_model, check_int
     from .models import load_config
 
     check_int(args.threads, "--threads", 0)
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-selection", action="store_true", help="also print the kept text (to stderr)")
     p.set_defaults(func=_cmd_generate)
 
-    from .inspect_report import add_subcommands
+    from .inspection.report import add_subcommands
     from .serve.cli import add_parser as add_serve
 
     add_subcommands(sub)
@@ -128,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # its own parser: python -m gemfilter.bench_report --help
-        from .bench_report import main as bench_main
+    if argv[:1] == ["bench"]:  # its own parser: python -m gemfilter.bench.report --help
+        from .bench.report import main as bench_main
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import STATE_KWARG, FilterLayerReached, wrapped_attention
-from .io import text_config
+from .options import text_config
 
 
 @dataclass

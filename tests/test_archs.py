@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import gemfilter
-from gemfilter import archs
-from gemfilter.bench import _Memory, device_name, forced_kwargs, warmup_tokens
+from gemfilter.bench import archs
+from gemfilter.bench.core import _Memory, device_name, forced_kwargs, warmup_tokens
 
 # Written from the published config.json files (see gemfilter/configs/SOURCES.md), not read from them.
 PUBLISHED = {
@@ -180,7 +180,7 @@ def test_warmup_is_long_enough_on_cuda_for_the_method_path():
 
 
 def test_measure_warms_up_before_the_timed_run(monkeypatch):
-    from gemfilter import bench
+    from gemfilter.bench import core as bench
 
     calls = []
     real = gemfilter.generate

@@ -144,7 +144,8 @@ def test_unknown_protocol_is_refused(tmp_path):
 def test_runner_records_the_protocol_and_refuses_mixing_it(tmp_path):
     import json
 
-    from eval.niah.runner import CONFIG, RunConfig, run
+    from eval.niah.runner import RunConfig, run
+    from eval.rundir import CONFIG
     from tiny_models import BUILDERS
 
     tiny = BUILDERS["llama"](), bos_word_tokenizer()

@@ -9,6 +9,7 @@ from eval.niah.cli import main
 from eval.niah.grid import PRESETS, parse_depths, parse_lengths, resolve_grid
 from eval.niah.runner import RunConfig, run
 from eval.niah.scoring import score_all
+from gemfilter.io import read_jsonl
 from niah_fixtures import word_tokenizer, write_haystack
 from tiny_models import BUILDERS
 
@@ -85,7 +86,7 @@ def test_interrupted_run_resumes_with_only_the_missing_cells(tiny, config, tmp_p
     monkeypatch.setattr(runner, "run_cell", stop_after_five)
     with pytest.raises(KeyboardInterrupt):
         run(config, out, model_and_tokenizer=tiny, progress=False)
-    first = runner.read_jsonl(out / "results.rank0.jsonl")
+    first = read_jsonl(out / "results.rank0.jsonl")
     assert len(first) == 5 and not (out / "results.jsonl").exists()
 
     computed = []
@@ -135,7 +136,7 @@ def test_a_resume_whose_default_layer_changed_is_refused(tiny, config, tmp_path)
     out = tmp_path / "out"
     default = RunConfig(**{**config.__dict__, "layer": None})  # layer: the model's default (2 of 4 here)
     run(default, out, model_and_tokenizer=tiny, progress=False, max_cells=7)  # 6 full cells, 1 gemfilter
-    rows = runner.read_jsonl(out / "results.jsonl")
+    rows = read_jsonl(out / "results.jsonl")
     assert rows[6]["layer"] == 2
     rows[6]["layer"] = 1  # as if a calibration had changed the default since that cell ran
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -173,7 +174,7 @@ def test_cli_end_to_end_on_a_saved_tiny_model(tmp_path, capsys):
     names = sorted(p.name for p in out.iterdir())
     assert names == ["config.json", "heatmap_full.png", "heatmap_gemfilter.png", "heatmaps.png", "results.jsonl",
                      "summary.md"]
-    assert len(runner.read_jsonl(out / "results.jsonl")) == 4
+    assert len(read_jsonl(out / "results.jsonl")) == 4
     (out / "heatmaps.png").unlink()
     assert main(["--report-only", "--out", str(out)]) == 0 and (out / "heatmaps.png").is_file()
 

@@ -20,7 +20,7 @@ def embedded():
 @pytest.fixture(autouse=True)
 def documented_defaults(monkeypatch):
     """Test the documented default layer, whatever a local `gemfilter calibrate` may have stored."""
-    monkeypatch.setattr("gemfilter.calibrate.load_calibration", lambda model: None)
+    monkeypatch.setattr("gemfilter.layers.load_calibration", lambda model: None)
 
 
 def answer(model, tok, prompt, method=None, max_new_tokens=24):

@@ -26,12 +26,11 @@ from pathlib import Path
 out, kind, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 while not (out / "merger-ready").exists():
     time.sleep(0.01)
+from eval.rundir import append_row
 if kind == "niah":
-    from eval.niah.runner import append_row
     shard = out / "results.rank0.jsonl"
     rows = [dict(length=1000 + i, **{row}) for i in range(n)]
 else:
-    from eval.longbench.runner import append_row
     shard = out / "trec.jsonl.rank0"
     rows = [dict(_id=f"id{{i}}", pred="x", answers=["x"], length=1) for i in range(n)]
 for row in rows:
@@ -47,8 +46,9 @@ if kind == "niah":
     from eval.niah.runner import merge
     go = lambda: merge(out)
 else:
-    from eval.longbench.runner import merge
-    go = lambda: merge(out, "trec", [])
+    from eval.longbench.runner import ROW_FIELDS
+    from eval.rundir import merge_task
+    go = lambda: merge_task(out, "trec", [], ROW_FIELDS)
 (out / "merger-ready").touch()
 while not (out / "appender-done").exists():
     go()

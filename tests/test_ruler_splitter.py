@@ -94,7 +94,7 @@ def test_identity_records_the_splitter_and_reads_older_folders_as_punkt_default(
 
 
 def test_committed_ruler_rows_record_the_legacy_splitter():
-    committed = Path(__file__).parents[1] / "eval" / "results" / "ruler" / "prepare.json"
+    committed = Path(__file__).parents[1] / "measured" / "ruler" / "prepare.json"
     assert json.loads(committed.read_text())["splitter"] == "punkt-default"
 
 

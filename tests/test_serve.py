@@ -241,7 +241,7 @@ def test_a_failure_inside_the_proxy_is_a_500_with_its_message(proxy, monkeypatch
 
 
 def test_serve_and_bench_report_an_unreachable_engine_without_a_traceback(capsys, tmp_path):
-    from gemfilter.bench_report import main as bench_main
+    from gemfilter.bench.report import main as bench_main
     from gemfilter.cli import main
 
     stub = StubEngine()

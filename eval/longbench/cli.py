@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-longbench`` and ``python -m eval.longbench``; returns the exit status."""
-    from gemfilter.io import cli_exit
+    from gemfilter.options import cli_exit
 
     args = build_parser().parse_args(argv)
     return cli_exit(lambda: _run(args) if args.command == "run" else _score(args))
@@ -153,7 +153,7 @@ def _run(args) -> int:
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
-    from gemfilter.io import parse_length, split_names
+    from gemfilter.options import parse_length, split_names
 
     from .presets import PRESETS, paper_max_length, parse_method_lengths
 
@@ -176,22 +176,17 @@ def _run(args) -> int:
         torch.set_num_threads(args.threads)
     if run(config, args.out, progress=not args.no_progress) is None:
         return 0  # not the main process: it only computed its shard
+    from eval.rundir import print_report
+
     return print_report(write_report(args.out, settings=_settings(config)))
 
 
 def _score(args) -> int:
+    from eval.rundir import print_report
+
     from .report import write_report
 
     return print_report(write_report(args.dir, e=args.e))
-
-
-def print_report(paths) -> int:
-    """Print the markdown report(s) among ``paths`` and where each file went; exit status 0."""
-    for path in paths:
-        if path.suffix == ".md":
-            print(path.read_text(encoding="utf-8"))
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return 0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ Files in ``--out``:
 A rerun computes only the samples whose ``_id`` has no row yet. Under ``accelerate launch`` /
 ``torchrun`` the missing samples are dealt round-robin over the processes (accelerate's PartialState).
 Greedy decoding makes each row a pure function of its inputs, so the merge equals a single-process run.
-Sharding, resume, config and layer checks reuse the NIAH runner's helpers.
+Sharding, resume, config and layer checks are :mod:`eval.rundir`'s, shared with NIAH and RULER.
 """
 
 from __future__ import annotations
@@ -28,16 +28,19 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemfilter.io import check_against_model, check_out_dir, folder_lock, merge_jsonl, read_jsonl
+from gemfilter.io import check_out_dir
+from gemfilter.options import check_against_model
 
-from eval.niah.runner import (CONFIG, append_row, check_config, check_layers, load_for_run, make_state,
-                              model_config_for)
+from eval.rundir import (CONFIG, TASK_SHARD, append_row, check_config, check_layers, finished_task, load_for_run,
+                         make_state, merge_task, model_config_for)
 
 from .data import HUB_REPO, load_records
 from .pipeline import check_max_length, default_max_length, predict
 from .tasks import BY_NAME, get_task
 
-SHARD = "{}.jsonl.rank{}"  # does not end in "jsonl": official eval.py and our scorer skip shards
+#: LongBench settings added after folders were written without them: a missing key means this value
+#: (settings every benchmark added are ``eval.rundir.LEGACY_IDENTITY``).
+LEGACY_IDENTITY = {"method_max_length": {}}
 #: Fields every stored row has; a row without them (or a null row) is skipped and its sample recomputed.
 ROW_FIELDS = ("pred", "answers", "_id")
 
@@ -116,35 +119,10 @@ def validate(config: RunConfig) -> None:
         raise ValueError(f"--limit must be an int >= 1 (or omitted for every sample), got {config.limit!r}")
 
 
-def finished(folder: Path, task: str, required=ROW_FIELDS) -> dict:
-    """_id -> row over ``<task>.jsonl`` and its shards (first one wins); rows lacking a ``required`` field are
-    skipped with a warning, so their samples are rerun (RULER passes its own fields)."""
-    rows = {}
-    if not folder.is_dir():
-        return rows
-    with folder_lock(folder):
-        for path in [folder / f"{task}.jsonl"] + sorted(folder.glob(SHARD.format(task, "*"))):
-            for row in read_jsonl(path, required=required, skip_note="that sample will be rerun"):
-                rows.setdefault(row["_id"], row)
-    return rows
-
-
-def merge(folder: Path, task: str, order: list, required=ROW_FIELDS) -> list:
-    """Write ``<task>.jsonl`` (atomically) in dataset order, then drop the task's shards.
-
-    order: the _ids of this run's records; rows of other _ids (from a run with a larger --limit) keep
-    their place after them.
-    """
-    rank = {key: i for i, key in enumerate(order)}
-    # stable sort: unknown _ids keep their order; under the folder lock, which appends also take
-    return merge_jsonl(Path(folder) / f"{task}.jsonl", SHARD.format(task, "*"), lambda r: r["_id"],
-                       sort_key=lambda r: rank.get(r["_id"], len(rank)), required=required, ensure_ascii=False)
-
-
 def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True) -> dict | None:
     """Compute the missing samples of ``config`` into ``out``; return {(method, task): rows} (None off main).
 
-    state: an accelerate PartialState (default: the NIAH runner's ``make_state``, gloo on CPU).
+    state: an accelerate PartialState (default: :func:`eval.rundir.make_state`, gloo on CPU).
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     progress: a tqdm bar on the main process.
     """
@@ -158,7 +136,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     state = state or make_state()
     out = check_out_dir(out, files=(CONFIG,))
     model_config = model_config_for(config, model_and_tokenizer)
-    check_config(out, config, write=False, model_config=model_config)
+    check_config(out, config, write=False, model_config=model_config, legacy=LEGACY_IDENTITY)
     check_against_model(model_config, layer=config.layer, lengths=(config.max_length or 1,), length_flag="--max-length")
     # The model's window is needed only by methods with neither their own length nor --max-length.
     needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
@@ -177,7 +155,8 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         if short:
             warnings.warn("LongBench v1 sizes differ, so scores are not comparable with published ones: "
                           + ", ".join(short))
-    done = {(m, t.config): finished(config.pred_dir(out, m), t.config) for m in config.methods for t in tasks}
+    done = {(m, t.config): finished_task(config.pred_dir(out, m), t.config, ROW_FIELDS)
+            for m in config.methods for t in tasks}
     todo = [(m, t, r) for m in config.methods for t in tasks for r in records[t.config]
             if r["_id"] not in done[m, t.config]]
     # Everyone has read the finished rows before anyone appends, so all agree on the same todo list.
@@ -195,7 +174,8 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         check_layers([{"method": m, "layer": row.get("layer")} for (m, _), rows in done.items()
                       for row in rows.values()], methods)
         desc = "LongBench" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
-        check_config(out, config, write=True, model_config=model_config)  # the first row is coming: pin the setup
+        # the first row is coming: pin the setup
+        check_config(out, config, write=True, model_config=model_config, legacy=LEGACY_IDENTITY)
         bar = tqdm(mine, desc=desc, unit="sample", disable=not (progress and state.is_main_process))
         for name, task, record in bar:
             folder = config.pred_dir(out, name)
@@ -206,7 +186,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    "length": record["length"], "_id": record["_id"], "kept": res["kept"],
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None),
                    **engine_field(config.engine)}
-            append_row(folder / SHARD.format(task.config, state.process_index), row)
+            append_row(folder / TASK_SHARD.format(task.config, state.process_index), row)
             bar.set_postfix(method=name, task=task.config, kept=res["kept"])
     state.wait_for_everyone()
     if not state.is_main_process:
@@ -216,5 +196,5 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         for t in tasks:
             folder = config.pred_dir(out, m)
             if folder.is_dir():
-                merged[m, t.config] = merge(folder, t.config, [r["_id"] for r in records[t.config]])
+                merged[m, t.config] = merge_task(folder, t.config, [r["_id"] for r in records[t.config]], ROW_FIELDS)
     return merged

@@ -110,7 +110,7 @@ def _settings(settings: dict, lengths, depths) -> str:
 
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-niah`` and ``python -m eval.niah``; returns the exit status."""
-    from gemfilter.io import cli_exit
+    from gemfilter.options import cli_exit
 
     args = build_parser().parse_args(argv)
     return cli_exit(lambda: _main(args))
@@ -119,11 +119,13 @@ def main(argv=None) -> int:
 def _main(args) -> int:
     from pathlib import Path
 
-    from gemfilter.io import split_names
+    from gemfilter.options import split_names
+
+    from eval.rundir import read_config
 
     from .grid import preset_settings, resolve_grid
     from .report import write_report
-    from .runner import RunConfig, finished_rows, read_config, run
+    from .runner import RunConfig, finished_rows, run
 
     lengths, depths = resolve_grid(args.preset, args.lengths, args.depths)
     preset = preset_settings(args.preset)

@@ -17,28 +17,33 @@ A (re)run reads every finished row first (merged file and shards), so only missi
 computed. Under ``accelerate launch`` / ``torchrun`` the missing cells are dealt round-robin over
 processes (``PartialState.process_index`` / ``num_processes``). Greedy decoding makes every cell a
 pure function of its inputs, so the merged file equals a single-process run's (except ``seconds``).
+
+The folder machinery (config.json identity, lock, shards, resume, model loading) is
+:mod:`eval.rundir`'s, shared with LongBench and RULER; this module adds NIAH's file names, row key
+and legacy settings.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemfilter.io import (append_jsonl, check_against_model, check_out_dir, folder_lock, merge_jsonl,
-                          read_json_object, read_jsonl, write_json_atomic)
+from gemfilter.io import check_out_dir, merge_jsonl
+from gemfilter.options import check_against_model
+
+from eval.rundir import (CONFIG, append_row, check_config, check_layers, load_for_run, make_state, model_config_for,
+                         read_finished)
 
 from .grid import PRESETS, normalize_depth
 from .haystack import PROTOCOLS, TEMPLATES, build_case, make_haystack, read_haystack
 from .scoring import score_all
 
-#: Settings added after folders were written without them: a missing key means this value
-#: (LongBench's runner shares :func:`check_config`, hence its method_max_length).
-LEGACY_IDENTITY = {"protocol": "kamradt", "dtype": None, "method_max_length": {}, "model_changes": [], "engine": None}
+#: NIAH settings added after folders were written without them: a missing key means this value
+#: (settings every benchmark added are ``eval.rundir.LEGACY_IDENTITY``).
+LEGACY_IDENTITY = {"protocol": "kamradt"}
 RESULTS = "results.jsonl"
-CONFIG = "config.json"
+#: Process i's shard of results.jsonl (LongBench and RULER name theirs ``eval.rundir.TASK_SHARD``).
 SHARD = "results.rank{}.jsonl"
 #: Fields every stored row has; a row without them (or a null row) is skipped and its cell recomputed.
 ROW_FIELDS = ("method", "length", "depth", "response", "recall", "rouge1", "hit", "kept", "prompt_tokens", "seconds")
@@ -105,44 +110,9 @@ def cell_key(row: dict) -> tuple:
 
 
 def finished_rows(out: Path) -> dict:
-    """key -> row over the merged file and every shard (first one wins); read under the folder lock."""
-    rows = {}
-    with folder_lock(out):
-        for path in [out / RESULTS] + sorted(out.glob(SHARD.format("*"))):
-            for row in read_jsonl(path, required=ROW_FIELDS, skip_note="that cell will be rerun"):
-                rows.setdefault(cell_key(row), row)
-    return rows
-
-
-def read_config(out: Path) -> dict | None:
-    """The stored config.json of ``out`` (None if there is none); CorruptFileError says how to recover."""
-    path = Path(out) / CONFIG
-    if not path.is_file():
-        return None
-    return read_json_object(path, "run config", fix=f"Delete {path} and rerun with the settings of the run that "
-                            "made this folder (a rerun with the same settings resumes it), or use another --out")
-
-
-def check_config(out: Path, config: RunConfig, write: bool, *, model_config) -> None:
-    """Refuse a folder holding results of another setup; record this setup if ``write`` (under the lock).
-
-    model_config: the transformers config the run uses (:func:`model_config_for`), or None. Its
-    ``gemfilter_changes`` (such as Phi 3.5's dropped window, which changes what SnapKV/H2O evict) are
-    part of the setup; a folder from before a change reads as having none, so its rows are not mixed in.
-    """
-    path = out / CONFIG
-    new = {**config.identity(), "model_changes": list(getattr(model_config, "gemfilter_changes", None) or [])}
-    with folder_lock(out) if write else nullcontext():
-        stored = read_config(out)
-        if stored is not None:
-            saved = {**LEGACY_IDENTITY, **stored}
-            old = {k: v for k, v in saved.items() if k in new}
-            if old != new:
-                diff = ", ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} now" for k in new if old.get(k) != new[k])
-                raise ValueError(f"--out {out} holds results of another setup ({diff}). Use another --out, "
-                                 "or repeat the same settings to resume that run.")
-        elif write:
-            write_json_atomic(path, {**new, **config.extra})
+    """cell key -> row over the merged file and every shard (first one wins); read under the folder lock."""
+    return read_finished(Path(out) / RESULTS, SHARD.format("*"), cell_key, required=ROW_FIELDS,
+                         skip_note="that cell will be rerun")
 
 
 def merge(out: Path, method_order=()) -> list:
@@ -150,58 +120,6 @@ def merge(out: Path, method_order=()) -> list:
     rank = {m: i for i, m in enumerate(method_order)}
     return merge_jsonl(Path(out) / RESULTS, SHARD.format("*"), cell_key, required=ROW_FIELDS,
                        sort_key=lambda r: (rank.get(r["method"], len(rank)), r["method"], r["length"], float(r["depth"])))
-
-
-def check_layers(rows, methods: dict) -> None:
-    """Refuse to mix filter layers within a method. With --layer omitted the layer is the model's
-    default, which a calibration (``gemfilter calibrate``) can change between a run and its resume."""
-    for name, method in methods.items():
-        new = getattr(method, "layer", None)
-        old = sorted({r.get("layer") for r in rows if r["method"] == name} - {new}, key=str)
-        if old:
-            raise ValueError(f"finished {name} cells used filter layer {old[0]}, but this run resolves to layer {new} "
-                             f"(the model's default changed?). Pass --layer {old[0]} to resume, or use another --out.")
-
-
-def make_state():
-    """accelerate's PartialState. Without an accelerator it must be told cpu=True, or processes
-    started by torchrun / ``accelerate launch --multi_gpu`` would each think they run alone."""
-    import torch
-    from accelerate import PartialState
-
-    has_acc = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
-    cpu = not has_acc or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    return PartialState(cpu=cpu)
-
-
-def model_config_for(config, model_and_tokenizer=None):
-    """The transformers config that options are checked against before any weights load: the loaded
-    model's, else ``gemfilter.models.load_config(config.model)`` (the config file only)."""
-    import gemfilter
-
-    return model_and_tokenizer[0].config if model_and_tokenizer is not None \
-        else gemfilter.models.load_config(config.model)
-
-
-def load_for_run(config, state, model_and_tokenizer=None, say=None) -> tuple:
-    """(model, tokenizer) for an eval run (NIAH, LongBench, RULER), on this process's device.
-
-    config: a runner config with ``model``, ``attn`` and ``dtype``; state: accelerate's
-    PartialState; model_and_tokenizer: a loaded pair, used as given; say: where the dtype note goes.
-    A model placed by ``device_map`` (``hf_device_map`` set) is not moved.
-    """
-    import gemfilter
-    from gemfilter.models import resolve_dtype
-
-    if model_and_tokenizer is not None:
-        return model_and_tokenizer
-    dtype, note = resolve_dtype(config.dtype, state.device)
-    if note and say:
-        say(note)
-    model, tok = gemfilter.load_model(config.model, attn=config.attn, dtype=dtype)
-    if getattr(model, "hf_device_map", None) is None:
-        model.to(state.device)
-    return model, tok
 
 
 def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None) -> dict:
@@ -217,11 +135,6 @@ def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None)
     text = tokenizer.decode(out.new_tokens[0], skip_special_tokens=True)
     return {"response": text, "kept": int(out.kept[0]), "prompt_tokens": int(enc["input_ids"].shape[1]),
             "seconds": time.perf_counter() - start}
-
-
-def append_row(path: Path, row: dict) -> None:
-    """Append one row (fsynced) under the folder lock that :func:`merge` also takes."""
-    append_jsonl(path, row)
 
 
 def check_before_compute(config: RunConfig, model_config) -> dict:
@@ -261,7 +174,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     state = state or make_state()
     out = check_out_dir(out, files=(RESULTS, CONFIG))
     model_config = model_config_for(config, model_and_tokenizer)
-    check_config(out, config, write=False, model_config=model_config)
+    check_config(out, config, write=False, model_config=model_config, legacy=LEGACY_IDENTITY)
     unresolved = check_before_compute(config, model_config)
     done = finished_rows(out)
     todo = [c for c in config.cells() if c not in done]
@@ -284,7 +197,8 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
         methods = {m: resolve(model, unresolved[m]) for m in dict.fromkeys(c[0] for c in mine)}
         check_layers(done.values(), methods)
         shard = out / SHARD.format(state.process_index)
-        check_config(out, config, write=True, model_config=model_config)  # the first row is coming: pin the setup
+        # the first row is coming: pin the setup
+        check_config(out, config, write=True, model_config=model_config, legacy=LEGACY_IDENTITY)
         label = config.model or EMBEDDED_NAME
         desc = "NIAH cells" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
         bar = tqdm(mine, desc=desc, unit="cell", disable=not (progress and state.is_main_process))

@@ -85,7 +85,7 @@ official metric). Rows are matched by index, the sample number. Per method: a ta
 
 examples:
   gemfilter-ruler failures results/ruler
-  gemfilter-ruler failures eval/results/ruler --num-samples 4"""
+  gemfilter-ruler failures measured/ruler --num-samples 4"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-ruler`` and ``python -m eval.ruler``; returns the exit status."""
-    from gemfilter.io import cli_exit
+    from gemfilter.options import cli_exit
 
     args = build_parser().parse_args(argv)
     commands = {"prepare": _prepare, "run": _run, "score": _score, "failures": _failures}
@@ -204,7 +204,7 @@ def _prepare(args) -> int:
 
 
 def _run(args) -> int:
-    from gemfilter.io import parse_positive_ints, split_names
+    from gemfilter.options import parse_positive_ints, split_names
 
     from .report import write_report
     from .runner import RunConfig, method_specs, run
@@ -227,7 +227,7 @@ def _run(args) -> int:
     settings = (f"Model {args.model or 'embedded:gemma3-270m'}; layer {layer}; seed {args.seed}; lengths "
                 f"{', '.join(map(str, config.lengths))}; first {args.num_samples} samples per task (at any other "
                 "length in the folder, every finished sample).")
-    from eval.longbench.cli import print_report
+    from eval.rundir import print_report
 
     # this run's lengths at its sample count; another length's rows (an earlier run's) are all shown
     scope = {str(L): args.num_samples for L in config.lengths}
@@ -237,7 +237,7 @@ def _run(args) -> int:
 def _score(args) -> int:
     from .report import parse_scope, write_report
 
-    from eval.longbench.cli import print_report
+    from eval.rundir import print_report
 
     return print_report(write_report(args.dir, num_samples=parse_scope(args.num_samples)))
 
@@ -246,7 +246,7 @@ def _failures(args) -> int:
     from .failures import write_failures
     from .report import parse_scope
 
-    from eval.longbench.cli import print_report
+    from eval.rundir import print_report
 
     return print_report([write_failures(args.dir, args.against, parse_scope(args.num_samples))])
 

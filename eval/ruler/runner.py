@@ -11,11 +11,11 @@ that select prompt tokens; None for KV-cache policies and full), ``seconds``, ``
 The label is the method name, with ``_k<topk>`` (or ``_r<ratio>``) for methods that keep a budget, so
 one folder holds several budgets side by side.
 
-Resume, sharding and merging are the LongBench runner's (``<task>.jsonl.rank<i>`` shards appended and
-fsynced under the folder lock, merged in sample order by the main process) and the NIAH runner's
-(``config.json`` identity, accelerate ``PartialState``, round-robin over the missing samples,
-filter-layer check). As there, options are checked against the model's config before any weights
-load, and ``config.json`` is written only when the first row is coming.
+Resume, sharding and merging are :mod:`eval.rundir`'s, shared with NIAH and LongBench:
+``<task>.jsonl.rank<i>`` shards appended and fsynced under the folder lock, merged in sample order by
+the main process; the ``config.json`` identity; accelerate's ``PartialState``; the filter-layer check.
+As in those runners, the missing samples are dealt over the processes, options are checked against
+the model's config before any weights load, and ``config.json`` is written only when the first row is coming.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.longbench.runner import SHARD, finished, merge
-from eval.niah.runner import CONFIG, check_config, check_layers, load_for_run, make_state, model_config_for
-from gemfilter.io import append_jsonl, check_against_model, check_out_dir
+from gemfilter.io import check_out_dir
+from gemfilter.options import check_against_model
+
+from eval.rundir import (CONFIG, TASK_SHARD, append_row, check_config, check_layers, finished_task, load_for_run,
+                         make_state, merge_task, model_config_for)
 
 from .prepare import DEFAULT_SEED, check_identity, data_file, identity, prepare, prepared_rows
 from .sources import DEFAULT_SPLITTER
@@ -196,7 +198,7 @@ def load_samples(config: RunConfig, out, tokenizer_fn, progress=None) -> dict:
 def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True) -> dict | None:
     """Compute the missing predictions of ``config`` into ``out``; return {(length, label, task): rows} (None off main).
 
-    state: an accelerate PartialState (default: the NIAH runner's ``make_state``, gloo on CPU).
+    state: an accelerate PartialState (default: :func:`eval.rundir.make_state`, gloo on CPU).
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     """
     from gemfilter.methods import check_for_model
@@ -217,7 +219,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     with state.main_process_first():  # the main process prepares missing data; the others then read it
         samples = load_samples(config, out, lambda: (model_and_tokenizer[1] if model_and_tokenizer
                                                      else load_tokenizer(config.model)), say)
-    done = {(L, s.label, t): finished(pred_dir(out, L, s.label), t, ROW_FIELDS)
+    done = {(L, s.label, t): finished_task(pred_dir(out, L, s.label), t, ROW_FIELDS)
             for L in config.lengths for s in config.methods for t in config.tasks}
     todo = plan(config, samples, done)
     state.wait_for_everyone()  # everyone has read the finished rows before anyone appends
@@ -248,7 +250,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"], "seconds": res["seconds"],
                    "attn": model.config._attn_implementation, "dtype": str(model.dtype).replace("torch.", ""),
                    **engine_field(config.engine)}
-            append_jsonl(folder / SHARD.format(name, state.process_index), rec, ensure_ascii=False)
+            append_row(folder / TASK_SHARD.format(name, state.process_index), rec, ensure_ascii=False)
             bar.set_postfix(method=spec.label, L=length, task=name, kept=res["kept"])
     state.wait_for_everyone()
     if not state.is_main_process:
@@ -259,7 +261,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             folder = pred_dir(out, L, s.label)
             for t in config.tasks:
                 if folder.is_dir():
-                    merged[L, s.label, t] = merge(folder, t, [str(r["index"]) for r in samples[L, t]], ROW_FIELDS)
+                    merged[L, s.label, t] = merge_task(folder, t, [str(r["index"]) for r in samples[L, t]], ROW_FIELDS)
     return merged
 
 

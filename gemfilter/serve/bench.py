@@ -95,8 +95,8 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from ..haystack import build_case, make_haystack
-    from ..io import append_jsonl, check_int, check_out_dir, parse_lengths, read_jsonl, write_json_atomic, \
-        write_text_atomic
+    from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+    from ..options import check_int, parse_lengths
     from .cli import connect
     from .proxy import ProxyServer, request_options
 

@@ -93,7 +93,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_serve(args) -> int:
-    from ..io import check_int
+    from ..options import check_int
     from .proxy import ProxyServer, request_options, serve
 
     check_int(args.topk, "--topk", 1)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 
-from .inspection import gemfilter_kept, needle_distances, needle_token_span, snapkv_kept, trace
+from .core import gemfilter_kept, needle_distances, needle_token_span, snapkv_kept, trace
 
 
 def _plt():
@@ -84,15 +84,16 @@ def plot_kept(kept: dict, n, span, layers, path, title):
 
 
 def _num_layers(config) -> int:
-    from .io import text_config
+    from ..options import text_config
 
     return int(text_config(config).num_hidden_layers)
 
 
 def _check_inspect(args) -> Path:
     """Option checks that need no weights (only the model's config); returns the checked --out."""
-    from .io import check_against_model, check_int, check_out_dir, parse_length
-    from .models import load_config
+    from ..io import check_out_dir
+    from ..options import check_against_model, check_int, parse_length
+    from ..models import load_config
 
     args.length = parse_length(args.length, "--length")
     check_int(args.topk, "--topk", 1)
@@ -109,9 +110,10 @@ def _check_inspect(args) -> Path:
 
 def _check_calibrate(args) -> tuple:
     """(lengths, depths, ks), every check that needs no weights, and the calibration folder writable."""
-    from .calibrate import calibration_path
-    from .io import check_against_model, check_out_dir, parse_depths, parse_lengths, parse_positive_ints
-    from .models import load_config
+    from ..io import check_out_dir
+    from ..options import check_against_model, parse_depths, parse_lengths, parse_positive_ints
+    from ..models import load_config
+    from ..layers import calibration_path
 
     lengths = parse_lengths(args.lengths, "--lengths")
     depths = parse_depths(args.depths, "--depths")
@@ -125,10 +127,10 @@ def _check_calibrate(args) -> tuple:
 
 
 def _cmd_inspect(args) -> int:
-    from .haystack import NEEDLE, build_case
+    from ..haystack import NEEDLE, build_case
 
-    from .io import write_json_atomic
-    from .models import load_model
+    from ..io import write_json_atomic
+    from ..models import load_model
 
     out = _check_inspect(args)
     model, tok = load_model(args.model, attn=args.attn)
@@ -164,8 +166,8 @@ def _cmd_inspect(args) -> int:
 def _cmd_calibrate(args) -> int:
     from tqdm import tqdm
 
+    from ..models import load_model
     from .calibrate import calibrate, format_table
-    from .models import load_model
 
     lengths, depths, ks = _check_calibrate(args)
     model, tok = load_model(args.model, attn=args.attn)
@@ -182,7 +184,7 @@ def _cmd_calibrate(args) -> int:
 
 
 def add_subcommands(sub) -> None:
-    from .models import add_attn_argument
+    from ..models import add_attn_argument
 
     p = sub.add_parser("inspect", help="per-layer needle distance, last-row attention map, kept positions (PNG)",
                        description="Trace one NIAH prompt through every layer, storing only last rows, and plot "

@@ -4,43 +4,15 @@ Paper: Shi et al. 2024, Sec. 9.4 and Fig. 9.5. The filter layer is "the first la
 reaches the needle". We run short NIAH probes over a few lengths and depths, trace every layer once
 per probe, and measure per layer and k the fraction of probes whose GemFilter top-k reaches the
 needle (needle distance 0). For the smallest k of the grid at which some full-attention layer has
-coverage >= ``threshold``, the recommendation is the first such layer, and that k. The result is stored per model as JSON under the cache dir, and
-``default_layer`` uses it from then on.
+coverage >= ``threshold``, the recommendation is the first such layer, and that k. The result is stored per model as JSON under the cache dir
+(``gemfilter.layers.calibration_path``), and ``default_layer`` uses it from then on.
 """
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
-from .inspection import needle_distances, needle_token_span, trace
-from .io import read_json_object, write_json_atomic
-from .models import EMBEDDED_DIR_NAME, EMBEDDED_NAME, cache_dir
-
-
-def calibration_path(model_name: str) -> Path:
-    """cache_dir()/calibration/<model name with unsafe characters replaced>.json"""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "__", model_name.strip("/")) or "model"
-    return cache_dir() / "calibration" / f"{safe}.json"
-
-
-def model_key(model) -> str:
-    """The model's name for its calibration file; the embedded model's cache path is machine-specific."""
-    name = str(getattr(getattr(model, "config", model), "name_or_path", "") or "model")
-    return EMBEDDED_NAME if name.rstrip("/").endswith(EMBEDDED_DIR_NAME) else name
-
-
-def load_calibration(model) -> dict | None:
-    """The stored calibration record of ``model``, or None; CorruptFileError if the file is damaged."""
-    path = calibration_path(model_key(model))
-    if not path.exists():
-        return None
-    record = read_json_object(path, "calibration file", fix=f"Delete {path} (the model then uses its documented "
-                              "default layer) and rerun 'gemfilter calibrate' to store a new one")
-    if not isinstance(record.get("layer"), int) or isinstance(record.get("layer"), bool):
-        raise ValueError(f"{path}: this calibration file has no integer 'layer'. Delete it and rerun "
-                         "'gemfilter calibrate' to store a new one")
-    return record
+from ..io import write_json_atomic
+from ..layers import calibration_path, model_key
+from .core import needle_distances, needle_token_span, trace
 
 
 def coverage_table(distances: list, ks: list) -> dict:
@@ -72,7 +44,7 @@ def recommend(table: dict, sliding: list, threshold: float):
 def calibrate(model, tokenizer, *, lengths=(1000, 2000, 4000), depths=(10, 50, 90), ks=(256, 512, 1024),
               threshold: float = 0.8, haystack_dir=None, save: bool = True, progress=None) -> dict:
     """Run the probes and return (and by default store) the calibration record."""
-    from .haystack import NEEDLE, build_case, make_haystack
+    from ..haystack import NEEDLE, build_case, make_haystack
 
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")

@@ -14,8 +14,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from .io import (append_jsonl, check_against_model, check_out_dir, parse_lengths, read_jsonl, write_json_atomic,
-                 write_text_atomic)
+from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+from ..options import check_against_model, parse_lengths
 
 DEFAULT_METHODS = "full,gemfilter,snapkv,h2o"
 DEFAULT_LENGTHS = "2000,4000,8000,16000"
@@ -170,9 +170,9 @@ def plot(summary: dict, path: Path, title: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..models import add_attn_argument
     from .archs import ARCHS
-    from .bench_paper import PRESETS
-    from .models import add_attn_argument
+    from .paper import PRESETS
 
     p = argparse.ArgumentParser(
         prog="gemfilter bench",
@@ -247,9 +247,9 @@ OUTPUTS = ("bench.jsonl", "bench.json", "bench.md", "bench.png")
 
 def check_args(args) -> tuple:
     """Every check that needs no measurement, before the first worker starts: (methods, lengths, kernels, out)."""
-    from .io import check_int
-    from .methods import check_names
-    from .models import ATTN_CHOICES, load_config
+    from ..options import check_int
+    from ..methods import check_names
+    from ..models import ATTN_CHOICES, load_config
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     check_names(methods)
@@ -278,14 +278,14 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.preset:  # the preset's values become defaults, so options given explicitly still win
-        from .bench_paper import PRESETS, preset_layer
+        from .paper import PRESETS, preset_layer
 
         parser.set_defaults(**PRESETS[args.preset], layer=preset_layer(args.model))
         args = parser.parse_args(argv)
     _check_arch_args(args)
     try:
         if args.engine:
-            from .serve.bench import run
+            from ..serve.bench import run
 
             return run(args)
         return _main(args)
@@ -308,7 +308,7 @@ def _main(args) -> int:
     done = {key_of(r) for r in rows}
     todo = [(a, m, n, i) for n in lengths for m in methods for a in kernels for i in range(args.repeats)
             if (a, m, n, i) not in done]
-    from .bench import run_worker
+    from .core import run_worker
 
     for attn, method, length, rep in tqdm(todo, desc="bench cells", unit="run"):
         spec = dict(model_name=args.model, method_name=method, length=length, gen_tokens=args.gen_tokens,
@@ -334,7 +334,7 @@ def _main(args) -> int:
     from .archs import is_config_name
 
     if "gemfilter" in methods or is_config_name(args.model):  # the paper's columns; says if the model is scaled
-        from .bench_paper import paper_table
+        from .paper import paper_table
 
         for kernel in kernels:  # one comparison per kernel: its header names the kernel
             table += "\n" + paper_table([r for r in rows if r.get("attn_arg") == kernel],

@@ -1,0 +1,184 @@
+"""Run-folder machinery shared by the NIAH, LongBench and RULER runners (``--out`` of each).
+
+What it holds:
+
+- the setup identity: ``config.json`` (:data:`CONFIG`) records the settings that change answers
+  (a runner config's ``identity()`` plus the model's ``gemfilter_changes``), written atomically just
+  before the first row; a resume with other settings is refused (:func:`check_config`,
+  :func:`read_config`), so one folder never mixes two setups;
+- the folder lock (``gemfilter.io.folder_lock``), taken by every append, read and merge below, so two
+  runs sharing one ``--out`` lose no row;
+- shards of several processes and their merge: process i appends its rows, fsynced, to its own shard
+  (:func:`append_row`); the main process merges the shards into the result file when every process
+  has finished (:func:`merge_task`, or ``gemfilter.io.merge_jsonl`` with a benchmark's own key);
+- resume of finished rows: a rerun reads the result file and every shard first
+  (:func:`read_finished`, :func:`finished_task`) and computes only what is missing;
+- loading for a run: :func:`make_state` (accelerate's PartialState), :func:`model_config_for` (the
+  config options are checked against before any weights load), :func:`load_for_run`;
+- :func:`check_layers` (a resume must not mix filter layers) and :func:`print_report` (the CLIs' output).
+
+Shard names differ between the two layouts: NIAH keeps one ``results.jsonl`` per folder with shards
+``results.rank{i}.jsonl`` (defined in ``eval.niah.runner``); LongBench and RULER keep one
+``<task>.jsonl`` per method folder with shards :data:`TASK_SHARD` (``<task>.jsonl.rank{i}``).
+The benchmark-specific parts (row key, required fields, legacy settings) are passed in by each runner.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from pathlib import Path
+
+from gemfilter.io import append_jsonl, folder_lock, merge_jsonl, read_json_object, read_jsonl, write_json_atomic
+
+CONFIG = "config.json"
+#: Process i's shard of ``<task>.jsonl`` (LongBench, RULER). It does not end in "jsonl", so the
+#: official eval.py and our scorers skip shards.
+TASK_SHARD = "{}.jsonl.rank{}"
+#: Settings every benchmark added after folders were written without them: a missing key in a
+#: stored config.json means this value. A runner adds its own such settings (``legacy``).
+LEGACY_IDENTITY = {"dtype": None, "model_changes": [], "engine": None}
+
+
+def read_config(out: Path) -> dict | None:
+    """The stored config.json of ``out`` (None if there is none); CorruptFileError says how to recover."""
+    path = Path(out) / CONFIG
+    if not path.is_file():
+        return None
+    return read_json_object(path, "run config", fix=f"Delete {path} and rerun with the settings of the run that "
+                            "made this folder (a rerun with the same settings resumes it), or use another --out")
+
+
+def check_config(out: Path, config, write: bool, *, model_config, legacy: dict | None = None) -> None:
+    """Refuse a folder holding results of another setup; record this setup if ``write`` (under the lock).
+
+    out: the run folder; config: a runner config with ``identity()`` (the compared settings) and
+    ``extra`` (recorded, not compared); write: write config.json if there is none (the first row is coming).
+    model_config: the transformers config the run uses (:func:`model_config_for`), or None. Its
+    ``gemfilter_changes`` (such as Phi 3.5's dropped window, which changes what SnapKV/H2O evict) are
+    part of the setup; a folder from before a change reads as having none, so its rows are not mixed in.
+    legacy: the benchmark's own settings added after folders were written without them, with the value
+    a missing key means (on top of :data:`LEGACY_IDENTITY`).
+    """
+    path = out / CONFIG
+    new = {**config.identity(), "model_changes": list(getattr(model_config, "gemfilter_changes", None) or [])}
+    with folder_lock(out) if write else nullcontext():
+        stored = read_config(out)
+        if stored is not None:
+            saved = {**LEGACY_IDENTITY, **(legacy or {}), **stored}
+            old = {k: v for k, v in saved.items() if k in new}
+            if old != new:
+                diff = ", ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} now" for k in new if old.get(k) != new[k])
+                raise ValueError(f"--out {out} holds results of another setup ({diff}). Use another --out, "
+                                 "or repeat the same settings to resume that run.")
+        elif write:
+            write_json_atomic(path, {**new, **config.extra})
+
+
+def check_layers(rows, methods: dict) -> None:
+    """Refuse to mix filter layers within a method. With --layer omitted the layer is the model's
+    default, which a calibration (``gemfilter calibrate``) can change between a run and its resume.
+
+    rows: finished rows, each with ``method`` (the name in ``methods``) and ``layer``;
+    methods: {name: resolved method object}, whose ``layer`` (if any) this run uses.
+    """
+    for name, method in methods.items():
+        new = getattr(method, "layer", None)
+        old = sorted({r.get("layer") for r in rows if r["method"] == name} - {new}, key=str)
+        if old:
+            raise ValueError(f"finished {name} cells used filter layer {old[0]}, but this run resolves to layer {new} "
+                             f"(the model's default changed?). Pass --layer {old[0]} to resume, or use another --out.")
+
+
+def append_row(path: Path, row: dict, *, ensure_ascii: bool = True) -> None:
+    """Append one row to a shard (flushed, fsynced) under the folder lock that the merges also take.
+
+    ensure_ascii: as ``json.dumps``'s (RULER writes its rows with False, as RULER does)."""
+    append_jsonl(path, row, ensure_ascii=ensure_ascii)
+
+
+def read_finished(target: Path, shard_pattern: str, key, *, required=(), skip_note: str) -> dict:
+    """key(row) -> row over the result file ``target`` and its shards (first one wins), under the folder lock.
+
+    shard_pattern: a glob of the shards in ``target``'s folder; key: a row's resume key; required: fields
+    a row must hold, else it is skipped with a warning ending in ``skip_note``, so it is recomputed.
+    A folder that does not exist yet holds no rows.
+    """
+    folder = Path(target).parent
+    rows = {}
+    if not folder.is_dir():
+        return rows
+    with folder_lock(folder):
+        for path in [Path(target)] + sorted(folder.glob(shard_pattern)):
+            for row in read_jsonl(path, required=required, skip_note=skip_note):
+                rows.setdefault(key(row), row)
+    return rows
+
+
+def finished_task(folder: Path, task: str, required) -> dict:
+    """_id -> row over ``<task>.jsonl`` and its shards in ``folder`` (first one wins); rows lacking a
+    ``required`` field are skipped with a warning, so their samples are rerun."""
+    return read_finished(Path(folder) / f"{task}.jsonl", TASK_SHARD.format(task, "*"), lambda r: r["_id"],
+                         required=required, skip_note="that sample will be rerun")
+
+
+def merge_task(folder: Path, task: str, order: list, required) -> list:
+    """Write ``<task>.jsonl`` (atomically) in dataset order, then drop the task's shards; return its rows.
+
+    order: the _ids of this run's records; rows of other _ids (from a run with a larger --limit) keep
+    their place after them. required: fields a row must hold (else it is dropped with a warning).
+    """
+    rank = {key: i for i, key in enumerate(order)}
+    # stable sort: unknown _ids keep their order; under the folder lock, which appends also take
+    return merge_jsonl(Path(folder) / f"{task}.jsonl", TASK_SHARD.format(task, "*"), lambda r: r["_id"],
+                       sort_key=lambda r: rank.get(r["_id"], len(rank)), required=required, ensure_ascii=False)
+
+
+def make_state():
+    """accelerate's PartialState. Without an accelerator it must be told cpu=True, or processes
+    started by torchrun / ``accelerate launch --multi_gpu`` would each think they run alone."""
+    import torch
+    from accelerate import PartialState
+
+    has_acc = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    cpu = not has_acc or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    return PartialState(cpu=cpu)
+
+
+def model_config_for(config, model_and_tokenizer=None):
+    """The transformers config that options are checked against before any weights load: the loaded
+    model's, else ``gemfilter.models.load_config(config.model)`` (the config file only)."""
+    import gemfilter
+
+    return model_and_tokenizer[0].config if model_and_tokenizer is not None \
+        else gemfilter.models.load_config(config.model)
+
+
+def load_for_run(config, state, model_and_tokenizer=None, say=None) -> tuple:
+    """(model, tokenizer) for an eval run (NIAH, LongBench, RULER), on this process's device.
+
+    config: a runner config with ``model``, ``attn`` and ``dtype``; state: accelerate's
+    PartialState; model_and_tokenizer: a loaded pair, used as given; say: where the dtype note goes.
+    A model placed by ``device_map`` (``hf_device_map`` set) is not moved.
+    """
+    import gemfilter
+    from gemfilter.models import resolve_dtype
+
+    if model_and_tokenizer is not None:
+        return model_and_tokenizer
+    dtype, note = resolve_dtype(config.dtype, state.device)
+    if note and say:
+        say(note)
+    model, tok = gemfilter.load_model(config.model, attn=config.attn, dtype=dtype)
+    if getattr(model, "hf_device_map", None) is None:
+        model.to(state.device)
+    return model, tok
+
+
+def print_report(paths) -> int:
+    """Print the markdown report(s) among ``paths`` and where each file went; exit status 0."""
+    for path in paths:
+        if path.suffix == ".md":
+            print(path.read_text(encoding="utf-8"))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
