@@ -1,8 +1,8 @@
-"""The RULER figures in the READMEs are the official scores of the predictions committed in eval/results/ruler.
+"""The RULER figures in the docs are the official scores of the predictions committed in measured/ruler.
 
 The rows are scored again here with RULER's metric (``eval.ruler.report``), over the sample count that
-eval/ruler/README.md names in its ``ruler-measured`` marker (``--num-samples N``, or one count per
-length such as ``4096=20,8192=2``), so a README figure cannot drift from the run it came from, and a
+docs/ruler.md names in its ``ruler-measured`` marker (``--num-samples N``, or one count per
+length such as ``4096=20,8192=2``), so a documented figure cannot drift from the run it came from, and a
 table cannot claim more samples than the folder holds.
 """
 
@@ -16,7 +16,7 @@ from eval.ruler.report import collect, parse_scope, samples_at, table
 from eval.ruler.tasks import OFFLINE
 
 REPO = Path(__file__).resolve().parents[1]
-ROOT = REPO / "eval" / "results" / "ruler"
+ROOT = REPO / "measured" / "ruler"
 METHODS = {"full"} | {f"{m}_k{k}" for m in ("gemfilter", "gemfilter-span", "snapkv", "h2o") for k in (256, 1024)}
 
 
@@ -24,10 +24,10 @@ METHODS = {"full"} | {f"{m}_k{k}" for m in ("gemfilter", "gemfilter-span", "snap
 def measured():
     """(README text, the marker's --num-samples text, its parsed scope, collect() of the committed rows
     over that scope)."""
-    text = (REPO / "eval" / "ruler" / "README.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "ruler.md").read_text(encoding="utf-8")
     marker = re.search(r"<!-- ruler-measured: --num-samples (\S+) -->", text)
     if marker is None:
-        pytest.fail("eval/ruler/README.md has no <!-- ruler-measured: --num-samples N --> marker (or 4096=N,8192=M, "
+        pytest.fail("docs/ruler.md has no <!-- ruler-measured: --num-samples N --> marker (or 4096=N,8192=M, "
                     "one count per length) before its table")
     scope = parse_scope(marker[1])
     with warnings.catch_warnings(record=True) as caught:
@@ -56,20 +56,20 @@ def test_ruler_readme_table_is_the_score_of_the_committed_predictions(measured):
     _, rows, _ = table(results)
     for row in rows:
         line = "| " + " | ".join(str(c) for c in row) + " |"
-        assert line in text, f"eval/ruler/README.md lacks the scored row {line}"
+        assert line in text, f"docs/ruler.md lacks the scored row {line}"
 
 
 def test_top_readme_averages_are_the_committed_ones(measured):
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text.split("## RULER", 1)[1].split("\n## ", 1)[0]
+    section = text.split("### RULER", 1)[1].split("\n#", 1)[0]
     _, rows, cols = table(measured[3])
     avg = len(cols) + 2  # Length, Method, tasks..., Avg (11 offline)
     for row in rows:
-        assert row[avg] in section, f"README.md's RULER section lacks {row[1]}'s 11-task average {row[avg]}"
+        assert row[avg] in section, f"README.md's RULER table lacks {row[1]}'s 11-task average {row[avg]}"
 
 
 def test_committed_failures_md_is_the_failures_command_over_the_stated_samples(measured):
-    """eval/ruler/README.md's sentences on failures cite failures.md; it must be what the command gives now."""
+    """docs/ruler.md's sentences on failures cite failures.md; it must be what the command gives now."""
     from eval.ruler.failures import find_misses, markdown
 
     _, marked, scope, _ = measured

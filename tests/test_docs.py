@@ -1,0 +1,154 @@
+"""The documents hold: every relative link resolves, and every command in a fenced shell block exists.
+
+Scanned: README.md, docs/*.md and the probes' READMEs. A link ``[text](path#anchor)`` must name a file or
+folder of the checkout and, with an anchor into a markdown file, one of its headings (GitHub's slugs).
+A shell line (a ```bash or ```sh block) is checked by its program: a console script of
+pyproject.toml or ``python -m MODULE`` (also behind ``torchrun`` / ``accelerate launch``) must run its
+``--help`` (the subcommand's when one is named) with exit status 0; ``make T`` must name a Makefile
+target. Engines and system tools named in EXTERNAL are only recognised, not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import runpy
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("*_probes/*/README.md"))]
+#: programs that are not this project's: recognised, never run
+EXTERNAL = {"curl", "pip", "git", "cd", "bash", "for", "do", "done", "export", "ls", "cat", "nvidia-smi"}
+#: python modules of other projects that the docs start (the serving engine)
+EXTERNAL_MODULES = ("vllm.",)
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set:
+    heads = [line.lstrip("#").strip() for line in path.read_text(encoding="utf-8").splitlines()
+             if line.startswith("#") and not line.startswith("#!")]
+    return {_slug(h) for h in heads}
+
+
+def _links():
+    for doc in DOCS:
+        text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)  # code is not links
+        for match in LINK.finditer(text):
+            target = match[1] or match[2]
+            if not re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                yield doc, target
+
+
+@pytest.mark.parametrize("doc,target", list(_links()), ids=lambda v: str(v.relative_to(REPO)) if isinstance(v, Path) else v)
+def test_relative_link_resolves(doc, target):
+    path, _, anchor = target.partition("#")
+    dest = (doc.parent / path).resolve() if path else doc
+    assert dest.exists(), f"{doc.relative_to(REPO)} links to {target}, which does not exist"
+    if anchor and dest.suffix == ".md":
+        assert anchor in _anchors(dest), f"{doc.relative_to(REPO)} links to {target}: no such heading in {dest.name}"
+
+
+def _shell_lines():
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S):
+            if lang not in ("bash", "sh"):
+                continue
+            pending = ""
+            for line in body.replace("\\\n", " ").splitlines():
+                line = (pending + " " + line).strip() if pending else line.split(" #")[0].strip()
+                if not line or line.startswith("#"):
+                    continue
+                try:
+                    shlex.split(line)
+                except ValueError:  # a quoted argument goes on over the next lines (curl -d '{...}')
+                    pending = line
+                    continue
+                pending = ""
+                yield doc, line
+
+
+def _program(line: str):
+    """(kind, name, first argument) of a shell line: kind 'script', 'module', 'make' or 'external'."""
+    words = shlex.split(line)
+    while words and re.match(r"^[A-Za-z_]+=", words[0]):  # VAR=value prefixes
+        words.pop(0)
+    while words and words[0] in ("/usr/bin/time", "time", "nice") or (words and re.match(r"^-", words[0])):
+        words.pop(0)
+        if words and re.match(r"^-?\d+$", words[0]):  # nice -n 15
+            words.pop(0)
+    name = Path(words[0]).name
+    if name in ("torchrun", "accelerate"):
+        words = words[words.index("-m"):] if "-m" in words else words
+        name = "python"
+    if name.startswith("python") and "-m" in words:
+        words = words[words.index("-m"):]
+        name = words.pop(1)
+    sub = words[1] if len(words) > 1 and not words[1].startswith("-") else None  # a subcommand, or a value
+    if words[0] == "-m":
+        return "module", name, sub
+    if name in SCRIPTS:
+        return "script", name, sub
+    if name == "make":
+        return "make", words[1] if len(words) > 1 else "", None
+    return "external", name, None
+
+
+def _run_help(kind: str, name: str, sub) -> tuple:
+    """Run ``--help`` in this process; returns (exit status, output)."""
+    argv = ([sub] if sub and not sub.startswith("-") and "/" not in sub and "." not in sub else []) + ["--help"]
+    out = io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            if kind == "script":
+                module, func = SCRIPTS[name].split(":")
+                __import__(module)
+                code = sys.modules[module].__dict__[func](argv) or 0
+            else:
+                old = sys.argv
+                sys.argv = [name, *argv]
+                try:
+                    runpy.run_module(name, run_name="__main__", alter_sys=False)
+                finally:
+                    sys.argv = old
+        except SystemExit as exit_:
+            code = exit_.code or 0
+    return code, out.getvalue()
+
+
+COMMANDS = sorted({(_program(line)) for _, line in _shell_lines()}, key=str)
+
+
+def test_every_shell_line_names_a_known_program():
+    unknown = [(doc.relative_to(REPO), line) for doc, line in _shell_lines()
+               if _program(line)[0] == "external" and _program(line)[1] not in EXTERNAL]
+    assert not unknown, f"shell lines naming no console script, module, make target or known tool: {unknown}"
+
+
+@pytest.mark.parametrize("kind,name,sub", [c for c in COMMANDS if c[0] in ("script", "module")
+                                           and not c[1].startswith(EXTERNAL_MODULES)], ids=str)
+def test_documented_command_runs_its_help(kind, name, sub):
+    code, out = _run_help(kind, name, sub)
+    assert code == 0, f"{name} {sub or ''} --help exited {code}:\n{out[-2000:]}"
+    assert "usage:" in out
+
+
+def test_documented_make_targets_exist():
+    targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), flags=re.M))
+    missing = {name for kind, name, _ in COMMANDS if kind == "make"} - targets
+    assert not missing, f"documented make targets missing from the Makefile: {missing}"
