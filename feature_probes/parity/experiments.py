@@ -16,8 +16,8 @@ import torch
 from icl_probes.common import seed_everything
 from feature_probes.common import run_resumable
 from feature_probes.parity.data import ParitySpec, make_problem, make_split
-from feature_probes.parity.model import (FixedFeatureHead, LinearisedNet, NTKFeatures, TwoLayerNet, gd_step, hinge,
-                                         ntk_predict, ntk_ridge, regulariser)
+from feature_probes.parity.model import (FixedFeatureHead, LinearisedNet, NTKFeatures, RidgeSystem, TwoLayerNet, gd_step,
+                                         hinge, ntk_predict, ntk_ridge, regulariser)
 
 
 #: third-stage setting -> its method key in the results (``network`` is the theorem's, as before)
@@ -34,7 +34,8 @@ class ParityRun:
     Thm A.20 only bounds it by k^3/(sigma~ m^(1/3))). stage3: the third-stage settings to run, each from the
     same step-2 network: "thm_a20" (plain minibatch GD at lr3) and "adam" (ours: Adam at adam_lr3 on both
     layers, the same loss and lam3; the paper does not give its third stage). ntk_lams: the ridge
-    penalties tried for the NTK's ridge solver, chosen on a held-out ntk_holdout share of the training set. Baselines train their linear part with Adam
+    penalties tried for the NTK's ridge solver, chosen on a held-out ntk_holdout share of the training set.
+    Baselines train their linear part with Adam
     (baseline_lr, ours) on the same batches for the same number of steps; RF / One Step / Two Step heads see
     standardised features (``model.FixedFeatureHead``), the NTK its raw linearised features. gamma and sigma~ come from
     the structured law even when ``structured`` is False, so both laws run the same hyper-parameters.
@@ -221,9 +222,10 @@ def _ntk_ridge(cfg: ParityRun, init: TwoLayerNet, x, y, xt, yt) -> dict:
     held-out share of the training set, then refit on all of it. Warm starts from the previous penalty."""
     feats = NTKFeatures(init, x)
     cut = int(len(x) * (1 - cfg.ntk_holdout))
+    fit = RidgeSystem(feats, x[:cut], y[:cut])  # one set of normal equations for every penalty tried
     scores, theta = [], None
     for lam in sorted(cfg.ntk_lams, reverse=True):
-        theta, iters = ntk_ridge(feats, x[:cut], y[:cut], lam, start=theta)
+        theta, iters = fit.solve(lam, start=theta)
         scores.append(dict(lam=lam, heldout_acc=accuracy(ntk_predict(feats, theta, x[cut:]), y[cut:]), cg_iters=iters))
     best = max(scores, key=lambda r: r["heldout_acc"])["lam"]
     theta, iters = ntk_ridge(feats, x, y, best)

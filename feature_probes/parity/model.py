@@ -171,53 +171,70 @@ def _apply_t(blocks, r):
     return f.T @ r, (s * r[:, None]).T @ c
 
 
-def _preconditioner(blocks, lam: float):
-    """Block-Jacobi inverse of Phi^T Phi + lam I: the a-block whole, and one (r+1)^2 block per neuron."""
-    f, s, c = blocks
-    eye_a, eye_v = torch.eye(f.shape[1], dtype=f.dtype), torch.eye(c.shape[1], dtype=f.dtype)
-    inv_a = torch.linalg.inv((f.T @ f).double() + lam * eye_a.double()).to(f.dtype)
-    inv_v = torch.stack([torch.linalg.inv(((c * (s[:, i:i + 1] ** 2)).T @ c).double() + lam * eye_v.double())
-                         for i in range(s.shape[1])]).to(f.dtype)  # (m, r+1, r+1)
-    return lambda ra, rv: (inv_a @ ra, torch.bmm(inv_v, rv[:, :, None])[:, :, 0])
+class RidgeSystem:
+    """The normal equations of ridge regression on the NTK features of one training set, for any penalty.
+
+    What does not depend on the penalty is computed once: the feature blocks of x, the right-hand side
+    Phi^T y, and the Gram blocks of the block-Jacobi preconditioner (the a-block whole, one (r+1)^2 block
+    per neuron). x: (n, d); y: (n,) in {-1, +1}.
+    """
+
+    def __init__(self, feats: NTKFeatures, x: torch.Tensor, y: torch.Tensor):
+        self.blocks = feats.blocks(x)
+        f, s, c = self.blocks
+        self.rhs = _apply_t(self.blocks, y)
+        self.gram_a = (f.T @ f).double()
+        self.gram_v = torch.stack([((c * (s[:, i:i + 1] ** 2)).T @ c).double() for i in range(s.shape[1])])
+
+    def _preconditioner(self, lam: float):
+        """Block-Jacobi inverse of Phi^T Phi + lam I."""
+        dtype = self.blocks[0].dtype
+        inv_a = torch.linalg.inv(self.gram_a + lam * torch.eye(len(self.gram_a), dtype=torch.float64)).to(dtype)
+        inv_v = torch.linalg.inv(self.gram_v + lam * torch.eye(self.gram_v.shape[-1], dtype=torch.float64)).to(dtype)
+        return lambda ra, rv: (inv_a @ ra, torch.bmm(inv_v, rv[:, :, None])[:, :, 0])
+
+    def solve(self, lam: float, iters: int = 300, tol: float = 1e-4, start=None) -> tuple:
+        """argmin_theta ||phi(x) theta - y||^2 + lam ||theta||^2, by block-Jacobi preconditioned conjugate
+        gradients, until the residual is tol times the right-hand side's.
+
+        Returns ((alpha, v), CG iterations used); start: a warm start (alpha, v).
+        """
+        blocks, rhs = self.blocks, self.rhs
+        m, r1 = blocks[0].shape[1], blocks[2].shape[1]
+        dtype = blocks[0].dtype
+        alpha, v = start if start is not None else (torch.zeros(m, dtype=dtype), torch.zeros(m, r1, dtype=dtype))
+        precond = self._preconditioner(lam)
+
+        def normal(a, b):  # (Phi^T Phi + lam I) theta
+            ta, tb = _apply_t(blocks, _apply(blocks, a, b))
+            return ta + lam * a, tb + lam * b
+
+        def dot(p, q):
+            return float((p[0] * q[0]).sum() + (p[1] * q[1]).sum())
+
+        n0 = normal(alpha, v)
+        res = (rhs[0] - n0[0], rhs[1] - n0[1])
+        z = precond(*res)
+        d = z
+        rz, goal = dot(res, z), tol ** 2 * dot(rhs, rhs)
+        for it in range(1, iters + 1):
+            if dot(res, res) <= goal:
+                return (alpha, v), it - 1
+            q = normal(*d)
+            step = rz / dot(d, q)
+            alpha, v = alpha + step * d[0], v + step * d[1]
+            res = (res[0] - step * q[0], res[1] - step * q[1])
+            z = precond(*res)
+            rz_new = dot(res, z)
+            d = (z[0] + (rz_new / rz) * d[0], z[1] + (rz_new / rz) * d[1])
+            rz = rz_new
+        return (alpha, v), iters
 
 
 def ntk_ridge(feats: NTKFeatures, x: torch.Tensor, y: torch.Tensor, lam: float, iters: int = 300,
               tol: float = 1e-4, start=None) -> tuple:
-    """argmin_theta ||phi(x) theta - y||^2 + lam ||theta||^2, by block-Jacobi preconditioned conjugate gradients
-    on the normal equations, until the residual is tol times the right-hand side's.
-
-    x: (n, d); y: (n,) in {-1, +1}. Returns ((alpha, v), CG iterations used); start: a warm start (alpha, v).
-    """
-    blocks = feats.blocks(x)
-    m, r1 = blocks[0].shape[1], blocks[2].shape[1]
-    alpha, v = start if start is not None else (torch.zeros(m, dtype=x.dtype), torch.zeros(m, r1, dtype=x.dtype))
-    precond = _preconditioner(blocks, lam)
-
-    def normal(a, b):  # (Phi^T Phi + lam I) theta
-        ta, tb = _apply_t(blocks, _apply(blocks, a, b))
-        return ta + lam * a, tb + lam * b
-
-    def dot(p, q):
-        return float((p[0] * q[0]).sum() + (p[1] * q[1]).sum())
-
-    rhs = _apply_t(blocks, y)
-    n0 = normal(alpha, v)
-    res = (rhs[0] - n0[0], rhs[1] - n0[1])
-    z = precond(*res)
-    d = z
-    rz, goal = dot(res, z), tol ** 2 * dot(rhs, rhs)
-    for it in range(1, iters + 1):
-        if dot(res, res) <= goal:
-            return (alpha, v), it - 1
-        q = normal(*d)
-        step = rz / dot(d, q)
-        alpha, v = alpha + step * d[0], v + step * d[1]
-        res = (res[0] - step * q[0], res[1] - step * q[1])
-        z = precond(*res)
-        rz_new = dot(res, z)
-        d = (z[0] + (rz_new / rz) * d[0], z[1] + (rz_new / rz) * d[1])
-        rz = rz_new
-    return (alpha, v), iters
+    """One penalty's ridge solution on (x, y): ``RidgeSystem(feats, x, y).solve(lam, ...)``."""
+    return RidgeSystem(feats, x, y).solve(lam, iters, tol, start)
 
 
 def ntk_predict(feats: NTKFeatures, theta: tuple, x: torch.Tensor) -> torch.Tensor:
