@@ -188,9 +188,10 @@ def plot_images(rows: list[dict], path):
     return save_png(fig, path)
 
 
-def run_sweep(name: str, out: Path, figs: Path, progress: bool = True) -> str:
-    """Every preset of SWEEPS[name], rows in OUT/sweep_runs.jsonl (resumable); returns the markdown table."""
-    jsonl = out / "sweep_runs.jsonl"
+def run_sweep(name: str, jsonl: Path, figs: Path, progress: bool = True) -> str:
+    """Every preset of SWEEPS[name], one row per unit in ``jsonl`` (resumable); the table goes beside it as
+    sweep_summary.md, the figure to ``figs``. Returns the table and where the files went."""
+    out = jsonl.parent
     lines = [f"Midpoint Mixup, synthetic, sweep {name!r}: the fraction of the k classes with both features learned "
              "(and with exactly one), per setting and method; train accuracy and loss at the end", "",
              "| setting | lr | steps | method | both features | exactly one | train acc | final loss |",
@@ -229,17 +230,13 @@ def main(argv=None) -> int:
     if args.command == "presets":
         print(json.dumps({name: {k: asdict(v) for k, v in table.items()} for name, table in PRESETS.items()}, indent=2))
         return 0
-    if args.command == "sweep":
-        import torch
-
-        if args.threads < 1:
-            parser.subcommands["sweep"].error(f"--threads {args.threads}: must be >= 1")
-        torch.set_num_threads(args.threads)
-        args.out.mkdir(parents=True, exist_ok=True)
-        print(run_sweep(args.sweep, args.out, args.fig_dir or args.out, progress=not args.quiet))
-        return 0
-    cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.midpoint_mixup", make_config,
+    # sweep: its "config" is the sweep's name; start_run checks --threads, sets them and creates --out
+    cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.midpoint_mixup",
+                                               (lambda a: a.sweep) if args.command == "sweep" else make_config,
                                                f"{args.command}_runs.jsonl")
+    if args.command == "sweep":
+        print(run_sweep(cfg, jsonl, figs, progress=not args.quiet))
+        return 0
     run = run_synthetic if args.command == "synthetic" else run_images
     rows = run_units(run, cfg, jsonl, progress=not args.quiet, force=args.force)
     write_json(out / f"{args.command}_result.json", dict(config=asdict(cfg), command=command, runs=rows))
