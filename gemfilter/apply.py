@@ -114,7 +114,9 @@ def resolve(model, method):
     names = {f.name for f in dataclasses.fields(method)}
     if "layer" in names:
         if method.layer is None:
-            method = dataclasses.replace(method, layer=default_layer(model))
+            # A method with its own rule (FastKV's TSP layer) says so; the others use GemFilter's filter layer.
+            rule = getattr(method, "default_layer", None)
+            method = dataclasses.replace(method, layer=rule(model) if rule is not None else default_layer(model))
         check_params(model, method.layer, method.topk, getattr(method, "kernel", 5))
     elif "topk" in names and (isinstance(method.topk, bool) or not isinstance(method.topk, int) or method.topk < 1):
         raise ValueError(f"topk={method.topk!r} must be an int >= 1 (the cache budget)")

@@ -8,10 +8,11 @@ Methods that choose tokens at a filter layer implement ``score(query, key, valid
 from __future__ import annotations
 
 from .registry import REGISTRY, check_for_model, check_names, describe, get_method, register  # noqa: F401
-from . import cache, full, prompt  # noqa: E402,F401  (registers the built-in methods)
+from . import cache, fastkv, full, prompt  # noqa: E402,F401  (registers the built-in methods)
 from .cache import H2O, H2OPerHead, OneRun, SnapKV, SnapKVPerHead  # noqa: E402
+from .fastkv import FastKV  # noqa: E402
 from .full import Full  # noqa: E402
-from .prompt import GemFilter, GemFilterSpan, LargestRow, MiddleRow  # noqa: E402
+from .prompt import GemFilter, GemFilterOrigPos, GemFilterSpan, LargestRow, MiddleRow  # noqa: E402
 
 __all__ = ["REGISTRY", "register", "get_method", "check_names", "check_for_model", "describe", "Full", "GemFilter",
-           "GemFilterSpan", "MiddleRow", "LargestRow", "SnapKV", "SnapKVPerHead", "H2O", "H2OPerHead", "OneRun"]
+           "GemFilterSpan", "GemFilterOrigPos", "MiddleRow", "LargestRow", "SnapKV", "SnapKVPerHead", "H2O", "H2OPerHead", "OneRun", "FastKV"]

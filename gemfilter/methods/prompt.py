@@ -97,6 +97,49 @@ class GemFilter(_FilterMethod):
         return last_row_scores(query, key)
 
 
+class OrigPosCall(PromptCall):
+    """Like :class:`PromptCall`, but the kept tokens keep their original position ids (RoPE), and decoding
+    continues at the prompt's true length. The masks are the model's own, over the k kept slots."""
+
+    def __init__(self, model, selection, valid):
+        super().__init__(model, selection)
+        start = (~valid).sum(1)  # left padding per row
+        self.real = valid.sum(1)
+        self.positions = pad_left([idx - s for idx, s in zip(selection.indices, start)], 0)[0]
+
+    def prefill(self, kwargs, cache):
+        kwargs = super().prefill(kwargs, cache)
+        kwargs["position_ids"] = self.positions
+        return kwargs
+
+    def decode(self, kwargs, cache, past):
+        kwargs = super().decode(kwargs, cache, past)
+        q, k = kwargs["input_ids"].shape[1], self.ids.shape[1]
+        steps = torch.arange(past - k, past - k + q, device=self.real.device)
+        kwargs["position_ids"] = self.real[:, None] + steps[None]
+        return kwargs
+
+
+@register
+@dataclass(frozen=True)
+class GemFilterOrigPos(GemFilter):
+    """Ablation: GemFilter's selection, but the kept tokens keep their original position ids in the second
+    prefill (as speculative prefill, SpecPrefill, does) and decoding goes on at positions n, n+1, ...
+
+    Only the RoPE positions differ from ``gemfilter``: the sliding windows still count kept tokens. Set
+    beside ``fastkv`` it tells whether FastKV's gain comes from the positions or from the full-context early
+    layers.
+    """
+
+    name: ClassVar[str] = "gemfilter-orig-pos"
+    description: ClassVar[str] = ("ablation: gemfilter's selection, kept tokens keep their original position ids "
+                                  "(SpecPrefill-style), decoding at n, n+1, ...")
+
+    def begin(self, model, input_ids, valid, tokenizer=None):
+        selection = self.select(model, input_ids, None if valid.all() else valid.long(), tokenizer)
+        return OrigPosCall(model, selection, valid)
+
+
 def row_scores(query, key, rows):
     """Raw q.k of one chosen query row per batch row, summed over heads. rows: (b,) long -> (b, n)."""
     b, h, _, d = query.shape

@@ -1,0 +1,248 @@
+"""FastKV: token-selective propagation (TSP) with a KV budget set apart from it.
+
+Paper: Jo, Song, Kim, Kim 2025, "FastKV: Decoupling of Context Reduction and KV Cache Compression for
+Prefill-Decoding Acceleration", arXiv 2502.01068; official code dongwonjo/FastKV (``FastKVCluster.update_kv``
+in ``baselines/fastkv/utils.py``, v1 defaults in ``eval/longbench/main.py``).
+
+What the official code does, and what this module does the same way:
+
+- Every layer up to and including the TSP layer ``layer`` runs on all n prompt tokens.
+- Scores, at every layer: the last ``window`` (8) post-RoPE queries, K repeated to every query head,
+  fp32 softmax over all keys (causal inside the window), summed over the window's queries, on the n - 8
+  columns before the window only, then 1-D pooling (kernel 7, ``avg``) per query head.
+- KV cache of each layer: scores summed over each GQA group (one set per KV head); the top
+  (``topk`` - 8) plus the 8 window tokens are stored. A layer compresses only if it sees at least
+  ``topk`` tokens (official: ``q_len >= max_capacity_prompt``); the layer's own attention uses all of them.
+- TSP: the TSP layer's scores summed over all heads; the top (``tsp_len`` - 8) plus the window, in order.
+  Only those tokens' hidden states (the TSP layer's output) go on through the later layers, at their
+  **original position ids** (RoPE recomputed from them). It fires when n > ``tsp_len`` (and, as in the
+  official code, only in a layer that compresses, n >= ``topk``).
+- Later layers compress their own cache again to ``topk`` over the propagated tokens.
+- Decoding continues at the true absolute positions n, n+1, ...
+
+How it runs through the attention seam (no model code copied, no forward patched), and what it costs:
+
+1. Pass 1 (in ``begin``): the base model on all n tokens, stopped inside the TSP layer's attention once
+   its query and key exist. The wrapper keeps every early layer's K/V (n tokens) and keep plan.
+2. Pass 2 (generate's prefill forward): the model on the ``tsp_len`` kept tokens at their original
+   positions. In layers <= TSP layer each kept query attends to pass 1's K/V of all n tokens, so its
+   hidden state equals the full-context one; later layers attend among the kept tokens. Masks are built
+   here from positions (causal, and sliding windows measured in original positions).
+3. After the prefill, early layers store their plan's rows of pass 1's K/V (sliding layers: the last
+   window - 1 tokens, as plain generation), later layers their plan's rows of the propagated K/V.
+
+The price of the seam: layers 0..TSP run again on the kept tokens (pass 2), a prompt cost of
+(r+1)/m * k/n beyond FastKV's own (r+1)/m + (1 - (r+1)/m) * k/n; ``gemfilter bench`` prints both.
+Differences from the official code: scores are accumulated in fp32 (official casts the softmax back to
+the model dtype before summing), the temperature is the model's own attention scaling (official:
+1/sqrt(head_dim), the same on Llama/Mistral/Qwen), and left-padded batches are refused when TSP fires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..attention import STATE_KWARG, FilterLayerReached, wrapped_attention
+from ..selection import Selection, num_layers, sliding_window_of
+from .cache import CacheCall, group_mean, keep_indices, pool_prefix, window_votes
+from .registry import register
+
+
+def tsp_default_layer(model) -> int:
+    """FastKV's TSP layer: the first full-attention layer at or after m/2 - 1. That is the official choice
+    for Llama 3.1 8B (15 of 32), Ministral 8B (17 of 36) and Mistral Nemo 12B (19 of 40); model: a model
+    or its config."""
+    m = num_layers(model)
+    start = max(m // 2 - 1, 0)
+    for layer in range(start, m):
+        if sliding_window_of(model, layer) is None:
+            return layer
+    return start
+
+
+def position_mask(q_pos, k_pos, window, dtype):
+    """Additive mask (b, 1, q, L): key allowed iff k_pos <= q_pos and, for a window w, k_pos > q_pos - w.
+
+    q_pos (b, q), k_pos (b or 1, L) long absolute positions. 0 where allowed, the dtype's minimum elsewhere
+    (a float mask is what eager adds and SDPA accepts, so the model's own kernel runs it)."""
+    qp, kp = q_pos[:, None, :, None], k_pos[:, None, None, :]
+    ok = kp <= qp
+    if window is not None:
+        ok = ok & (kp > qp - window)
+    return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill(~ok, torch.finfo(dtype).min)
+
+
+class FastKVCall:
+    """Per-call state of a FastKV prefill whose TSP fires (see the module docstring for the passes).
+
+    input_ids (b, n) without padding. After ``begin``: ``selection.indices`` the propagated positions,
+    ``plans`` {layer: (b, h_kv, topk) kept rows} for every full-attention layer that compresses.
+    """
+
+    def __init__(self, method, model, input_ids):
+        b, self.n = input_ids.shape
+        self.method = method
+        self.tsp = method.layer
+        self.windows = [sliding_window_of(model, i) for i in range(num_layers(model))]
+        self.stored, self.plans = {}, {}
+        self.mode = "pass1"
+        device = input_ids.device
+        with wrapped_attention(model), torch.no_grad():
+            try:
+                model.base_model(input_ids=input_ids, position_ids=torch.arange(self.n, device=device).expand(b, -1),
+                                 use_cache=False, **{STATE_KWARG: self})
+            except FilterLayerReached as stop:
+                self.kept_idx, scores = stop.payload
+            else:
+                raise TypeError(f"{type(model).__name__} finished the forward pass without reaching TSP layer "
+                                f"{self.tsp}'s attention: it does not pass keyword arguments to its attention kernel")
+        self.ids = input_ids.gather(1, self.kept_idx)
+        self.selection = Selection(indices=list(self.kept_idx), scores=scores, layer=self.tsp, kept_ids=list(self.ids))
+        self.kept = [min(self.n, method.topk)] * b
+        self.decoded = self.kept_idx.new_zeros((b, 0))
+
+    def prefill(self, kwargs, cache):
+        self.mode = "pass2"
+        kwargs["input_ids"] = self.ids
+        kwargs["attention_mask"] = None  # masks come from positions, in attention()
+        kwargs["position_ids"] = self.kept_idx
+        kwargs[STATE_KWARG] = self
+        return kwargs
+
+    def attention(self, module, query, key, value, attention_mask, kernel, **kwargs):
+        i = module.layer_idx
+        scaling = kwargs.get("scaling") or module.scaling
+        window = self.windows[i]
+        if self.mode == "pass1":
+            self.stored[i] = (key, value)
+            valid = torch.ones(key.shape[0], key.shape[2], dtype=torch.bool, device=key.device)
+            if window is None and self.n > self.method.topk:
+                self.plans[i] = self.method.plan(i, query, key, valid, scaling)
+            if i == self.tsp:
+                raise FilterLayerReached(self.method.propagate(query, key, valid, scaling))
+            return kernel(module, query, key, value, attention_mask, **kwargs)
+        if self.mode == "pass2":
+            if i <= self.tsp:  # kept queries against the full context's K/V (pass 1)
+                key, value = self.stored[i]
+                k_pos = torch.arange(self.n, device=key.device)[None]
+            else:
+                k_pos = self.kept_idx
+                if window is None and key.shape[2] > self.method.topk:
+                    valid = torch.ones(key.shape[0], key.shape[2], dtype=torch.bool, device=key.device)
+                    self.plans[i] = self.method.plan(i, query, key, valid, scaling)
+            mask = position_mask(self.kept_idx, k_pos, window, query.dtype)
+            return kernel(module, query, key, value, mask, **kwargs)
+        # decode: full layers see every stored key (causal among the new ones); sliding layers by positions
+        q, L = query.shape[2], key.shape[2]
+        q_pos = self.decoded[:, -q:]
+        if window is None:
+            slots = torch.arange(L, device=key.device)
+            mask = None if q == 1 else position_mask(slots[None, L - q:], slots[None], None, query.dtype)
+        else:
+            prompt = self.kept_idx if i > self.tsp else torch.arange(self.n, device=key.device)[None].expand(
+                q_pos.shape[0], -1)
+            k_pos = torch.cat([prompt, self.decoded], dim=1)[:, -L:]
+            mask = position_mask(q_pos, k_pos, window, query.dtype)
+        return kernel(module, query, key, value, mask, **kwargs)
+
+    def after_prefill(self, cache):
+        for i, layer in enumerate(cache.layers):
+            if i <= self.tsp:
+                keys, values = self.stored.pop(i)
+                if self.windows[i] is not None:  # what plain generation stores: the last window - 1 tokens
+                    start = max(self.n - (self.windows[i] - 1), 0)
+                    keys, values = keys[:, :, start:], values[:, :, start:]
+            else:
+                keys, values = layer.keys, layer.values
+            if i in self.plans:
+                idx = self.plans[i][..., None].expand(-1, -1, -1, keys.shape[-1])
+                keys, values = keys.gather(2, idx), values.gather(2, idx)
+            layer.keys, layer.values = keys, values
+        self.stored.clear()
+        self.mode = "decode"
+
+    def decode(self, kwargs, cache, past):
+        q = kwargs["input_ids"].shape[1]
+        start = self.n + self.decoded.shape[1]
+        pos = torch.arange(start, start + q, device=self.decoded.device).expand(self.decoded.shape[0], -1)
+        self.decoded = torch.cat([self.decoded, pos], dim=1)
+        kwargs["attention_mask"] = None
+        kwargs["position_ids"] = pos
+        kwargs[STATE_KWARG] = self
+        return kwargs
+
+
+@register
+@dataclass(frozen=True)
+class FastKV:
+    """FastKV, constant mode with the v1 defaults of the official code (``--max_capacity_prompt 512 --tsp_len
+    2048 --window_size 8 --kernel_size 7 --pooling avgpool``).
+
+    layer: 0-based TSP layer (None: :func:`tsp_default_layer`, the official choice on its three models);
+    topk: KV budget per layer (official ``max_capacity_prompt``); tsp_len: tokens propagated past the TSP
+    layer; window: observation window of recent queries, always kept; kernel: pooling width;
+    pooling: "avg" (v1) or "max" (v3's argparse default).
+    """
+
+    layer: int | None = None
+    topk: int = 512
+    tsp_len: int = 2048
+    window: int = 8
+    kernel: int = 7
+    pooling: str = "avg"
+    shared: ClassVar[bool] = False
+    name: ClassVar[str] = "fastkv"
+    description: ClassVar[str] = ("FastKV (Jo et al. 2025): all tokens to TSP layer, top tsp_len=2048 by last-8-query "
+                                  "softmax (pool 7) go on at original positions; every layer caches topk")
+
+    def __post_init__(self):
+        if self.pooling not in ("avg", "max"):
+            raise ValueError(f"fastkv: pooling must be 'avg' (v1) or 'max' (v3), got {self.pooling!r}")
+        for field in ("window", "tsp_len", "kernel"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"fastkv: {field}={value!r} must be an int >= 1")
+        if self.tsp_len <= self.window:
+            raise ValueError(f"fastkv: tsp_len={self.tsp_len} must exceed the window of {self.window} always-kept "
+                             "tokens")
+
+    def default_layer(self, model) -> int:
+        return tsp_default_layer(model)
+
+    def check_model(self, config, prompt_tokens: int) -> None:
+        """Refuse a budget that does not exceed the window (the official code asserts the same)."""
+        if self.topk <= self.window:
+            raise ValueError(f"fastkv: topk={self.topk} (the KV budget) must exceed the window of {self.window} "
+                             "always-kept recent tokens")
+
+    def _scores(self, query, key, valid, scaling):
+        votes = window_votes(query, key, valid, scaling, self.window)  # (b, h, n)
+        return pool_prefix(votes, self.window, self.kernel, self.pooling)
+
+    def plan(self, layer_idx, query, key, valid, scaling):
+        """The rows a layer caches: (b, h_kv, topk) sorted; query (b, h, n, d), key (b, h_kv, n, d)."""
+        pooled = group_mean(self._scores(query, key, valid, scaling), key.shape[1])
+        return keep_indices(pooled, valid, self.topk, self.window)
+
+    def propagate(self, query, key, valid, scaling):
+        """TSP: (positions (b, tsp_len) sorted, per-token scores (b, n) with the window at +inf)."""
+        total = self._scores(query, key, valid, scaling).sum(1)  # (b, n): over every query head
+        idx = keep_indices(total[:, None], valid, self.tsp_len, self.window)[:, 0]
+        total[:, -self.window:] = float("inf")
+        return idx, total
+
+    def begin(self, model, input_ids, valid, tokenizer=None):
+        self.check_model(model, input_ids.shape[1])
+        n = input_ids.shape[1]
+        if n > self.tsp_len and n >= self.topk:
+            if not bool(valid.all()):
+                raise ValueError("fastkv: left-padded batches are not supported when token-selective propagation "
+                                 f"fires (prompt longer than tsp_len={self.tsp_len}): run the rows one at a time")
+            if "flash" in str(model.config._attn_implementation):
+                raise ValueError("fastkv: its second prefill pass needs position-based masks, which flash attention "
+                                 "kernels do not take; load the model with attn='sdpa', 'eager' or 'banded'")
+            return FastKVCall(self, model, input_ids)
+        return CacheCall(self, model, input_ids, valid)  # no propagation: only each layer's KV budget
