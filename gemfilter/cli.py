@@ -21,8 +21,19 @@ Paper: Shi et al. 2024, "Discovering the Gems in Early Layers" (GemFilter)."""
 
 
 def _cmd_methods(args) -> int:
-    from .methods import describe
+    import dataclasses
+    import inspect
 
+    from .methods import REGISTRY, describe
+
+    if args.name is not None:  # one method in full: its docstring and every parameter's default
+        if args.name not in REGISTRY:
+            raise ValueError(f"unknown method {args.name!r}; allowed: {', '.join(sorted(REGISTRY))}")
+        cls = REGISTRY[args.name]
+        print(f"{args.name}: {cls.description}\n\n{inspect.getdoc(cls)}\n\nparameters (defaults):")
+        for f in dataclasses.fields(cls):
+            print(f"  {f.name} = {f.default!r}" + ("  (None: the model's default layer)" if f.name == "layer" else ""))
+        return 0
     width = max(len(n) for n, _ in describe())
     for name, desc in describe():
         print(f"{name:<{width}}  {desc}")
@@ -94,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="speed and memory of each method against context length (see 'gemfilter bench -h')",
                    add_help=False)
 
-    p = sub.add_parser("methods", help="list the registered methods with a one-line description")
+    p = sub.add_parser("methods", help="list the registered methods with a one-line description",
+                       description="List the registered methods; with a NAME, print that method's documentation and "
+                       "every parameter with its default (e.g. 'gemfilter methods fastkv').")
+    p.add_argument("name", nargs="?", default=None, help="a method name: show its docstring and parameter defaults")
     p.set_defaults(func=_cmd_methods)
 
     p = sub.add_parser(

@@ -223,9 +223,12 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     new_tokens = int(out.new_tokens.shape[1])
     if new_tokens != gen_tokens:  # never record a row whose generation phase has another length
         raise RuntimeError(f"{method_name} generated {new_tokens} tokens, not the forced {gen_tokens}")
+    m = gemfilter.selection.num_layers(model)
+    cost = method.prompt_cost(n, m) if hasattr(method, "prompt_cost") else None  # (published, this code's)
+    theory = {} if cost is None else {"theory_prompt_ratio": cost[0], "theory_here_ratio": cost[1]}
     return {
-        "attn": kernel, "mask_s": masks.seconds, "method": method_name, "length": length, "n": n, "kept": out.kept[0],
-        "layer": getattr(method, "layer", None), "m": gemfilter.selection.num_layers(model),
+        **theory, "attn": kernel, "mask_s": masks.seconds, "method": method_name, "length": length, "n": n, "kept": out.kept[0],
+        "layer": getattr(method, "layer", None), "m": m,
         "prompt_s": clock.first_token - start, "gen_s": end - clock.first_token, "total_s": end - start,
         "prompt_peak_mib": clock.prompt_peak, "gen_peak_mib": gen_peak_abs - memory.baseline,
         "prompt_peak_abs_mib": clock.prompt_peak_abs, "gen_peak_abs_mib": gen_peak_abs,

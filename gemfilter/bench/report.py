@@ -73,7 +73,9 @@ def summarize(rows: list, kernels=None) -> dict:
         mask = [r["mask_s"] for r in rs if r.get("mask_s") is not None]
         cell.update(attn=attn, method=method, length=length, repeats=len(rs), layer=rs[0].get("layer"),
                     m=rs[0].get("m"), mask_s=statistics.median(mask) if mask else None)
-        if cell["layer"] is not None:
+        if "theory_prompt_ratio" in rs[0]:  # the method's own cost model (fastkv), and this code's cost
+            cell.update(theory_prompt_ratio=rs[0]["theory_prompt_ratio"], theory_here_ratio=rs[0]["theory_here_ratio"])
+        elif cell["layer"] is not None:  # Theorem 9.3
             cell["theory_prompt_ratio"] = (cell["layer"] + 1) / cell["m"]
         med[(attn, method, length)] = cell
     ref_kernel = kernels[0] if kernels else None
@@ -121,17 +123,21 @@ def markdown(summary: dict, meta: dict) -> str:
         "Ratios ×full and ×snapkv compare with that method on the same kernel"
         + (f"; ×{ref} full compares with `full` on {ref}." if ref else "."),
         "mask s: time spent building attention masks during the run.",
+        "theory: prompt phase over a full prefill by the method's cost model: Theorem 9.3's (r+1)/m for GemFilter's "
+        "selection; for fastkv, FastKV's (r+1)/m + (1 - (r+1)/m) k/n (k = tsp_len). theory here: what this code "
+        "computes, which for fastkv adds (r+1)/m k/n (layers 0..r rerun on the k propagated tokens).",
         "",
-        "| kernel | method | n | kept | prompt s | gen s | total s | mask s | prompt ×full | theory (r+1)/m | "
+        "| kernel | method | n | kept | prompt s | gen s | total s | mask s | prompt ×full | theory | theory here | "
         + (f"prompt ×{ref} full | peak ×{ref} full | " if ref else "")
         + "total ×full | total ×snapkv | prompt peak MiB | gen peak MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if ref else "") + "---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if ref else "") + "---|---|---|---|",
     ]
     for c in summary["cells"]:
         lines.append(
             f"| {c['attn'] or 'default'} | {c['method']} | {int(c['n'])} | {int(c['kept'])} | {c['prompt_s']:.2f} | "
             f"{c['gen_s']:.2f} | {c['total_s']:.2f} | {_fmt(c.get('mask_s'), '.3f')} | "
             f"{_fmt(c.get('prompt_s_vs_full'))} | {_fmt(c.get('theory_prompt_ratio'))} | "
+            f"{_fmt(c.get('theory_here_ratio', c.get('theory_prompt_ratio')))} | "
             + (f"{_fmt(c.get('prompt_s_vs_ref_full'))} | {_fmt(c.get('prompt_peak_mib_vs_ref_full'))} | " if ref else "")
             + f"{_fmt(c.get('total_s_vs_full'))} | {_fmt(c.get('total_s_vs_snapkv'))} | "
             f"{c['prompt_peak_mib']:.0f} | {c['gen_peak_mib']:.0f} |"

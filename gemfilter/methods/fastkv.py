@@ -185,6 +185,10 @@ class FastKV:
     topk: KV budget per layer (official ``max_capacity_prompt``); tsp_len: tokens propagated past the TSP
     layer; window: observation window of recent queries, always kept; kernel: pooling width;
     pooling: "avg" (v1) or "max" (v3's argparse default).
+
+    TSP fires when the prompt has more than ``tsp_len`` tokens and at least ``topk`` (as officially);
+    otherwise every layer just keeps ``topk`` rows. The command line and the evals set ``topk`` with
+    ``--topk`` (their default 1024) and the TSP layer with ``--layer``.
     """
 
     layer: int | None = None
@@ -212,6 +216,21 @@ class FastKV:
     def default_layer(self, model) -> int:
         return tsp_default_layer(model)
 
+    def fires(self, n: int) -> bool:
+        """Whether TSP runs on an n-token prompt (official: n > tsp_len, in a layer that compresses, n >= topk)."""
+        return n > self.tsp_len and n >= self.topk
+
+    def prompt_cost(self, n: int, m: int) -> tuple:
+        """Prompt-phase cost as a fraction of a full prefill, counting per-token layer work (the linear layers).
+
+        Returns (FastKV's own, this implementation's): (r+1)/m + (1 - (r+1)/m) k/n, and that plus (r+1)/m k/n
+        for pass 2's rerun of layers 0..r on the k propagated tokens; (1, 1) when TSP does not fire."""
+        if not self.fires(n):
+            return 1.0, 1.0
+        early, share = (self.layer + 1) / m, self.tsp_len / n
+        own = early + (1 - early) * share
+        return own, own + early * share
+
     def check_model(self, config, prompt_tokens: int) -> None:
         """Refuse a budget that does not exceed the window (the official code asserts the same)."""
         if self.topk <= self.window:
@@ -237,7 +256,7 @@ class FastKV:
     def begin(self, model, input_ids, valid, tokenizer=None):
         self.check_model(model, input_ids.shape[1])
         n = input_ids.shape[1]
-        if n > self.tsp_len and n >= self.topk:
+        if self.fires(n):
             if not bool(valid.all()):
                 raise ValueError("fastkv: left-padded batches are not supported when token-selective propagation "
                                  f"fires (prompt longer than tsp_len={self.tsp_len}): run the rows one at a time")
