@@ -190,6 +190,22 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def position_mask(q_pos, k_pos, window, dtype, key_valid=None):
+    """Additive mask (b, 1, q, L) from absolute positions: key allowed iff k_pos <= q_pos and, for a
+    sliding window w, k_pos > q_pos - w (transformers' window predicate), and ``key_valid``.
+
+    q_pos (b, q), k_pos (b or 1, L) long; key_valid (b, L) bool or None. 0 where allowed, the dtype's
+    minimum elsewhere: a float mask is what eager adds and SDPA accepts, so the model's own kernel runs it,
+    and a row with no allowed key stays finite."""
+    qp, kp = q_pos[:, None, :, None], k_pos[:, None, None, :]
+    ok = kp <= qp
+    if window is not None:
+        ok = ok & (kp > qp - window)
+    if key_valid is not None:
+        ok = ok & key_valid[:, None, None, :]
+    return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill(~ok, torch.finfo(dtype).min)
+
+
 def decode_mask(kept_mask: torch.Tensor, past: int, q: int) -> torch.Tensor:
     """(b, past + q) mask for a decode step: the kept prompt slots, then ones for every token after
     the prompt (generate extends its own mask with ones). kept_mask: (b, k) 0/1, left padding."""

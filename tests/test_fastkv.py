@@ -81,13 +81,14 @@ class Reference:
         out = logits.softmax(-1).to(value.dtype) @ value.repeat_interleave(g, 1)
         return out.transpose(1, 2).contiguous(), None
 
-    def forward(self, ids, allowed):
+    def forward(self, ids, allowed, position_ids=None):
         self.allowed, self.qk = allowed, {}
         base = self.model.config._attn_implementation
         self.model.set_attn_implementation(self.name)
         try:
             with torch.no_grad():
-                return self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+                return self.model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=position_ids,
+                                  use_cache=False).logits
         finally:
             self.model.set_attn_implementation(base)
 
@@ -220,22 +221,41 @@ def test_banded_kernel_gives_the_same_fastkv_answer():
     assert banded.config._attn_implementation == "banded"
 
 
-def test_gemfilter_orig_pos_keeps_original_positions():
-    """Reference: the plain model on the kept tokens with position ids = their original indices, greedy."""
-    model = BUILDERS["llama"]()
+@pytest.mark.parametrize("family", ["llama", "gemma3", "mistral-sliding"])
+def test_gemfilter_orig_pos_keeps_original_positions(family):
+    """Reference: the model on the kept tokens at their original positions, each sliding window measured in
+    those positions (a test kernel), greedy."""
+    model = BUILDERS[family]()
     ids = prompt()
-    method = get_method("gemfilter-orig-pos", layer=2, topk=20)
-    out = gemfilter.generate(model, ids, method=method, max_new_tokens=6)
+    layer = FILTER_LAYER[family]
+    out = gemfilter.generate(model, ids, method=get_method("gemfilter-orig-pos", layer=layer, topk=20),
+                             max_new_tokens=6)
     kept = out.selection.indices[0]
-    seq, pos = ids[:, kept], kept[None]
-    with torch.no_grad():
-        for t in range(6):
-            logits = model(input_ids=seq, attention_mask=torch.ones_like(seq), position_ids=pos).logits
-            seq = torch.cat([seq, logits[:, -1:].argmax(-1)], dim=1)
-            pos = torch.cat([pos, torch.tensor([[N + t]])], dim=1)
-    assert torch.equal(out.new_tokens[0], seq[0, len(kept):])
-    plain = gemfilter.generate(model, ids, method=get_method("gemfilter", layer=2, topk=20), max_new_tokens=6)
+    plain = gemfilter.generate(model, ids, method=get_method("gemfilter", layer=layer, topk=20), max_new_tokens=6)
     assert torch.equal(plain.selection.indices[0], kept)  # the same selection; only the positions differ
+    win, ref = windows_of(model), Reference(model)
+    seq, pos = ids[:, kept], kept
+    for t in range(6):
+        def allowed(i, p=pos):
+            ok = p[None, :] <= p[:, None]
+            return (ok & (p[None, :] > p[:, None] - win[i]) if win[i] is not None else ok)[None]
+        logits = ref.forward(seq, allowed, position_ids=pos[None])
+        seq = torch.cat([seq, logits[:, -1:].argmax(-1)], dim=1)
+        pos = torch.cat([pos, torch.tensor([N + t])])
+    assert torch.equal(out.new_tokens[0], seq[0, len(kept):])
+
+
+def test_gemfilter_orig_pos_padded_batch_equals_single_rows():
+    model = BUILDERS["gemma3"]()
+    a, b = prompt(), prompt(n=40, seed=2)
+    ids = torch.cat([a, torch.cat([torch.zeros(1, 8, dtype=torch.long), b], dim=1)])
+    mask = torch.ones_like(ids)
+    mask[1, :8] = 0
+    method = get_method("gemfilter-orig-pos", layer=1, topk=20)
+    both = gemfilter.generate(model, {"input_ids": ids, "attention_mask": mask}, method=method, max_new_tokens=5)
+    for row, single in ((0, a), (1, b)):
+        one = gemfilter.generate(model, single, method=method, max_new_tokens=5)
+        assert torch.equal(both.new_tokens[row], one.new_tokens[0]), row
 
 
 def test_default_tsp_layer_is_the_official_choice():

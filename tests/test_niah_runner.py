@@ -203,3 +203,13 @@ def test_cli_help_teaches(capsys):
     for needle in ("cpu-demo", "gemfilter-paper", "kamradt", "gemfilter-span", "snapkv", "--haystack-dir",
                    "accelerate launch", "resumes", "heatmap"):
         assert needle in text
+
+
+def test_fastkv_and_orig_pos_run_through_the_registry(tiny, config, tmp_path):
+    """Issue 33: the new methods need no runner code; each row records the method's budget and layer."""
+    import dataclasses
+
+    cfg = dataclasses.replace(config, methods=("fastkv", "gemfilter-orig-pos"), lengths=(240,), depths=(50,))
+    rows = run(cfg, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
+    assert [r["method"] for r in rows] == ["fastkv", "gemfilter-orig-pos"]
+    assert all(r["kept"] == 40 and r["layer"] == 2 for r in rows)

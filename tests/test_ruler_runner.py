@@ -264,3 +264,12 @@ def test_a_damaged_prediction_row_stops_scoring_and_is_named(tiny, tiny_model_di
     path.write_text(lines[0] + "\n" + json.dumps({"pred": 3, "outputs": ["w5"], "_id": "1"}) + "\n")
     assert main(["score", str(out)]) == 2
     assert "pred must be a string" in capsys.readouterr().err
+
+
+def test_fastkv_and_orig_pos_run_through_the_registry(tiny, tiny_model_dir, tmp_path):
+    """Issue 33: the new methods need no runner code; labels and budgets come from the registry."""
+    out = write_samples(tmp_path / "out", n=1)
+    rows = run(config(tiny_model_dir, methods=method_specs(("fastkv", "gemfilter-orig-pos"), (16,)), tasks=("vt",),
+                      num_samples=1), out, model_and_tokenizer=tiny, progress=False)
+    assert sorted(label for _, label, _ in rows) == ["fastkv_k16", "gemfilter-orig-pos_k16"]
+    assert all(r["kept"] == 16 for found in rows.values() for r in found)

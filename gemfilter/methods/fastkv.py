@@ -46,7 +46,7 @@ from typing import ClassVar
 import torch
 
 from ..attention import STATE_KWARG, FilterLayerReached, wrapped_attention
-from ..selection import Selection, num_layers, sliding_window_of
+from ..selection import Selection, num_layers, position_mask, sliding_window_of
 from .cache import CacheCall, group_mean, keep_indices, pool_prefix, window_votes
 from .registry import register
 
@@ -63,18 +63,6 @@ def tsp_default_layer(model) -> int:
     return start
 
 
-def position_mask(q_pos, k_pos, window, dtype):
-    """Additive mask (b, 1, q, L): key allowed iff k_pos <= q_pos and, for a window w, k_pos > q_pos - w.
-
-    q_pos (b, q), k_pos (b or 1, L) long absolute positions. 0 where allowed, the dtype's minimum elsewhere
-    (a float mask is what eager adds and SDPA accepts, so the model's own kernel runs it)."""
-    qp, kp = q_pos[:, None, :, None], k_pos[:, None, None, :]
-    ok = kp <= qp
-    if window is not None:
-        ok = ok & (kp > qp - window)
-    return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill(~ok, torch.finfo(dtype).min)
-
-
 class FastKVCall:
     """Per-call state of a FastKV prefill whose TSP fires (see the module docstring for the passes).
 
@@ -87,7 +75,7 @@ class FastKVCall:
         self.method = method
         self.tsp = method.layer
         self.windows = [sliding_window_of(model, i) for i in range(num_layers(model))]
-        self.stored, self.plans = {}, {}
+        self.stored, self.plans, self.masks = {}, {}, {}
         self.mode = "pass1"
         device = input_ids.device
         with wrapped_attention(model), torch.no_grad():
@@ -133,8 +121,10 @@ class FastKVCall:
                 if window is None and key.shape[2] > self.method.topk:
                     valid = torch.ones(key.shape[0], key.shape[2], dtype=torch.bool, device=key.device)
                     self.plans[i] = self.method.plan(i, query, key, valid, scaling)
-            mask = position_mask(self.kept_idx, k_pos, window, query.dtype)
-            return kernel(module, query, key, value, mask, **kwargs)
+            stage = (i <= self.tsp, window)  # every layer of a stage and window has the same mask: build it once
+            if stage not in self.masks:
+                self.masks[stage] = position_mask(self.kept_idx, k_pos, window, query.dtype)
+            return kernel(module, query, key, value, self.masks[stage], **kwargs)
         # decode: full layers see every stored key (causal among the new ones); sliding layers by positions
         q, L = query.shape[2], key.shape[2]
         q_pos = self.decoded[:, -q:]
@@ -162,6 +152,7 @@ class FastKVCall:
                 keys, values = keys.gather(2, idx), values.gather(2, idx)
             layer.keys, layer.values = keys, values
         self.stored.clear()
+        self.masks.clear()
         self.mode = "decode"
 
     def decode(self, kwargs, cache, past):

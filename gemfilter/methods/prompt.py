@@ -11,7 +11,9 @@ import torch
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..selection import decode_mask, last_row_scores, paper_pick, positions_from_mask, select_tokens
+from ..attention import STATE_KWARG
+from ..selection import (decode_mask, last_row_scores, num_layers, paper_pick, position_mask, positions_from_mask,
+                         select_tokens, sliding_window_of)
 from .registry import register
 
 
@@ -98,18 +100,28 @@ class GemFilter(_FilterMethod):
 
 
 class OrigPosCall(PromptCall):
-    """Like :class:`PromptCall`, but the kept tokens keep their original position ids (RoPE), and decoding
-    continues at the prompt's true length. The masks are the model's own, over the k kept slots."""
+    """Like :class:`PromptCall`, but each kept token sits at its original position: RoPE position ids and,
+    on sliding-window layers, the window, which is measured in original positions through a position mask
+    (a window counted in kept tokens would show those layers keys farther back than they were trained on).
+    Decoding continues at the prompt's true length."""
 
     def __init__(self, model, selection, valid):
         super().__init__(model, selection)
         start = (~valid).sum(1)  # left padding per row
         self.real = valid.sum(1)
         self.positions = pad_left([idx - s for idx, s in zip(selection.indices, start)], 0)[0]
+        self.windows = [sliding_window_of(model, i) for i in range(num_layers(model))]
+        self.windowed = any(w is not None for w in self.windows)
+        if self.windowed and "flash" in str(model.config._attn_implementation):
+            raise ValueError("gemfilter-orig-pos on a model with sliding-window layers needs position masks, which "
+                             "flash attention kernels do not take; load the model with attn='sdpa', 'eager' or 'banded'")
+        self.decoded = self.positions.new_zeros((len(self.kept), 0))
 
     def prefill(self, kwargs, cache):
         kwargs = super().prefill(kwargs, cache)
         kwargs["position_ids"] = self.positions
+        if self.windowed:
+            kwargs[STATE_KWARG] = self
         return kwargs
 
     def decode(self, kwargs, cache, past):
@@ -117,7 +129,20 @@ class OrigPosCall(PromptCall):
         q, k = kwargs["input_ids"].shape[1], self.ids.shape[1]
         steps = torch.arange(past - k, past - k + q, device=self.real.device)
         kwargs["position_ids"] = self.real[:, None] + steps[None]
+        if self.windowed:
+            self.decoded = torch.cat([self.decoded, kwargs["position_ids"]], dim=1)
+            kwargs[STATE_KWARG] = self
         return kwargs
+
+    def attention(self, module, query, key, value, attention_mask, kernel, **kwargs):
+        window = self.windows[module.layer_idx]
+        if window is None:  # causal over the kept slots is causal over their (increasing) positions
+            return kernel(module, query, key, value, attention_mask, **kwargs)
+        pos = torch.cat([self.positions, self.decoded], dim=1)
+        valid = torch.cat([self.kept_mask.bool(), torch.ones_like(self.decoded, dtype=torch.bool)], dim=1)
+        L, q = key.shape[2], query.shape[2]
+        mask = position_mask(pos[:, -q:], pos[:, -L:], window, query.dtype, key_valid=valid[:, -L:])
+        return kernel(module, query, key, value, mask, **kwargs)
 
 
 @register
@@ -126,9 +151,9 @@ class GemFilterOrigPos(GemFilter):
     """Ablation: GemFilter's selection, but the kept tokens keep their original position ids in the second
     prefill (as speculative prefill, SpecPrefill, does) and decoding goes on at positions n, n+1, ...
 
-    Only the RoPE positions differ from ``gemfilter``: the sliding windows still count kept tokens. Set
-    beside ``fastkv`` it tells whether FastKV's gain comes from the positions or from the full-context early
-    layers.
+    Sliding windows are measured in original positions too (as in ``fastkv``); on models without them only
+    the RoPE ids differ from ``gemfilter``. Set beside ``fastkv`` it tells whether FastKV's gain comes from
+    the positions or from the full-context early layers.
     """
 
     name: ClassVar[str] = "gemfilter-orig-pos"
