@@ -9,10 +9,11 @@ from .apply import GemFilterOutput, apply, generate
 from .layers import PAPER_LAYERS, default_layer
 from .methods import REGISTRY, GemFilter, describe, get_method
 from .models import load_model, set_attention
+from .score import Scored, score
 from .selection import Selection, select_tokens
 
 __all__ = [
     "GemFilter", "GemFilterOutput", "PAPER_LAYERS", "REGISTRY", "Selection", "apply", "default_layer",
-    "describe", "generate", "get_method", "load_model", "select_tokens", "set_attention",
+    "Scored", "describe", "generate", "get_method", "load_model", "score", "select_tokens", "set_attention",
 ]
 __version__ = "0.1.0"

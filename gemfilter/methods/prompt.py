@@ -67,6 +67,9 @@ class PromptCall:
 class _FilterMethod:
     """Shared by the prompt filters: run :func:`select_tokens` with this method, then a PromptCall."""
 
+    # gemfilter.score: kept context + continuation at positions 0..k+c-1 is one forward of the plain model
+    one_pass_scoring: ClassVar[bool] = True
+
     def select(self, model, input_ids, attention_mask=None, tokenizer=None):
         """This method's selection (Algorithm 2, steps 1-4) of ``input_ids`` (b, n).
 
@@ -156,6 +159,7 @@ class GemFilterOrigPos(GemFilter):
     the positions or from the full-context early layers.
     """
 
+    one_pass_scoring: ClassVar[bool] = False  # its positions and windows need the call's masks: apply()
     name: ClassVar[str] = "gemfilter-orig-pos"
     description: ClassVar[str] = ("ablation: gemfilter's selection, kept tokens keep their original position ids "
                                   "(SpecPrefill-style), decoding at n, n+1, ...")
