@@ -68,6 +68,19 @@ def tasks(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def model_dirs(tiny_model_dir, tmp_path_factory):
+    """{family: folder}: the tiny Llama of conftest, and a tiny Gemma 3 saved with the same word tokenizer."""
+    import shutil
+
+    gemma = tmp_path_factory.mktemp("tiny-gemma3")
+    BUILDERS["gemma3"]().save_pretrained(gemma)
+    for f in tiny_model_dir.iterdir():
+        if "token" in f.name or f.name == "special_tokens_map.json":
+            shutil.copy(f, gemma / f.name)
+    return {"llama": tiny_model_dir, "gemma3": gemma}
+
+
 def evaluate(model, model_args, tasks, task_names=("gf_local_gen", "gf_local_mc"), batch_size=1):
     import eval.harness.adapter  # noqa: F401  (registers 'gemfilter')
     from lm_eval.tasks import TaskManager
@@ -83,10 +96,13 @@ def per_sample(out, task):
             for s in out["samples"][task]]
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("method", ["gemfilter", "snapkv", "fastkv"])
-def test_k_at_least_n_equals_the_harness_hf_model(tiny_model_dir, tasks, method):
-    hf = evaluate("hf", f"pretrained={tiny_model_dir},dtype=float32", tasks)
-    ours = evaluate("gemfilter", f"pretrained={tiny_model_dir},dtype=float32,method={method},topk=512,layer=2", tasks)
+def test_k_at_least_n_equals_the_harness_hf_model(model_dirs, tasks, method, family):
+    path = model_dirs[family]
+    hf = evaluate("hf", f"pretrained={path},dtype=float32", tasks)
+    ours = evaluate("gemfilter", f"pretrained={path},dtype=float32,method={method},topk=512,"
+                    f"layer={FILTER_LAYER[family]}", tasks)
     for task in ("gf_local_gen", "gf_local_mc"):
         a, b = per_sample(hf, task), per_sample(ours, task)
         assert len(a) == len(b) == 4
@@ -100,17 +116,19 @@ def test_k_at_least_n_equals_the_harness_hf_model(tiny_model_dir, tasks, method)
         assert ours["results"][task] == hf["results"][task]
 
 
-def test_k_below_n_scores_the_context_tokens_select_tokens_keeps(tiny_model_dir, tasks):
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_k_below_n_scores_the_context_tokens_select_tokens_keeps(model_dirs, tasks, family):
     """Each choice's log-likelihood is the plain model's on select_tokens' kept context + the choice."""
     from eval.harness.adapter import GemFilterLM
 
-    lm = GemFilterLM(pretrained=str(tiny_model_dir), dtype="float32", method="gemfilter", topk=12, layer=2)
+    layer = FILTER_LAYER[family]
+    lm = GemFilterLM(pretrained=str(model_dirs[family]), dtype="float32", method="gemfilter", topk=12, layer=layer)
     out = evaluate(lm, None, tasks, task_names=("gf_local_mc",), batch_size=4)
     checked = 0
     for sample in out["samples"]["gf_local_mc"]:
         for (context, continuation), resp in zip([a for a in sample["arguments"]], sample["resps"]):
             ctx, cont = lm._encode_pair(context, continuation)
-            sel = gemfilter.select_tokens(lm.model, torch.tensor([ctx]), layer=2, topk=12)
+            sel = gemfilter.select_tokens(lm.model, torch.tensor([ctx]), layer=layer, topk=12)
             kept = torch.tensor(ctx)[sel.indices[0]]
             assert len(kept) == 12 < len(ctx)
             ids = torch.cat([kept, torch.tensor(cont)])[None]
@@ -200,15 +218,17 @@ def test_cli_forwards_to_the_harness_and_writes_its_results_json(tiny_model_dir,
     assert list(out.rglob("samples_gf_local_mc_*.jsonl"))
 
 
-def test_k_below_n_generation_equals_gemfilter_generate(tiny_model_dir, tasks):
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_k_below_n_generation_equals_gemfilter_generate(model_dirs, tasks, family):
     from eval.harness.adapter import GemFilterLM
 
-    lm = GemFilterLM(pretrained=str(tiny_model_dir), dtype="float32", method="gemfilter", topk=12, layer=2)
+    layer = FILTER_LAYER[family]
+    lm = GemFilterLM(pretrained=str(model_dirs[family]), dtype="float32", method="gemfilter", topk=12, layer=layer)
     out = evaluate(lm, None, tasks, task_names=("gf_local_gen",), batch_size=1)
     for sample in out["samples"]["gf_local_gen"]:
         context = sample["arguments"][0][0]
         ids = lm.tok_encode(context)
-        got = gemfilter.generate(lm.model, torch.tensor([ids]), layer=2, topk=12, max_new_tokens=6)
+        got = gemfilter.generate(lm.model, torch.tensor([ids]), layer=layer, topk=12, max_new_tokens=6)
         text = lm.tokenizer.decode(got.new_tokens[0]).split("w2")[0]
         assert sample["resps"][0][0] == text
 
