@@ -304,3 +304,15 @@ def test_batch_rows_equal_single_rows():
 def test_replace_keeps_validation():
     with pytest.raises(ValueError, match="window=0"):
         dataclasses.replace(FastKV(), window=0)
+
+
+def test_methods_command_documents_every_default(capsys):
+    from gemfilter.cli import main
+
+    assert main(["methods", "fastkv"]) == 0
+    out = capsys.readouterr().out
+    for line in ("layer = None", "topk = 512", "tsp_len = 2048", "window = 8", "kernel = 7", "pooling = 'avg'"):
+        assert line in out
+    assert "TSP fires when" in out and "official" in out
+    assert main(["methods", "fast"]) == 2
+    assert "unknown method 'fast'; allowed: fastkv" in capsys.readouterr().err
