@@ -24,7 +24,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("*_probes/*/README.md"))]
 #: programs that are not this project's: recognised, never run
-EXTERNAL = {"curl", "pip", "git", "cd", "bash", "for", "do", "done", "export", "ls", "cat", "nvidia-smi"}
+EXTERNAL = {"curl", "pip", "git", "cd", "cp", "bash", "for", "do", "done", "export", "ls", "cat", "nvidia-smi"}
 #: python modules of other projects that the docs start (the serving engine)
 EXTERNAL_MODULES = ("vllm.",)
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
