@@ -13,7 +13,7 @@ import gemfilter
 from gemfilter.methods import REGISTRY, get_method
 from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
-lm_eval = pytest.importorskip("lm_eval")
+import lm_eval  # noqa: E402  (a declared dependency: a missing one must fail, not skip)
 pytestmark = pytest.mark.usefixtures("quiet")
 
 GEN_YAML = """task: gf_local_gen

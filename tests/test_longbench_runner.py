@@ -160,7 +160,7 @@ def test_score_accepts_one_method_folder_and_forces_e(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run", "--methods", "full,magic"], "unknown method(s) magic; allowed: full, gemfilter"),
+    (["run", "--methods", "full,magic"], "unknown method(s) magic; allowed: fastkv, full, gemfilter"),
     (["run", "--tasks", "hotpotqa,lsht"], "unknown LongBench task 'lsht'; allowed: narrativeqa"),
     (["run", "--e", "--tasks", "narrativeqa"], "--e: narrativeqa has no LongBench-E variant"),
     (["run", "--tasks", "hotpotqa", "--limit", "0"], "--limit must be an int >= 1"),
