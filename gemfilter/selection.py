@@ -190,6 +190,19 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def layer_windows(model) -> list:
+    """The sliding window of every decoder layer (None for full attention). model: a model or its config."""
+    return [sliding_window_of(model, i) for i in range(num_layers(model))]
+
+
+def check_mask_kernel(model, who: str) -> None:
+    """Refuse a flash-attention kernel for a method that hands the kernel its own position masks (``who``:
+    the method, as the message names it); flash kernels take no explicit masks."""
+    if "flash" in str(model.config._attn_implementation):
+        raise ValueError(f"{who} needs position-based masks, which flash attention kernels do not take; load the "
+                         "model with attn='sdpa', 'eager' or 'banded'")
+
+
 def position_mask(q_pos, k_pos, window, dtype, key_valid=None):
     """Additive mask (b, 1, q, L) from absolute positions: key allowed iff k_pos <= q_pos and, for a
     sliding window w, k_pos > q_pos - w (transformers' window predicate), and ``key_valid``.

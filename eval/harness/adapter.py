@@ -54,7 +54,8 @@ class GemFilterLM(HFLM):
         if attn is not None:
             gemfilter.set_attention(self.model, attn)
         self.method_name, self.topk, self.ratio, self.layer = method, topk, ratio, layer
-        self._splits: dict = {}
+        self._splits: dict = {}  # while a loglikelihood run lasts: row tokens -> context length
+        self._lengths: list = []  # their distinct lengths, longest first
         self.method_for(1)  # refuse a bad layer or budget before any request runs
 
     def method_for(self, prompt_tokens: int):
@@ -77,16 +78,16 @@ class GemFilterLM(HFLM):
             if splits.setdefault(key, ctx_len) != ctx_len:
                 raise ValueError("two loglikelihood requests have the same tokens but split them differently into "
                                  "context and continuation; the gemfilter adapter cannot tell which row is which")
-        self._splits = splits
+        self._splits, self._lengths = splits, sorted({len(k) for k in splits}, reverse=True)
         try:
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
         finally:
-            self._splits = {}
+            self._splits, self._lengths = {}, []
 
     def _row(self, row):
         """(tokens, context length) of one right-padded input row, from the requests' own splits."""
         ids = row.tolist()
-        for n in sorted({len(k) for k in self._splits if len(k) <= len(ids)}, reverse=True):
+        for n in (n for n in self._lengths if n <= len(ids)):
             if not any(ids[n:]) and tuple(ids[:n]) in self._splits:
                 return ids[:n], self._splits[tuple(ids[:n])]
         raise RuntimeError("gemfilter adapter: an input row matches no loglikelihood request")

@@ -46,7 +46,7 @@ from typing import ClassVar
 import torch
 
 from ..attention import STATE_KWARG, FilterLayerReached, wrapped_attention
-from ..selection import Selection, num_layers, position_mask, sliding_window_of
+from ..selection import Selection, check_mask_kernel, layer_windows, num_layers, position_mask, sliding_window_of
 from .cache import CacheCall, group_mean, keep_indices, pool_prefix, window_votes
 from .registry import register
 
@@ -74,7 +74,7 @@ class FastKVCall:
         b, self.n = input_ids.shape
         self.method = method
         self.tsp = method.layer
-        self.windows = [sliding_window_of(model, i) for i in range(num_layers(model))]
+        self.windows = layer_windows(model)
         self.stored, self.plans, self.masks = {}, {}, {}
         self.mode = "pass1"
         device = input_ids.device
@@ -107,10 +107,13 @@ class FastKVCall:
         if self.mode == "pass1":
             self.stored[i] = (key, value)
             valid = torch.ones(key.shape[0], key.shape[2], dtype=torch.bool, device=key.device)
-            if window is None and self.n > self.method.topk:
-                self.plans[i] = self.method.plan(i, query, key, valid, scaling)
-            if i == self.tsp:
-                raise FilterLayerReached(self.method.propagate(query, key, valid, scaling))
+            compresses = window is None and self.n > self.method.topk
+            if compresses or i == self.tsp:  # the TSP layer's scores serve its cache plan and TSP alike
+                pooled = self.method.scores(query, key, valid, scaling)
+                if compresses:
+                    self.plans[i] = self.method.keep_plan(pooled, key.shape[1], valid)
+                if i == self.tsp:
+                    raise FilterLayerReached(self.method.propagate(pooled, valid))
             return kernel(module, query, key, value, attention_mask, **kwargs)
         if self.mode == "pass2":
             if i <= self.tsp:  # kept queries against the full context's K/V (pass 1)
@@ -125,18 +128,22 @@ class FastKVCall:
             if stage not in self.masks:
                 self.masks[stage] = position_mask(self.kept_idx, k_pos, window, query.dtype)
             return kernel(module, query, key, value, self.masks[stage], **kwargs)
-        # decode: full layers see every stored key (causal among the new ones); sliding layers by positions
+        # decode: full layers see every stored key (causal among the new ones); sliding layers by positions.
+        # Layers of one stage, window and cache length share a mask: built once per step (cleared in decode()).
         q, L = query.shape[2], key.shape[2]
-        q_pos = self.decoded[:, -q:]
-        if window is None:
-            slots = torch.arange(L, device=key.device)
-            mask = None if q == 1 else position_mask(slots[None, L - q:], slots[None], None, query.dtype)
-        else:
-            prompt = self.kept_idx if i > self.tsp else torch.arange(self.n, device=key.device)[None].expand(
-                q_pos.shape[0], -1)
-            k_pos = torch.cat([prompt, self.decoded], dim=1)[:, -L:]
-            mask = position_mask(q_pos, k_pos, window, query.dtype)
-        return kernel(module, query, key, value, mask, **kwargs)
+        stage = (i <= self.tsp, window, L)
+        if stage not in self.masks:
+            q_pos = self.decoded[:, -q:]
+            if window is None:
+                slots = torch.arange(L, device=key.device)
+                mask = None if q == 1 else position_mask(slots[None, L - q:], slots[None], None, query.dtype)
+            else:
+                prompt = self.kept_idx if i > self.tsp else torch.arange(self.n, device=key.device)[None].expand(
+                    q_pos.shape[0], -1)
+                k_pos = torch.cat([prompt, self.decoded], dim=1)[:, -L:]
+                mask = position_mask(q_pos, k_pos, window, query.dtype)
+            self.masks[stage] = mask
+        return kernel(module, query, key, value, self.masks[stage], **kwargs)
 
     def after_prefill(self, cache):
         for i, layer in enumerate(cache.layers):
@@ -160,6 +167,7 @@ class FastKVCall:
         start = self.n + self.decoded.shape[1]
         pos = torch.arange(start, start + q, device=self.decoded.device).expand(self.decoded.shape[0], -1)
         self.decoded = torch.cat([self.decoded, pos], dim=1)
+        self.masks.clear()
         kwargs["attention_mask"] = None
         kwargs["position_ids"] = pos
         kwargs[STATE_KWARG] = self
@@ -228,18 +236,22 @@ class FastKV:
             raise ValueError(f"fastkv: topk={self.topk} (the KV budget) must exceed the window of {self.window} "
                              "always-kept recent tokens")
 
-    def _scores(self, query, key, valid, scaling):
+    def scores(self, query, key, valid, scaling):
+        """Pooled window votes per query head (b, h, n): query (b, h, n, d), key (b, h_kv, n, d)."""
         votes = window_votes(query, key, valid, scaling, self.window)  # (b, h, n)
         return pool_prefix(votes, self.window, self.kernel, self.pooling)
 
+    def keep_plan(self, pooled, h_kv: int, valid):
+        """The rows a layer caches, from :meth:`scores`: (b, h_kv, topk) sorted, one set per KV head."""
+        return keep_indices(group_mean(pooled, h_kv), valid, self.topk, self.window)
+
     def plan(self, layer_idx, query, key, valid, scaling):
         """The rows a layer caches: (b, h_kv, topk) sorted; query (b, h, n, d), key (b, h_kv, n, d)."""
-        pooled = group_mean(self._scores(query, key, valid, scaling), key.shape[1])
-        return keep_indices(pooled, valid, self.topk, self.window)
+        return self.keep_plan(self.scores(query, key, valid, scaling), key.shape[1], valid)
 
-    def propagate(self, query, key, valid, scaling):
-        """TSP: (positions (b, tsp_len) sorted, per-token scores (b, n) with the window at +inf)."""
-        total = self._scores(query, key, valid, scaling).sum(1)  # (b, n): over every query head
+    def propagate(self, pooled, valid):
+        """TSP from :meth:`scores`: (positions (b, tsp_len) sorted, per-token scores (b, n), the window at +inf)."""
+        total = pooled.sum(1)  # (b, n): over every query head
         idx = keep_indices(total[:, None], valid, self.tsp_len, self.window)[:, 0]
         total[:, -self.window:] = float("inf")
         return idx, total
@@ -251,8 +263,6 @@ class FastKV:
             if not bool(valid.all()):
                 raise ValueError("fastkv: left-padded batches are not supported when token-selective propagation "
                                  f"fires (prompt longer than tsp_len={self.tsp_len}): run the rows one at a time")
-            if "flash" in str(model.config._attn_implementation):
-                raise ValueError("fastkv: its second prefill pass needs position-based masks, which flash attention "
-                                 "kernels do not take; load the model with attn='sdpa', 'eager' or 'banded'")
+            check_mask_kernel(model, "fastkv: its second prefill pass")
             return FastKVCall(self, model, input_ids)
         return CacheCall(self, model, input_ids, valid)  # no propagation: only each layer's KV budget

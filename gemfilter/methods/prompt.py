@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..attention import STATE_KWARG
-from ..selection import (decode_mask, last_row_scores, num_layers, paper_pick, position_mask, positions_from_mask,
-                         select_tokens, sliding_window_of)
+from ..selection import (check_mask_kernel, decode_mask, last_row_scores, layer_windows, paper_pick, position_mask,
+                         positions_from_mask, select_tokens)
 from .registry import register
 
 
@@ -113,16 +113,17 @@ class OrigPosCall(PromptCall):
         start = (~valid).sum(1)  # left padding per row
         self.real = valid.sum(1)
         self.positions = pad_left([idx - s for idx, s in zip(selection.indices, start)], 0)[0]
-        self.windows = [sliding_window_of(model, i) for i in range(num_layers(model))]
+        self.windows = layer_windows(model)
         self.windowed = any(w is not None for w in self.windows)
-        if self.windowed and "flash" in str(model.config._attn_implementation):
-            raise ValueError("gemfilter-orig-pos on a model with sliding-window layers needs position masks, which "
-                             "flash attention kernels do not take; load the model with attn='sdpa', 'eager' or 'banded'")
+        if self.windowed:
+            check_mask_kernel(model, "gemfilter-orig-pos on a model with sliding-window layers")
         self.decoded = self.positions.new_zeros((len(self.kept), 0))
+        self.masks = {}  # (window, q, L) -> the mask every sliding layer of this forward shares
 
     def prefill(self, kwargs, cache):
         kwargs = super().prefill(kwargs, cache)
         kwargs["position_ids"] = self.positions
+        self.masks.clear()
         if self.windowed:
             kwargs[STATE_KWARG] = self
         return kwargs
@@ -134,6 +135,7 @@ class OrigPosCall(PromptCall):
         kwargs["position_ids"] = self.real[:, None] + steps[None]
         if self.windowed:
             self.decoded = torch.cat([self.decoded, kwargs["position_ids"]], dim=1)
+            self.masks.clear()
             kwargs[STATE_KWARG] = self
         return kwargs
 
@@ -141,11 +143,13 @@ class OrigPosCall(PromptCall):
         window = self.windows[module.layer_idx]
         if window is None:  # causal over the kept slots is causal over their (increasing) positions
             return kernel(module, query, key, value, attention_mask, **kwargs)
-        pos = torch.cat([self.positions, self.decoded], dim=1)
-        valid = torch.cat([self.kept_mask.bool(), torch.ones_like(self.decoded, dtype=torch.bool)], dim=1)
         L, q = key.shape[2], query.shape[2]
-        mask = position_mask(pos[:, -q:], pos[:, -L:], window, query.dtype, key_valid=valid[:, -L:])
-        return kernel(module, query, key, value, mask, **kwargs)
+        if (window, q, L) not in self.masks:  # the same for every sliding layer of this forward: built once
+            pos = torch.cat([self.positions, self.decoded], dim=1)
+            valid = torch.cat([self.kept_mask.bool(), torch.ones_like(self.decoded, dtype=torch.bool)], dim=1)
+            self.masks[window, q, L] = position_mask(pos[:, -q:], pos[:, -L:], window, query.dtype,
+                                                     key_valid=valid[:, -L:])
+        return kernel(module, query, key, value, self.masks[window, q, L], **kwargs)
 
 
 @register
