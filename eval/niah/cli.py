@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from .grid import PRESET_SETTINGS, PRESETS
+from gemfilter.entry import command
 
 EPILOG = """presets (--lengths / --depths replace the preset's axis; explicit options win):
 {presets}
@@ -108,6 +109,7 @@ def _settings(settings: dict, lengths, depths) -> str:
             "Score: word recall of the answer (max 11/12), averaged over the cells.")
 
 
+@command("eval", name="gemfilter-niah")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-niah`` and ``python -m eval.niah``; returns the exit status."""
     from gemfilter.options import cli_exit

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from gemfilter.entry import command
 
 TASKS_HELP = """tasks (synthetic.yaml; generator, tokens_to_generate, metric):
 {tasks}
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("eval", name="gemfilter-ruler")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-ruler`` and ``python -m eval.ruler``; returns the exit status."""
     from gemfilter.options import cli_exit

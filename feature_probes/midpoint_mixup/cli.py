@@ -19,6 +19,7 @@ from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.midpoint_mixup.experiments import (IMAGES_PRESETS, SWEEPS, SYNTHETIC_PRESETS, run_images,
                                                        run_synthetic, run_units)
 from feature_probes.midpoint_mixup.model import METHODS
+from gemfilter.entry import command
 
 PRESETS = {"synthetic": SYNTHETIC_PRESETS, "images": IMAGES_PRESETS}
 PAPER_TABLE1_FMNIST = {"erm": "16.55 ± 2", "midpoint": "14.84 ± 1", "uniform": "9.66"}
@@ -224,6 +225,7 @@ def run_sweep(name: str, jsonl: Path, figs: Path, progress: bool = True) -> str:
     return md + f"\nwrote: {out / 'sweep_summary.md'} {png}"
 
 
+@command("probes", name="python -m feature_probes.midpoint_mixup")
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -15,6 +15,7 @@ import numpy as np
 from icl_probes.common import pyplot, save_png, write_json
 from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.mrp.experiments import PRESETS, run_units
+from gemfilter.entry import command
 
 EPILOG = """examples:
   python -m feature_probes.mrp run --out results/mrp --fig-dir feature_probes/figures        # ~2 min
@@ -123,6 +124,7 @@ def plot(rows: list[dict], path):
     return save_png(fig, path)
 
 
+@command("probes", name="python -m feature_probes.mrp")
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -16,6 +16,7 @@ from icl_probes.common import pyplot, save_png, write_json
 from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.parity.data import ParitySpec
 from feature_probes.parity.experiments import PRESETS, run_table
+from gemfilter.entry import command
 
 METHODS = ("network", "network_adam", "ntk", "ntk_ridge", "rf", "one_step", "two_step")
 NAMES = {"network": "Network, stage 3 thm_a20 (GD, Thm A.20's η)", "network_adam": "Network, stage 3 adam",
@@ -146,6 +147,7 @@ def plot_mds(rows: list[dict], path):
     return save_png(fig, path)
 
 
+@command("probes", name="python -m feature_probes.parity")
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

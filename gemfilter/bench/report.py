@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
 from ..options import check_against_model, parse_lengths
+from ..entry import command
 
 DEFAULT_METHODS = "full,gemfilter,snapkv,h2o"
 DEFAULT_LENGTHS = "2000,4000,8000,16000"
@@ -279,6 +280,7 @@ def check_args(args) -> tuple:
     return methods, lengths, kernels, out
 
 
+@command("plots", name="gemfilter bench")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter bench``; errors exit with a message that names the option or file."""
     parser = build_parser()

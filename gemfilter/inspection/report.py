@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-
+from ..entry import require
 from .core import gemfilter_kept, needle_distances, needle_token_span, snapkv_kept, trace
 
 
@@ -133,6 +133,7 @@ def _cmd_inspect(args) -> int:
     from ..models import load_model
 
     out = _check_inspect(args)
+    require("plots", "gemfilter inspect")
     model, tok = load_model(args.model, attn=args.attn)
     case = build_case(tok, args.length, args.depth, haystack_dir=args.haystack_dir)
     ids = tok(case.prompt, return_tensors="pt")["input_ids"]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from gemfilter.io import check_out_dir, read_text, write_text_atomic
+from gemfilter.entry import command
 
 FIG_DIR = Path(__file__).resolve().parents[1] / "figures"
 
@@ -124,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("probes", name="python -m icl_probes.label_flip")
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

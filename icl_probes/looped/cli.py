@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from gemfilter.entry import command
 
 EPILOG = """subcommands:
   fig81   Fig. 8.1: the constructed looped transformer (Q = I, P = diag(I_d, 0)) with eta = 1/L against
@@ -152,6 +153,7 @@ def _check(args) -> dict:
     return result
 
 
+@command("probes", name="python -m icl_probes.looped")
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -21,6 +21,7 @@ from gemfilter.io import check_out_dir, remove_jsonl_rows, write_text_atomic
 from icl_probes.common import as_stored, read_json, resolve_device, write_json
 from icl_probes.modular import plots, report
 from icl_probes.modular.experiments import GROK_PRESETS, MLP_PRESETS, TRANSFORMER_PRESETS, run_grokking, run_mlp, run_transformer
+from gemfilter.entry import command
 
 PRESETS = {"mlp": MLP_PRESETS, "transformer": TRANSFORMER_PRESETS, "grok": GROK_PRESETS}
 
@@ -155,6 +156,7 @@ def _drop_rows(path: Path, settings: dict, kps) -> None:
     remove_jsonl_rows(path, lambda r: r.get("settings") == settings and (r.get("k"), r.get("p")) in kps)
 
 
+@command("probes", name="python -m icl_probes.modular")
 def main(argv=None) -> int:
     import torch
 
