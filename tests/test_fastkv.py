@@ -316,3 +316,60 @@ def test_methods_command_documents_every_default(capsys):
     assert "TSP fires when" in out and "official" in out
     assert main(["methods", "fast"]) == 2
     assert "unknown method 'fast'; allowed: fastkv" in capsys.readouterr().err
+
+
+def official_update_kv_casts(query, key, window, kernel, pooling, capacity, tsp_len, groups):
+    """``FastKVCluster.update_kv`` with its own casts, line by line (b = 1): logits in the model's dtype
+    divided by sqrt(head_dim), the window mask at finfo(dtype).min, softmax in fp32 cast back, window sum,
+    pooling and GQA sum in the model's dtype. Returns (kept rows (h_kv, capacity) sorted, tsp (tsp_len,))."""
+    import math
+
+    bsz, _, q_len, head_dim = query.shape
+    key_states_temp = key[:, :, None].expand(-1, -1, groups, -1, -1).reshape(bsz, -1, q_len, head_dim)
+    attn_weights = torch.matmul(query[..., -window:, :], key_states_temp.transpose(2, 3)) / math.sqrt(head_dim)
+    mask = torch.full((window, window), torch.finfo(attn_weights.dtype).min, device=attn_weights.device)
+    mask_cond = torch.arange(mask.size(-1))
+    mask.masked_fill_(mask_cond < (mask_cond + 1).view(mask.size(-1), 1), 0)
+    attn_weights[:, :, -window:, -window:] += mask[None, None, :, :]
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights_sum = attn_weights[:, :, -window:, :-window].sum(dim=-2)
+    pool = F.avg_pool1d if pooling == "avg" else F.max_pool1d
+    attn_cache = pool(attn_weights_sum, kernel_size=kernel, padding=kernel // 2, stride=1)
+    attn_cache = attn_cache.view(bsz, -1, groups, q_len - window).sum(dim=-2)
+    indices = attn_cache.topk(capacity - window, dim=-1).indices
+    tail = torch.arange(q_len - window, q_len).expand(1, indices.shape[1], window)
+    kept = torch.cat([indices, tail], dim=-1)[0].sort(-1).values
+    tsp = attn_cache.sum(dim=-2).topk(tsp_len - window, dim=-1).indices
+    tsp = torch.cat([tsp, torch.arange(q_len - window, q_len)[None]], dim=-1).sort(dim=1).values[0]
+    return kept, tsp
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_half_precision_kept_rows_follow_the_official_casts(dtype):
+    """The default score_dtype='model' keeps exactly the official rows and TSP tokens in fp16/bf16/fp32;
+    the all-fp32 option differs from them somewhere in half precision (so the choice is real)."""
+    differs = 0
+    for case in range(48):
+        gen = torch.Generator().manual_seed(case)
+        h, h_kv, n, d = (4, 1, 64, 16) if case % 2 else (8, 2, 96, 32)
+        scale = 3.0 if case % 3 else 1.0  # peaked and flat attention
+        query = (torch.randn(1, h, n, d, generator=gen) * scale).to(dtype)
+        key = (torch.randn(1, h_kv, n, d, generator=gen) * scale).to(dtype)
+        valid = torch.ones(1, n, dtype=torch.bool)
+        topk, tsp_len = (24, 40) if case % 4 < 2 else (16, 20)
+        want_rows, want_tsp = official_update_kv_casts(query, key, 8, 7, "avg", topk, tsp_len, h // h_kv)
+        method = FastKV(layer=0, topk=topk, tsp_len=tsp_len)
+        pooled = method.scores(query, key, valid, d ** -0.5)
+        assert pooled.dtype == dtype
+        assert torch.equal(method.keep_plan(pooled, h_kv, valid)[0], want_rows), case
+        assert torch.equal(method.propagate(pooled, h_kv, valid)[0][0], want_tsp), case
+        fp32 = dataclasses.replace(method, score_dtype="fp32")
+        pooled32 = fp32.scores(query, key, valid, d ** -0.5)
+        differs += not (torch.equal(fp32.keep_plan(pooled32, h_kv, valid)[0], want_rows)
+                        and torch.equal(fp32.propagate(pooled32, h_kv, valid)[0][0], want_tsp))
+    assert (differs > 0) == (dtype != torch.float32), differs
+
+
+def test_score_dtype_is_checked():
+    with pytest.raises(ValueError, match="score_dtype must be 'model' .* or 'fp32', got 'fp16'"):
+        FastKV(score_dtype="fp16")

@@ -33,9 +33,12 @@ How it runs through the attention seam (no model code copied, no forward patched
 
 The price of the seam: layers 0..TSP run again on the kept tokens (pass 2), a prompt cost of
 (r+1)/m * k/n beyond FastKV's own (r+1)/m + (1 - (r+1)/m) * k/n; ``gemfilter bench`` prints both.
-Differences from the official code: scores are accumulated in fp32 (official casts the softmax back to
-the model dtype before summing), the temperature is the model's own attention scaling (official:
-1/sqrt(head_dim), the same on Llama/Mistral/Qwen), and left-padded batches are refused when TSP fires.
+Scores follow the official casts by default (``score_dtype="model"``): logits in the model's dtype, the
+softmax in fp32 cast back, the window sum, pooling and GQA/head sums in the model's dtype. In fp16/bf16 that
+decides ties and near-ties differently from an all-fp32 computation, which ``score_dtype="fp32"`` keeps as a
+named choice (this project's first version; the two agree in fp32). Other differences from the official code:
+the temperature is the model's own attention scaling (official: 1/sqrt(head_dim), the same on
+Llama/Mistral/Qwen/Gemma 3), and left-padded batches are refused when TSP fires.
 """
 
 from __future__ import annotations
@@ -49,6 +52,32 @@ from ..attention import STATE_KWARG, FilterLayerReached, wrapped_attention
 from ..selection import Selection, check_mask_kernel, layer_windows, num_layers, position_mask, sliding_window_of
 from .cache import CacheCall, group_mean, keep_indices, pool_prefix, window_votes
 from .registry import register
+
+SCORE_DTYPES = ("model", "fp32")
+
+
+def window_votes_official(query, key, valid, scaling: float, window: int):
+    """FastKV's window votes with the official casts: (b, h, n) in the model's dtype.
+
+    query (b, h, n, d) and key (b, h_kv, n, d) in the model's dtype; K repeated to every query head, logits
+    (last ``window`` queries) in that dtype, future keys inside the window masked, softmax in fp32 cast back,
+    summed over the window's queries in that dtype. Padding keys get no weight (the official code has none).
+    """
+    n = key.shape[2]
+    k = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    # Official: "/ math.sqrt(head_dim)"; dividing by 1/scaling gives that same divisor for the usual scaling.
+    logits = torch.matmul(query[:, :, -window:], k.transpose(2, 3)) / (1.0 / scaling)
+    qpos = torch.arange(n - window, n, device=key.device)
+    blocked = torch.arange(n, device=key.device)[None, :] > qpos[:, None]  # (w, n): future keys
+    logits = logits.masked_fill(blocked | ~valid[:, None, None, :], float("-inf"))
+    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
+    return weights.sum(dim=-2)
+
+
+def group_sum(scores, h_kv: int):
+    """(b, h, n) -> (b, h_kv, n): the official GQA reduction, a sum over each query group in its dtype."""
+    b, h, n = scores.shape
+    return scores.reshape(b, h_kv, h // h_kv, n).sum(2)
 
 
 def tsp_default_layer(model) -> int:
@@ -113,7 +142,7 @@ class FastKVCall:
                 if compresses:
                     self.plans[i] = self.method.keep_plan(pooled, key.shape[1], valid)
                 if i == self.tsp:
-                    raise FilterLayerReached(self.method.propagate(pooled, valid))
+                    raise FilterLayerReached(self.method.propagate(pooled, key.shape[1], valid))
             return kernel(module, query, key, value, attention_mask, **kwargs)
         if self.mode == "pass2":
             if i <= self.tsp:  # kept queries against the full context's K/V (pass 1)
@@ -183,7 +212,9 @@ class FastKV:
     layer: 0-based TSP layer (None: :func:`tsp_default_layer`, the official choice on its three models);
     topk: KV budget per layer (official ``max_capacity_prompt``); tsp_len: tokens propagated past the TSP
     layer; window: observation window of recent queries, always kept; kernel: pooling width;
-    pooling: "avg" (v1) or "max" (v3's argparse default).
+    pooling: "avg" (v1) or "max" (v3's argparse default); score_dtype: "model" (the official casts: logits,
+    window sums, pooling and head sums in the model's dtype, softmax in fp32) or "fp32" (every step in
+    float32; the same in an fp32 model).
 
     TSP fires when the prompt has more than ``tsp_len`` tokens and at least ``topk`` (as officially);
     otherwise every layer just keeps ``topk`` rows. The command line and the evals set ``topk`` with
@@ -196,6 +227,7 @@ class FastKV:
     window: int = 8
     kernel: int = 7
     pooling: str = "avg"
+    score_dtype: str = "model"
     shared: ClassVar[bool] = False
     name: ClassVar[str] = "fastkv"
     description: ClassVar[str] = ("FastKV (Jo et al. 2025): all tokens to TSP layer, top tsp_len=2048 by last-8-query "
@@ -204,6 +236,9 @@ class FastKV:
     def __post_init__(self):
         if self.pooling not in ("avg", "max"):
             raise ValueError(f"fastkv: pooling must be 'avg' (v1) or 'max' (v3), got {self.pooling!r}")
+        if self.score_dtype not in SCORE_DTYPES:
+            raise ValueError(f"fastkv: score_dtype must be 'model' (the official casts) or 'fp32', got "
+                             f"{self.score_dtype!r}")
         for field in ("window", "tsp_len", "kernel"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -238,20 +273,26 @@ class FastKV:
 
     def scores(self, query, key, valid, scaling):
         """Pooled window votes per query head (b, h, n): query (b, h, n, d), key (b, h_kv, n, d)."""
-        votes = window_votes(query, key, valid, scaling, self.window)  # (b, h, n)
+        votes = (window_votes if self.score_dtype == "fp32" else window_votes_official)(
+            query, key, valid, scaling, self.window)  # (b, h, n)
         return pool_prefix(votes, self.window, self.kernel, self.pooling)
+
+    def per_kv_head(self, pooled, h_kv: int):
+        """(b, h, n) -> (b, h_kv, n): the official group sum, or fp32's group mean (the same ranking)."""
+        return group_mean(pooled, h_kv) if self.score_dtype == "fp32" else group_sum(pooled, h_kv)
 
     def keep_plan(self, pooled, h_kv: int, valid):
         """The rows a layer caches, from :meth:`scores`: (b, h_kv, topk) sorted, one set per KV head."""
-        return keep_indices(group_mean(pooled, h_kv), valid, self.topk, self.window)
+        return keep_indices(self.per_kv_head(pooled, h_kv), valid, self.topk, self.window)
 
     def plan(self, layer_idx, query, key, valid, scaling):
         """The rows a layer caches: (b, h_kv, topk) sorted; query (b, h, n, d), key (b, h_kv, n, d)."""
         return self.keep_plan(self.scores(query, key, valid, scaling), key.shape[1], valid)
 
-    def propagate(self, pooled, valid):
+    def propagate(self, pooled, h_kv: int, valid):
         """TSP from :meth:`scores`: (positions (b, tsp_len) sorted, per-token scores (b, n), the window at +inf)."""
-        total = pooled.sum(1)  # (b, n): over every query head
+        # Over every query head; officially the sum of the KV heads' group sums, in that order.
+        total = pooled.sum(1) if self.score_dtype == "fp32" else group_sum(pooled, h_kv).sum(1)
         idx = keep_indices(total[:, None], valid, self.tsp_len, self.window)[:, 0]
         total[:, -self.window:] = float("inf")
         return idx, total
