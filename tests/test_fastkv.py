@@ -373,3 +373,21 @@ def test_half_precision_kept_rows_follow_the_official_casts(dtype):
 def test_score_dtype_is_checked():
     with pytest.raises(ValueError, match="score_dtype must be 'model' .* or 'fp32', got 'fp16'"):
         FastKV(score_dtype="fp16")
+
+
+def test_all_sliding_model_with_a_wide_window_is_refused_not_reported_as_compressed():
+    """Mistral-style config, every layer a 48-token window, n=60, topk=24: each layer would cache 47 rows under
+    'kept 24'. fastkv refuses by name; with topk >= 47 it runs and every layer caches at most topk rows."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from tiny_models import COMMON
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(**{**COMMON, "sliding_window": 48, "head_dim": 16})).eval()
+    ids = prompt(60)
+    with pytest.raises(ValueError, match=r"fastkv compresses only full-attention layers.*each would cache 47 rows, "
+                                         r"more than topk=24"):
+        gemfilter.generate(model, ids, method=FastKV(layer=2, topk=24, tsp_len=32), max_new_tokens=1)
+    with gemfilter.apply(model, FastKV(layer=2, topk=47, tsp_len=32)):
+        out = model.generate(ids, max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
+    assert max(layer.keys.shape[2] for layer in output_cache(out).layers) <= 47

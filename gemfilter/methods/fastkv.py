@@ -266,10 +266,21 @@ class FastKV:
         return own, own + early * share
 
     def check_model(self, config, prompt_tokens: int) -> None:
-        """Refuse a budget that does not exceed the window (the official code asserts the same)."""
+        """Refuse a budget that does not exceed the window (the official code asserts the same), and a model
+        whose every layer slides with a window wider than ``topk`` + 1, on prompts longer than ``topk``: only
+        full-attention layers compress, so every layer would cache window - 1 rows, more than the budget the
+        rows report. (The official code ignores the window and compresses such layers; not built here.)
+        config: a model or its transformers config."""
         if self.topk <= self.window:
             raise ValueError(f"fastkv: topk={self.topk} (the KV budget) must exceed the window of {self.window} "
                              "always-kept recent tokens")
+        windows = [sliding_window_of(config, i) for i in range(num_layers(config))]
+        if prompt_tokens > self.topk and None not in windows and max(windows) - 1 > self.topk:
+            raise ValueError(
+                f"fastkv compresses only full-attention layers, and every layer of this model has a sliding window "
+                f"({', '.join(map(str, sorted(set(windows))))}): each would cache {max(windows) - 1} rows, more than "
+                f"topk={self.topk}. Give topk >= {max(windows) - 1}, or use a method that selects prompt tokens "
+                "(gemfilter, gemfilter-span, gemfilter-orig-pos)")
 
     def scores(self, query, key, valid, scaling):
         """Pooled window votes per query head (b, h, n): query (b, h, n, d), key (b, h_kv, n, d)."""
