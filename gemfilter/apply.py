@@ -9,6 +9,12 @@ and evict the cache after the prefill. On decode steps it translates generate's 
 ``generate`` therefore returns exactly what it normally returns (the original prompt plus the new
 tokens), and streamers, stopping criteria and every generation kwarg pass through untouched. The
 hooks and the attention switch are undone in ``finally``.
+
+A cache filled inside the block continues exactly in a later ``generate`` call (a second turn): a method
+that shrank the prompt leaves the cache shorter than the sequence it consumed, so ``generate`` hands the
+forward old tokens again along with the new ones; the hooks drop those (after checking they are the
+tokens this cache consumed) and feed only the new ones, at the method's positions. What cannot be made
+exact is refused by name.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import wrapped_attention
-from .compat import cache_in, generation_modes_limited
+from .compat import cache_in, first_position, generation_modes_limited
 from .layers import default_layer
 from .selection import Selection, as_batch, check_causal_decoder, check_params, check_prompt
 
@@ -34,11 +40,49 @@ class Applied:
     calls: list = field(default_factory=list)
     _by_cache: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     _prefilling: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    _consumed: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
     @property
     def selection(self) -> Selection | None:
         """The last call's selection (None for methods that keep no single index set)."""
         return self.calls[-1].selection if self.calls else None
+
+
+class Consumed:
+    """The original tokens a cache has consumed inside apply(): ids (b, c), padding included; real (b,) counts."""
+
+    def __init__(self, ids, real):
+        self.ids, self.real = ids, real
+
+    def only_new(self, kwargs, name: str) -> dict:
+        """Drop from a decode forward's input the tokens this cache consumed already, and record the rest.
+
+        ``generate`` restarting on a cache slices its input at the cache's length; after a method shrank the
+        cache, that slice starts with tokens the cache already holds (compressed). Their count is the number
+        of real tokens consumed minus the position ``generate`` gives the first incoming token.
+        """
+        ids = kwargs["input_ids"]
+        first = first_position(kwargs)
+        overlap = torch.zeros_like(self.real) if first is None else self.real - first.to(self.real.device)
+        o = int(overlap[0])
+        if not bool((overlap == o).all()) or o < 0 or o >= ids.shape[1]:
+            raise ValueError(
+                f"apply(): this generate call continues a {name} cache that consumed {self.real.tolist()} tokens "
+                f"per row, but its input starts at positions {first.tolist() if first is not None else '?'} "
+                f"with {ids.shape[1]} tokens: give generate the previous output sequence (prompt and answer) "
+                "followed by at least one new token, one conversation per row, with no tokens left out")
+        if o:
+            if not torch.equal(ids[:, :o], self.ids[:, -o:].to(ids.device)):
+                raise ValueError(
+                    f"apply(): the history given to this generate call differs from what the {name} cache "
+                    "consumed in the earlier call(s): pass that call's output sequence, then the new tokens")
+            kwargs["input_ids"] = ids = ids[:, o:]
+            for key in ("position_ids", "cache_position"):  # the latter in releases that still pass it
+                if kwargs.get(key) is not None:
+                    kwargs[key] = kwargs[key][..., o:]
+        self.ids = torch.cat([self.ids, ids.to(self.ids.device)], dim=1)
+        self.real = self.real + ids.shape[1]
+        return kwargs
 
 
 def _make_hooks(model, handle: Applied, tokenizer):
@@ -72,6 +116,7 @@ def _make_hooks(model, handle: Applied, tokenizer):
             handle.calls.append(call)
             handle._by_cache[cache] = call
             handle._prefilling[cache] = call
+            handle._consumed[cache] = Consumed(input_ids, valid.sum(1))
             return args, call.prefill(kwargs, cache)
         call = handle._by_cache.get(cache)
         if call is None:
@@ -80,6 +125,7 @@ def _make_hooks(model, handle: Applied, tokenizer):
                 f"apply() block, so {method.name} never saw those tokens and would run as plain full generation. "
                 "Inside apply(), pass no cache or an empty one (a prefix cache built outside the block cannot be "
                 "filtered)")
+        kwargs = handle._consumed[cache].only_new(kwargs, method.name)
         return args, call.decode(kwargs, cache, past)
 
     def post_hook(module, args, kwargs, output):

@@ -54,6 +54,17 @@ def cache_kwargs(cache) -> dict:
     return {cache_kwarg(): cache}
 
 
+def first_position(kwargs: dict):
+    """(b,) position of the first token a forward call feeds, as ``generate`` numbers the whole sequence
+    (its ``position_ids``, from the attention mask's running count; ``cache_position`` where a release passes
+    only that), or None when the call carries neither."""
+    pos = kwargs.get("position_ids")
+    if pos is not None:
+        return pos.reshape(-1, pos.shape[-1])[:, 0] if pos.dim() > 1 else pos[:1]
+    cache_pos = kwargs.get("cache_position")
+    return None if cache_pos is None else cache_pos[:1]
+
+
 def output_cache(output):
     """The KV cache a forward returned (``output.cache`` from 5.24 on, ``output.past_key_values`` before)."""
     return getattr(output, cache_kwarg())
