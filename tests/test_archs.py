@@ -14,7 +14,8 @@ import torch
 
 import gemfilter
 from gemfilter.bench import archs
-from gemfilter.bench.core import _Memory, device_name, forced_kwargs, warmup_tokens
+from gemfilter.bench.core import device_name, forced_kwargs, warmup_tokens
+from gemfilter.measure import PeakMemory
 
 # Written from the published config.json files (see gemfilter/configs/SOURCES.md), not read from them.
 PUBLISHED = {
@@ -163,7 +164,7 @@ def test_device_name_uses_the_gpu_name_on_cuda_and_the_cpu_model_otherwise():
 
 
 def test_cuda_memory_is_synchronised_max_memory_allocated_per_phase():
-    memory = _Memory(torch.device("cuda:1"))  # not the default GPU: every call must name it
+    memory = PeakMemory(torch.device("cuda:1"))  # not the default GPU: every call must name it
     memory.torch = SimpleNamespace(cuda=_FakeCuda())
     fake = memory.torch.cuda
     memory.baseline = memory.now()  # memory_allocated after the load: 1 GiB
