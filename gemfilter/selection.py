@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import STATE_KWARG, FilterLayerReached, wrapped_attention
+from .compat import cache_kwargs
 from .options import text_config
 
 
@@ -226,21 +227,24 @@ def decode_mask(kept_mask: torch.Tensor, past: int, q: int) -> torch.Tensor:
     return torch.cat([kept_mask, kept_mask.new_ones((b, past + q - k))], dim=1)
 
 
-def filter_pass(model, input_ids, mask, layer, score_fn):
+def filter_pass(model, input_ids, mask, layer, score_fn, cache=None):
     """Run ``model`` up to ``layer``'s attention and return ``score_fn(query, key)`` there.
 
-    input_ids, mask: (b, n) on the model's device. Layers after ``layer`` never run, layer ``layer``
-    stops before its attention kernel, and no KV cache is made (use_cache=False).
+    input_ids, mask: (b, n) on the model's device. Layers after ``layer`` never run, and layer ``layer``
+    stops before its attention kernel. With no ``cache`` none is made (use_cache=False). With a KV cache
+    (one row, no padding) that holds layers 0..layer of the tokens before these, the new tokens run at the
+    positions after them, layers 0..layer append their K/V to it, and ``key`` holds every token's.
     """
+    if cache is None:
+        extra = dict(attention_mask=None if bool(mask.all()) else mask, position_ids=positions_from_mask(mask),
+                     use_cache=False)
+    else:
+        start = cache.get_seq_length()
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
+        extra = dict(position_ids=positions, use_cache=True, **cache_kwargs(cache))
     with wrapped_attention(model), torch.no_grad():
         try:
-            model.base_model(
-                input_ids=input_ids,
-                attention_mask=None if bool(mask.all()) else mask,
-                position_ids=positions_from_mask(mask),
-                use_cache=False,
-                **{STATE_KWARG: _SelectState(layer, score_fn)},
-            )
+            model.base_model(input_ids=input_ids, **extra, **{STATE_KWARG: _SelectState(layer, score_fn)})
         except FilterLayerReached as stop:
             return stop.payload
     raise TypeError(

@@ -69,6 +69,9 @@ class _FilterMethod:
 
     # gemfilter.score: kept context + continuation at positions 0..k+c-1 is one forward of the plain model
     one_pass_scoring: ClassVar[bool] = True
+    # score() reads only the last query row, so a cache of the earlier tokens' layers 0..r gives the same
+    # scores as a fresh pass (gemfilter.Conversation's "reselect" protocol relies on it)
+    scores_last_row: ClassVar[bool] = True
 
     def select(self, model, input_ids, attention_mask=None, tokenizer=None):
         """This method's selection (Algorithm 2, steps 1-4) of ``input_ids`` (b, n).
@@ -78,7 +81,12 @@ class _FilterMethod:
                              method=self, tokenizer=tokenizer)
 
     def begin(self, model, input_ids, valid, tokenizer=None):
-        return PromptCall(model, self.select(model, input_ids, None if valid.all() else valid.long(), tokenizer))
+        return self.start(model, self.select(model, input_ids, None if valid.all() else valid.long(), tokenizer),
+                          valid)
+
+    def start(self, model, selection, valid):
+        """The per-call state that generates from ``selection`` (valid: (b, n) bool, the prompt's real tokens)."""
+        return PromptCall(model, selection)
 
     def pick(self, raw, valid, input_ids, tokenizer):
         return paper_pick(raw, valid, self.topk, self.kernel)
@@ -168,8 +176,7 @@ class GemFilterOrigPos(GemFilter):
     description: ClassVar[str] = ("ablation: gemfilter's selection, kept tokens keep their original position ids "
                                   "(SpecPrefill-style), decoding at n, n+1, ...")
 
-    def begin(self, model, input_ids, valid, tokenizer=None):
-        selection = self.select(model, input_ids, None if valid.all() else valid.long(), tokenizer)
+    def start(self, model, selection, valid):
         return OrigPosCall(model, selection, valid)
 
 
@@ -188,6 +195,7 @@ class MiddleRow(GemFilter):
 
     name: ClassVar[str] = "middle-row"
     description: ClassVar[str] = "ablation (Fig. G.3): like gemfilter, but scored with the middle query row"
+    scores_last_row: ClassVar[bool] = False
 
     def score(self, query, key, valid):
         n = valid.shape[1]
@@ -202,6 +210,7 @@ class LargestRow(GemFilter):
 
     name: ClassVar[str] = "largest-row"
     description: ClassVar[str] = "ablation (Fig. G.3): like gemfilter, but scored with the largest-norm query row"
+    scores_last_row: ClassVar[bool] = False
 
     def score(self, query, key, valid):
         norms = query.float().pow(2).sum(dim=(1, 3)).masked_fill(~valid, -1.0)  # (b, n)

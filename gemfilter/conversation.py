@@ -1,0 +1,208 @@
+"""Many questions over one long context: a conversation whose every turn runs a method.
+
+SCBench (Li et al. 2024, arXiv 2412.10319) measures methods over turns that share a context, in two
+modes: follow-up questions in one conversation, and independent questions over one context. Three
+named protocols say what a turn keeps of the earlier ones:
+
+- ``reselect`` (prompt methods: gemfilter, gemfilter-span, gemfilter-orig-pos): the conversation keeps a
+  KV cache of layers 0..r over the whole history (r + 1 of m layers). Each turn runs only its new tokens
+  through layers 0..r, selects top-k from the whole history by the new last row, and generates from the
+  kept tokens with a fresh cache. The context is never lost; turn t equals a from-scratch run of the
+  method on the concatenated history.
+- ``reuse``: the first turn's compressed cache goes on, as a KV-cache method runs in an engine (SCBench's
+  setting for cache methods); every later turn feeds only its new tokens (see :func:`gemfilter.apply`).
+- ``full``: no method; the whole cache is kept and extended (prefix reuse).
+
+Each turn reports its time to first token, the tokens its answer was generated from, and peak memory.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import torch
+
+from .apply import apply, resolve
+from .compat import cache_kwargs, dynamic_cache
+from .measure import FirstTokenClock, PeakMemory
+from .selection import Selection, check_causal_decoder, filter_pass, sliding_window_of
+
+PROTOCOLS = ("reselect", "reuse", "full")
+
+
+@dataclass
+class Turn:
+    """One answered question. new_tokens: (t,) generated ids; kept: tokens the answer was generated from
+    (reselect: the kept history, reuse: the compressed cache's prompt rows, full: the whole history);
+    history_tokens: the history's length with this question; ttft_s: seconds to the first new token,
+    selection included; total_s: the whole turn; peak_mib: peak memory over the turn beyond what was held
+    before it (CPU: resident set, CUDA: allocated)."""
+
+    new_tokens: torch.Tensor
+    text: str | None
+    kept: int
+    history_tokens: int
+    ttft_s: float
+    total_s: float
+    peak_mib: float
+    selection: Selection | None
+
+
+@dataclass(frozen=True, eq=False)
+class Preselected:
+    """A prompt method run on a selection made beforehand (by :class:`Conversation`'s reselect protocol)."""
+
+    method: object
+    selection: Selection
+
+    @property
+    def name(self) -> str:
+        return self.method.name
+
+    def begin(self, model, input_ids, valid, tokenizer=None):
+        return self.method.start(model, self.selection, valid)
+
+
+class Conversation:
+    """A conversation over one long context, one method, one protocol; use it as a context manager.
+
+    Parameters: model: a transformers causal LM (batch of one conversation); method: a method object (e.g.
+    ``GemFilter(topk=1024)``; None for ``full``); tokenizer: to encode text questions and decode answers;
+    protocol: ``reselect``, ``reuse`` or ``full`` (see the module docstring).
+
+    Example::
+
+        with gemfilter.Conversation(model, gemfilter.GemFilter(topk=1024), tok) as chat:
+            chat.ask(document + "\\nQuestion: who ...?", max_new_tokens=50)
+            chat.ask("\\nQuestion: and when ...?", max_new_tokens=50)
+    """
+
+    def __init__(self, model, method=None, tokenizer=None, protocol: str = "reselect"):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
+        check_causal_decoder(model, need_generate=True)
+        if protocol == "full":
+            if method is not None and method.name != "full":
+                raise ValueError(f"protocol 'full' runs no method (got {method.name}): pass method=None, or choose "
+                                 "'reselect' (prompt methods) or 'reuse'")
+            method = None
+        elif method is None:
+            raise ValueError(f"protocol {protocol!r} needs a method, e.g. gemfilter.GemFilter(topk=1024)")
+        else:
+            method = resolve(model, method)
+        if protocol == "reselect":
+            _check_reselect(model, method)
+        self.model, self.method, self.tokenizer, self.protocol = model, method, tokenizer, protocol
+        self.history = None  # (1, L) every token so far: questions and answers
+        self.turns: list[Turn] = []
+        self._stack = None
+        self._cache = None  # reuse/full: the generation cache; reselect: the selector's layers 0..r
+        self._memory = PeakMemory(next(model.parameters()).device)
+
+    def __enter__(self):
+        self._stack = ExitStack()
+        if self.protocol == "reuse":
+            self._stack.enter_context(apply(self.model, self.method, tokenizer=self.tokenizer))
+        self._cache = dynamic_cache(self.model.config)
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        self._stack = self._cache = None
+        return False
+
+    def ask(self, question, **generate_kwargs) -> Turn:
+        """Append ``question`` (text, or ids (t,) / (1, t)) to the history, answer it, append the answer.
+
+        generate_kwargs go to ``model.generate`` (greedy unless you say otherwise). Returns the :class:`Turn`.
+        """
+        if self._stack is None:
+            raise RuntimeError("Conversation.ask() runs inside `with Conversation(...) as chat:`")
+        new = self._encode(question)
+        history = new if self.history is None else torch.cat([self.history, new], dim=1)
+        generate_kwargs.setdefault("do_sample", False)
+        generate_kwargs.setdefault("num_beams", 1)
+        if "streamer" in generate_kwargs:
+            raise ValueError("Conversation.ask() times the first token with its own streamer: leave `streamer` out")
+        self._memory.baseline = self._memory.now()
+        self._memory.reset_peak()
+        clock = FirstTokenClock(self._memory, _sync(self._memory))
+        start = time.perf_counter()
+        selection = None
+        if self.protocol == "reselect":
+            selection = self._select(history)
+            with apply(self.model, Preselected(self.method, selection), tokenizer=self.tokenizer) as handle:
+                out = self.model.generate(history, streamer=clock, **generate_kwargs)
+            kept = handle.calls[-1].kept[0]
+        else:  # reuse (inside apply(), entered for the conversation) and full: one cache goes on
+            out = self.model.generate(history, streamer=clock, **cache_kwargs(self._cache), **generate_kwargs)
+        total = time.perf_counter() - start
+        answer = out[:, history.shape[1]:] if torch.is_tensor(out) else out.sequences[:, history.shape[1]:]
+        if self.protocol != "reselect":
+            kept = self._rows_before(answer.shape[1])
+        ttft = (clock.first_token - start) if clock.first_token is not None else total
+        peak = max(self._memory.peak(), clock.prompt_peak or 0.0)
+        text = self.tokenizer.decode(answer[0], skip_special_tokens=True) if self.tokenizer is not None else None
+        turn = Turn(new_tokens=answer[0], text=text, kept=int(kept), history_tokens=history.shape[1], ttft_s=ttft,
+                    total_s=total, peak_mib=peak, selection=selection)
+        self.history = torch.cat([history, answer], dim=1)
+        self.turns.append(turn)
+        return turn
+
+    @property
+    def selector_tokens(self) -> int:
+        """reselect: how many history tokens the selector's layers 0..r cache holds (0 outside the block)."""
+        return self._cache.get_seq_length() if self.protocol == "reselect" and self._cache is not None else 0
+
+    def _encode(self, question) -> torch.Tensor:
+        device = next(self.model.parameters()).device
+        if isinstance(question, str):
+            if self.tokenizer is None:
+                raise ValueError("a text question needs the tokenizer: Conversation(model, method, tokenizer)")
+            # Special tokens (BOS) only at the start of the conversation, as in one long prompt.
+            ids = self.tokenizer(question, return_tensors="pt", add_special_tokens=self.history is None)["input_ids"]
+        else:
+            ids = torch.as_tensor(question)
+        ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
+        if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0 or ids.dtype not in (torch.long, torch.int):
+            raise ValueError(f"a question is text or a non-empty 1-D / (1, t) tensor of token ids, got "
+                             f"{tuple(ids.shape)} {ids.dtype}: one conversation per Conversation")
+        return ids.long().to(device)
+
+    def _select(self, history) -> Selection:
+        """The method's selection over ``history`` (1, L), running only the tokens the selector has not seen."""
+        seen = self._cache.get_seq_length()
+        new = history[:, seen:]
+        valid = torch.ones_like(history, dtype=torch.bool)
+        raw = filter_pass(self.model, new, torch.ones_like(new), self.method.layer,
+                          lambda q, k: self.method.score(q, k, valid), cache=self._cache)
+        indices, scores = self.method.pick(raw.float(), valid, history, self.tokenizer)
+        return Selection(indices=indices, scores=scores, layer=self.method.layer,
+                         kept_ids=[row[idx] for row, idx in zip(history, indices)])
+
+    def _rows_before(self, answer_tokens: int) -> int:
+        """KV rows of the full-attention layers when the answer began (generate never feeds its last token)."""
+        layers = [la for la in self._cache.layers if getattr(la, "sliding_window", None) is None] or self._cache.layers
+        return min(int(layer.keys.shape[-2]) for layer in layers) - (answer_tokens - 1)
+
+
+def _sync(memory):
+    if memory.cuda:
+        return lambda: memory.torch.cuda.synchronize(memory.device)
+    return lambda: None
+
+
+def _check_reselect(model, method) -> None:
+    """reselect needs a prompt method that scores with the last query row at a full-attention layer."""
+    if not hasattr(method, "pick") or not hasattr(method, "start"):
+        raise ValueError(f"protocol 'reselect' selects prompt tokens; {method.name} is not a prompt method. Use "
+                         "'reuse' for it (its compressed cache goes on), or gemfilter / gemfilter-span")
+    if not getattr(method, "scores_last_row", False):
+        raise ValueError(f"protocol 'reselect' reuses the history's layers 0..r, which gives the same scores only "
+                         f"for methods that read the last query row; {method.name} reads another row. Use 'reuse'")
+    if sliding_window_of(model, method.layer) is not None:
+        raise ValueError(f"protocol 'reselect': filter layer {method.layer} has a sliding window, so its cache keeps "
+                         "only the window's keys and could not select from the whole history; choose a "
+                         "full-attention layer")
