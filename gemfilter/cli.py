@@ -22,22 +22,27 @@ Paper: Shi et al. 2024, "Discovering the Gems in Early Layers" (GemFilter)."""
 
 
 def _cmd_methods(args) -> int:
-    import dataclasses
     import inspect
 
     from .methods import REGISTRY, describe
+    from .methods.spec import parameters
 
-    if args.name is not None:  # one method in full: its docstring and every parameter's default
+    if args.name is not None:  # one method in full: its kind, docstring and every parameter's default
         if args.name not in REGISTRY:
             raise ValueError(f"unknown method {args.name!r}; allowed: {', '.join(sorted(REGISTRY))}")
         cls = REGISTRY[args.name]
-        print(f"{args.name}: {cls.description}\n\n{inspect.getdoc(cls)}\n\nparameters (defaults):")
-        for f in dataclasses.fields(cls):
-            print(f"  {f.name} = {f.default!r}" + ("  (None: the model's default layer)" if f.name == "layer" else ""))
+        print(f"{args.name} ({cls.kind} method): {cls.description}\n\n{inspect.getdoc(cls)}\n\n"
+              f"parameters (defaults), settable as {args.name}:key=value,...:")
+        for key, (type_name, default) in parameters(cls).items():
+            print(f"  {key} = {default!r}  [{type_name}]"
+                  + ("  (None: the model's default layer)" if key == "layer" else ""))
         return 0
     width = max(len(n) for n, _ in describe())
     for name, desc in describe():
-        print(f"{name:<{width}}  {desc}")
+        print(f"{name:<{width}}  {REGISTRY[name].kind:<6}  {desc}")
+    print("\nkinds: prompt (picks prompt tokens; runs in front of an engine), cache (keeps topk KV rows per layer), "
+          "full (the baseline). In Python, gemfilter.methods.parse_method('NAME:key=value,...') sets any parameter "
+          "(k is topk), e.g. parse_method('fastkv:k=512,tsp_len=2048')")
     return 0
 
 

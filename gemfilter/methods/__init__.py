@@ -8,6 +8,7 @@ Methods that choose tokens at a filter layer implement ``score(query, key, valid
 from __future__ import annotations
 
 from .registry import REGISTRY, check_for_model, check_names, describe, get_method, register  # noqa: F401
+from .spec import CacheMethod, FullMethod, Method, PromptMethod, parse_method, spec_of  # noqa: E402
 from . import cache, fastkv, full, prompt  # noqa: E402,F401  (registers the built-in methods)
 from .cache import H2O, H2OPerHead, OneRun, SnapKV, SnapKVPerHead  # noqa: E402
 from .fastkv import FastKV  # noqa: E402
@@ -15,4 +16,5 @@ from .full import Full  # noqa: E402
 from .prompt import GemFilter, GemFilterOrigPos, GemFilterSpan, LargestRow, MiddleRow  # noqa: E402
 
 __all__ = ["REGISTRY", "register", "get_method", "check_names", "check_for_model", "describe", "Full", "GemFilter",
-           "GemFilterSpan", "GemFilterOrigPos", "MiddleRow", "LargestRow", "SnapKV", "SnapKVPerHead", "H2O", "H2OPerHead", "OneRun", "FastKV"]
+           "GemFilterSpan", "GemFilterOrigPos", "MiddleRow", "LargestRow", "SnapKV", "SnapKVPerHead", "H2O", "H2OPerHead", "OneRun", "FastKV",
+           "Method", "PromptMethod", "CacheMethod", "FullMethod", "parse_method", "spec_of"]

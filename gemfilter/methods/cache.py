@@ -36,6 +36,7 @@ from ..attention import STATE_KWARG
 from ..selection import decode_mask, last_row_scores, num_layers, pool_scores, sliding_window_of
 from .per_head import attend, per_head_layer
 from .registry import register
+from .spec import CacheMethod
 
 GQA_MODES = ("group-mean", "repeat-kv")
 
@@ -203,7 +204,7 @@ class CacheCall:
         return kwargs
 
 
-class _CacheMethod:
+class _CacheMethod(CacheMethod):
     window: int = 32
     shared: ClassVar[bool] = False
 
@@ -251,8 +252,9 @@ class SnapKV(_CacheMethod):
                                   "gqa=group-mean: one set per KV head, cache h_kv heads (kvpress)")
 
     def __post_init__(self):
+        super().__post_init__()
         if self.pooling not in ("avg", "max"):
-            raise ValueError(f"pooling must be 'avg' or 'max', got {self.pooling!r}")
+            raise ValueError(f"{self.name}: pooling must be 'avg' or 'max', got {self.pooling!r}")
         check_gqa(self.name, self.gqa)
 
     def plan(self, layer_idx, query, key, valid, scaling):
@@ -289,6 +291,7 @@ class H2O(_CacheMethod):
                                   "gqa=group-mean: one set per KV head (kvpress)")
 
     def __post_init__(self):
+        super().__post_init__()
         check_gqa(self.name, self.gqa)
 
     def plan(self, layer_idx, query, key, valid, scaling):
@@ -315,7 +318,7 @@ class OneRun(_CacheMethod):
     layer: int | None = None
     topk: int = 1024
     kernel: int = 5
-    window: int = 0
+    window: ClassVar[int] = 0  # no always-kept recent window: GemFilter's index set alone
     shared: ClassVar[bool] = True
     name: ClassVar[str] = "gemfilter-one-run"
     description: ClassVar[str] = "ablation (App. G.4.5): full prefill, GemFilter's one index set evicts every layer"

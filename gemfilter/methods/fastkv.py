@@ -52,6 +52,7 @@ from ..attention import STATE_KWARG, FilterLayerReached, wrapped_attention
 from ..selection import Selection, check_mask_kernel, layer_windows, num_layers, position_mask, sliding_window_of
 from .cache import CacheCall, group_mean, keep_indices, pool_prefix, window_votes
 from .registry import register
+from .spec import CacheMethod
 
 SCORE_DTYPES = ("model", "fp32")
 
@@ -205,7 +206,7 @@ class FastKVCall:
 
 @register
 @dataclass(frozen=True)
-class FastKV:
+class FastKV(CacheMethod):
     """FastKV, constant mode with the v1 defaults of the official code (``--max_capacity_prompt 512 --tsp_len
     2048 --window_size 8 --kernel_size 7 --pooling avgpool``).
 
@@ -234,15 +235,12 @@ class FastKV:
                                   "softmax (pool 7) go on at original positions; every layer caches topk")
 
     def __post_init__(self):
+        super().__post_init__()
         if self.pooling not in ("avg", "max"):
             raise ValueError(f"fastkv: pooling must be 'avg' (v1) or 'max' (v3), got {self.pooling!r}")
         if self.score_dtype not in SCORE_DTYPES:
             raise ValueError(f"fastkv: score_dtype must be 'model' (the official casts) or 'fp32', got "
                              f"{self.score_dtype!r}")
-        for field in ("window", "tsp_len", "kernel"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"fastkv: {field}={value!r} must be an int >= 1")
         if self.tsp_len <= self.window:
             raise ValueError(f"fastkv: tsp_len={self.tsp_len} must exceed the window of {self.window} always-kept "
                              "tokens")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .registry import register
+from .spec import FullMethod
 
 
 class PassThrough:
@@ -28,7 +29,7 @@ class PassThrough:
 
 @register
 @dataclass(frozen=True)
-class Full:
+class Full(FullMethod):
     """All KV: the whole prompt, the whole cache."""
 
     name: ClassVar[str] = "full"

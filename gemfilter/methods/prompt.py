@@ -15,6 +15,7 @@ from ..attention import STATE_KWARG
 from ..selection import (check_mask_kernel, decode_mask, last_row_scores, layer_windows, paper_pick, position_mask,
                          positions_from_mask, select_tokens)
 from .registry import register
+from .spec import PromptMethod
 
 
 def pad_left(rows: list, pad_id: int):
@@ -64,7 +65,7 @@ class PromptCall:
         return kwargs
 
 
-class _FilterMethod:
+class _FilterMethod(PromptMethod):
     """Shared by the prompt filters: run :func:`select_tokens` with this method, then a PromptCall."""
 
     # gemfilter.score: kept context + continuation at positions 0..k+c-1 is one forward of the plain model

@@ -1,0 +1,152 @@
+"""Method kinds and the one method spec every command line parses.
+
+Kinds: a method is a frozen dataclass on one of three bases, checked with ``isinstance``:
+
+- :class:`PromptMethod`: picks prompt tokens at a filter layer, then generates from them (gemfilter,
+  gemfilter-span, ...). Only these can run in front of an engine (``gemfilter serve``, ``--engine``).
+- :class:`CacheMethod`: runs the prefill (all of it, or up to a propagation layer as FastKV) and keeps
+  ``topk`` rows of the KV cache per layer.
+- :class:`FullMethod`: changes nothing (the baseline).
+
+Spec: ``NAME[:key=value,...]``, e.g. ``gemfilter-span:k=256``, ``snapkv:topk=512,pooling=max``,
+``fastkv:k=512,tsp_len=2048,layer=11``. ``k`` is short for ``topk``. Every dataclass field of the method is
+settable; each value is read by the field's type and checked once, where the method is built (its
+``__post_init__``). A key the method does not have is an error that lists the ones it has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import ClassVar
+
+from .registry import REGISTRY
+
+ALIASES = {"k": "topk"}
+#: count parameters of the methods, with their least allowed value. ``layer`` may be None (the model's default);
+#: its range depends on the model, so it is checked against the model's layers when the method meets it.
+COUNTS = {"topk": 1, "layer": None, "kernel": 1, "window": 1, "tsp_len": 1, "sink": 0, "tail": 0, "max_span": 1,
+          "block": 1}
+OPTIONAL = {"layer"}
+
+
+class Method:
+    """Base of every registered method: ``name``, ``description`` and ``kind`` say what it is."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    kind: ClassVar[str]
+
+    def __post_init__(self):
+        """Every count parameter is checked here, once, however the method was built."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in COUNTS and not (value is None and f.name in OPTIONAL):
+                low = COUNTS[f.name]
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise TypeError(f"{self.name}: {f.name} must be an int"
+                                    + (" (or None: the model's default)" if f.name in OPTIONAL else "")
+                                    + f", got {value!r}")
+                if low is not None and value < low:
+                    raise ValueError(f"{self.name}: {f.name}={value} must be >= {low}")
+
+    def begin(self, model, input_ids, valid, tokenizer=None):  # pragma: no cover - every method overrides it
+        """Per-call state for one generate call (see :func:`gemfilter.apply`)."""
+        raise NotImplementedError
+
+
+class PromptMethod(Method):
+    """Picks prompt tokens at a filter layer, then generates from them (runs in front of an engine)."""
+
+    kind: ClassVar[str] = "prompt"
+
+
+class CacheMethod(Method):
+    """Keeps ``topk`` rows of each layer's KV cache after the prefill."""
+
+    kind: ClassVar[str] = "cache"
+
+
+class FullMethod(Method):
+    """Changes nothing: the whole prompt, the whole cache."""
+
+    kind: ClassVar[str] = "full"
+
+
+def parameters(cls) -> dict:
+    """{field: (type annotation as text, default)} of a method class, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (_type_name(hints.get(f.name)), f.default) for f in dataclasses.fields(cls)}
+
+
+def _type_name(tp) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    base = args[0] if args else tp
+    name = getattr(base, "__name__", str(base))
+    return name + (" or none" if type(None) in typing.get_args(tp) else "")
+
+
+def _parse_value(method: str, key: str, text: str, type_name: str):
+    """``text`` as the field's type: int, float, bool or str; 'none' for an optional field."""
+    base = type_name.split(" ")[0]
+    if text.lower() == "none" and type_name.endswith("or none"):
+        return None
+    try:
+        if base == "int":
+            return int(text)
+        if base == "float":
+            return float(text)
+        if base == "bool":
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1")
+    except ValueError:
+        raise ValueError(f"{method}: {key}={text!r} is not a{'n' if base == 'int' else ''} {base}"
+                         + (" (or none)" if type_name.endswith("or none") else "")) from None
+    return text
+
+
+def parse_method(spec: str, **defaults):
+    """Build a registered method from ``NAME[:key=value,...]``.
+
+    defaults: settings a command line applies to every method it runs (``topk``, ``layer``); the spec's own
+    keys win. A default a method does not have is skipped, and reported in ``skipped`` by :func:`split_defaults`.
+    Raises ValueError naming what was wrong and what is allowed.
+    """
+    name, _, rest = spec.strip().partition(":")
+    if name not in REGISTRY:
+        raise ValueError(f"unknown method {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
+    cls = REGISTRY[name]
+    params = parameters(cls)
+    values = {k: v for k, v in defaults.items() if k in params and v is not None}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, sep, text = item.partition("=")
+        key = ALIASES.get(key.strip(), key.strip())
+        if not sep or not text.strip():
+            raise ValueError(f"{name}: {item!r} is not key=value (e.g. {name}:topk=256)")
+        if key not in params:
+            have = ", ".join(params) or "none"
+            raise ValueError(f"{name} has no parameter {key!r}; its parameters: {have}")
+        values[key] = _parse_value(name, key, text.strip(), params[key][0])
+    return cls(**values)
+
+
+def split_defaults(names, **defaults) -> dict:
+    """{setting: [methods that do not have it]} for command-line defaults given explicitly, so a command can
+    say that ``--layer`` does not apply to ``snapkv`` instead of dropping it silently."""
+    out = {}
+    for key, value in defaults.items():
+        if value is None:
+            continue
+        missing = [n.partition(":")[0] for n in names if key not in parameters(REGISTRY[n.partition(":")[0]])]
+        if missing:
+            out[key] = missing
+    return out
+
+
+def spec_of(method) -> str:
+    """The canonical spec of a method object: its name and every field that differs from the default."""
+    cls = type(method)
+    changed = [f"{f.name}={getattr(method, f.name)}" for f in dataclasses.fields(cls)
+               if getattr(method, f.name) != f.default]
+    return cls.name + (":" + ",".join(changed) if changed else "")
