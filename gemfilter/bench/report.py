@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
 from ..options import check_against_model, parse_lengths
-from ..entry import command
+from ..entry import ErrorExit, command
 
 DEFAULT_METHODS = "full,gemfilter,snapkv,h2o"
 DEFAULT_LENGTHS = "2000,4000,8000,16000"
@@ -231,21 +231,21 @@ def _check_arch_args(args) -> None:
         try:
             resolve_dtype(args.dtype, "cpu")
         except ValueError as err:
-            raise SystemExit(f"error: --dtype: {err}")
+            raise ErrorExit(f"--dtype: {err}")
     if not is_config_name(args.model):
         if args.layers is not None or args.test_shrink:
-            raise SystemExit("error: --layers and --test-shrink apply to --model config:<arch> only")
+            raise ErrorExit("--layers and --test-shrink apply to --model config:<arch> only")
         return
     try:
         total = published_config(args.model)["num_hidden_layers"]
     except ValueError as err:
-        raise SystemExit(f"error: --model: {err}")
+        raise ErrorExit(f"--model: {err}")
     m = args.layers if args.layers is not None else total
     if not 1 <= m <= total:
-        raise SystemExit(f"error: --layers {args.layers}: {args.model} has {total} decoder layers; give 1..{total}")
+        raise ErrorExit(f"--layers {args.layers}: {args.model} has {total} decoder layers; give 1..{total}")
     if args.layer is not None and not 0 <= args.layer < m:
         hint = f" (the paper's layer {arch_of(args.model).paper_layer} needs >= {arch_of(args.model).paper_layer + 1} layers)"
-        raise SystemExit(f"error: --layer {args.layer} is outside the model's {m} layers (0..{m - 1}){hint}; "
+        raise ErrorExit(f"--layer {args.layer} is outside the model's {m} layers (0..{m - 1}){hint}; "
                          "pass --layer to choose one inside, e.g. --layers 8 --layer 3")
 
 
@@ -298,7 +298,7 @@ def main(argv=None) -> int:
             return run(args)
         return _main(args)
     except (ValueError, OSError, RuntimeError) as err:
-        raise SystemExit(f"error: {err}") from None
+        raise ErrorExit(f"{err}") from None
 
 
 def _main(args) -> int:
@@ -330,7 +330,7 @@ def _main(args) -> int:
     excluded = [r for r in rows if r.get("excluded")]
     rows = [r for r in rows if not r.get("excluded")]
     if not rows:
-        raise SystemExit("error: no cell could run: " + "; ".join(f"{r['method']} at {r['length']}: {r['excluded']}"
+        raise ErrorExit("no cell could run: " + "; ".join(f"{r['method']} at {r['length']}: {r['excluded']}"
                                                                   for r in excluded))
     summary = summarize(rows, kernels if len(kernels) > 1 else None)
     cells = summary["cells"]
