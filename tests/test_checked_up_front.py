@@ -14,3 +14,66 @@ def test_max_length_per_method_must_name_a_method_of_the_run(tmp_path, capsys):
     assert err.strip() == ("error: --max-length-per-method names nosuch, which --methods does not run; allowed: "
                            "full, gemfilter")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["train", "--preset", "smoke"], ["fig81"]])
+def test_looped_png_that_is_a_folder_is_refused_before_work(tmp_path, capsys, argv):
+    from icl_probes.looped.cli import main as looped_main
+
+    folder = tmp_path / "figs"
+    folder.mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        looped_main(argv + ["--out", str(tmp_path / "out"), "--png", str(folder)])
+    assert exit_.value.code == 2
+    assert f"--png {folder} is a folder; give the PNG file to write" in capsys.readouterr().err
+    assert list((tmp_path / "out").iterdir()) == [] and not (tmp_path / "figs.png").exists()
+
+
+def test_label_flip_theory_fig_that_is_a_folder_is_refused_before_work(tmp_path, capsys):
+    from icl_probes.label_flip.cli import main as label_flip_main
+
+    with pytest.raises(SystemExit) as exit_:
+        label_flip_main(["theory", "--out", str(tmp_path / "out"), "--fig", str(tmp_path)])
+    assert exit_.value.code == 2 and f"--fig {tmp_path} is a folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_figure_cut_short_by_a_full_disk_leaves_the_old_one(tmp_path, monkeypatch):
+    """save_png, which every figure of the tree is written through: a failing write keeps the old PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from gemfilter.io import save_png
+
+    path = tmp_path / "fig.png"
+    fig, _ = plt.subplots()
+    save_png(fig, path)
+    good = path.read_bytes()
+    assert good.startswith(b"\x89PNG")
+
+    def full_disk(self, fname, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(good[:100])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    fig, _ = plt.subplots()
+    with pytest.raises(OSError, match="No space left"):
+        save_png(fig, path)
+    assert path.read_bytes() == good and [p.name for p in tmp_path.iterdir()] == ["fig.png"]
+    assert not plt.fignum_exists(fig.number)  # closed all the same
+
+
+def test_every_figure_in_the_tree_is_written_through_save_png():
+    """A plain savefig anywhere else would write in place (a truncated PNG on a full disk)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    calls = [f"{p.relative_to(root)}:{i}" for folder in ("gemfilter", "eval", "icl_probes", "feature_probes")
+             for p in (root / folder).rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"\.savefig\(", line) and p.relative_to(root) != Path("gemfilter/io.py")]
+    assert calls == []

@@ -15,7 +15,7 @@ import re
 import warnings
 from pathlib import Path
 
-from gemfilter.io import read_json_object, read_jsonl, write_text_atomic
+from gemfilter.io import read_json_object, read_jsonl, save_png, write_text_atomic
 
 from eval.rundir import rows_to_score, task_names
 
@@ -254,8 +254,7 @@ def png(results: dict, path, title: str = "RULER") -> Path:
         ax.set_ylim(len(methods), 0)
         ax.set_title(f"{title}, {L} tokens" if L != "?" else title)
     fig.colorbar(mesh, ax=axes.ravel().tolist(), label="score (0-100)", shrink=0.9)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
     return Path(path)
 
 

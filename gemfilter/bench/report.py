@@ -14,7 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+from ..io import append_jsonl, check_out_dir, read_jsonl, save_png, write_json_atomic, write_text_atomic
 from ..options import check_against_model, parse_lengths
 from ..entry import ErrorExit, command
 
@@ -172,8 +172,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
     axes[0].legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 def build_parser() -> argparse.ArgumentParser:
