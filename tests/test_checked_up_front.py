@@ -77,3 +77,41 @@ def test_every_figure_in_the_tree_is_written_through_save_png():
              for p in (root / folder).rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
              if re.search(r"\.savefig\(", line) and p.relative_to(root) != Path("gemfilter/io.py")]
     assert calls == []
+
+
+def test_niah_length_too_short_fails_before_the_model_loads_and_before_config_json(tmp_path, capsys, monkeypatch):
+    import gemfilter
+    from eval.niah.cli import main as niah_main
+    from gemfilter.haystack import NEEDLE
+    from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    model_dir = save_tiny_model(tmp_path / "m")
+    monkeypatch.setattr(gemfilter, "load_model", no_load)
+    monkeypatch.setattr("gemfilter.models.load_model", no_load)
+    needle = len(word_tokenizer().encode(NEEDLE, add_special_tokens=False))
+    argv = ["--model", str(model_dir), "--methods", "full", "--lengths", f"{200 + needle - 1},400", "--depths", "50",
+            "--haystack-dir", str(write_haystack(tmp_path / "hay")), "--out", str(tmp_path / "out"), "--no-progress"]
+    assert niah_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"error: --lengths: {200 + needle - 1} tokens is too short for the needle test: a context "
+                       f"needs the 200-token buffer (template, question, answer) plus the {needle}-token needle; "
+                       f"allowed: {200 + needle} tokens or more with this tokenizer")
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_bench_length_too_short_fails_before_any_worker(tmp_path, capsys, monkeypatch, tiny_model_dir):
+    from gemfilter.bench import core
+    from gemfilter.bench.report import main as bench_main
+
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a worker started")
+
+    monkeypatch.setattr(core, "run_worker", no_worker)
+    with pytest.raises(SystemExit) as exit_:
+        bench_main(["--model", str(tiny_model_dir), "--methods", "full", "--lengths", "150,400",
+                    "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("error: --lengths: 150 tokens is too short for the needle test")

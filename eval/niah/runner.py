@@ -182,6 +182,12 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     todo = [c for c in config.cells() if c not in done]
     if max_cells is not None:
         todo = todo[:max_cells]
+    if todo:  # the tokenizer alone (seconds): a length too short for the needle fails before the model loads
+        from gemfilter.haystack import check_lengths
+        from gemfilter.models import load_tokenizer
+
+        tok = model_and_tokenizer[1] if model_and_tokenizer is not None else load_tokenizer(config.model)
+        check_lengths(tok, sorted({c[1] for c in todo}), protocol=config.protocol)
     # Everyone has read the finished rows before anyone appends, so all agree on the same todo list.
     state.wait_for_everyone()
     mine = todo[state.process_index::state.num_processes]

@@ -276,6 +276,10 @@ def check_args(args) -> tuple:
 
     if not is_config_name(args.model):  # config:<arch> models are checked by _check_arch_args
         check_against_model(load_config(args.model), layer=args.layer, lengths=lengths)
+        from ..haystack import check_lengths
+        from ..models import load_tokenizer
+
+        check_lengths(load_tokenizer(args.model), lengths)  # the prompt is a needle case: not in a worker, later
     return methods, lengths, kernels, out
 
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 import http.client
 import json
 import statistics
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-import sys
 import uuid
 
 OUTPUTS = ("bench-engine.jsonl", "bench-engine.md", "bench-engine.json")
@@ -156,7 +156,7 @@ def run(args) -> int:
     """Run the engine benchmark for ``gemfilter bench --engine``'s parsed ``args``; returns the exit status."""
     from tqdm import tqdm
 
-    from ..haystack import build_case, make_haystack
+    from ..haystack import build_case, check_lengths, make_haystack
     from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
     from ..options import check_int, parse_lengths
     from .cli import connect
@@ -178,6 +178,7 @@ def run(args) -> int:
     upstream, selector, _ = connect(args.engine, timeout=args.timeout, model=args.model, layer=args.layer,
                                     attn=args.attn, threads=args.threads)
     model_id, tok, layer = upstream.default_model(), selector.tokenizer, selector.layer
+    check_lengths(tok, lengths)  # before the warm-up: a length too short for the needle is one line
     server = ProxyServer(("127.0.0.1", 0), selector, upstream, method=method, topk=args.topk, quiet=True)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     proxy = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
