@@ -218,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default=None, metavar="URL",
                    help="time a serving engine instead (its OpenAI base URL, e.g. http://127.0.0.1:8000/v1): time to "
                    "first token and total time of full against the last of --methods (a prompt method) through an "
-                   "in-process 'gemfilter serve', and the proxy's own overhead; writes OUT/bench-engine.md")
+                   "in-process 'gemfilter serve', and the proxy's own overhead; writes OUT/bench-engine.md. A row is "
+                   "kept only with proof its stream completed (finish_reason, tokens, [DONE]); a broken answer is an "
+                   "error row, retried by a rerun, and ends the run with one error line (exit 2)")
     return p
 
 
