@@ -7,6 +7,7 @@ A healthy stream here is a complete one: ``max_tokens`` chunks of one character,
 """
 
 import json
+import time
 
 from serve_fixtures import StubEngine
 
@@ -21,6 +22,7 @@ FAULTS = {
     "cut-chunk": "a chunked stream whose chunk is cut short",
     "error-event": "a stream whose second chunk is an error event",
     "500": "HTTP 500 with an OpenAI error body",
+    "stall": "a stream that sends one chunk, then nothing for 3 s",
 }
 
 
@@ -88,7 +90,13 @@ class FaultyEngine(StubEngine):
                                                                    else self._event("[DONE]"))
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
-                if fault == "cut-chunk":  # one chunk announced at its full size, half of it sent
+                if fault == "stall":
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(self._event(events[0]))
+                    self.wfile.flush()
+                    time.sleep(3)
+                elif fault == "cut-chunk":  # one chunk announced at its full size, half of it sent
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
                     self.wfile.write(f"{len(raw):x}\r\n".encode() + raw[: len(raw) // 2])

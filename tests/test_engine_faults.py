@@ -16,7 +16,7 @@ from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
 
 pytestmark = pytest.mark.usefixtures("quiet")
 
-STREAM_FAULTS = ["html", "500", "cut-stream", "no-done", "cut-chunk", "error-event"]
+STREAM_FAULTS = ["html", "500", "cut-stream", "no-done", "cut-chunk", "error-event", "stall"]
 ANSWER_FAULTS = ["html", "empty", "no-choices", "cut-body", "500"]
 
 
@@ -31,7 +31,7 @@ def engine_for(fault=None, after=0):
 
 def bench_args(model_dir, url, out, *extra):
     return ["--engine", url, "--model", str(model_dir), "--methods", "gemfilter", "--lengths", "300",
-            "--topk", "16", "--layer", "2", "--gen-tokens", "4", "--out", str(out), *extra]
+            "--topk", "16", "--layer", "2", "--gen-tokens", "4", "--timeout", "1", "--out", str(out), *extra]
 
 
 @pytest.mark.parametrize("fault", STREAM_FAULTS)
