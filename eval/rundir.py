@@ -26,6 +26,7 @@ The benchmark-specific parts (row key, required fields, legacy settings) are pas
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -132,6 +133,44 @@ def merge_task(folder: Path, task: str, order: list, required) -> list:
     # stable sort: unknown _ids keep their order; under the folder lock, which appends also take
     return merge_jsonl(Path(folder) / f"{task}.jsonl", TASK_SHARD.format(task, "*"), lambda r: r["_id"],
                        sort_key=lambda r: rank.get(r["_id"], len(rank)), required=required, ensure_ascii=False)
+
+
+def task_names(folder: Path) -> set:
+    """The task names with rows in ``folder``: ``<task>.jsonl`` files and pending shards ``<task>.jsonl.rank<i>``."""
+    return {p.name.split(".jsonl")[0] for p in Path(folder).glob("*.jsonl*")
+            if p.name.endswith(".jsonl") or ".jsonl.rank" in p.name}
+
+
+def rows_to_score(path, read, key, required=()) -> list:
+    """The rows a scorer counts for one task: ``<task>.jsonl`` and its unmerged shards, each unit once.
+
+    path: the merged ``<task>.jsonl`` (it may not exist); read: the scorer's strict reader of that file;
+    key: row -> the unit's key (None: a row without one, kept as is); required: fields a shard row must hold.
+    Shards are what an interrupted run left: their rows are scored too, with a warning (a torn last line is
+    skipped), so a killed run is not reported as having no predictions. Rows repeating a key are dropped
+    with a warning: a sample counted twice would move the score.
+    """
+    path = Path(path)
+    rows = read(path) if path.is_file() else []
+    shards = sorted(path.parent.glob(TASK_SHARD.format(path.name[: -len(".jsonl")], "*")))
+    pending = [r for shard in shards for r in read_jsonl(shard, required=required,
+                                                         skip_note="that sample is not scored")]
+    if pending:
+        warnings.warn(f"{path.parent}: {len(pending)} row(s) of {path.stem} are in unmerged shards "
+                      f"({', '.join(s.name for s in shards)}), left by an interrupted run; they are scored with the "
+                      "merged rows. Rerun the same `run` command to finish and merge them")
+    seen, out, repeats = set(), [], 0
+    for row in rows + pending:
+        k = key(row)
+        if k is not None and k in seen:
+            repeats += 1
+            continue
+        seen.add(k)
+        out.append(row)
+    if repeats:
+        warnings.warn(f"{path}: {repeats} row(s) repeat a sample already there (same key); each sample is scored "
+                      "once, from its first row")
+    return out
 
 
 def make_state():

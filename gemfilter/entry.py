@@ -34,6 +34,19 @@ class MissingExtra(ImportError):
                          f"pip install '{DIST}[{extra}]'", name=module)
 
 
+class ErrorExit(SystemExit):
+    """End a command with one ``error: MESSAGE`` line on stderr (printed by :func:`command`) and exit 2.
+
+    A SystemExit, so that it leaves any depth of the command at once; ``str()`` is the line."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"error: {self.message}"
+
+
 def missing_modules(extra: str) -> list[str]:
     """The modules of ``extra`` that cannot be imported here (found without importing them)."""
     if extra not in EXTRAS:
@@ -53,7 +66,7 @@ def command(*extras: str, name: str | None = None):
 
     Before it runs, the named extras are checked (not for ``-h``/``--help``, which must always teach).
     A :class:`MissingExtra` raised anywhere inside ends the command with one ``error:`` line and
-    exit 2; Ctrl-C ends it with one line and exit 130, the shell's convention for SIGINT.
+    exit 2 (returned), an :class:`ErrorExit` with its line and exit 2 (raised); Ctrl-C ends it with one line and exit 130, the shell's convention for SIGINT.
     """
 
     def wrap(main):
@@ -67,6 +80,9 @@ def command(*extras: str, name: str | None = None):
                     for extra in extras:
                         require(extra, prog)
                 return main(argv)
+            except ErrorExit as err:
+                print(err, file=sys.stderr)
+                raise
             except MissingExtra as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 2

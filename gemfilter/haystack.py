@@ -174,6 +174,22 @@ def chat_prompt(tokenizer, context: str, question: str) -> str:
         return tokenizer.apply_chat_template(merged, tokenize=False, add_generation_prompt=True)
 
 
+def check_lengths(tokenizer, lengths, *, needle: str = NEEDLE, protocol: str = "kamradt",
+                  flag: str = "--lengths") -> None:
+    """Refuse, before any model loads, context lengths too short for the needle test (``insert_needle``
+    would raise only when the cell runs): ValueError naming them and the shortest allowed length.
+
+    tokenizer: the model's (the tokenizer alone is enough); protocol: as for :func:`build_case`.
+    """
+    needle_len = len(tokenizer.encode(needle, add_special_tokens=PROTOCOLS.get(protocol, False)))
+    low = FINAL_CONTEXT_LENGTH_BUFFER + needle_len
+    short = [n for n in lengths if n < low]
+    if short:
+        raise ValueError(f"{flag}: {', '.join(map(str, short))} tokens is too short for the needle test: a context "
+                         f"needs the {FINAL_CONTEXT_LENGTH_BUFFER}-token buffer (template, question, answer) plus the "
+                         f"{needle_len}-token needle; allowed: {low} tokens or more with this tokenizer")
+
+
 def build_case(tokenizer, length: int, depth: float, *, haystack: str | Haystack | None = None, haystack_dir=None,
                needle: str = NEEDLE, question: str = QUESTION, template: str = "gemfilter",
                protocol: str = "kamradt") -> NeedleCase:

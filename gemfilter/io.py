@@ -159,6 +159,24 @@ def atomic_path(path):
         raise
 
 
+def save_png(fig, path, **kwargs) -> Path:
+    """Write the matplotlib figure ``fig`` as a PNG at ``path`` atomically, then close it; returns ``path``.
+
+    The PNG goes to a temp file in the same folder, renamed over ``path`` only once complete (:func:`atomic_path`),
+    so a full disk or a kill leaves the old figure, never a truncated one. kwargs: ``savefig``'s (dpi 120 unless
+    given, e.g. ``bbox_inches="tight"``). Every figure of the tree is written through this function.
+    """
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", **{"dpi": 120, **kwargs})
+    finally:
+        plt.close(fig)
+    return path
+
+
 def write_text_atomic(path, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically: readers see the old file or the new one, never half."""
     path = Path(path)
@@ -281,4 +299,16 @@ def check_out_dir(path, flag: str = "--out", files=()) -> Path:
         if (path / name).is_dir():
             raise ValueError(f"{flag} {path}: {path / name} is a folder, but the command writes a file there; "
                              "remove or rename it, or use another --out")
+    return path
+
+
+def check_png_path(path, flag: str = "--png") -> Path:
+    """Check a figure's path before any work: a ``.png`` file name whose folder can be written (created if
+    missing), not a folder; ValueError saying what is wrong and what is allowed."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give the PNG file to write, e.g. {path / 'figure.png'}")
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"{flag} {path}: figures are written as PNG; give a file name ending in .png")
+    check_out_dir(path.parent, flag=f"{flag} {path}: its folder")
     return path

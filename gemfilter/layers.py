@@ -38,17 +38,69 @@ def calibration_path(model_name: str) -> Path:
     return cache_dir() / "calibration" / f"{safe}.json"
 
 
+def _config_sha(config, folder: Path | None) -> str:
+    """sha256 (16 hex digits) of the model's config.json: the file's bytes for a local folder, else the config's
+    own fields (sorted JSON, without transformers' bookkeeping such as ``_name_or_path``)."""
+    import hashlib
+    import json
+
+    if folder is not None and (folder / "config.json").is_file():
+        raw = (folder / "config.json").read_bytes()
+    else:
+        fields = config.to_dict() if hasattr(config, "to_dict") else {}
+        raw = json.dumps({k: v for k, v in fields.items() if not k.startswith("_") and k != "transformers_version"},
+                         sort_keys=True, default=str).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def model_identity(model) -> dict:
+    """What makes two models the same for a calibration: ``name`` (the resolved absolute path of a local folder,
+    else the hub id), ``revision`` (the hub commit, if known) and ``config_sha`` (:func:`_config_sha`).
+
+    model: a model or its config. A relative path is resolved against the current folder: ``m`` here and ``m``
+    in another folder are different models; the same folder by absolute or relative path is one."""
+    config = getattr(model, "config", model)
+    name = str(getattr(config, "name_or_path", "") or "model").rstrip("/") or "/"
+    folder = Path(name).expanduser()
+    local = folder.is_dir()
+    return {"name": str(folder.resolve()) if local else name,
+            "revision": None if local else getattr(config, "_commit_hash", None),
+            "config_sha": _config_sha(config, folder if local else None)}
+
+
 def model_key(model) -> str:
-    """The model's name for its calibration file; the embedded model's cache path is machine-specific."""
+    """The model's name for its calibration file: ``<last name part>-<hash of model_identity>``; the embedded
+    model's (whose cache path is machine-specific) is its fixed name."""
+    import hashlib
+    import json
+
     name = str(getattr(getattr(model, "config", model), "name_or_path", "") or "model")
-    return EMBEDDED_NAME if name.rstrip("/").endswith(EMBEDDED_DIR_NAME) else name
+    if name.rstrip("/").endswith(EMBEDDED_DIR_NAME):
+        return EMBEDDED_NAME
+    identity = model_identity(model)
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{Path(identity['name']).name or 'model'}-{digest}"
+
+
+def _legacy_path(model) -> Path | None:
+    """Where calibrations were stored before they were keyed by identity (the name as typed): still read for a
+    hub id or an absolute path, never for a relative path (it may have named another folder's model)."""
+    name = str(getattr(getattr(model, "config", model), "name_or_path", "") or "")
+    if not name or name.rstrip("/").endswith(EMBEDDED_DIR_NAME):
+        return None
+    if Path(name).expanduser().is_dir() and not Path(name).expanduser().is_absolute():
+        return None
+    return calibration_path(name)
 
 
 def load_calibration(model) -> dict | None:
     """The stored calibration record of ``model``, or None; CorruptFileError if the file is damaged."""
     path = calibration_path(model_key(model))
     if not path.exists():
-        return None
+        legacy = _legacy_path(model)
+        if legacy is None or not legacy.exists():
+            return None
+        path = legacy
     record = read_json_object(path, "calibration file", fix=f"Delete {path} (the model then uses its documented "
                               "default layer) and rerun 'gemfilter calibrate' to store a new one")
     if not isinstance(record.get("layer"), int) or isinstance(record.get("layer"), bool):

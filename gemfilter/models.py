@@ -204,6 +204,14 @@ def add_attn_argument(parser, multiple: bool = False) -> None:
         parser.add_argument("--attn", default=None, choices=ATTN_CHOICES, help=ATTN_HELP)
 
 
+def load_tokenizer(name: str | None = None):
+    """The model's tokenizer alone (seconds, no weights), for checks before a model loads. name: as for
+    :func:`load_model`."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path(name))
+
+
 def load_config(name: str | None = None, **kw):
     """The model's config only (no weights): lets commands check --layer and lengths before loading.
 

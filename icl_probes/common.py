@@ -82,9 +82,5 @@ def pyplot():
 
 
 def save_png(fig, path) -> Path:
-    """Save ``fig`` as a PNG at ``path`` (parents created) and close it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    pyplot().close(fig)
-    return path
+    """Save ``fig`` as a PNG at ``path`` (parents created) atomically and close it (:func:`gemfilter.io.save_png`)."""
+    return io.save_png(fig, path, dpi=120, bbox_inches="tight")

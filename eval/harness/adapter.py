@@ -13,7 +13,19 @@ Paper: Shi et al. 2024 (GemFilter); every method of ``gemfilter methods`` runs t
 ``pretrained`` (``embedded`` for the embedded Gemma 3 270M, the default), ``method`` (a registry name,
 default ``gemfilter``), ``topk`` (tokens kept or cache budget) or ``ratio`` (topk = ratio x the prompt's
 tokens), ``layer`` (filter / TSP layer; default the model's), ``attn`` (``banded``, ``sdpa``, ``eager``),
-and every argument of the harness's ``hf`` model (``dtype``, ``device``, ``batch_size``, ...).
+and every argument of the harness's ``hf`` model (``dtype``, ``revision``, ...). ``batch_size``,
+``max_batch_size`` and ``device`` are the harness's own options (``--batch_size``, ``simple_evaluate(batch_size=)``).
+Every bad model_arg is a ValueError naming it and what is allowed, before the model loads (from its config).
+
+Defaults are recorded: the results JSON's ``config`` holds ``gemfilter_method``, ``gemfilter_topk``,
+``gemfilter_ratio`` and ``gemfilter_layer`` (the resolved layer). ``ratio`` gives each row of a generation batch
+its own budget (ratio x that row's tokens, padding excluded). Whole-document tasks (``loglikelihood_rolling``,
+e.g. perplexity) are refused for every method but ``full``: their windows have no context to select from.
+
+The harness finds this class only once this module is imported: ``gemfilter-lm-eval`` (or
+``python -m eval.harness``) does it; from Python, ``import eval.harness.adapter`` before
+``lm_eval.simple_evaluate(model="gemfilter", ...)``. lm-eval 0.4.13 loads no plugin entry points, so plain
+``lm_eval --model gemfilter`` cannot find it.
 """
 
 from __future__ import annotations
@@ -28,6 +40,64 @@ from gemfilter.methods import REGISTRY
 from gemfilter.score import continuation_logits
 
 DEFAULT_TOPK = 1024
+OWN_ARGS = ("pretrained", "method", "topk", "ratio", "layer", "attn")
+#: the harness passes these itself (--batch_size, --max_batch_size, --device): in model_args they would collide
+HARNESS_ARGS = ("batch_size", "max_batch_size", "device")
+
+
+def _shown(value) -> str:
+    """A model_arg as the user typed it: the harness parses "-1" as the float -1.0."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _whole(value):
+    """An int given as text, int or integral float (the harness's parse), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) else None
+
+
+def check_model_args(pretrained, method, topk, ratio, layer, attn, kwargs: dict) -> tuple:
+    """Every model_args check that needs no weights (the model's config is read); returns (topk, layer) as ints.
+
+    ValueError naming the bad model_arg and what is allowed: an unknown key, a method, topk, ratio, layer or
+    attn out of range, and a KV-cache method's budget (e.g. SnapKV's topk must exceed its window)."""
+    import inspect
+
+    from gemfilter.models import ATTN_CHOICES, load_config
+    from gemfilter.methods import check_for_model
+
+    known = set(OWN_ARGS) | {n for n, p in inspect.signature(HFLM.__init__).parameters.items()
+                             if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD} - {"self"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(f"model_args: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(OWN_ARGS)} and the "
+                         f"harness's hf model's: {', '.join(sorted(known - set(OWN_ARGS) - set(HARNESS_ARGS)))}")
+    if method not in REGISTRY:
+        raise ValueError(f"model_args method={method!r} is not a registered method; allowed: "
+                         f"{', '.join(sorted(REGISTRY))}")
+    if topk is not None and ratio is not None:
+        raise ValueError("model_args: give topk or ratio, not both")
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1):
+        raise ValueError(f"model_args ratio={ratio!r} must be a number in (0, 1] (topk = ratio x prompt tokens)")
+    if topk is not None and (_whole(topk) is None or _whole(topk) < 1):
+        raise ValueError(f"model_args topk={_shown(topk)} must be a whole number >= 1 (tokens kept)")
+    if layer is not None and (_whole(layer) is None or _whole(layer) < 0):
+        raise ValueError(f"model_args layer={_shown(layer)} must be a 0-based whole number >= 0 (or omitted for the "
+                         "model's default)")
+    if attn is not None and attn not in ATTN_CHOICES:
+        raise ValueError(f"model_args attn={attn!r} is not a kernel; allowed: {', '.join(ATTN_CHOICES)}")
+    topk, layer = _whole(topk), _whole(layer)
+    config = load_config(None if pretrained == "embedded" else pretrained) if isinstance(pretrained, str) \
+        else pretrained.config  # a model object (simple_evaluate(model=HFLM-style instance args))
+    m = config.get_text_config().num_hidden_layers
+    if layer is not None and not layer < m:
+        raise ValueError(f"model_args layer={layer} is outside [0, {m}): this model has {m} decoder layers (0-based)")
+    if ratio is None:  # a budget the method cannot run with fails now, not when the first request runs
+        check_for_model(gemfilter.get_method(method, layer=layer, topk=topk or DEFAULT_TOPK), config, 0)
+    return topk, layer
 
 
 @register_model("gemfilter")
@@ -36,15 +106,8 @@ class GemFilterLM(HFLM):
 
     def __init__(self, pretrained="embedded", method="gemfilter", topk=None, ratio=None, layer=None, attn=None,
                  **kwargs):
-        if method not in REGISTRY:
-            raise ValueError(f"model_args method={method!r} is not a registered method; allowed: "
-                             f"{', '.join(sorted(REGISTRY))}")
-        if topk is not None and ratio is not None:
-            raise ValueError("model_args: give topk or ratio, not both")
-        if ratio is not None and not (isinstance(ratio, (int, float)) and 0 < float(ratio) <= 1):
-            raise ValueError(f"model_args ratio={ratio!r} must be a number in (0, 1] (topk = ratio x prompt tokens)")
-        if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
-            raise ValueError(f"model_args topk={topk!r} must be an int >= 1")
+        topk, layer = check_model_args(pretrained, method, topk, ratio, layer, attn,
+                                       {k: v for k, v in kwargs.items() if k not in HARNESS_ARGS})
         if pretrained == "embedded":
             from gemfilter.models import embedded_model_dir
 
@@ -54,9 +117,48 @@ class GemFilterLM(HFLM):
         if attn is not None:
             gemfilter.set_attention(self.model, attn)
         self.method_name, self.topk, self.ratio, self.layer = method, topk, ratio, layer
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict, additional_config=None):
+        cls._no_collision(arg_dict, additional_config)
+        return super().create_from_arg_obj(arg_dict, additional_config)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string, additional_config=None):
+        from lm_eval.utils import simple_parse_args_string
+
+        cls._no_collision(simple_parse_args_string(arg_string), additional_config)
+        return super().create_from_arg_string(arg_string, additional_config)
+
+    @staticmethod
+    def _no_collision(args: dict, additional: dict | None) -> None:
+        """The harness passes batch_size, max_batch_size and device itself; the same key in model_args would be
+        a TypeError ("got multiple values") from Python. Say which option to use instead."""
+        clash = [k for k, v in (additional or {}).items() if v is not None and k in args]
+        if clash:
+            raise ValueError(f"model_args: {', '.join(clash)} is the harness's own option; give it as "
+                             + ", ".join(f"--{k}" for k in clash) + " (or simple_evaluate's "
+                             + ", ".join(f"{k}=" for k in clash) + "), not in model_args")
+
+    def get_model_info(self) -> dict:
+        """The harness's model info plus this adapter's settings, defaults included (the results JSON's config)."""
+        info = super().get_model_info()
+        info.update(gemfilter_method=self.method_name,
+                    gemfilter_topk=None if self.ratio is not None else (self.topk or DEFAULT_TOPK),
+                    gemfilter_ratio=self.ratio, gemfilter_layer=getattr(self.method_for(1), "layer", None))
+        return info
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        if self.method_name != "full":
+            names = sorted({str(getattr(r, "task_name", None) or "?") for r in requests})
+            raise ValueError(f"task(s) {', '.join(names)} score whole documents (loglikelihood_rolling, e.g. "
+                             f"perplexity): their windows have no context to select from, so {self.method_name} "
+                             "would compress nothing and report the uncompressed score under its name; run them "
+                             "with method=full")
+        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
         self._splits: dict = {}  # while a loglikelihood run lasts: row tokens -> context length
         self._lengths: list = []  # their distinct lengths, longest first
-        self.method_for(1)  # refuse a bad layer or budget before any request runs
+        self.method_for(1)  # resolved against the loaded model: what the config alone could not check
 
     def method_for(self, prompt_tokens: int):
         """The resolved method for a prompt of ``prompt_tokens`` tokens (``ratio`` scales with it)."""
@@ -65,8 +167,22 @@ class GemFilterLM(HFLM):
                                                        topk=topk if topk is not None else DEFAULT_TOPK))
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
-        with gemfilter.apply(self.model, self.method_for(context.shape[1]), tokenizer=self.tokenizer):
-            return super()._model_generate(context, max_length, stop, **generation_kwargs)
+        mask = generation_kwargs.get("attention_mask")
+        lengths = [context.shape[1]] * context.shape[0] if mask is None else [int(n) for n in mask.sum(1)]
+        if self.ratio is None or len(set(lengths)) == 1:
+            with gemfilter.apply(self.model, self.method_for(lengths[0]), tokenizer=self.tokenizer):
+                return super()._model_generate(context, max_length, stop, **generation_kwargs)
+        # ratio on a left-padded batch of unequal rows: each row's budget is ratio x its own tokens, so the rows
+        # run one at a time and come back as the harness expects (its padded context, then new tokens, padded)
+        rows = []
+        for i, n in enumerate(lengths):
+            pad = context.shape[1] - n
+            kwargs = {**generation_kwargs, "attention_mask": mask[i:i + 1, pad:]}
+            with gemfilter.apply(self.model, self.method_for(n), tokenizer=self.tokenizer):
+                out = super()._model_generate(context[i:i + 1, pad:], max_length - pad, stop, **kwargs)
+            rows.append(torch.cat([context[i, :pad], out[0]]))
+        width = max(len(r) for r in rows)
+        return torch.stack([torch.cat([r, r.new_full((width - len(r),), self.tokenizer.pad_token_id)]) for r in rows])
 
     def _loglikelihood_tokens(self, requests, disable_tqdm=False, override_bs=None):
         # The harness hands _model_call only the padded token rows; remember where each row's context ends

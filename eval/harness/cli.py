@@ -2,6 +2,8 @@
 
 Everything after the command is the harness's (``--tasks``, ``--limit``, ``--output_path``,
 ``--log_samples``, ``--include_path``, ...); ``--model gemfilter`` picks this project's adapter.
+``python -m eval.harness`` is the same command. Plain ``lm_eval --model gemfilter`` cannot find the class
+(lm-eval 0.4.13 loads no plugin entry points); from Python, ``import eval.harness.adapter`` first.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ USAGE = """gemfilter-lm-eval: lm-evaluation-harness with every gemfilter method 
       --tasks <task> --include_path <dir of task YAMLs> --output_path results/lm-eval --log_samples
 
 model_args: pretrained (HF id, path, or 'embedded'), method (see 'gemfilter methods'), topk or ratio,
-layer, attn (banded, sdpa, eager), and every argument of the harness's 'hf' model (dtype, device,
-batch_size, ...). The harness's own help follows.
+layer, attn (banded, sdpa, eager), and every argument of the harness's 'hf' model (dtype, revision, ...);
+batch_size and device are the harness's own --batch_size and --device. 'python -m eval.harness' is the
+same command; plain 'lm_eval --model gemfilter' cannot find the class (from Python: import
+eval.harness.adapter before lm_eval.simple_evaluate). The harness's own help follows.
 """
 
 
@@ -35,6 +39,9 @@ def main(argv=None) -> int:
         cli_evaluate()
     except SystemExit as stop:
         return int(stop.code or 0)
+    except ValueError as err:  # a bad model_arg or task choice: one line, before the model loads where possible
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

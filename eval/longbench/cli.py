@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "official configs use 3500, 15500, 31500 for 4K, 16K, 32K models)")
     r.add_argument("--max-length-per-method", default=None, metavar="METHOD=TOKENS,...",
                    help="a max length for some methods, e.g. h2o=8192 (the official H2O cut); the others use "
-                   "--max-length")
+                   "--max-length; each METHOD must be one of --methods")
     r.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
                    help="model dtype on GPU (default: the loader's; --preset gemfilter-paper: float16, as the "
                    "official runs); CPU always runs float32 and prints so")
@@ -162,7 +162,12 @@ def _run(args) -> int:
     preset = PRESETS.get(args.preset, {})
     tasks = parse_tasks(args.tasks if args.tasks is not None else preset.get("tasks"), e=args.e)
     methods = split_names(args.methods) if args.methods is not None else preset.get("methods", ("full", "gemfilter"))
-    own = {**preset.get("method_max_length", {}), **parse_method_lengths(args.max_length_per_method)}
+    given = parse_method_lengths(args.max_length_per_method)
+    stray = [m for m in given if m not in methods]
+    if stray:  # the preset's entries may name methods this run leaves out; the user's must not (a typo)
+        raise ValueError(f"--max-length-per-method names {', '.join(stray)}, which --methods does not run; allowed: "
+                         f"{', '.join(methods)}")
+    own = {**preset.get("method_max_length", {}), **given}
     max_length = None if args.max_length is None else parse_length(args.max_length, "--max-length")
     if max_length is None and preset:
         max_length = paper_max_length(args.model)  # None: the model's window minus 500

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from gemfilter.io import CorruptFileError, read_json_object, read_jsonl, write_text_atomic
 
+from eval.rundir import rows_to_score, task_names
+
 from .metrics import BUCKETS, score_rows
 from .tasks import BY_NAME, CATEGORIES, PAPER_TASKS, TASKS
 
@@ -27,7 +29,7 @@ KINDS = ("pred", "pred_e")
 
 
 def _has_jsonl(folder: Path) -> bool:
-    return any(folder.glob("*.jsonl"))
+    return bool(task_names(folder))
 
 
 def find_runs(root, e: bool | None = None) -> list:
@@ -65,16 +67,15 @@ def score_folder(folder, e: bool = False, write: bool = True) -> dict:
     write: also write ``result.json`` there, as eval.py does (an empty bucket is written as null).
     """
     folder = Path(folder)
-    if any(folder.glob("*.jsonl.rank*")):
-        warnings.warn(f"{folder} holds unmerged shard files (*.jsonl.rank*): an interrupted run; rerun the same "
-                      "`run` command to finish and merge them. Scoring only the merged <task>.jsonl files.")
     scores = {}
-    for path in sorted(folder.glob("*.jsonl"), key=lambda p: _order(p.stem)):
-        task = BY_NAME.get(path.stem)
+    for name in sorted(task_names(folder), key=lambda n: (_order(n), n)):
+        task, path = BY_NAME.get(name), folder / f"{name}.jsonl"
         if task is None:
             warnings.warn(f"{path.name}: not an English LongBench v1 task; skipped (known: {', '.join(BY_NAME)})")
             continue
-        rows = read_prediction_rows(path, e)
+        # each sample once (by this project's _id; official pred files have none), pending shards included
+        rows = rows_to_score(path, lambda p: read_prediction_rows(p, e), lambda r: r.get("_id"),
+                             required=("pred", "answers", "length") if e else ("pred", "answers"))
         if rows:
             scores[task.config] = score_rows(task, rows, e=e)
     if write:

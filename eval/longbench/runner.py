@@ -129,7 +129,9 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     import gemfilter
     from gemfilter.apply import resolve
     from gemfilter.methods import check_for_model
-    from gemfilter.serve.engine import check_engine_methods, engine_field, generator
+    from gemfilter.serve.engine import check_engine_methods, engine_field
+
+    from eval.engine import generator
     from tqdm.auto import tqdm
 
     validate(config)

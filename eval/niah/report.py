@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gemfilter.io import write_text_atomic
+from gemfilter.io import save_png, write_text_atomic
 
 from .scoring import METRICS
 
@@ -95,8 +95,7 @@ def heatmap_png(rows: list, method: str, model: str, path) -> Path:
     w, h = _size(rows)
     fig, ax = plt.subplots(figsize=(w + 1.5, h + 1), layout="constrained")
     draw(ax, rows, method, model)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
     return Path(path)
 
 
@@ -119,8 +118,7 @@ def side_by_side_png(rows: list, model: str, path) -> Path:
     for ax in list(axes.flat)[len(methods):]:
         ax.axis("off")
     fig.colorbar(mesh, ax=axes.ravel().tolist(), label="Score", shrink=0.9)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
     return Path(path)
 
 

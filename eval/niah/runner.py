@@ -125,7 +125,7 @@ def merge(out: Path, method_order=()) -> list:
 def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None) -> dict:
     """Generate for one prompt with one method: response text, kept tokens, prompt tokens, seconds.
 
-    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.serve.engine.generator``)."""
+    generate: ``gemfilter.generate`` (the default) or an engine's (``eval.engine.generator``)."""
     import gemfilter
 
     generate = generate or gemfilter.generate
@@ -167,7 +167,9 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     """
     from gemfilter.apply import resolve
     from gemfilter.models import EMBEDDED_NAME
-    from gemfilter.serve.engine import engine_field, generator
+    from gemfilter.serve.engine import engine_field
+
+    from eval.engine import generator
     from tqdm.auto import tqdm
 
     validate(config)
@@ -180,6 +182,12 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     todo = [c for c in config.cells() if c not in done]
     if max_cells is not None:
         todo = todo[:max_cells]
+    if todo:  # the tokenizer alone (seconds): a length too short for the needle fails before the model loads
+        from gemfilter.haystack import check_lengths
+        from gemfilter.models import load_tokenizer
+
+        tok = model_and_tokenizer[1] if model_and_tokenizer is not None else load_tokenizer(config.model)
+        check_lengths(tok, sorted({c[1] for c in todo}), protocol=config.protocol)
     # Everyone has read the finished rows before anyone appends, so all agree on the same todo list.
     state.wait_for_everyone()
     mine = todo[state.process_index::state.num_processes]

@@ -15,14 +15,16 @@ import re
 import warnings
 from pathlib import Path
 
-from gemfilter.io import read_json_object, read_jsonl, write_text_atomic
+from gemfilter.io import read_json_object, read_jsonl, save_png, write_text_atomic
+
+from eval.rundir import rows_to_score, task_names
 
 from .metrics import postprocess_pred, suite_average, task_score
 from .tasks import BY_NAME, OFFLINE, TASKS, parse_lengths
 
 
 def _has_jsonl(folder: Path) -> bool:
-    return any(p.stem in BY_NAME for p in folder.glob("*.jsonl"))
+    return bool(task_names(folder) & set(BY_NAME))
 
 
 def _label_order(folder: Path) -> tuple:
@@ -61,9 +63,6 @@ def score_folder(folder, num_samples: int | None = None) -> dict:
     rows' order; a task with fewer of them gets a warning. None: every row.
     """
     folder = Path(folder)
-    if any(folder.glob("*.jsonl.rank*")):
-        warnings.warn(f"{folder} holds unmerged shard files (*.jsonl.rank*): an interrupted run; rerun the same "
-                      "`run` command to finish and merge them. Scoring only the merged <task>.jsonl files.")
     out = {}
     for task in TASKS:
         rows = read_rows(folder / f"{task.name}.jsonl", num_samples)
@@ -75,20 +74,30 @@ def score_folder(folder, num_samples: int | None = None) -> dict:
 
 
 def read_rows(path, num_samples: int | None = None) -> list:
-    """The prediction rows of one task file ([] if there is none), samples 0..n-1 only if ``num_samples``.
+    """The prediction rows of one task file and its unmerged shards ([] if there are none), each sample once
+    (:func:`eval.rundir.rows_to_score`), samples 0..n-1 only if ``num_samples``.
 
     Strict: a skipped row would change a score silently, so a bad row raises and is named.
     """
     path = Path(path)
-    if not path.is_file():
+    rows = rows_to_score(path, lambda p: read_jsonl(
+        p, required=("pred", "outputs"), strict=True, fix=f"RULER prediction rows hold pred and outputs; delete "
+        f"that line of {p} and rerun the same `run` command, which recomputes that sample"), sample_key,
+        required=("pred", "outputs"))
+    if not rows:
         return []
-    rows = read_jsonl(path, required=("pred", "outputs"), strict=True,
-                      fix=f"RULER prediction rows hold pred and outputs; delete that line of {path} and rerun "
-                      "the same `run` command, which recomputes that sample")
     for i, row in enumerate(rows, 1):
         if not isinstance(row["pred"], str) or not isinstance(row["outputs"], list):
             raise ValueError(f"{path}: row {i}: pred must be a string and outputs a list of strings")
     return rows if num_samples is None else first_samples(rows, num_samples, path)
+
+
+def sample_key(row: dict):
+    """A prediction row's sample: its ``_id`` (this project's resume key), else its integer ``index``, else None."""
+    if row.get("_id") is not None:
+        return str(row["_id"])
+    index = row.get("index")
+    return str(index) if isinstance(index, int) and not isinstance(index, bool) else None
 
 
 def check_indices(rows: list, path, why: str) -> None:
@@ -245,8 +254,7 @@ def png(results: dict, path, title: str = "RULER") -> Path:
         ax.set_ylim(len(methods), 0)
         ax.set_title(f"{title}, {L} tokens" if L != "?" else title)
     fig.colorbar(mesh, ax=axes.ravel().tolist(), label="score (0-100)", shrink=0.9)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
     return Path(path)
 
 

@@ -172,10 +172,60 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     }
 
 
+PARENT_ENV = "GEMFILTER_BENCH_PARENT"
+
+
+def die_with_parent(parent: int) -> None:
+    """Make this process die when ``parent`` does, so that a killed ``gemfilter bench`` leaves no worker computing
+    beside a resumed run (skewing its timings).
+
+    On Linux the kernel sends SIGKILL at the parent's death (``prctl(PR_SET_PDEATHSIG)``); a parent that died
+    before that call is seen by ``getppid()``. Elsewhere a daemon thread polls ``getppid()`` each second.
+    """
+    import signal
+    import threading
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        armed = False
+    if os.getppid() != parent:
+        os._exit(1)
+    if not armed:
+        def watch():
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+
+class Terminated(SystemExit):
+    """SIGTERM while a worker runs: raised in the main thread, so that the worker is killed before bench exits."""
+
+    def __init__(self):
+        super().__init__(143)  # 128 + SIGTERM, the shell's convention
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def run_worker(spec: dict, timeout: float | None = None) -> dict:
-    """Run :func:`measure` in a fresh Python subprocess and return its result."""
+    """Run :func:`measure` in a fresh Python subprocess and return its result.
+
+    The worker dies with this process (:func:`die_with_parent`); a SIGTERM here kills it first (subprocess.run
+    kills its child on any exception)."""
+    import signal
+    import threading
+
     cmd = [sys.executable, "-m", "gemfilter.bench.core", "--worker", json.dumps(spec)]
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", **{PARENT_ENV: str(os.getpid())})
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main else None
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -183,12 +233,17 @@ def run_worker(spec: dict, timeout: float | None = None) -> dict:
             f"the {spec['method_name']} measurement at length {spec['length']} ran past --timeout {timeout} s and "
             "was stopped. Finished cells are kept in bench.jsonl; rerun with a larger --timeout (or shorter "
             "--lengths) to measure the rest") from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark worker failed for {spec}:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _worker_entry(spec_json: str) -> int:
+    if os.environ.get(PARENT_ENV):
+        die_with_parent(int(os.environ[PARENT_ENV]))
     spec = json.loads(spec_json)
     print(json.dumps(measure(**spec)), flush=True)
     return 0

@@ -14,9 +14,9 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+from ..io import append_jsonl, check_out_dir, read_jsonl, save_png, write_json_atomic, write_text_atomic
 from ..options import check_against_model, parse_lengths
-from ..entry import command
+from ..entry import ErrorExit, command
 
 DEFAULT_METHODS = "full,gemfilter,snapkv,h2o"
 DEFAULT_LENGTHS = "2000,4000,8000,16000"
@@ -172,8 +172,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
     axes[0].legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default=None, metavar="URL",
                    help="time a serving engine instead (its OpenAI base URL, e.g. http://127.0.0.1:8000/v1): time to "
                    "first token and total time of full against the last of --methods (a prompt method) through an "
-                   "in-process 'gemfilter serve', and the proxy's own overhead; writes OUT/bench-engine.md")
+                   "in-process 'gemfilter serve', and the proxy's own overhead; writes OUT/bench-engine.md. A row is "
+                   "kept only with proof its stream completed (finish_reason, tokens, [DONE]); a broken answer is an "
+                   "error row, retried by a rerun, and ends the run with one error line (exit 2)")
     return p
 
 
@@ -231,21 +232,21 @@ def _check_arch_args(args) -> None:
         try:
             resolve_dtype(args.dtype, "cpu")
         except ValueError as err:
-            raise SystemExit(f"error: --dtype: {err}")
+            raise ErrorExit(f"--dtype: {err}")
     if not is_config_name(args.model):
         if args.layers is not None or args.test_shrink:
-            raise SystemExit("error: --layers and --test-shrink apply to --model config:<arch> only")
+            raise ErrorExit("--layers and --test-shrink apply to --model config:<arch> only")
         return
     try:
         total = published_config(args.model)["num_hidden_layers"]
     except ValueError as err:
-        raise SystemExit(f"error: --model: {err}")
+        raise ErrorExit(f"--model: {err}")
     m = args.layers if args.layers is not None else total
     if not 1 <= m <= total:
-        raise SystemExit(f"error: --layers {args.layers}: {args.model} has {total} decoder layers; give 1..{total}")
+        raise ErrorExit(f"--layers {args.layers}: {args.model} has {total} decoder layers; give 1..{total}")
     if args.layer is not None and not 0 <= args.layer < m:
         hint = f" (the paper's layer {arch_of(args.model).paper_layer} needs >= {arch_of(args.model).paper_layer + 1} layers)"
-        raise SystemExit(f"error: --layer {args.layer} is outside the model's {m} layers (0..{m - 1}){hint}; "
+        raise ErrorExit(f"--layer {args.layer} is outside the model's {m} layers (0..{m - 1}){hint}; "
                          "pass --layer to choose one inside, e.g. --layers 8 --layer 3")
 
 
@@ -277,6 +278,10 @@ def check_args(args) -> tuple:
 
     if not is_config_name(args.model):  # config:<arch> models are checked by _check_arch_args
         check_against_model(load_config(args.model), layer=args.layer, lengths=lengths)
+        from ..haystack import check_lengths
+        from ..models import load_tokenizer
+
+        check_lengths(load_tokenizer(args.model), lengths)  # the prompt is a needle case: not in a worker, later
     return methods, lengths, kernels, out
 
 
@@ -298,7 +303,7 @@ def main(argv=None) -> int:
             return run(args)
         return _main(args)
     except (ValueError, OSError, RuntimeError) as err:
-        raise SystemExit(f"error: {err}") from None
+        raise ErrorExit(f"{err}") from None
 
 
 def _main(args) -> int:
@@ -330,7 +335,7 @@ def _main(args) -> int:
     excluded = [r for r in rows if r.get("excluded")]
     rows = [r for r in rows if not r.get("excluded")]
     if not rows:
-        raise SystemExit("error: no cell could run: " + "; ".join(f"{r['method']} at {r['length']}: {r['excluded']}"
+        raise ErrorExit("no cell could run: " + "; ".join(f"{r['method']} at {r['length']}: {r['excluded']}"
                                                                   for r in excluded))
     summary = summarize(rows, kernels if len(kernels) > 1 else None)
     cells = summary["cells"]

@@ -5,13 +5,15 @@ reaches the needle". We run short NIAH probes over a few lengths and depths, tra
 per probe, and measure per layer and k the fraction of probes whose GemFilter top-k reaches the
 needle (needle distance 0). For the smallest k of the grid at which some full-attention layer has
 coverage >= ``threshold``, the recommendation is the first such layer, and that k. The result is stored per model as JSON under the cache dir
-(``gemfilter.layers.calibration_path``), and ``default_layer`` uses it from then on.
+(``gemfilter.layers.calibration_path``), and ``default_layer`` uses it from then on. A model is its identity
+(``gemfilter.layers.model_identity``): the resolved absolute path of a local folder (or the hub id and
+revision) and a hash of its config.json, so a relative ``--model m`` in another folder is another model.
 """
 
 from __future__ import annotations
 
 from ..io import write_json_atomic
-from ..layers import calibration_path, model_key
+from ..layers import calibration_path, model_identity, model_key
 from .core import needle_distances, needle_token_span, trace
 
 
@@ -66,7 +68,7 @@ def calibrate(model, tokenizer, *, lengths=(1000, 2000, 4000), depths=(10, 50, 9
     table = coverage_table(distances, list(ks))
     layer, k = recommend(table, sliding, threshold)
     record = {
-        "model": model_key(model), "layer": layer, "topk": k, "threshold": threshold,
+        "model": model_key(model), "identity": model_identity(model), "layer": layer, "topk": k, "threshold": threshold,
         "sliding_layers": [i for i, w in enumerate(sliding) if w is not None],
         "coverage": {str(k): v for k, v in table.items()}, "probes": probes,
         "distances": [{str(k): v for k, v in d.items()} for d in distances],

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..entry import require
+from ..io import save_png
 from .core import gemfilter_kept, needle_distances, needle_token_span, snapkv_kept, trace
 
 
@@ -38,8 +39,7 @@ def plot_needle_distance(distances, sliding, path, title):
     ax.set_ylabel("min |top-k index − needle index|")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 def plot_attention_map(rows, span, sliding, path, title):
@@ -59,8 +59,7 @@ def plot_attention_map(rows, span, sliding, path, title):
     fig.colorbar(im, ax=ax, label="attention of the last token (head mean)")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 def plot_kept(kept: dict, n, span, layers, path, title):
@@ -79,8 +78,7 @@ def plot_kept(kept: dict, n, span, layers, path, title):
     axes[0].legend(loc="upper left")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 def _num_layers(config) -> int:

@@ -11,41 +11,103 @@ first line of its own (a random run id) so that the engine cannot serve it from 
 - ``<method>, proxy``: the selection on layers 0..r here, then the k kept ids to the engine.
 
 Rows go to OUT/bench-engine.jsonl as they finish (an interrupted run resumes); OUT/bench-engine.md holds
-the medians and ratios.
+the medians and ratios. A row is a timing only with the proof that its stream completed (``finish_reason``,
+``tokens``, ``done``: ``[DONE]`` seen). A broken answer (HTML, an HTTP error, a stream closed early or without
+``[DONE]``, a cut chunk, an error event) is stored as an error row, which a rerun measures again, and ends
+the run with one ``error:`` line (exit 2), before any table is written.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import statistics
+import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 
 OUTPUTS = ("bench-engine.jsonl", "bench-engine.md", "bench-engine.json")
 
 
+class BrokenStream(RuntimeError):
+    """An engine's answer that is not a complete stream: never stored as a timing."""
+
+
+def _parse_chunk(payload: bytes) -> dict:
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        raise BrokenStream(f"a stream chunk is not JSON (cut short?): {payload[:120]!r}") from None
+    if not isinstance(chunk, dict):
+        raise BrokenStream(f"a stream chunk is not a JSON object: {payload[:120]!r}")
+    if "error" in chunk:
+        raise BrokenStream(f"the engine's stream failed: {chunk['error']}")
+    return chunk
+
+
 def stream_timed(url: str, body: dict, timeout: float) -> dict:
-    """POST a streamed completion; seconds to the first text chunk and to the end, the text and the metadata."""
-    req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+    """POST a streamed completion; seconds to the first text chunk and to the end, the text and the metadata.
+
+    Raises :class:`BrokenStream` unless the answer is a complete SSE stream: a ``text/event-stream`` 200 whose
+    every chunk parses, one of which carries a finish reason, ended by ``data: [DONE]``. The result carries that
+    proof: ``finish_reason``, ``tokens`` (the engine's ``usage.completion_tokens`` when it reports it, asked for
+    with ``stream_options``, else the text chunks counted; ``tokens_from`` says which) and ``done`` (True).
+    """
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     start = time.perf_counter()
-    first, text, meta = None, [], None
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        for line in resp:
-            line = line.strip()
-            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if "error" in chunk:
-                raise RuntimeError(f"the engine's stream failed: {chunk['error']}")
-            meta = meta or chunk.get("gemfilter")
-            piece = "".join(c.get("text", "") for c in chunk.get("choices", []))
-            if piece and first is None:
-                first = time.perf_counter() - start
-            text.append(piece)
-    return {"ttft": first, "total": time.perf_counter() - start, "text": "".join(text), "meta": meta}
+    first, text, meta, finish, usage, chunks, done = None, [], None, None, None, 0, False
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            kind = resp.headers.get("Content-Type", "")
+            if not kind.startswith("text/event-stream"):
+                raise BrokenStream(f"the answer is not a stream (Content-Type {kind or 'none'!r}): "
+                                   f"{resp.read(120)!r}")
+            for line in resp:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                if done:
+                    raise BrokenStream("data after [DONE]")
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    continue
+                chunk = _parse_chunk(payload)
+                meta = meta or chunk.get("gemfilter")
+                usage = chunk.get("usage") or usage
+                choices = chunk.get("choices") or []
+                piece = "".join(c.get("text", "") for c in choices if isinstance(c, dict))
+                finish = next((c["finish_reason"] for c in choices if isinstance(c, dict) and c.get("finish_reason")),
+                              finish)
+                if piece:
+                    chunks += 1
+                    if first is None:
+                        first = time.perf_counter() - start
+                text.append(piece)
+    except urllib.error.HTTPError as err:
+        raise BrokenStream(f"the engine answered HTTP {err.code}: {err.read(200)!r}") from None
+    except (http.client.HTTPException, OSError) as err:  # a cut chunk, a reset, a timeout
+        raise BrokenStream(f"the stream broke: {type(err).__name__}: {err}") from None
+    if not done:
+        raise BrokenStream("the stream ended without data: [DONE] (closed early)")
+    if finish is None:
+        raise BrokenStream("no chunk carried a finish_reason")
+    if first is None:
+        raise BrokenStream("the stream carried no text")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return {"ttft": first, "total": time.perf_counter() - start, "text": "".join(text), "meta": meta,
+            "finish_reason": finish, "tokens": chunks if tokens is None else tokens,
+            "tokens_from": "text chunks" if tokens is None else "usage", "done": done}
+
+
+def complete(row: dict) -> bool:
+    """Whether a stored row is a timing with the proof that its stream completed (not an error row)."""
+    return "error" not in row and row.get("done") is True and bool(row.get("finish_reason")) and bool(row.get("tokens"))
 
 
 def summarize(rows: list, method: str) -> list:
@@ -94,13 +156,17 @@ def run(args) -> int:
     """Run the engine benchmark for ``gemfilter bench --engine``'s parsed ``args``; returns the exit status."""
     from tqdm import tqdm
 
-    from ..haystack import build_case, make_haystack
+    from ..haystack import build_case, check_lengths, make_haystack
     from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
     from ..options import check_int, parse_lengths
     from .cli import connect
     from .proxy import ProxyServer, request_options
 
-    method = args.methods.split(",")[-1].strip() if args.methods else "gemfilter"
+    named = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
+    method = named[-1] if named else "gemfilter"
+    if len(named) > 1:  # the help says so; a run with several must say it too, or a user reads b's table as a's
+        print(f"note: --engine measures full against one prompt method, the last of --methods: {method} "
+              f"(not {', '.join(named[:-1])})", file=sys.stderr)
     if method == "full":
         raise ValueError("--engine compares full with a prompt method: give one, e.g. --methods gemfilter")
     request_options({}, {"method": method, "topk": args.topk})
@@ -112,6 +178,7 @@ def run(args) -> int:
     upstream, selector, _ = connect(args.engine, timeout=args.timeout, model=args.model, layer=args.layer,
                                     attn=args.attn, threads=args.threads)
     model_id, tok, layer = upstream.default_model(), selector.tokenizer, selector.layer
+    check_lengths(tok, lengths)  # before the warm-up: a length too short for the needle is one line
     server = ProxyServer(("127.0.0.1", 0), selector, upstream, method=method, topk=args.topk, quiet=True)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     proxy = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
@@ -120,6 +187,7 @@ def run(args) -> int:
                 layer=layer, gen_tokens=args.gen_tokens, selector_device=str(device))
     jsonl = out / "bench-engine.jsonl"
     rows = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
+    rows = [r for r in rows if complete(r)]  # error rows, and rows written before the proof existed, run again
     done = {(r["length"], r["route"], r["repeat"]) for r in rows}
     routes = (("full, direct", args.engine.rstrip("/") + "/completions", "full"), ("full, proxy", proxy, "full"),
               (f"{method}, proxy", proxy, method))
@@ -129,10 +197,13 @@ def run(args) -> int:
     try:
         if todo:  # warm-up, not recorded: the engine's first request and the selector's first pass are slower
             warm = tok(build_case(tok, min(lengths), 50, haystack=hay).prompt)["input_ids"]
-            for _, url, m in routes:
-                stream_timed(url, {"model": model_id, "prompt": warm, "max_tokens": 2, "temperature": 0,
-                                   **({"gemfilter": {"method": m, "topk": args.topk}} if url == proxy else {})},
-                             args.timeout)
+            for route, url, m in routes:
+                try:
+                    stream_timed(url, {"model": model_id, "prompt": warm, "max_tokens": 2, "temperature": 0,
+                                       **({"gemfilter": {"method": m, "topk": args.topk}} if url == proxy else {})},
+                                 args.timeout)
+                except BrokenStream as err:
+                    raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
         for n, route, url, m, i in tqdm(todo, desc="engine runs", unit="run"):
             case = build_case(tok, n, 50, haystack=hay)
             # A first line of its own per run, so that no engine serves it from a cached prefix of an earlier run
@@ -143,11 +214,20 @@ def run(args) -> int:
                     "ignore_eos": True, "temperature": 0, "gemfilter": {"method": m, "topk": args.topk}}
             if url != proxy:
                 del body["gemfilter"]
-            res = stream_timed(url, body, args.timeout)
+            where = dict(meta, length=n, route=route, repeat=i)
+            try:
+                res = stream_timed(url, body, args.timeout)
+                if res["tokens_from"] == "usage" and res["tokens"] != args.gen_tokens:
+                    raise BrokenStream(f"the engine generated {res['tokens']} tokens, not the forced {args.gen_tokens}")
+            except BrokenStream as err:  # kept as evidence, never as a timing: a rerun measures it again
+                append_jsonl(jsonl, dict(where, error=str(err)))
+                raise BrokenStream(f"{route} at length {n} (repeat {i}): {err}; nothing was timed for it (an error "
+                                   f"row in {jsonl.name}, retried by a rerun)") from None
             info = res["meta"] or {}
-            row = dict(meta, length=n, route=route, repeat=i, ttft=res["ttft"], total=res["total"],
-                       prompt_tokens=len(ids), kept_tokens=info.get("kept_tokens", len(ids)),
-                       selection_seconds=info.get("selection_seconds"))
+            row = dict(where, ttft=res["ttft"], total=res["total"], prompt_tokens=len(ids),
+                       kept_tokens=info.get("kept_tokens", len(ids)), selection_seconds=info.get("selection_seconds"),
+                       finish_reason=res["finish_reason"], tokens=res["tokens"], tokens_from=res["tokens_from"],
+                       done=res["done"])
             append_jsonl(jsonl, row)
             rows.append(row)
     finally:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gemfilter.io import check_out_dir, read_text, write_text_atomic
+from gemfilter.io import atomic_path, check_out_dir, check_png_path, read_text, write_text_atomic
 from gemfilter.entry import command
 
 FIG_DIR = Path(__file__).resolve().parents[1] / "figures"
@@ -130,6 +130,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "fig", None):  # before any work, not when the copy is made at the end
+            check_png_path(args.fig, "--fig")
         return {"datasets": _datasets, "llm": _llm, "ablation": _ablation, "theory": _theory}[args.cmd](args)
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         parser.error(str(err))
@@ -144,8 +146,8 @@ def _datasets(args) -> int:
 
 def _copy(src: Path, dst) -> None:
     if dst:
-        Path(dst).parent.mkdir(parents=True, exist_ok=True)
-        Path(dst).write_bytes(src.read_bytes())
+        with atomic_path(dst) as tmp:  # the old figure stays whole until the new one is
+            tmp.write_bytes(src.read_bytes())
         print(f"figure: {dst}")
 
 

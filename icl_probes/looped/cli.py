@@ -167,6 +167,10 @@ def main(argv=None) -> int:
         from gemfilter.io import check_out_dir
 
         check_out_dir(args.out)  # before any compute
+        if getattr(args, "png", None):
+            from gemfilter.io import check_png_path
+
+            check_png_path(args.png, "--png")
         if args.command == "check":
             _check(args)
         elif args.command == "fig81":
