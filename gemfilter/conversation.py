@@ -27,6 +27,7 @@ import torch
 from .apply import apply, resolve
 from .compat import cache_kwargs, dynamic_cache
 from .measure import FirstTokenClock, PeakMemory
+from .methods.spec import PromptMethod
 from .selection import Selection, check_causal_decoder, filter_pass, sliding_window_of
 
 PROTOCOLS = ("reselect", "reuse", "full")
@@ -51,7 +52,7 @@ class Turn:
 
 
 @dataclass(frozen=True, eq=False)
-class Preselected:
+class Preselected(PromptMethod):
     """A prompt method run on a selection made beforehand (by :class:`Conversation`'s reselect protocol)."""
 
     method: object
@@ -196,7 +197,7 @@ def _sync(memory):
 
 def _check_reselect(model, method) -> None:
     """reselect needs a prompt method that scores with the last query row at a full-attention layer."""
-    if not hasattr(method, "pick") or not hasattr(method, "start"):
+    if not isinstance(method, PromptMethod):
         raise ValueError(f"protocol 'reselect' selects prompt tokens; {method.name} is not a prompt method. Use "
                          "'reuse' for it (its compressed cache goes on), or gemfilter / gemfilter-span")
     if not getattr(method, "scores_last_row", False):

@@ -66,7 +66,8 @@ def command(*extras: str, name: str | None = None):
 
     Before it runs, the named extras are checked (not for ``-h``/``--help``, which must always teach).
     A :class:`MissingExtra` raised anywhere inside ends the command with one ``error:`` line and
-    exit 2 (returned), an :class:`ErrorExit` with its line and exit 2 (raised); Ctrl-C ends it with one line and exit 130, the shell's convention for SIGINT.
+    exit 2 (returned); an :class:`ErrorExit` prints its line and exits 2 (raised); Ctrl-C ends it with
+    one line and exit 130, the shell's convention for SIGINT.
     """
 
     def wrap(main):

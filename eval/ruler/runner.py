@@ -71,7 +71,7 @@ class MethodSpec:
 def has_budget(name: str) -> bool:
     from gemfilter import REGISTRY
 
-    return "topk" in {f.name for f in dataclasses.fields(REGISTRY[name])}
+    return REGISTRY[name].kind != "full"  # prompt and cache methods keep topk
 
 
 def method_specs(names, topks=(1024,), ratio: float | None = None) -> tuple:
