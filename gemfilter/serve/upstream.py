@@ -56,13 +56,15 @@ class Call:
     """One request to the engine, abortable from another thread (:meth:`abort`): the proxy's client left."""
 
     def __init__(self):
-        self.conn = None
+        self.sock = None
         self.aborted = False
         self._lock = threading.Lock()
 
     def attach(self, conn) -> None:
+        """Hold the connected socket of ``conn`` (http.client drops its own reference once a response that
+        closes the connection has begun; the response's reader keeps the socket open)."""
         with self._lock:
-            self.conn = conn
+            self.sock = conn.sock
             if self.aborted:
                 self._shut()
 
@@ -73,10 +75,9 @@ class Call:
             self._shut()
 
     def _shut(self):
-        sock = getattr(self.conn, "sock", None)
-        if sock is not None:
+        if self.sock is not None:
             try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked recv in the other thread; close() would not
+                self.sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked recv in the other thread; close() would not
             except OSError:
                 pass
 
