@@ -139,7 +139,8 @@ class StubEngine:
                     return self._raw(200, "text/html", b"<html><body>502 Bad Gateway</body></html>")
                 if stub.mode in ("empty", "no-choices"):
                     return self._raw(200, "application/json", b"{}" if stub.mode == "empty" else b'{"choices": []}')
-                if stub.mode == "cut-body" or (stub.mode in ("stall", "reset", "cut-stream") and not body.get("stream")):
+                cut = stub.mode in ("stall", "reset", "cut-stream") and not body.get("stream")
+                if stub.mode == "cut-body" or cut:
                     if stub.mode == "reset":
                         return self._reset()
                     self._raw(200, "application/json", b'{"id": "cmpl-1", "choices": [{"te', length=200)
