@@ -61,12 +61,13 @@ class StubEngine:
     Its completions answer "ok" and echo the prompt ids it got as ``prompt_token_ids``; streamed, it sends
     the two chunks "o" and "k", then [DONE]. ``/tokenize`` answers ``tokens`` (set by the test). "slow" waits
     ``delay`` seconds, watching its connection: a client that closes it is counted in ``cancelled``. ``peak``
-    is the most requests it served at once.
+    is the most requests it served at once. ``GET /models`` lists ``max_model_len`` (None: not listed).
     """
 
     def __init__(self, tokens=None):
         self.bodies, self.paths, self.mode, self.tokens, self.delay = [], [], "ok", tokens or [], 2.0
         self.cancelled, self.active, self.peak, self._lock = 0, 0, 0, threading.Lock()
+        self.max_model_len = 512
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -87,7 +88,10 @@ class StubEngine:
                     pass
 
             def do_GET(self):
-                self._json(200, {"object": "list", "data": [{"id": "stub-model", "object": "model"}]})
+                card = {"id": "stub-model", "object": "model"}
+                if stub.max_model_len is not None:  # vLLM lists each model's context length
+                    card["max_model_len"] = stub.max_model_len
+                self._json(200, {"object": "list", "data": [card]})
 
             def _raw(self, status, kind, raw, length=None):
                 self.send_response(status)

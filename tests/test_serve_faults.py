@@ -55,7 +55,7 @@ def test_a_misbehaving_engine_is_never_a_silent_200(proxy, stub, mode, stream):
 def test_a_chat_stream_cut_short_ends_with_an_error_event(proxy, stub):
     stub.mode = "cut-stream"
     status, events, _ = post(proxy + "/v1/chat/completions",
-                             {"messages": [{"role": "user", "content": "x" * 40}], "model": "m", "stream": True})
+                             {"messages": [{"role": "user", "content": "x" * 40}], "model": "stub-model", "stream": True})
     assert status == 200 and json.loads(events[0])["choices"][0]["delta"]["content"] == "o"
     assert "[DONE]" not in events and "ended before [DONE]" in json.loads(events[-1])["error"]["message"]
 

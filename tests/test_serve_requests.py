@@ -65,7 +65,15 @@ def test_a_filtered_chat_without_max_tokens_is_not_cut_to_the_completions_defaul
     status, _, _ = post(proxy + "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 40}]})
     sent = stub.bodies[-1]
     assert status == 200 and stub.paths[-1] == "/v1/completions" and len(sent["prompt"]) == 16
-    assert "max_tokens" in sent and sent["max_tokens"] is None  # vLLM: up to the model's length, as for a chat
+    assert sent["max_tokens"] == 512 - 16  # vLLM's chat: the engine's max_model_len minus the prompt it gets
+
+
+def test_a_filtered_chat_without_max_tokens_needs_an_engine_that_reports_its_length(proxy, stub):
+    stub.max_model_len = None
+    status, answer, _ = post(proxy + "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 40}]})
+    assert status == 400 and answer["error"]["message"].startswith("give max_tokens (or max_completion_tokens): "
+                                                                   "this engine reports no max_model_len")
+    assert [p for p in stub.paths if p.endswith("completions")] == []
 
 
 def test_max_completion_tokens_wins_over_max_tokens_as_in_vllm_s_chat(proxy, stub):
@@ -126,7 +134,8 @@ def test_a_chat_on_a_model_without_template_uses_gemma3_s_and_goes_as_ids(make_p
                                                             "gemfilter": {"topk": 64}})
     expected = tok("<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", add_special_tokens=False)
     assert status == 200 and stub.paths[-1] == "/v1/completions"  # the engine has no template either
-    assert stub.bodies[-1]["prompt"] == expected["input_ids"] and stub.bodies[-1]["max_tokens"] is None
+    assert stub.bodies[-1]["prompt"] == expected["input_ids"]
+    assert stub.bodies[-1]["max_tokens"] == 512 - len(expected["input_ids"])
     assert answer["object"] == "chat.completion" and answer["choices"][0]["message"]["content"] == "ok"
     assert answer["gemfilter"]["passthrough"]
 

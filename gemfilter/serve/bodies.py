@@ -136,19 +136,32 @@ def check_rewritable(body: dict, chat: bool) -> None:
                          "or a prompt of at most topk tokens")
 
 
-def completion_body(body: dict, ids: list, chat: bool) -> dict:
+def chat_max_tokens(body: dict) -> int | None:
+    """A chat's token limit as vLLM's chat reads it: ``max_completion_tokens``, else ``max_tokens``, else None."""
+    given = body.get("max_completion_tokens")
+    return given if given is not None else body.get("max_tokens")
+
+
+def completion_body(body: dict, ids: list, chat: bool, max_model_len: int | None = None) -> dict:
     """The engine's /v1/completions body for ``ids``: the client's options, the ids as the prompt.
 
-    A chat without ``max_tokens``/``max_completion_tokens`` gets ``"max_tokens": null``: vLLM then allows up
-    to the model's length minus the prompt (or its generation config's default), exactly as for a chat,
-    instead of the completions default of 16 tokens.
+    A chat without ``max_tokens``/``max_completion_tokens`` gets ``max_tokens`` = ``max_model_len`` minus
+    the ids sent: what vLLM's chat allows (when the model's generation config sets no default), instead of
+    the completions default of 16 tokens, which vLLM also applies to an explicit null. Without
+    ``max_model_len`` (the engine reports none) such a chat is a 400 asking for ``max_tokens``.
     """
     check_rewritable(body, chat)
     drop = ("gemfilter", "messages", "prompt", "max_completion_tokens", "add_special_tokens") + tuple(PROMPT_FIELDS)
     out = {k: v for k, v in body.items() if k not in drop}
-    if chat:  # vLLM's chat reads max_completion_tokens first, then max_tokens
-        given = body.get("max_completion_tokens")
-        out["max_tokens"] = given if given is not None else body.get("max_tokens")
+    if chat:
+        limit = chat_max_tokens(body)
+        if limit is None:
+            if max_model_len is None:
+                raise BadRequest("give max_tokens (or max_completion_tokens): this engine reports no max_model_len "
+                                 "at GET /v1/models, so the proxy cannot apply the chat default (up to the model's "
+                                 "length), and its completions endpoint would stop at 16 tokens")
+            limit = max(max_model_len - len(ids), 1)
+        out["max_tokens"] = limit
     out["prompt"] = ids
     return out
 

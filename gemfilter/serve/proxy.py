@@ -27,8 +27,8 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .bodies import (BadRequest, as_chat, check_rewritable, completion_body, fix_usage, prompt_ids,  # noqa: F401
-                     request_options)
+from .bodies import (BadRequest, as_chat, chat_max_tokens, check_rewritable, completion_body, fix_usage,  # noqa: F401
+                     prompt_ids, request_options)
 from .connection import ClientTimeout, ClientWatch, read_body
 from .upstream import Call, UpstreamError
 
@@ -186,11 +186,15 @@ class Handler(BaseHTTPRequestHandler):
                 check_rewritable(body, chat)  # before the selection, which is the expensive part
             choice = sel.choose(ids, opts["method"], opts["topk"])
             if rewrite:
-                sent, path = completion_body(body, choice.ids, chat), "/completions"
+                model = body.get("model") or self.server.upstream.default_model()
+                limit = self.server.upstream.max_model_len(model) if chat and chat_max_tokens(body) is None else None
+                sent, path = completion_body(body, choice.ids, chat, limit), "/completions"
             else:
                 sent, path = {k: v for k, v in body.items() if k != "gemfilter"}, route[len("/v1"):]
         except ClientTimeout as err:
             return self._error(408, str(err), "invalid_request_error")
+        except UpstreamError as err:  # asking the engine for its model or its length failed
+            return self._error(err.status, str(err), "upstream_error")
         except (BadRequest, ValueError) as err:
             return self._error(400, str(err), "invalid_request_error")
         meta = choice.meta(sel.layer)

@@ -95,6 +95,7 @@ class Upstream:
         self.root = self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
         self.timeout = timeout
         self._model = None
+        self._max_len = {}
 
     # --- one exchange ---------------------------------------------------------------------------
     def _open(self, url: str, body: dict | None, call: Call | None = None):
@@ -208,6 +209,15 @@ class Upstream:
     def model_ids(self) -> list:
         """The model ids the engine serves (``GET /models``)."""
         return [m.get("id") for m in self.models()]
+
+    def max_model_len(self, model: str) -> int | None:
+        """The context length the engine reports for ``model`` at ``GET /models`` (vLLM's ``max_model_len``),
+        asked once per model; None if it reports none."""
+        if model not in self._max_len:
+            found = [m.get("max_model_len") for m in self.models() if m.get("id") == model]
+            value = found[0] if found else None
+            self._max_len[model] = value if isinstance(value, int) and not isinstance(value, bool) else None
+        return self._max_len[model]
 
     def default_model(self) -> str:
         """The first model id the engine lists, asked once; the model field of requests that name none."""
