@@ -21,6 +21,12 @@ EPILOG = """Each request runs the selection on a local model that holds only lay
 those layers and the final norm; no LM head) and sends the kept token ids to the engine's
 /v1/completions. Prompts of at most --topk tokens, and method "full", pass through unchanged.
 Override per request with {"gemfilter": {"method": "gemfilter-span", "topk": 512}} in the body.
+The embedded model's chats use Gemma 3's chat template (its tokenizer has none).
+
+Errors are JSON: 400 for the client's faults (naming the field), 408 for a client that stops sending,
+502 for the engine's faults (unreachable, reset, cut, not JSON, no choices, a 5xx), 504 when it does
+not answer within --timeout, 500 only for the proxy's own failures. A stream ends with data: [DONE],
+or with one error event and no [DONE]. A client that leaves closes the engine's request.
 Paper: Shi et al. 2024, "Discovering the Gems in Early Layers" (GemFilter)."""
 
 

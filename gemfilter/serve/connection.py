@@ -108,8 +108,7 @@ class ClientWatch:
         return self
 
     def __exit__(self, *exc):
-        self._done.set()
-        self._thread.join()
+        self._done.set()  # not joined: the answer goes out now, the thread ends within one interval
 
     def _run(self):
         while not self._done.is_set():
