@@ -53,6 +53,7 @@ def check_seconds(value, flag: str, high: float = 86400) -> None:
 
 
 def error_body(status: int, message: str, kind: str) -> dict:
+    """An OpenAI-style error object: the body of an error answer, or the data of a stream's error event."""
     return {"error": {"message": message, "type": kind, "code": status}}
 
 
@@ -141,7 +142,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def send_error(self, code, message=None, explain=None):
         """The standard library's own errors (bad request line, unsupported method, ...) as JSON, not HTML."""
-        phrase = HTTPStatus(code).phrase if code in HTTPStatus._value2member_map_ else "error"
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "error"
         self._error(code, message or explain or phrase, "invalid_request_error" if code < 500 else "internal_error")
 
     # --- routes --------------------------------------------------------------------------------
