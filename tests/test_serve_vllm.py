@@ -5,7 +5,10 @@ port, then ``gemfilter serve`` in front of it, and stops both at the end, on fai
 
 - with k >= n the proxy's greedy answer equals vLLM's direct answer;
 - with k < n the prompt token ids vLLM reports it received equal ``gemfilter.select_tokens``' kept ids;
-- a 2K NIAH cell through the proxy finds the needle wherever the HF path (``gemfilter.generate``) does.
+- a 2K NIAH cell through the proxy finds the needle wherever the HF path (``gemfilter.generate``) does;
+- a chat on the embedded model (Gemma 3's template, supplied by the proxy) given as content parts equals the same
+  chat given as one string, and without max_tokens it is not cut at the completions default of 16 tokens;
+- a non-streamed client that leaves ends vLLM's request (its running-requests gauge falls to 0).
 """
 
 import json
@@ -151,6 +154,56 @@ def test_a_2k_niah_cell_through_the_proxy_finds_the_needle_where_hf_does(servers
         hits[depth] = (exact_hit(hf_text), exact_hit(via["choices"][0]["text"]))
     assert all(proxy_hit >= hf_hit for hf_hit, proxy_hit in hits.values()), hits
     assert any(hf_hit for hf_hit, _ in hits.values()), f"the HF path found no needle, so nothing was compared: {hits}"
+
+
+def test_a_chat_as_parts_equals_the_chat_as_text_and_runs_past_16_tokens(servers, embedded):
+    from gemfilter.serve.chat_template import GEMMA3
+
+    _, proxy, _ = servers
+    _, tok = embedded
+    context = "The quick brown fox jumps over the lazy dog near the river bank. " * 30
+    question = "Question: what did the fox jump over? Answer in one sentence."
+    # No max_tokens. min_tokens 20 > the completions default of 16 (which vLLM refuses beside min_tokens);
+    # <end_of_turn> (106), a full stop or a newline ends it soon after.
+    common = {"temperature": 0, "min_tokens": 20, "stop_token_ids": [106], "stop": [".", "\n"]}
+    as_text = post(proxy + "/v1/chat/completions",
+                   {"messages": [{"role": "user", "content": context + "\n" + question}], **common})
+    as_parts = post(proxy + "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": context}, {"type": "text", "text": question}]}], **common})
+    text = tok.apply_chat_template([{"role": "user", "content": context + "\n" + question}], chat_template=GEMMA3,
+                                   add_generation_prompt=True, tokenize=False)
+    n = len(tok(text, add_special_tokens=False)["input_ids"])
+    assert as_parts["gemfilter"]["prompt_tokens"] == as_text["gemfilter"]["prompt_tokens"] == n > 128
+    assert as_parts["usage"]["prompt_tokens"] == n and as_parts["gemfilter"]["kept_tokens"] == 128
+    assert as_parts["choices"][0]["message"] == as_text["choices"][0]["message"]
+    assert as_parts["usage"]["completion_tokens"] > 16
+    short = post(proxy + "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5})
+    assert short["gemfilter"]["passthrough"] and short["object"] == "chat.completion"
+
+
+def test_a_client_that_leaves_ends_vllm_s_request(servers):
+    engine, proxy, _ = servers
+
+    def running() -> float:
+        with urllib.request.urlopen(engine[: -len("/v1")] + "/metrics", timeout=10) as resp:
+            lines = [x for x in resp.read().decode().splitlines() if x.startswith("vllm:num_requests_running")]
+        return sum(float(x.rsplit(" ", 1)[1]) for x in lines)
+
+    raw = json.dumps({"prompt": "Count: 1, 2, 3,", "max_tokens": 3000, "min_tokens": 3000, "ignore_eos": True,
+                      "temperature": 0}).encode()
+    port = int(proxy.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    deadline = time.monotonic() + 60
+    while running() < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert running() >= 1, "vLLM never started the request"
+    sock.close()
+    deadline = time.monotonic() + 15
+    while running() > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert running() == 0, "vLLM kept generating for a client that left"
 
 
 def test_the_proxy_stops_cleanly_on_sigterm(servers):

@@ -21,6 +21,12 @@ EPILOG = """Each request runs the selection on a local model that holds only lay
 those layers and the final norm; no LM head) and sends the kept token ids to the engine's
 /v1/completions. Prompts of at most --topk tokens, and method "full", pass through unchanged.
 Override per request with {"gemfilter": {"method": "gemfilter-span", "topk": 512}} in the body.
+The embedded model's chats use Gemma 3's chat template (its tokenizer has none).
+
+Errors are JSON: 400 for the client's faults (naming the field), 408 for a client that stops sending,
+502 for the engine's faults (unreachable, reset, cut, not JSON, no choices, a 5xx), 504 when it does
+not answer within --timeout, 500 only for the proxy's own failures. A stream ends with data: [DONE],
+or with one error event and no [DONE]. A client that leaves closes the engine's request.
 Paper: Shi et al. 2024, "Discovering the Gems in Early Layers" (GemFilter)."""
 
 
@@ -45,10 +51,12 @@ def check_tokenizer(upstream, tokenizer, model: str) -> None:
 def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, threads: int = 0,
             check: bool = True) -> tuple:
     """(upstream, selector, the engine's model ids) for the engine at ``url``: reach it first (a clear error now,
-    not at the first request), then load the selector (layers 0..r of ``model``) and, if ``check``, refuse an
-    engine whose tokenizer differs (:func:`check_tokenizer`)."""
+    not at the first request), then load the selector (layers 0..r of ``model``; Gemma 3's chat template for
+    the embedded model, whose tokenizer has none) and, if ``check``, refuse an engine whose tokenizer differs
+    (:func:`check_tokenizer`)."""
     import torch
 
+    from .chat_template import fallback_template
     from .selector import Selector, load_selector
     from .upstream import Upstream
 
@@ -56,7 +64,8 @@ def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, thre
     models = upstream.model_ids()
     if threads:
         torch.set_num_threads(threads)
-    selector = Selector(*load_selector(model, layer=layer, attn=attn))
+    sel_model, tok, layer = load_selector(model, layer=layer, attn=attn)
+    selector = Selector(sel_model, tok, layer, chat_template=fallback_template(model, tok))
     if check:
         check_tokenizer(upstream, selector.tokenizer, models[0] if models else "")
     return upstream, selector, models
@@ -81,9 +90,20 @@ def add_parser(sub) -> None:
     p.add_argument("--topk", type=int, default=1024, help="default number of prompt tokens kept (default 1024)")
     p.add_argument("--layer", type=int, default=None, help="filter layer r (default: the model's default)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8100, help="port to listen on (default 8100; 0 picks a free one)")
+    p.add_argument("--port", type=int, default=8100,
+                   help="port to listen on, 0..65535 (default 8100; 0 picks a free one)")
     p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds to wait for the engine's answer, or between its stream chunks (default 600)")
+                   help="seconds to wait for the engine's answer, or between its stream chunks, in (0, 86400]; past "
+                        "it the client gets a 504, or an error event in a stream (default 600)")
+    p.add_argument("--client-timeout", type=float, default=60.0,
+                   help="seconds a client may take to send each part of its request, in (0, 86400]; a client that "
+                        "stops sending gets a 408 and its connection is closed (default 60)")
+    p.add_argument("--backlog", type=int, default=1024,
+                   help="listen queue for connections that arrive while every handler is busy, 1..65535 (the "
+                        "kernel caps it at net.core.somaxconn; default 1024)")
+    p.add_argument("--max-concurrency", type=int, default=64,
+                   help="requests handled at once, one thread each, 1..4096; more wait in the listen queue "
+                        "(default 64)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for the selection (default: torch's)")
     p.add_argument("--skip-tokenizer-check", action="store_true",
                    help="start even if the engine's tokenizer cannot be compared (it has no POST /tokenize)")
@@ -94,18 +114,21 @@ def add_parser(sub) -> None:
 
 def cmd_serve(args) -> int:
     from ..options import check_int
-    from .proxy import ProxyServer, request_options, serve
+    from .proxy import ProxyServer, check_limits, check_seconds, request_options, serve
 
+    # Every option is checked here, before the engine is asked or the selector loads.
     check_int(args.topk, "--topk", 1)
-    check_int(args.port, "--port", 0)
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be a whole number in [0, 65535], got {args.port}")
     check_int(args.threads, "--threads", 0)
-    if args.timeout <= 0:
-        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    check_seconds(args.timeout, "--timeout")
+    check_limits(args.backlog, args.max_concurrency, args.client_timeout)
     request_options({}, {"method": args.method, "topk": args.topk})
     upstream, selector, models = connect(args.upstream, timeout=args.timeout, model=args.model, layer=args.layer,
                                          attn=args.attn, threads=args.threads, check=not args.skip_tokenizer_check)
     server = ProxyServer((args.host, args.port), selector, upstream, method=args.method, topk=args.topk,
-                         quiet=args.quiet)
+                         quiet=args.quiet, backlog=args.backlog, max_concurrency=args.max_concurrency,
+                         client_timeout=args.client_timeout)
     layer = selector.layer
     params = sum(p.numel() for p in selector.model.parameters()) / 1e6
     host, port = server.server_address[:2]

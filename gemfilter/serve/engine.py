@@ -63,10 +63,14 @@ def engine_generate(upstream, model, inputs, *, method, tokenizer=None, max_new_
         body["min_tokens"] = min_new_tokens
     if eos_token_id is not None:
         body["stop_token_ids"] = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    choice = upstream.post("/completions", body)["choices"][0]
+    choice = upstream.complete("/completions", body)["choices"][0]  # no choices: UpstreamError (502)
+    if not isinstance(choice.get("text", ""), str):
+        from .upstream import UpstreamError
+
+        raise UpstreamError(502, f"the engine at {upstream.url} answered a choice without text: {choice!r:.200}")
     new = choice.get("token_ids")
     if new is None:  # an engine without vLLM's return_token_ids: re-encode its text
-        new = tokenizer(choice["text"], add_special_tokens=False)["input_ids"] if tokenizer is not None else []
+        new = tokenizer(choice.get("text", ""), add_special_tokens=False)["input_ids"] if tokenizer is not None else []
     text = None if selection is None or tokenizer is None else selection.kept_text(tokenizer)
     return EngineOutput(new_tokens=torch.tensor([new], dtype=torch.long), kept=[len(kept)], kept_text=text,
                         selection=selection, text=choice.get("text", ""))

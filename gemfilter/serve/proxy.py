@@ -6,117 +6,101 @@ prompt. For each request the proxy tokenizes the prompt (after the chat template
 runs the selection on a local model that holds only layers 0..r (:mod:`gemfilter.serve.selector`), and
 sends the kept ids to the engine's ``/v1/completions``; a chat request's answer is turned back into a
 chat completion, streamed or not. A prompt of at most k tokens, and ``method: "full"``, pass through
-unchanged to the endpoint they were sent to.
+unchanged to the endpoint they were sent to (a chat on a model whose template the proxy supplies goes
+to ``/v1/completions`` as templated ids).
 
 Per request, ``{"gemfilter": {"method": ..., "topk": ...}}`` in the body overrides the defaults. Every
 answer carries ``"gemfilter": {method, topk, layer, prompt_tokens, kept_tokens, passthrough,
 selection_seconds}`` (the first chunk, when streamed) and the header ``X-GemFilter``.
+
+What it guarantees: every stream ends with ``data: [DONE]`` after a complete answer, or with one error
+event ``data: {"error": {...}}`` and no ``[DONE]`` (the official openai client raises ``APIError`` on it);
+upstream faults answer 502, upstream timeouts 504, client faults 400 (408 for a client that stops
+sending), and 500 only for the proxy's own failures. A client that leaves closes the engine's request.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import threading
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .selector import prompt_methods
-from .upstream import UpstreamError
+from .bodies import (BadRequest, as_chat, chat_max_tokens, check_rewritable, completion_body, fix_usage,  # noqa: F401
+                     prompt_ids, request_options)
+from .connection import ClientTimeout, ClientWatch, read_body
+from .upstream import Call, UpstreamError
 
-MAX_BODY = 64 * 2**20
-OPTIONS = ("method", "topk")
-#: Chat fields the engine's completions endpoint cannot serve for a filtered prompt.
-CHAT_ONLY = ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs", "top_logprobs",
-             "parallel_tool_calls", "chat_template", "chat_template_kwargs")
-
-
-class BadRequest(ValueError):
-    """The client's request is wrong (HTTP 400)."""
+#: (option, low, high) for the server's limits; the CLI checks them before the selector loads.
+LIMITS = (("--backlog", 1, 65535), ("--max-concurrency", 1, 4096), ("--client-timeout", 0, 86400))
 
 
-def request_options(body: dict, defaults: dict) -> dict:
-    """The request's method and topk: the ``gemfilter`` field over the server's defaults, checked."""
-    given = body.get("gemfilter", {})
-    if not isinstance(given, dict):
-        raise BadRequest(f"'gemfilter' must be an object such as {{\"method\": \"gemfilter\", \"topk\": 1024}}, "
-                         f"got {type(given).__name__}")
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise BadRequest(f"unknown gemfilter option(s) {', '.join(unknown)}; allowed: {', '.join(OPTIONS)}")
-    opts = {**defaults, **given}
-    if opts["method"] not in prompt_methods():
-        raise BadRequest(f"method {opts['method']!r} cannot run in front of an engine; allowed: "
-                         f"{', '.join(prompt_methods())} (KV-cache methods such as snapkv evict inside the engine)")
-    topk = opts["topk"]
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise BadRequest(f"topk must be an int >= 1, got {topk!r}")
-    return opts
+def check_limits(backlog: int, max_concurrency: int, client_timeout: float) -> None:
+    """ValueError naming the option and its range unless the server's limits are usable."""
+    for (flag, low, high), value in zip(LIMITS, (backlog, max_concurrency, client_timeout)):
+        if flag == "--client-timeout":
+            check_seconds(value, flag, high)
+        elif isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{flag} must be a whole number in [{low}, {high}], got {value!r}")
 
 
-def prompt_ids(body: dict, tokenizer, chat: bool) -> list:
-    """The prompt's token ids, tokenized as the engine would: a completion's prompt with the special tokens
-    (unless ``add_special_tokens`` is false), a chat through the chat template without adding them again."""
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise BadRequest("the selector's tokenizer has no chat template: use /v1/completions with a prompt")
-        try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as err:  # the template's own message says what is wrong with the messages
-            raise BadRequest(f"the chat template rejected the messages: {err}") from err
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        return tokenizer(prompt, add_special_tokens=body.get("add_special_tokens", True))["input_ids"]
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    raise BadRequest("'prompt' must be one non-empty string or one list of token ids (one prompt per request)")
+def check_seconds(value, flag: str, high: float = 86400) -> None:
+    """ValueError unless ``value`` is a finite number of seconds in (0, ``high``]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= high:
+        raise ValueError(f"{flag} must be a number of seconds in (0, {high:g}], got {value!r}")
 
 
-def completion_body(body: dict, ids: list, chat: bool) -> dict:
-    """The engine's /v1/completions body for kept ``ids``: the client's options, the kept ids as the prompt."""
-    out = {k: v for k, v in body.items() if k not in ("gemfilter", "messages", "prompt", "max_completion_tokens")}
-    if chat:
-        refused = [k for k in CHAT_ONLY if k in body]
-        if refused:
-            raise BadRequest(f"{', '.join(refused)} cannot be served for a filtered chat prompt (the engine's "
-                             "completions endpoint generates from the kept ids); send them with method 'full'")
-        if "max_completion_tokens" in body:
-            out.setdefault("max_tokens", body["max_completion_tokens"])
-    out["prompt"] = ids
-    return out
-
-
-def as_chat(completion: dict, chunk: bool, first: bool = False) -> dict:
-    """A /v1/completions answer (or stream chunk) as a chat completion (or chat chunk)."""
-    choices = []
-    for c in completion.get("choices", []):
-        extra = {k: v for k, v in c.items() if k not in ("text", "logprobs")}
-        text = c.get("text", "")
-        if chunk:
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
-            choices.append({**extra, "delta": delta})
-        else:
-            choices.append({**extra, "message": {"role": "assistant", "content": text}})
-    out = {k: v for k, v in completion.items() if k not in ("choices", "object")}
-    out.update(object="chat.completion.chunk" if chunk else "chat.completion", choices=choices)
-    return out
+def error_body(status: int, message: str, kind: str) -> dict:
+    """An OpenAI-style error object: the body of an error answer, or the data of a stream's error event."""
+    return {"error": {"message": message, "type": kind, "code": status}}
 
 
 class ProxyServer(ThreadingHTTPServer):
-    """The HTTP server: a selector, an upstream engine and the default method and topk."""
+    """The HTTP server: a selector, an upstream engine, the default method and topk, and its limits.
+
+    backlog: the listen queue (bursts wait there while every handler is busy; the kernel caps it at
+    net.core.somaxconn). max_concurrency: requests handled at once, each on its own thread.
+    client_timeout: seconds a client may take to send each part of its request.
+    """
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, address, selector, upstream, *, method: str = "gemfilter", topk: int = 1024,
-                 quiet: bool = False):
+                 quiet: bool = False, backlog: int = 1024, max_concurrency: int = 64,
+                 client_timeout: float = 60.0):
         request_options({}, {"method": method, "topk": topk})  # the defaults obey the same rules
+        check_limits(backlog, max_concurrency, client_timeout)
         self.selector, self.upstream, self.quiet = selector, upstream, quiet
         self.defaults = {"method": method, "topk": topk}
+        self.request_queue_size = backlog  # read by server_activate's listen()
+        self.client_timeout = client_timeout
+        self._slots = threading.BoundedSemaphore(max_concurrency)
+        self._closing = False
         super().__init__(address, Handler)
+
+    def process_request(self, request, client_address):
+        # Wait for a free handler slot; meanwhile new connections queue in the listen backlog.
+        while not self._slots.acquire(timeout=0.2):
+            if self._closing:
+                return self.shutdown_request(request)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def shutdown(self):
+        self._closing = True
+        super().shutdown()
 
     def handle_error(self, request, client_address):
         import sys
@@ -128,6 +112,10 @@ class ProxyServer(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     server: ProxyServer
     protocol_version = "HTTP/1.1"
+
+    def setup(self):
+        self.timeout = self.server.client_timeout  # StreamRequestHandler.setup sets it on the socket
+        super().setup()
 
     def log_message(self, fmt, *args):
         if not self.server.quiet:
@@ -142,11 +130,23 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(raw)))
         if meta is not None:
             self.send_header("X-GemFilter", json.dumps(meta))
+        if status >= 400:  # the request may not have been read to its end: nothing more is read from it
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
-        self.wfile.write(raw)
+        if self.command != "HEAD":
+            self.wfile.write(raw)
 
     def _error(self, status: int, message: str, kind: str):
-        self._send_json(status, {"error": {"message": message, "type": kind, "code": status}})
+        self._send_json(status, error_body(status, message, kind))
+
+    def send_error(self, code, message=None, explain=None):
+        """The standard library's own errors (bad request line, unsupported method, ...) as JSON, not HTML."""
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "error"
+        self._error(code, message or explain or phrase, "invalid_request_error" if code < 500 else "internal_error")
 
     # --- routes --------------------------------------------------------------------------------
     def do_GET(self):
@@ -166,7 +166,7 @@ class Handler(BaseHTTPRequestHandler):
             self._post()
         except (BrokenPipeError, ConnectionResetError):
             raise
-        except Exception as err:  # a bug or a failed selection: say so instead of dropping the connection
+        except Exception as err:  # a bug in the proxy: say so instead of dropping the connection
             if not getattr(self, "_answered", False):
                 self._error(500, f"the proxy failed: {type(err).__name__}: {err}", "internal_error")
             raise
@@ -174,99 +174,122 @@ class Handler(BaseHTTPRequestHandler):
     def _post(self):
         route = self.path.rstrip("/")
         if route not in ("/v1/completions", "/v1/chat/completions"):
+            self.close_connection = True  # its body is not read
             return self._error(404, f"no route POST {self.path}; the proxy serves /v1/completions and "
                                     "/v1/chat/completions", "not_found")
         chat = route.endswith("chat/completions")
+        sel = self.server.selector
         try:
-            body = self._read_body()
+            body = read_body(self.headers, self.rfile)
             opts = request_options(body, self.server.defaults)
-            ids = prompt_ids(body, self.server.selector.tokenizer, chat)
-            choice = self.server.selector.choose(ids, opts["method"], opts["topk"])
+            ids = prompt_ids(body, sel.tokenizer, chat, template=sel.chat_template, vocab=sel.vocab_size)
+            passthrough = sel.passes_through(len(ids), opts["method"], opts["topk"])
+            # A chat whose template the proxy supplies goes as ids too: the engine has no template for it.
+            rewrite = not passthrough or (chat and sel.chat_template is not None)
+            if rewrite:
+                check_rewritable(body, chat)  # before the selection, which is the expensive part
+            choice = sel.choose(ids, opts["method"], opts["topk"])
+            if rewrite:
+                model = body.get("model") or self.server.upstream.default_model()
+                limit = self.server.upstream.max_model_len(model) if chat and chat_max_tokens(body) is None else None
+                sent, path = completion_body(body, choice.ids, chat, limit), "/completions"
+            else:
+                sent, path = {k: v for k, v in body.items() if k != "gemfilter"}, route[len("/v1"):]
+        except ClientTimeout as err:
+            return self._error(408, str(err), "invalid_request_error")
+        except UpstreamError as err:  # asking the engine for its model or its length failed
+            return self._error(err.status, str(err), "upstream_error")
         except (BadRequest, ValueError) as err:
             return self._error(400, str(err), "invalid_request_error")
-        meta = choice.meta(self.server.selector.layer)
-        if choice.passthrough:
-            path = "/chat/completions" if chat else "/completions"
-            sent, convert = {k: v for k, v in body.items() if k != "gemfilter"}, False
-        else:
+        meta = choice.meta(sel.layer)
+        plan = {"meta": meta, "convert": rewrite and chat, "prompt_tokens": len(ids) if rewrite else None}
+        call = Call()
+        with ClientWatch(self.connection, call.abort) as watch:
             try:
-                sent = completion_body(body, choice.ids, chat)
-            except BadRequest as err:
-                return self._error(400, str(err), "invalid_request_error")
-            path, convert = "/completions", chat
-        try:
-            if "model" not in sent:
-                sent["model"] = self.server.upstream.default_model()
-            if sent.get("stream"):
-                return self._stream(path, sent, meta, convert)
-            answer = self.server.upstream.post(path, sent)
-        except UpstreamError as err:
-            return self._error(err.status, str(err), "upstream_error")
-        if convert:
-            answer = as_chat(answer, chunk=False)
-        answer["gemfilter"] = meta
-        self._send_json(200, answer, meta)
+                if "model" not in sent:
+                    sent["model"] = self.server.upstream.default_model()
+                if sent.get("stream"):
+                    return self._stream(path, sent, plan, call, watch)
+                answer = self.server.upstream.complete(path, sent, call)
+            except UpstreamError as err:
+                if watch.gone:  # the client left, and the engine's request was closed for it
+                    self.close_connection = True
+                    return None
+                return self._error(err.status, str(err), "upstream_error")
+        if watch.gone:
+            self.close_connection = True
+            return None
+        self._send_json(200, self._rewrite(answer, plan, chunk=False, first=False), meta)
 
-    def _read_body(self) -> dict:
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            raise BadRequest("the request needs a Content-Length header and a JSON body")
-        if int(length) > MAX_BODY:
-            raise BadRequest(f"the body has {int(length)} bytes; at most {MAX_BODY} are accepted")
-        raw = self.rfile.read(int(length))
-        try:
-            body = json.loads(raw)
-        except ValueError as err:
-            raise BadRequest(f"the body is not valid JSON: {err}") from err
-        if not isinstance(body, dict):
-            raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
-        return body
+    @staticmethod
+    def _rewrite(obj: dict, plan: dict, chunk: bool, first: bool) -> dict:
+        """An engine answer (or chunk) as the client asked for it: chat form, its prompt's usage, the metadata."""
+        if plan["convert"] and "choices" in obj:
+            obj = as_chat(obj, chunk=chunk, first=first)
+        if plan["prompt_tokens"] is not None:
+            fix_usage(obj, plan["prompt_tokens"])
+        if first or not chunk:
+            obj["gemfilter"] = plan["meta"]
+        return obj
 
-    def _stream(self, path: str, sent: dict, meta: dict, convert: bool):
-        """Relay the engine's SSE stream; the first chunk also carries the gemfilter metadata."""
-        chunks = self.server.upstream.stream(path, sent)
-        first = next(chunks, None)  # an engine error surfaces here, before any header is sent
-        self._answered = True
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")  # the stream ends when the connection closes
-        self.send_header("X-GemFilter", json.dumps(meta))
-        self.end_headers()
-        self.close_connection = True
-        n = 0
+    # --- streams -------------------------------------------------------------------------------
+    def _event(self, data: str) -> bool:
+        """Write one SSE event to the client; False if the client has gone (its socket, not the engine's)."""
         try:
-            for data in _chain(first, chunks):
-                if data != "[DONE]":
+            self.wfile.write(f"data: {data}\n\n".encode())
+            self.wfile.flush()
+            return True
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            return False
+
+    def _stream(self, path: str, sent: dict, plan: dict, call: Call, watch: ClientWatch):
+        """Relay the engine's SSE stream; the first chunk also carries the gemfilter metadata.
+
+        It ends with ``[DONE]`` once the engine sent it, or with one error event (no ``[DONE]``) when the
+        engine's stream fails, is cut, stalls or sends an error of its own.
+        """
+        chunks = self.server.upstream.stream(path, sent, call)
+        try:
+            first = next(chunks)  # an engine that fails at once gets an HTTP error, before any header is sent
+            self._answered = True
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")  # the stream ends when the connection closes
+            self.send_header("X-GemFilter", json.dumps(plan["meta"]))
+            self.end_headers()
+            self.close_connection = True
+            n = 0
+            try:
+                data = first
+                while True:
+                    if data == "[DONE]":
+                        self._event(data)
+                        return
                     try:
                         obj = json.loads(data)
                     except ValueError:
                         obj = None
-                    if isinstance(obj, dict):
-                        if convert and "choices" in obj:
-                            obj = as_chat(obj, chunk=True, first=n == 0)
-                        if n == 0:
-                            obj["gemfilter"] = meta
-                        n += 1
-                        data = json.dumps(obj)
-                self.wfile.write(f"data: {data}\n\n".encode())
-                self.wfile.flush()
-        except UpstreamError as err:  # headers are gone: report in the stream, then close
-            self.wfile.write(f"data: {json.dumps({'error': {'message': str(err), 'code': err.status}})}\n\n".encode())
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client went away
-
-
-def _chain(first, rest):
-    if first is not None:
-        yield first
-    yield from rest
+                    if not isinstance(obj, dict):
+                        raise UpstreamError(502, f"the engine's stream sent a chunk that is not a JSON object: "
+                                                 f"{data[:200]!r}")
+                    if "error" in obj:  # the engine's own error event ends the stream; its [DONE] is not relayed
+                        self._event(json.dumps(obj))
+                        return
+                    if not self._event(json.dumps(self._rewrite(obj, plan, chunk=True, first=n == 0))):
+                        return  # the client left: closing the generator closes the engine's request
+                    n += 1
+                    data = next(chunks)
+            except UpstreamError as err:  # headers are gone: report in the stream, then close
+                if not watch.gone:
+                    self._event(json.dumps(error_body(err.status, str(err), "upstream_error")))
+        finally:
+            chunks.close()
 
 
 def serve(server: ProxyServer) -> None:
     """Serve until SIGINT or SIGTERM, then stop taking requests and close the socket."""
     import signal
-    import threading
 
     def stop(*_):
         threading.Thread(target=server.shutdown, daemon=True).start()

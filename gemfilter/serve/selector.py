@@ -95,13 +95,23 @@ class Choice:
 
 
 class Selector:
-    """A loaded selector and its tokenizer; :meth:`choose` is safe to call from several threads (one runs at a time)."""
+    """A loaded selector and its tokenizer; :meth:`choose` is safe to call from several threads (one runs at a time).
 
-    def __init__(self, model, tokenizer, layer: int, max_tokens: int | None = None):
-        self.model, self.tokenizer, self.layer = model, tokenizer, layer
+    chat_template: a template the proxy supplies because the tokenizer has none
+    (:func:`gemfilter.serve.chat_template.fallback_template`); chats are then always sent as token ids.
+    """
+
+    def __init__(self, model, tokenizer, layer: int, max_tokens: int | None = None, chat_template: str | None = None):
+        self.model, self.tokenizer, self.layer, self.chat_template = model, tokenizer, layer, chat_template
         cfg = model.config.get_text_config()
         self.max_tokens = max_tokens or int(getattr(cfg, "max_position_embeddings", 0) or 0) or None
+        self.vocab_size = int(getattr(cfg, "vocab_size", 0) or 0) or None
         self._lock = threading.Lock()
+
+    @staticmethod
+    def passes_through(n: int, method: str, topk: int) -> bool:
+        """Whether a prompt of ``n`` tokens is sent unchanged: ``full``, or at most ``topk`` tokens."""
+        return method == "full" or n <= topk
 
     def choose(self, ids: list, method: str, topk: int) -> Choice:
         """Select from prompt ``ids`` with a prompt method; prompts of at most ``topk`` tokens pass unchanged."""
@@ -114,7 +124,7 @@ class Selector:
             raise ValueError(f"the prompt has {n} tokens; the selector's model takes at most {self.max_tokens} "
                              "(max_position_embeddings)")
         start = time.perf_counter()
-        if method == "full" or n <= topk:
+        if self.passes_through(n, method, topk):
             return Choice(list(ids), method, topk, n, n, True, time.perf_counter() - start)
         m = get_method(method, layer=self.layer, topk=topk)
         with self._lock, torch.no_grad():

@@ -1,0 +1,192 @@
+"""The OpenAI request and answer bodies of ``gemfilter serve``: what it reads, checks and rewrites.
+
+A request whose prompt is sent to the engine as kept (or templated) token ids is *rewritten*: its body
+goes to the engine's ``/v1/completions`` with the ids as the prompt. Fields that describe the prompt
+itself (``echo``, ``prompt_logprobs``, ...) cannot be honoured there and are refused by name; the
+answer's ``usage.prompt_tokens`` is set back to the client's prompt length (the kept count is
+``gemfilter.kept_tokens``).
+"""
+
+from __future__ import annotations
+
+MAX_BODY = 64 * 2**20
+OPTIONS = ("method", "topk")
+#: Chat fields the engine's completions endpoint cannot serve for a rewritten chat prompt.
+CHAT_ONLY = ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs", "top_logprobs",
+             "parallel_tool_calls", "chat_template", "chat_template_kwargs")
+#: Fields about the prompt itself, refused on a rewritten prompt when set (field -> the value that is no-op).
+PROMPT_FIELDS = {"echo": False, "prompt_logprobs": None, "truncate_prompt_tokens": None,
+                 "continue_final_message": False, "add_generation_prompt": True}
+#: Content part types whose text vLLM takes into a chat prompt, and the key holding it.
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
+
+
+class BadRequest(ValueError):
+    """The client's request is wrong (HTTP 400)."""
+
+
+def request_options(body: dict, defaults: dict) -> dict:
+    """The request's method and topk: the ``gemfilter`` field over the server's defaults, checked."""
+    from .selector import prompt_methods
+
+    given = body.get("gemfilter", {})
+    if not isinstance(given, dict):
+        raise BadRequest(f"'gemfilter' must be an object such as {{\"method\": \"gemfilter\", \"topk\": 1024}}, "
+                         f"got {type(given).__name__}")
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise BadRequest(f"unknown gemfilter option(s) {', '.join(unknown)}; allowed: {', '.join(OPTIONS)}")
+    opts = {**defaults, **given}
+    if opts["method"] not in prompt_methods():
+        raise BadRequest(f"method {opts['method']!r} cannot run in front of an engine; allowed: "
+                         f"{', '.join(prompt_methods())} (KV-cache methods such as snapkv evict inside the engine)")
+    topk = opts["topk"]
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise BadRequest(f"topk must be an int >= 1, got {topk!r}")
+    return opts
+
+
+def check_types(body: dict) -> None:
+    """400 for fields of the wrong type that the proxy itself reads."""
+    for key in ("stream", "add_special_tokens"):
+        if key in body and not isinstance(body[key], bool):
+            raise BadRequest(f"'{key}' must be true or false, got {body[key]!r}")
+
+
+def _part_text(part, where: str) -> str:
+    """The text of one content part, as vLLM reads it (a bare string is a text part; no type means text)."""
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict):
+        raise BadRequest(f"{where} must be an object such as {{\"type\": \"text\", \"text\": \"...\"}}, "
+                         f"got {type(part).__name__}")
+    kind = part.get("type", "text")
+    if kind not in TEXT_PARTS:
+        raise BadRequest(f"{where} has type {kind!r}: the proxy tokenizes text only; allowed part types: "
+                         f"{', '.join(TEXT_PARTS)}")
+    text = part.get(TEXT_PARTS[kind])
+    if not isinstance(text, str):
+        raise BadRequest(f"{where} of type {kind!r} needs a string '{TEXT_PARTS[kind]}', got {text!r}")
+    return text
+
+
+def flatten_messages(messages) -> list:
+    """``messages`` with every content a string: text parts joined with a newline, as vLLM does for chat
+    templates that take string content; a missing or null content is empty. Other parts are refused (400)."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a string 'role' and a 'content'")
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "\n".join(_part_text(p, f"messages[{i}].content[{j}]") for j, p in enumerate(content))
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of content parts, "
+                             f"got {type(content).__name__}")
+        out.append({**m, "content": content})
+    return out
+
+
+def check_ids(ids: list, vocab: int | None) -> list:
+    """``ids`` if every one is a token id in [0, vocab), else a 400 naming the first bad one."""
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab):
+            raise BadRequest(f"'prompt' token ids must be whole numbers in [0, {vocab}) (the model's vocabulary); "
+                             f"position {i} holds {t!r}")
+    return ids
+
+
+def prompt_ids(body: dict, tokenizer, chat: bool, *, template: str | None = None, vocab: int | None = None) -> list:
+    """The prompt's token ids, tokenized as the engine would: a completion's prompt with the special tokens
+    (unless ``add_special_tokens`` is false), a chat through the chat template (``template`` when the proxy
+    supplies one) without adding them again."""
+    check_types(body)
+    if chat:
+        messages = flatten_messages(body.get("messages"))
+        if template is None and getattr(tokenizer, "chat_template", None) is None:
+            raise BadRequest("the selector's tokenizer has no chat template: use /v1/completions with a prompt")
+        kw = {} if template is None else {"chat_template": template}
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kw)
+        except Exception as err:  # the template's own message says what is wrong with the messages
+            raise BadRequest(f"the chat template rejected the messages: {err}") from err
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return tokenizer(prompt, add_special_tokens=body.get("add_special_tokens", True))["input_ids"]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return check_ids(prompt, vocab)
+    raise BadRequest("'prompt' must be one non-empty string or one list of token ids (one prompt per request)")
+
+
+def check_rewritable(body: dict, chat: bool) -> None:
+    """400 naming the fields that cannot be honoured once the prompt is sent as other token ids."""
+    refused = [k for k, noop in PROMPT_FIELDS.items() if k in body and body[k] != noop]
+    if chat:
+        refused += [k for k in CHAT_ONLY if k in body]
+    if refused:
+        raise BadRequest(f"{', '.join(refused)} cannot be served for a filtered prompt: the engine's completions "
+                         "endpoint receives the kept token ids, not your prompt; send them with method 'full' "
+                         "or a prompt of at most topk tokens")
+
+
+def chat_max_tokens(body: dict) -> int | None:
+    """A chat's token limit as vLLM's chat reads it: ``max_completion_tokens``, else ``max_tokens``, else None."""
+    given = body.get("max_completion_tokens")
+    return given if given is not None else body.get("max_tokens")
+
+
+def completion_body(body: dict, ids: list, chat: bool, max_model_len: int | None = None) -> dict:
+    """The engine's /v1/completions body for ``ids``: the client's options, the ids as the prompt.
+
+    A chat without ``max_tokens``/``max_completion_tokens`` gets ``max_tokens`` = ``max_model_len`` minus
+    the ids sent: what vLLM's chat allows (when the model's generation config sets no default), instead of
+    the completions default of 16 tokens, which vLLM also applies to an explicit null. Without
+    ``max_model_len`` (the engine reports none) such a chat is a 400 asking for ``max_tokens``.
+    """
+    check_rewritable(body, chat)
+    drop = ("gemfilter", "messages", "prompt", "max_completion_tokens", "add_special_tokens") + tuple(PROMPT_FIELDS)
+    out = {k: v for k, v in body.items() if k not in drop}
+    if chat:
+        limit = chat_max_tokens(body)
+        if limit is None:
+            if max_model_len is None:
+                raise BadRequest("give max_tokens (or max_completion_tokens): this engine reports no max_model_len "
+                                 "at GET /v1/models, so the proxy cannot apply the chat default (up to the model's "
+                                 "length), and its completions endpoint would stop at 16 tokens")
+            limit = max(max_model_len - len(ids), 1)
+        out["max_tokens"] = limit
+    out["prompt"] = ids
+    return out
+
+
+def fix_usage(answer: dict, prompt_tokens: int) -> dict:
+    """``answer`` with ``usage.prompt_tokens`` = the client's prompt length (the engine counted the kept ids)."""
+    usage = answer.get("usage")
+    if isinstance(usage, dict) and "prompt_tokens" in usage:
+        usage["prompt_tokens"] = prompt_tokens
+        if isinstance(usage.get("completion_tokens"), int):
+            usage["total_tokens"] = prompt_tokens + usage["completion_tokens"]
+    return answer
+
+
+def as_chat(completion: dict, chunk: bool, first: bool = False) -> dict:
+    """A /v1/completions answer (or stream chunk) as a chat completion (or chat chunk)."""
+    choices = []
+    for c in completion.get("choices", []):
+        extra = {k: v for k, v in c.items() if k not in ("text", "logprobs")}
+        text = c.get("text", "")
+        if chunk:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            choices.append({**extra, "delta": delta})
+        else:
+            choices.append({**extra, "message": {"role": "assistant", "content": text}})
+    out = {k: v for k, v in completion.items() if k not in ("choices", "object")}
+    out.update(object="chat.completion.chunk" if chunk else "chat.completion", choices=choices)
+    return out
