@@ -131,7 +131,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     from gemfilter.methods import check_for_model
     from gemfilter.serve.engine import check_engine_methods, engine_field
 
-    from eval.engine import generator
+    from gemfilter.serve.engine import generator
     from tqdm.auto import tqdm
 
     validate(config)

@@ -125,7 +125,7 @@ def merge(out: Path, method_order=()) -> list:
 def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None) -> dict:
     """Generate for one prompt with one method: response text, kept tokens, prompt tokens, seconds.
 
-    generate: ``gemfilter.generate`` (the default) or an engine's (``eval.engine.generator``)."""
+    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.serve.engine.generator``)."""
     import gemfilter
 
     generate = generate or gemfilter.generate
@@ -169,7 +169,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     from gemfilter.models import EMBEDDED_NAME
     from gemfilter.serve.engine import engine_field
 
-    from eval.engine import generator
+    from gemfilter.serve.engine import generator
     from tqdm.auto import tqdm
 
     validate(config)

@@ -164,7 +164,7 @@ def load_tokenizer(model: str | None):
 def predict(model, tokenizer, method, row: dict, task, generate=None) -> dict:
     """Greedy answer to ``input + answer_prefix`` with ``method``: pred, kept, prompt_tokens, seconds, answers_kept.
 
-    generate: ``gemfilter.generate`` (the default) or an engine's (``eval.engine.generator``)."""
+    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.serve.engine.generator``)."""
     import gemfilter
 
     generate = generate or gemfilter.generate
@@ -204,7 +204,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     from gemfilter.methods import check_for_model
     from gemfilter.serve.engine import check_engine_methods, engine_field
 
-    from eval.engine import generator
+    from gemfilter.serve.engine import generator
     from tqdm.auto import tqdm
 
     validate(config)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 def is_prompt_method(method) -> bool:
     """Whether ``method`` (a class or an object) can run in front of an engine: ``full``, or a method that
     picks prompt tokens. KV-cache methods evict inside the model, which an engine does not expose."""
-    return method.name == "full" or hasattr(method, "pick")
+    return method.kind in ("full", "prompt")
 
 
 def prompt_methods() -> tuple:

@@ -43,12 +43,23 @@ def _error_text(body: bytes) -> str:
 
 
 def check_completion(answer, url: str) -> dict:
-    """``answer`` if it is a completion with at least one choice object, else an :class:`UpstreamError` (502)
-    that says what the engine sent instead. For any caller of ``/completions`` (the proxy, ``--engine`` runs)."""
+    """``answer`` if it is a completion whose every choice is complete, else an :class:`UpstreamError` (502) that
+    says what the engine sent instead. For any caller of ``/completions`` (the proxy, ``--engine`` runs).
+
+    A 200 that is not a completion (``{}``, no ``choices``, a choice without text (a chat's: message) or finish
+    reason, token ids that are not ints) is the engine's fault, never a result: it must not become an empty answer in a row.
+    """
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
         raise UpstreamError(502, f"the engine at {url} answered without a list of choices: "
                                  f"{json.dumps(answer)[:200]}")
+    for choice in choices:
+        ids = choice.get("token_ids")
+        content = isinstance(choice.get("text"), str) or isinstance(choice.get("message"), dict)  # or a chat's
+        if not content or not choice.get("finish_reason") or (
+                ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids))):
+            raise UpstreamError(502, f"the engine at {url} answered an incomplete choice (text or message, "
+                                     f"finish_reason and token ids expected): {json.dumps(choice)[:200]}")
     return answer
 
 
@@ -227,42 +238,3 @@ class Upstream:
                 raise UpstreamError(502, f"the engine at {self.url} lists no model at GET /models")
             self._model = ids[0]
         return self._model
-
-
-def check_completion(data, url: str) -> dict:
-    """The first choice of a non-streamed ``/completions`` answer, checked; :class:`UpstreamError` (502) otherwise.
-
-    A 200 that is not a completion (``{}``, no ``choices``, a choice without text or finish reason, token ids
-    that are not ints) is the engine's fault, never a result: it must not become an empty answer in a row.
-    """
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise UpstreamError(502, f"the engine at {url} answered 200 without a completion (no choices): "
-                            f"{json.dumps(data)[:200]}")
-    choice = choices[0]
-    ids = choice.get("token_ids")
-    if not isinstance(choice.get("text"), str) or not choice.get("finish_reason") or (
-            ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids))):
-        raise UpstreamError(502, f"the engine at {url} answered an incomplete choice (text, finish_reason and "
-                            f"token ids expected): {json.dumps(choice)[:200]}")
-    return choice
-
-
-class CheckedUpstream(Upstream):
-    """An :class:`Upstream` whose answers are complete or an :class:`UpstreamError`: a body cut short is a 502
-    (not an ``http.client.IncompleteRead``), and a ``/completions`` answer passes :func:`check_completion`.
-    What the eval runners generate through, so that a broken answer is an error, never a stored result."""
-
-    def _read_json(self, resp, url: str):
-        import http.client
-
-        try:
-            return super()._read_json(resp, url)
-        except http.client.HTTPException as err:
-            raise UpstreamError(502, f"the engine's answer at {url} was cut short: {type(err).__name__}") from err
-
-    def post(self, path: str, body: dict, root: bool = False):
-        data = super().post(path, body, root=root)
-        if path.endswith("/completions") and not path.endswith("chat/completions"):
-            check_completion(data, (self.root if root else self.url) + path)
-        return data
