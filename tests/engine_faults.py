@@ -47,14 +47,6 @@ class FaultyEngine(StubEngine):
                     return self._stream(body, fault)
                 return self._answer(body, fault)
 
-            def _raw(self, status, kind, raw, length=None):
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(raw) if length is None else length))
-                self.end_headers()
-                self.wfile.write(raw)
-                self.close_connection = True
-
             def _answer(self, body, fault):
                 n = int(body.get("max_tokens", 16))
                 good = {"id": "cmpl-1", "object": "text_completion", "model": body.get("model"),

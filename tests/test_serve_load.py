@@ -194,3 +194,24 @@ def test_the_server_s_own_errors_are_json_not_html(make_proxy):
         answer = read_all(sock)
     head, body = answer.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 501") and json.loads(body)["error"]["code"] == 501
+
+
+def test_the_burst_tool_counts_every_answer_through_the_proxy_and_direct(make_proxy, stub, capsys, tmp_path):
+    """python -m gemfilter.serve.burst against the stub directly and through the proxy: every request answered;
+    against a closed port every request is counted as failed, by kind, and the exit status says so."""
+    from gemfilter.serve.burst import main
+
+    proxy = make_proxy(timeout=30)
+    out = tmp_path / "burst.json"
+    assert main(["--target", f"direct={stub.url}", "--target", f"proxy={proxy}/v1", "--bursts", "small=40x12",
+                 "--model", "stub-model", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["target"], r["answered"], r["sent"]) for r in rows] == [("direct", 40, 40), ("proxy", 40, 40)]
+    assert "| small (40 x 12 words) | proxy | 40/40 | none |" in capsys.readouterr().out
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    assert main(["--target", f"gone={closed}", "--bursts", "one=3x4", "--model", "m", "--timeout", "5"]) == 1
+    assert "| one (3 x 4 words) | gone | 0/3 | ConnectionRefusedError 3 |" in capsys.readouterr().out
+    assert main(["--target", "nourl", "--bursts", "a=1x1"]) == 2
+    assert "error: --target takes NAME=URL" in capsys.readouterr().err
