@@ -27,7 +27,7 @@ PAPER_LAYERS = {
     "mistralai/mistral-nemo-instruct-2407": 19,
     "microsoft/phi-3.5-mini-instruct": 19,
     # Embedded Gemma 3 270M (18 layers; full attention at 5, 11, 17): 11, measured on the Kamradt
-    # needle (README, "Choosing the embedded model's layer").
+    # needle (docs/evals.md, "Choosing the embedded model's layer").
     EMBEDDED_DIR_NAME: 11,
 }
 

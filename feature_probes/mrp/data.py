@@ -16,7 +16,7 @@ import torch
 
 @dataclass(frozen=True)
 class PatchSpec:
-    """Def. 3.1 with the choices the paper leaves open (ours, reported in the README).
+    """Def. 3.1 with the choices the paper leaves open (ours, reported in feature_probes/mrp/README.md, "Choices").
 
     k classes, P patches in R^d, C_p patches per present feature. mu: share of single-view points.
     s: each other-class feature joins V'(X) w.p. s/k. Own features (multi-view, and the kept feature of a

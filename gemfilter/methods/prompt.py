@@ -253,7 +253,7 @@ def sentence_ends(ids, tokenizer, max_span: int) -> list:
 @register
 @dataclass(frozen=True)
 class GemFilterSpan(_FilterMethod):
-    """Sentence-span GemFilter (this project's improvement, measured in the README).
+    """Sentence-span GemFilter (this project's improvement, measured in docs/evals.md).
 
     Scores: softmax per head of the last query row, summed over heads. Always keeps the first
     ``sink`` tokens and the last ``tail`` tokens (the question/instruction). The rest of the budget

@@ -96,7 +96,7 @@ def generator(engine: str | None, tokenizer=None, timeout: float = 600.0):
 
 def engine_field(engine: str | None) -> dict:
     """What an eval row records of the engine: ``{"engine": URL}``, or nothing for a row generated here (whose
-    format stays as it was before engines existed)."""
+    format has no engine field)."""
     return {} if engine is None else {"engine": engine}
 
 
