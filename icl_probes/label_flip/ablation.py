@@ -5,8 +5,8 @@ appended to each SST-2 input; the final layer's last attention row, across all h
 between the label tokens and (a) the original sentence and (b) the irrelevant sentence. Smaller
 models attend mainly to the relevant sentence, larger ones to both.
 
-Our reading (documented in icl_probes/label_flip/README.md, "Deviations and choices"): every input, exemplars and query, gets one irrelevant
-sentence appended. The query is followed by "The answer is <word>", where <word> is the query's
+Our reading (documented in icl_probes/label_flip/README.md, "Deviations and choices"): every input,
+exemplars and query, gets one irrelevant sentence appended. The query is followed by "The answer is <word>", where <word> is the query's
 true label word ("correct") or the other one ("wrong"), so the last query row IS the label token
 (the word's last token when it has several). From that row of the final layer, per head
 (``gemfilter.inspection.core``'s ``attn_last_row_heads`` capture, no n x n map), we report
