@@ -41,11 +41,41 @@ class Applied:
     _by_cache: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     _prefilling: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     _consumed: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    budgets: list = field(default_factory=list)  # one Budget per prefill, as measured from the cache
 
     @property
     def selection(self) -> Selection | None:
         """The last call's selection (None for methods that keep no single index set)."""
         return self.calls[-1].selection if self.calls else None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a prefill kept, read from the cache it left (not from the method's parameters).
+
+    kv_rows: KV rows per layer (padding included; a sliding-window layer holds at most window - 1);
+    propagated: prompt positions the prefill ran through the last layer (k for a prompt method, n for a
+    cache method, tsp_len for FastKV once its propagation fires).
+    """
+
+    kv_rows: tuple
+    propagated: int
+
+    @classmethod
+    def measure(cls, call, cache) -> "Budget":
+        rows = tuple(int(layer.keys.shape[-2]) if getattr(layer, "keys", None) is not None else 0
+                     for layer in cache.layers)
+        return cls(kv_rows=rows, propagated=int(getattr(call, "fed", 0)))
+
+    def summary(self) -> dict:
+        """The fields a result row records: ``kv_rows`` per layer and ``propagated``."""
+        return {"kv_rows": list(self.kv_rows), "propagated": self.propagated}
+
+
+def budget_fields(out) -> dict:
+    """The row fields of a generate output's measured :class:`Budget` (none for an engine's answer)."""
+    budget = getattr(out, "budget", None)
+    return {} if budget is None else budget.summary()
 
 
 class Consumed:
@@ -117,7 +147,9 @@ def _make_hooks(model, handle: Applied, tokenizer):
             handle._by_cache[cache] = call
             handle._prefilling[cache] = call
             handle._consumed[cache] = Consumed(input_ids, valid.sum(1))
-            return args, call.prefill(kwargs, cache)
+            kwargs = call.prefill(kwargs, cache)
+            call.fed = kwargs["input_ids"].shape[1]  # what the prefill forward runs through the last layer
+            return args, kwargs
         call = handle._by_cache.get(cache)
         if call is None:
             raise ValueError(
@@ -133,6 +165,7 @@ def _make_hooks(model, handle: Applied, tokenizer):
         call = handle._prefilling.pop(cache, None) if cache is not None else None
         if call is not None:
             call.after_prefill(cache)
+            handle.budgets.append(Budget.measure(call, cache))
 
     pre_hook._gemfilter_apply = True  # marks the model as inside apply(): see _check_not_nested
     return pre_hook, post_hook
@@ -203,6 +236,7 @@ class GemFilterOutput:
     kept_text: list | None
     prompt_len: int
     kept: list  # per row: prompt tokens the answer was generated from (n for full)
+    budget: Budget | None = None  # what the prefill kept, measured: KV rows per layer, tokens propagated
 
     @property
     def sequences(self) -> torch.Tensor:
@@ -247,4 +281,4 @@ def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kerne
     sel = handle.selection
     text = sel.kept_text(tokenizer) if tokenizer is not None and sel is not None else None
     return GemFilterOutput(output=out, selection=sel, kept_text=text, prompt_len=input_ids.shape[1],
-                           kept=handle.calls[-1].kept)
+                           kept=handle.calls[-1].kept, budget=handle.budgets[-1] if handle.budgets else None)

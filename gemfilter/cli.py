@@ -87,8 +87,11 @@ def _cmd_generate(args) -> int:
     answer = tok.decode(out.new_tokens[0], skip_special_tokens=True)
     layer = getattr(method, "layer", None)
     print(answer.strip())
+    rows = out.budget.kv_rows if out.budget is not None else ()
     print(f"\n[{args.method}] kept {out.kept[0]}/{n} prompt tokens"
-          + (f" (filter layer {layer})" if layer is not None else "") + f", {seconds:.1f} s", file=sys.stderr)
+          + (f" (filter layer {layer})" if layer is not None else "")
+          + (f"; KV rows per layer {min(rows)}..{max(rows)}, {out.budget.propagated} tokens through the last layer"
+             if rows else "") + f", {seconds:.1f} s", file=sys.stderr)
     if args.show_selection:
         if out.kept_text is None:
             print(f"[{args.method}] keeps per-head cache entries, not one token set: nothing to show", file=sys.stderr)

@@ -45,8 +45,10 @@ def test_cli_run_writes_the_official_layout_and_a_report(tiny_model_dir, words, 
             expected = word_records(task, words=80)[:2]
             assert [r["_id"] for r in rows] == [r["_id"] for r in expected]  # dataset order, --limit 2
             assert [r["answers"] for r in rows] == [r["answers"] for r in expected]
-            assert all(set(r) == {"pred", "answers", "all_classes", "length", "_id", "kept", "prompt_tokens", "layer"}
-                       for r in rows)
+            assert all(set(r) == {"pred", "answers", "all_classes", "length", "_id", "kept", "prompt_tokens", "layer",
+                                  "kv_rows", "propagated"} for r in rows)
+            # measured from the cache: every layer of the tiny Llama holds what its prefill ran (no sliding window)
+            assert all(r["kv_rows"] == [r["propagated"]] * 4 and r["propagated"] == r["kept"] for r in rows)
             # Middle truncation: the prompt holds at most 64 tokens (fewer: template words are <unk>, skipped).
             assert all(0 < r["prompt_tokens"] <= 64 for r in rows)
             if task == "triviaqa":  # untruncated: 80 context + 4 input words (+ <unk>s) -> it was cut

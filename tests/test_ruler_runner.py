@@ -70,7 +70,8 @@ def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_pat
             samples = read_jsonl(data_file(out, 512, task))[:2]
             assert [r["index"] for r in rows] == [0, 1] and [r["outputs"] for r in rows] == [s["outputs"] for s in samples]
             assert all(set(r) == {"index", "pred", "outputs", "length", "others", "truncation", "_id", "kept",
-                                  "prompt_tokens", "layer", "topk", "answers_kept", "seconds", "attn", "dtype"} for r in rows)
+                                  "prompt_tokens", "layer", "topk", "answers_kept", "seconds", "attn", "dtype", "kv_rows",
+                                  "propagated"} for r in rows)
             assert {r["dtype"] for r in rows} == {"float32"}
             ttg = {"niah_single_1": 128, "vt": 30, "fwe": 50}[task]
             for r, s in zip(rows, samples):

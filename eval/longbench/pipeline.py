@@ -93,7 +93,8 @@ def generation_kwargs(task, tokenizer) -> dict:
 
 def predict(model, tokenizer, method, task, record: dict, max_length: int, chat_template: bool = False,
             generate=None) -> dict:
-    """Generate one record's answer with ``method``; returns pred, kept and prompt_tokens.
+    """Generate one record's answer with ``method``; returns pred, kept, prompt_tokens, and the measured
+    ``kv_rows`` per layer and ``propagated`` tokens (not for an engine's answer).
 
     model, tokenizer: a causal LM and its tokenizer; method: a resolved registry method object;
     task: a row of ``TASKS``; max_length: prompt tokens kept by middle truncation; generate:
@@ -108,5 +109,7 @@ def predict(model, tokenizer, method, task, record: dict, max_length: int, chat_
                          "(the tokenizer decoded every kept token to nothing); check the tokenizer")
     out = (generate or gemfilter.generate)(model, enc, method=method, tokenizer=tokenizer,
                                            **generation_kwargs(task, tokenizer))
+    from gemfilter.apply import budget_fields
+
     return {"pred": tokenizer.decode(out.new_tokens[0], skip_special_tokens=True), "kept": int(out.kept[0]),
-            "prompt_tokens": int(enc["input_ids"].shape[1])}
+            "prompt_tokens": int(enc["input_ids"].shape[1]), **budget_fields(out)}

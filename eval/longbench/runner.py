@@ -187,7 +187,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
             row = {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
                    "length": record["length"], "_id": record["_id"], "kept": res["kept"],
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None),
-                   **engine_field(config.engine)}
+                   **{k: res[k] for k in ("kv_rows", "propagated") if k in res}, **engine_field(config.engine)}
             append_row(folder / TASK_SHARD.format(task.config, state.process_index), row)
             bar.set_postfix(method=name, task=task.config, kept=res["kept"])
     state.wait_for_everyone()

@@ -132,9 +132,11 @@ def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None)
     start = time.perf_counter()
     enc = tokenizer(case.prompt, return_tensors="pt", add_special_tokens=case.add_special_tokens).to(model.device)
     out = generate(model, enc, method=method, tokenizer=tokenizer, max_new_tokens=max_new_tokens)
+    from gemfilter.apply import budget_fields
+
     text = tokenizer.decode(out.new_tokens[0], skip_special_tokens=True)
     return {"response": text, "kept": int(out.kept[0]), "prompt_tokens": int(enc["input_ids"].shape[1]),
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start, **budget_fields(out)}
 
 
 def check_before_compute(config: RunConfig, model_config) -> dict:

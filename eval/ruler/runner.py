@@ -172,12 +172,14 @@ def predict(model, tokenizer, method, row: dict, task, generate=None) -> dict:
     enc = tokenizer(row["input"] + row["answer_prefix"], return_tensors="pt").to(model.device)
     out = generate(model, enc, method=method, tokenizer=tokenizer,
                              max_new_tokens=task.spec.tokens_to_generate)
+    from gemfilter.apply import budget_fields
+
     # Which expected answers survived the filter (methods that pick prompt tokens; None for KV policies).
     kept_text = out.kept_text[0].lower() if out.kept_text else None
     found = None if kept_text is None else sum(o.lower() in kept_text for o in row["outputs"]) / len(row["outputs"])
     return {"pred": tokenizer.decode(out.new_tokens[0], skip_special_tokens=True), "kept": int(out.kept[0]),
             "prompt_tokens": int(enc["input_ids"].shape[1]), "seconds": round(time.perf_counter() - start, 3),
-            "answers_kept": found}
+            "answers_kept": found, **budget_fields(out)}
 
 
 def load_samples(config: RunConfig, out, tokenizer_fn, progress=None) -> dict:
@@ -251,7 +253,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
                    "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"], "seconds": res["seconds"],
                    "attn": model.config._attn_implementation, "dtype": str(model.dtype).replace("torch.", ""),
-                   **engine_field(config.engine)}
+                   **{k: res[k] for k in ("kv_rows", "propagated") if k in res}, **engine_field(config.engine)}
             append_row(folder / TASK_SHARD.format(name, state.process_index), rec, ensure_ascii=False)
             bar.set_postfix(method=spec.label, L=length, task=name, kept=res["kept"])
     state.wait_for_everyone()

@@ -121,7 +121,7 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     import torch
 
     import gemfilter
-    from gemfilter.apply import resolve
+    from gemfilter.apply import budget_fields, resolve
 
     if threads:
         torch.set_num_threads(threads)
@@ -161,7 +161,8 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     cost = method.prompt_cost(n, m) if hasattr(method, "prompt_cost") else None  # (published, this code's)
     theory = {} if cost is None else {"theory_prompt_ratio": cost[0], "theory_here_ratio": cost[1]}
     return {
-        **theory, "attn": kernel, "mask_s": masks.seconds, "method": method_name, "length": length, "n": n, "kept": out.kept[0],
+        **theory, **budget_fields(out), "attn": kernel, "mask_s": masks.seconds, "method": method_name, "length": length,
+        "n": n, "kept": out.kept[0],
         "layer": getattr(method, "layer", None), "m": m,
         "prompt_s": clock.first_token - start, "gen_s": end - clock.first_token, "total_s": end - start,
         "prompt_peak_mib": clock.prompt_peak, "gen_peak_mib": gen_peak_abs - memory.baseline,

@@ -232,7 +232,7 @@ class FastKV(CacheMethod):
     shared: ClassVar[bool] = False
     name: ClassVar[str] = "fastkv"
     description: ClassVar[str] = ("FastKV (Jo et al. 2025): all tokens to TSP layer, top tsp_len=2048 by last-8-query "
-                                  "softmax (pool 7) go on at original positions; every layer caches topk")
+                                  "softmax (pool 7) go on at original positions; full-attention layers cache topk")
 
     def __post_init__(self):
         super().__post_init__()

@@ -36,6 +36,7 @@ class EngineOutput:
     kept_text: list | None
     selection: object
     text: str
+    budget: object = None  # the engine's KV cache is not visible from here
 
 
 def engine_generate(upstream, model, inputs, *, method, tokenizer=None, max_new_tokens: int = 50,
