@@ -28,7 +28,7 @@ from .apply import apply, resolve
 from .compat import cache_kwargs, dynamic_cache
 from .measure import FirstTokenClock, PeakMemory
 from .methods.spec import PromptMethod
-from .selection import Selection, check_causal_decoder, filter_pass, sliding_window_of
+from .selection import Selection, check_causal_decoder, select_cached, sliding_window_of
 
 PROTOCOLS = ("reselect", "reuse", "full")
 
@@ -174,14 +174,7 @@ class Conversation:
 
     def _select(self, history) -> Selection:
         """The method's selection over ``history`` (1, L), running only the tokens the selector has not seen."""
-        seen = self._cache.get_seq_length()
-        new = history[:, seen:]
-        valid = torch.ones_like(history, dtype=torch.bool)
-        raw = filter_pass(self.model, new, torch.ones_like(new), self.method.layer,
-                          lambda q, k: self.method.score(q, k, valid), cache=self._cache)
-        indices, scores = self.method.pick(raw.float(), valid, history, self.tokenizer)
-        return Selection(indices=indices, scores=scores, layer=self.method.layer,
-                         kept_ids=[row[idx] for row, idx in zip(history, indices)])
+        return select_cached(self.model, self.method, history, self._cache, self.tokenizer)
 
     def _rows_before(self, answer_tokens: int) -> int:
         """KV rows of the full-attention layers when the answer began (generate never feeds its last token)."""

@@ -260,6 +260,25 @@ def paper_pick(raw, valid, topk: int, kernel: int):
     return topk_sorted(pooled, valid, topk), pooled
 
 
+def select_cached(model, method, input_ids, cache, tokenizer=None) -> Selection:
+    """A last-row method's selection over ``input_ids`` (1, n), running only the tokens ``cache`` lacks.
+
+    cache: a KV cache holding layers 0..``method.layer`` of ``input_ids[:, :c]`` (c < n, possibly 0); the rest
+    run at positions c..n-1 and are appended to it. Equals :func:`select_tokens` with ``method`` for methods
+    whose score reads the last query row (``method.scores_last_row``): their scores need no earlier row.
+    """
+    seen = cache.get_seq_length()
+    new = input_ids[:, seen:]
+    if new.shape[1] == 0:
+        raise ValueError(f"select_cached: the cache already holds all {seen} tokens; at least one must be new")
+    valid = torch.ones_like(input_ids, dtype=torch.bool)
+    raw = filter_pass(model, new, torch.ones_like(new), method.layer, lambda q, k: method.score(q, k, valid),
+                      cache=cache)
+    indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
+    return Selection(indices=indices, scores=scores, layer=method.layer,
+                     kept_ids=[row[idx] for row, idx in zip(input_ids, indices)])
+
+
 def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: int, kernel: int = 5, method=None,
                   tokenizer=None):
     """GemFilter selection (Algorithm 2, steps 1-4).

@@ -168,6 +168,8 @@ def test_client_faults_are_400s_naming_the_field(proxy, stub, route, body, messa
     (["--client-timeout", "0"], "--client-timeout must be a number of seconds in (0, 86400], got 0.0"),
     (["--backlog", "0"], "--backlog must be a whole number in [1, 65535], got 0"),
     (["--max-concurrency", "0"], "--max-concurrency must be a whole number in [1, 4096], got 0"),
+    (["--selector-cache-gb", "-1"], "--selector-cache-gb must be a number of GB in [0, 1024] (0: off), got -1.0"),
+    (["--selector-cache-gb", "nan"], "--selector-cache-gb must be a number of GB in [0, 1024] (0: off), got nan"),
 ])
 def test_bad_serve_options_get_one_error_line_before_anything_loads(monkeypatch, capsys, argv, message):
     from gemfilter.cli import main

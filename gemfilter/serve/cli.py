@@ -49,7 +49,7 @@ def check_tokenizer(upstream, tokenizer, model: str) -> None:
 
 
 def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, threads: int = 0,
-            check: bool = True) -> tuple:
+            check: bool = True, cache_bytes: int = 0) -> tuple:
     """(upstream, selector, the engine's model ids) for the engine at ``url``: reach it first (a clear error now,
     not at the first request), then load the selector (layers 0..r of ``model``; Gemma 3's chat template for
     the embedded model, whose tokenizer has none) and, if ``check``, refuse an engine whose tokenizer differs
@@ -65,7 +65,7 @@ def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, thre
     if threads:
         torch.set_num_threads(threads)
     sel_model, tok, layer = load_selector(model, layer=layer, attn=attn)
-    selector = Selector(sel_model, tok, layer, chat_template=fallback_template(model, tok))
+    selector = Selector(sel_model, tok, layer, chat_template=fallback_template(model, tok), cache_bytes=cache_bytes)
     if check:
         check_tokenizer(upstream, selector.tokenizer, models[0] if models else "")
     return upstream, selector, models
@@ -105,6 +105,11 @@ def add_parser(sub) -> None:
                    help="requests handled at once, one thread each, 1..4096; more wait in the listen queue "
                         "(default 64)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for the selection (default: torch's)")
+    p.add_argument("--selector-cache-gb", type=float, default=1.0,
+                   help="memory for the selector's prefix cache, in GB of K/V (layers 0..r of prompts already seen, "
+                        "keyed by 16-token blocks, least recently used evicted first): a request that starts with a "
+                        "cached prefix, such as a conversation's next turn, runs only its new tokens; the kept ids "
+                        "are the same. 0 turns it off (default 1.0)")
     p.add_argument("--skip-tokenizer-check", action="store_true",
                    help="start even if the engine's tokenizer cannot be compared (it has no POST /tokenize)")
     p.add_argument("--quiet", action="store_true", help="do not log each request")
@@ -123,9 +128,13 @@ def cmd_serve(args) -> int:
     check_int(args.threads, "--threads", 0)
     check_seconds(args.timeout, "--timeout")
     check_limits(args.backlog, args.max_concurrency, args.client_timeout)
+    if not 0 <= args.selector_cache_gb <= 1024:  # nan fails this too
+        raise ValueError(f"--selector-cache-gb must be a number of GB in [0, 1024] (0: off), "
+                         f"got {args.selector_cache_gb}")
     request_options({}, {"method": args.method, "topk": args.topk})
     upstream, selector, models = connect(args.upstream, timeout=args.timeout, model=args.model, layer=args.layer,
-                                         attn=args.attn, threads=args.threads, check=not args.skip_tokenizer_check)
+                                         attn=args.attn, threads=args.threads, check=not args.skip_tokenizer_check,
+                                         cache_bytes=int(args.selector_cache_gb * 2**30))
     server = ProxyServer((args.host, args.port), selector, upstream, method=args.method, topk=args.topk,
                          quiet=args.quiet, backlog=args.backlog, max_concurrency=args.max_concurrency,
                          client_timeout=args.client_timeout)
@@ -134,7 +143,8 @@ def cmd_serve(args) -> int:
     host, port = server.server_address[:2]
     print(f"gemfilter serve: http://{host}:{port}/v1 -> {upstream.url} ({', '.join(models) or 'no model listed'}); "
           f"selector: layers 0..{layer} of {args.model or 'the embedded Gemma 3 270M'} ({params:.1f}M parameters); "
-          f"default {args.method}, topk {args.topk}", file=sys.stderr, flush=True)
+          f"default {args.method}, topk {args.topk}; prefix cache {args.selector_cache_gb:g} GB", file=sys.stderr,
+          flush=True)
     serve(server)
     # Leave without the interpreter's teardown: torch's thread pools, used from the request threads, can abort
     # it ("terminate called without an active exception"), which would turn a clean stop into status -6.

@@ -101,11 +101,16 @@ class Selector:
     (:func:`gemfilter.serve.chat_template.fallback_template`); chats are then always sent as token ids.
     """
 
-    def __init__(self, model, tokenizer, layer: int, max_tokens: int | None = None, chat_template: str | None = None):
+    def __init__(self, model, tokenizer, layer: int, max_tokens: int | None = None, chat_template: str | None = None,
+                 cache_bytes: int = 0):
+        from .prefix_cache import PrefixCache
+
         self.model, self.tokenizer, self.layer, self.chat_template = model, tokenizer, layer, chat_template
         cfg = model.config.get_text_config()
         self.max_tokens = max_tokens or int(getattr(cfg, "max_position_embeddings", 0) or 0) or None
         self.vocab_size = int(getattr(cfg, "vocab_size", 0) or 0) or None
+        # layers 0..r of prompts already seen (``--selector-cache-gb``); None: every prompt runs whole
+        self.prefix_cache = PrefixCache(cache_bytes) if cache_bytes > 0 else None
         self._lock = threading.Lock()
 
     @staticmethod
@@ -128,5 +133,28 @@ class Selector:
             return Choice(list(ids), method, topk, n, n, True, time.perf_counter() - start)
         m = get_method(method, layer=self.layer, topk=topk)
         with self._lock, torch.no_grad():
-            kept = m.select(self.model, torch.tensor([ids]), tokenizer=self.tokenizer).kept_ids[0].tolist()
+            if self.prefix_cache is not None and getattr(m, "scores_last_row", False):
+                selection = self._select_cached(m, ids)
+            else:
+                selection = m.select(self.model, torch.tensor([ids]), tokenizer=self.tokenizer)
+        kept = selection.kept_ids[0].tolist()
         return Choice(kept, method, topk, n, len(kept), False, time.perf_counter() - start)
+
+    def _select_cached(self, method, ids: list):
+        """The selection with the prefix cache: copy the longest stored prefix's layers 0..r, run the rest of the
+        prompt's whole blocks and store them as a new entry, then run the last tokens and select."""
+        import torch
+
+        from ..compat import dynamic_cache
+        from ..selection import filter_pass, select_cached
+
+        cached, cache = self.prefix_cache.lookup(ids)
+        cache = cache if cache is not None else dynamic_cache(self.model.config)
+        device = next(self.model.parameters()).device
+        prompt = torch.tensor([ids], device=device)
+        aligned = self.prefix_cache.aligned(len(ids))
+        if aligned > cached:  # the prompt's whole blocks beyond the stored prefix: run, then keep for next time
+            block = prompt[:, cached:aligned]
+            filter_pass(self.model, block, torch.ones_like(block), self.layer, lambda q, k: None, cache=cache)
+            self.prefix_cache.store(ids[:aligned], cache)
+        return select_cached(self.model, method, prompt, cache, self.tokenizer)
