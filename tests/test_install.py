@@ -114,3 +114,17 @@ def test_command_reports_a_missing_extra_raised_inside_and_ctrl_c(fake_extra, ca
 def test_require_refuses_an_unknown_extra():
     with pytest.raises(ValueError, match="unknown extra 'nosuch'; allowed: embedded, plots"):
         entry.require("nosuch")
+
+
+def test_ctrl_c_ends_a_command_with_one_line_and_exit_130(tmp_path):
+    """A real command interrupted mid-run (SIGINT, as Ctrl-C sends it): one line, exit 130, no traceback."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "feature_probes.parity", "table", "--out", str(tmp_path / "run")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)  # past start-up, inside the training loop
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "python -m feature_probes.parity: interrupted"
