@@ -65,6 +65,17 @@ def first_position(kwargs: dict):
     return None if cache_pos is None else cache_pos[:1]
 
 
+def text_config(model):
+    """The text config of a model, or of a transformers config given directly (no weights needed).
+
+    A multimodal config (Gemma 3's ``Gemma3Config``) keeps the decoder's fields in ``text_config``;
+    ``get_text_config`` returns that, or the config itself for a text-only model. Imports nothing, so
+    that config checks need no torch import.
+    """
+    cfg = getattr(model, "config", model)
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
 def output_cache(output):
     """The KV cache a forward returned (``output.cache`` from 5.24 on, ``output.past_key_values`` before)."""
     return getattr(output, cache_kwarg())

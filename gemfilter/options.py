@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from .compat import text_config
 
 #: No model we know of reads more tokens than this; a larger --lengths value is a typo (1e9 would spin).
 MAX_TOKENS = 10_000_000
@@ -102,15 +103,6 @@ def check_int(value, flag: str, low: int) -> None:
         raise ValueError(f"{flag} must be a whole number >= {low}, got {value!r}")
 
 
-def text_config(model):
-    """The text config of a model, or of a transformers config given directly (no weights needed).
-
-    A multimodal config (Gemma 3's ``Gemma3Config``) keeps the decoder's fields in ``text_config``;
-    ``get_text_config`` returns that, or the config itself for a text-only model. Here, not in
-    :mod:`gemfilter.selection`, so that config checks need no torch import.
-    """
-    cfg = getattr(model, "config", model)
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def check_against_model(config, *, layer=None, lengths=(), length_flag: str = "--lengths") -> None:

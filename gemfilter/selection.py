@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .attention import STATE_KWARG, FilterLayerReached, wrapped_attention
 from .compat import cache_kwargs
-from .options import text_config
+from .compat import text_config
 
 
 @dataclass

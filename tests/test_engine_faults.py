@@ -11,7 +11,7 @@ from engine_faults import FaultyEngine
 from eval.niah.cli import main as niah_main
 from gemfilter.bench import report as bench_report
 from gemfilter.io import read_jsonl
-from gemfilter.serve.cli import PROBE
+from gemfilter.serve.upstream import PROBE
 from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
 
 pytestmark = pytest.mark.usefixtures("quiet")

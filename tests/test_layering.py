@@ -106,3 +106,41 @@ def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path):
     assert imports_of("gemfilter.methods", src / "__init__.py", modules) == {"gemfilter.methods.cache"}
     assert imports_of("gemfilter.methods.cache", src / "cache.py", modules) == {
         "gemfilter.methods", "gemfilter.selection"}
+
+
+#: The plugin's core: what apply(), generate, select_tokens, score, the methods, the kernels and the conversation
+#: API are made of. The rest of ``gemfilter`` (cli, options, bench, inspection, serve, haystack) is lab code.
+CORE = ("gemfilter.apply", "gemfilter.attention", "gemfilter.banded", "gemfilter.selection", "gemfilter.score",
+        "gemfilter.compat", "gemfilter.conversation", "gemfilter.measure", "gemfilter.entry", "gemfilter.models",
+        "gemfilter.methods")
+#: command-line modules: what parses arguments and prints for a person
+CLI = ("gemfilter.cli", "gemfilter.options", "gemfilter.serve.cli", "gemfilter.serve.bench", "gemfilter.serve.burst",
+       "gemfilter.bench.report", "gemfilter.inspection.report")
+
+
+def in_group(name: str, group) -> bool:
+    return any(name == g or name.startswith(g + ".") for g in group)
+
+
+def test_the_core_imports_no_command_line_module():
+    found = {(src, dst) for src, targets in graph().items() if in_group(src, CORE)
+             for dst in targets if in_group(dst, CLI)}
+    assert not found, f"core modules import command-line modules: {sorted(found)}"
+
+
+def test_only_command_modules_import_command_modules():
+    """The proxy, the engine path, the selector and every other library module are used by commands, never
+    the reverse (serve/engine.py once imported serve/cli.py for its tokenizer check)."""
+    found = {(src, dst) for src, targets in graph().items() if not in_group(src, CLI)
+             for dst in targets if in_group(dst, CLI)}
+    assert not found, f"library modules import command-line modules: {sorted(found)}"
+
+
+def test_no_benchmark_imports_another_benchmark_s_report():
+    benches = ("eval.niah", "eval.ruler", "eval.longbench", "eval.harness", "eval.scbench")
+    modules = module_files("eval")
+    edges = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    found = {(src, dst) for src, targets in edges.items() for dst in targets
+             for a in benches for b in benches
+             if a != b and in_group(src, (a,)) and in_group(dst, (b + ".report",))}
+    assert not found, f"a benchmark imports another's report: {sorted(found)}"

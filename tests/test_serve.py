@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gemfilter
-from gemfilter.serve.cli import PROBE, check_tokenizer
+from gemfilter.serve.upstream import PROBE, check_tokenizer
 from gemfilter.serve.proxy import ProxyServer
 from gemfilter.serve.selector import Selector, cut_config
 from gemfilter.serve.upstream import Upstream

@@ -15,9 +15,10 @@ import numpy as np
 
 from gemfilter.io import save_png, write_text_atomic
 
+from eval.palette import COLORS
+
 from .scoring import METRICS
 
-COLORS = ["#F0496E", "#EBB839", "#0CD79F"]
 PLOT_METRIC = "recall"
 
 

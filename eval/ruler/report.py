@@ -227,7 +227,7 @@ def png(results: dict, path, title: str = "RULER") -> Path:
     import numpy as np
     from matplotlib.colors import LinearSegmentedColormap
 
-    from eval.niah.report import COLORS
+    from eval.palette import COLORS
 
     lengths = list(dict.fromkeys(L for L, _ in results))
     _, _, cols = table(results)

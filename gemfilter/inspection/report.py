@@ -82,7 +82,7 @@ def plot_kept(kept: dict, n, span, layers, path, title):
 
 
 def _num_layers(config) -> int:
-    from ..options import text_config
+    from ..compat import text_config
 
     return int(text_config(config).num_hidden_layers)
 

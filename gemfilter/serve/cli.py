@@ -15,7 +15,6 @@ import os
 import sys
 
 #: Text whose token ids the selector and the engine must agree on (words, digits, punctuation, unicode).
-PROBE = "GemFilter keeps 1024 of 120,000 tokens: the needle (\"7 days\") — überall, 東京, 🙂!\n\tdone."
 
 EPILOG = """Each request runs the selection on a local model that holds only layers 0..r (embeddings,
 those layers and the final norm; no LM head) and sends the kept token ids to the engine's
@@ -30,24 +29,6 @@ or with one error event and no [DONE]. A client that leaves closes the engine's 
 Paper: Shi et al. 2024, "Discovering the Gems in Early Layers" (GemFilter)."""
 
 
-def check_tokenizer(upstream, tokenizer, model: str) -> None:
-    """Refuse to start unless the engine tokenizes :data:`PROBE` to the same ids as the selector (vLLM's
-    ``POST /tokenize``): kept ids from another tokenizer would be other tokens."""
-    from .upstream import UpstreamError
-
-    ours = tokenizer(PROBE, add_special_tokens=True)["input_ids"]
-    try:
-        theirs = upstream.post("/tokenize", {"model": model, "prompt": PROBE, "add_special_tokens": True}, root=True)
-    except UpstreamError as err:
-        raise ValueError(f"could not compare tokenizers: {err}. The check uses the engine's POST /tokenize "
-                         "(vLLM has it); pass --skip-tokenizer-check to start without it") from err
-    tokens = theirs.get("tokens") if isinstance(theirs, dict) else None
-    if tokens != ours:
-        raise ValueError(f"the selector's tokenizer and the engine's differ: {PROBE!r} is {ours[:12]}... here and "
-                         f"{(tokens or [])[:12]}... at the engine. Serve the same model (or one with the same "
-                         "tokenizer) on both sides")
-
-
 def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, threads: int = 0,
             check: bool = True, cache_bytes: int = 0) -> tuple:
     """(upstream, selector, the engine's model ids) for the engine at ``url``: reach it first (a clear error now,
@@ -58,7 +39,7 @@ def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, thre
 
     from .chat_template import fallback_template
     from .selector import Selector, load_selector
-    from .upstream import Upstream
+    from .upstream import Upstream, check_tokenizer
 
     upstream = Upstream(url, timeout=timeout)
     models = upstream.model_ids()

@@ -86,8 +86,7 @@ def generator(engine: str | None, tokenizer=None, timeout: float = 600.0):
         from ..apply import generate
 
         return generate
-    from .cli import check_tokenizer
-    from .upstream import Upstream
+    from .upstream import Upstream, check_tokenizer
 
     upstream = Upstream(engine, timeout=timeout)
     if tokenizer is not None:

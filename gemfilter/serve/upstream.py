@@ -238,3 +238,23 @@ class Upstream:
                 raise UpstreamError(502, f"the engine at {self.url} lists no model at GET /models")
             self._model = ids[0]
         return self._model
+
+
+#: A text every tokenizer pair must agree on before kept ids are sent (accents, CJK, an emoji, tabs).
+PROBE = "GemFilter keeps 1024 of 120,000 tokens: the needle (\"7 days\") — überall, 東京, 🙂!\n\tdone."
+
+
+def check_tokenizer(upstream, tokenizer, model: str) -> None:
+    """Refuse to start unless the engine tokenizes :data:`PROBE` to the same ids as the selector (vLLM's
+    ``POST /tokenize``): kept ids from another tokenizer would be other tokens."""
+    ours = tokenizer(PROBE, add_special_tokens=True)["input_ids"]
+    try:
+        theirs = upstream.post("/tokenize", {"model": model, "prompt": PROBE, "add_special_tokens": True}, root=True)
+    except UpstreamError as err:
+        raise ValueError(f"could not compare tokenizers: {err}. The check uses the engine's POST /tokenize "
+                         "(vLLM has it); pass --skip-tokenizer-check to start without it") from err
+    tokens = theirs.get("tokens") if isinstance(theirs, dict) else None
+    if tokens != ours:
+        raise ValueError(f"the selector's tokenizer and the engine's differ: {PROBE!r} is {ours[:12]}... here and "
+                         f"{(tokens or [])[:12]}... at the engine. Serve the same model (or one with the same "
+                         "tokenizer) on both sides")
