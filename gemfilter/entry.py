@@ -88,9 +88,21 @@ def command(*extras: str, name: str | None = None):
                 print(f"error: {err}", file=sys.stderr)
                 return 2
             except KeyboardInterrupt:
+                _close_progress_bars()
                 print(f"{prog}: interrupted", file=sys.stderr)
                 return 130
 
         return run
 
     return wrap
+
+
+def _close_progress_bars() -> None:
+    """Close the progress bars an interrupted command left open, so its last line starts on a line of its own
+    (a bar redraws itself without a newline until it is closed)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a core dependency
+        return
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()

@@ -121,10 +121,22 @@ def test_ctrl_c_ends_a_command_with_one_line_and_exit_130(tmp_path):
     import signal
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "feature_probes.parity", "table", "--out", str(tmp_path / "run")],
+    import threading
+
+    # Adam steps on small tensors: the interpreter runs Python between short torch calls, so SIGINT is acted
+    # on at once (inside one long native call it would wait for the call to return).
+    proc = subprocess.Popen([sys.executable, "-m", "icl_probes.looped", "train", "--steps", "100000", "--threads", "1",
+                             "--out", str(tmp_path / "run")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)  # past start-up, inside the training loop
+    err = []
+    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 180
+    while not err and proc.poll() is None and time.monotonic() < deadline:  # its progress bar: inside the run
+        time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    reader.join(timeout=10)
+    err = "".join(err)
     assert proc.returncode == 130, err[-2000:]
-    assert "Traceback" not in err and err.strip().splitlines()[-1] == "python -m feature_probes.parity: interrupted"
+    assert "Traceback" not in err and err.splitlines()[-1] == "python -m icl_probes.looped: interrupted", err[-2000:]
