@@ -39,7 +39,7 @@ class Turn:
     (reselect: the kept history, reuse: the compressed cache's prompt rows, full: the whole history);
     history_tokens: the history's length with this question; ttft_s: seconds to the first new token,
     selection included; total_s: the whole turn; peak_mib: peak memory over the turn beyond what was held
-    before it (CPU: resident set, CUDA: allocated)."""
+    before it (CPU: resident set, read from Linux's /proc; None elsewhere. CUDA: allocated)."""
 
     new_tokens: torch.Tensor
     text: str | None
@@ -47,7 +47,7 @@ class Turn:
     history_tokens: int
     ttft_s: float
     total_s: float
-    peak_mib: float
+    peak_mib: float | None
     selection: Selection | None
 
 
@@ -127,9 +127,13 @@ class Conversation:
         generate_kwargs.setdefault("num_beams", 1)
         if "streamer" in generate_kwargs:
             raise ValueError("Conversation.ask() times the first token with its own streamer: leave `streamer` out")
-        self._memory.baseline = self._memory.now()
-        self._memory.reset_peak()
-        clock = FirstTokenClock(self._memory, _sync(self._memory))
+        try:  # CPU memory comes from Linux's /proc; elsewhere a turn reports no peak
+            self._memory.baseline = self._memory.now()
+            self._memory.reset_peak()
+            measured = True
+        except OSError:
+            measured = False
+        clock = FirstTokenClock(self._memory, _sync(self._memory)) if measured else _FirstToken()
         start = time.perf_counter()
         selection = None
         if self.protocol == "reselect":
@@ -144,7 +148,7 @@ class Conversation:
         if self.protocol != "reselect":
             kept = self._rows_before(answer.shape[1])
         ttft = (clock.first_token - start) if clock.first_token is not None else total
-        peak = max(self._memory.peak(), clock.prompt_peak or 0.0)
+        peak = max(self._memory.peak(), clock.prompt_peak or 0.0) if measured else None
         text = self.tokenizer.decode(answer[0], skip_special_tokens=True) if self.tokenizer is not None else None
         turn = Turn(new_tokens=answer[0], text=text, kept=int(kept), history_tokens=history.shape[1], ttft_s=ttft,
                     total_s=total, peak_mib=peak, selection=selection)
@@ -180,6 +184,21 @@ class Conversation:
         """KV rows of the full-attention layers when the answer began (generate never feeds its last token)."""
         layers = [la for la in self._cache.layers if getattr(la, "sliding_window", None) is None] or self._cache.layers
         return min(int(layer.keys.shape[-2]) for layer in layers) - (answer_tokens - 1)
+
+
+class _FirstToken:
+    """A generate streamer that only times the first new token (where memory cannot be read)."""
+
+    def __init__(self):
+        self.calls, self.first_token, self.prompt_peak = 0, None, None
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == 2:  # call 1 is the prompt itself
+            self.first_token = time.perf_counter()
+
+    def end(self):
+        pass
 
 
 def _sync(memory):

@@ -89,3 +89,16 @@ def test_refusals_say_what_to_use_instead():
         chat.ask(question(0, 5))
     with chat, pytest.raises(ValueError, match="a text question needs the tokenizer"):
         chat.ask("hello")
+
+
+def test_a_machine_without_proc_reports_no_peak_but_still_times_the_turn(monkeypatch):
+    from gemfilter.measure import PeakMemory
+
+    def no_proc(self):
+        raise OSError("/proc/self/status: no such file")
+
+    monkeypatch.setattr(PeakMemory, "now", no_proc)
+    model = BUILDERS["llama"]()
+    with gemfilter.Conversation(model, get_method("gemfilter", layer=2, topk=12)) as chat:
+        turn = chat.ask(question(0, 30), **greedy())
+    assert turn.peak_mib is None and 0 < turn.ttft_s <= turn.total_s
