@@ -116,6 +116,15 @@ def test_require_refuses_an_unknown_extra():
         entry.require("nosuch")
 
 
+def sigint_as_from_a_terminal():
+    """In the child before exec: SIGINT delivered and handled by default, as in a terminal. A background job
+    (CI, ``make test &``) starts with SIGINT ignored, and a test run may leave it blocked; both are inherited."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_ends_a_command_with_one_line_and_exit_130(tmp_path):
     """A real command interrupted mid-run (SIGINT, as Ctrl-C sends it): one line, exit 130, no traceback."""
     import signal
@@ -127,7 +136,8 @@ def test_ctrl_c_ends_a_command_with_one_line_and_exit_130(tmp_path):
     # on at once (inside one long native call it would wait for the call to return).
     proc = subprocess.Popen([sys.executable, "-m", "icl_probes.looped", "train", "--steps", "100000", "--threads", "1",
                              "--out", str(tmp_path / "run")],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_from_a_terminal)
     err = []
     reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
     reader.start()
