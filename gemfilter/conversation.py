@@ -133,7 +133,7 @@ class Conversation:
             measured = True
         except OSError:
             measured = False
-        clock = FirstTokenClock(self._memory, _sync(self._memory)) if measured else _FirstToken()
+        clock = FirstTokenClock(self._memory if measured else None, _sync(self._memory))
         start = time.perf_counter()
         selection = None
         if self.protocol == "reselect":
@@ -184,21 +184,6 @@ class Conversation:
         """KV rows of the full-attention layers when the answer began (generate never feeds its last token)."""
         layers = [la for la in self._cache.layers if getattr(la, "sliding_window", None) is None] or self._cache.layers
         return min(int(layer.keys.shape[-2]) for layer in layers) - (answer_tokens - 1)
-
-
-class _FirstToken:
-    """A generate streamer that only times the first new token (where memory cannot be read)."""
-
-    def __init__(self):
-        self.calls, self.first_token, self.prompt_peak = 0, None, None
-
-    def put(self, value):
-        self.calls += 1
-        if self.calls == 2:  # call 1 is the prompt itself
-            self.first_token = time.perf_counter()
-
-    def end(self):
-        pass
 
 
 def _sync(memory):

@@ -57,9 +57,11 @@ class PeakMemory:
 
 
 class FirstTokenClock:
-    """A generate streamer: marks the first new token, which ends the prompt phase."""
+    """A generate streamer: marks the first new token, which ends the prompt phase, and the memory peak until
+    then. memory: a :class:`PeakMemory`, or None where memory cannot be read (time only); sync: what waits for
+    the device (a no-op on the CPU)."""
 
-    def __init__(self, memory: PeakMemory, sync):
+    def __init__(self, memory: PeakMemory | None, sync=lambda: None):
         self.memory, self.sync = memory, sync
         self.calls = 0
         self.first_token = None
@@ -70,6 +72,8 @@ class FirstTokenClock:
         if self.calls == 2:  # call 1 is the prompt itself, call 2 the first generated token
             self.sync()
             self.first_token = time.perf_counter()
+            if self.memory is None:
+                return
             self.prompt_peak_abs = self.memory.peak_abs()
             self.prompt_peak = self.prompt_peak_abs - self.memory.baseline
             self.memory.reset_peak()

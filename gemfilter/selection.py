@@ -14,8 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import STATE_KWARG, FilterLayerReached, wrapped_attention
-from .compat import cache_kwargs
-from .compat import text_config
+from .compat import cache_kwargs, text_config
 
 
 @dataclass
