@@ -9,9 +9,13 @@ Kinds: a method is a frozen dataclass on one of three bases, checked with ``isin
 - :class:`FullMethod`: changes nothing (the baseline).
 
 Spec: ``NAME[:key=value,...]``, e.g. ``gemfilter-span:k=256``, ``snapkv:topk=512,pooling=max``,
-``fastkv:k=512,tsp_len=2048,layer=11``. ``k`` is short for ``topk``. Every dataclass field of the method is
-settable; each value is read by the field's type and checked once, where the method is built (its
-``__post_init__``). A key the method does not have is an error that lists the ones it has.
+``fastkv:k=512,tsp_len=2048,layer=11``, ``snapkv:ratio=0.1``. ``k`` is short for ``topk``. Every dataclass
+field of the method is settable; each value is read by the field's type and checked once, where the method is
+built (its ``__post_init__``). A key the method does not have is an error that lists the ones it has.
+``ratio`` sets the budget per prompt: ``topk = max(1, round(ratio x prompt tokens))`` (:class:`Spec`).
+A list of specs is one comma-separated text (:func:`split_specs`): ``full,gemfilter:k=256,layer=11,snapkv``.
+Each parameter's default is its dataclass field's, in the method's own module; a command line's ``--topk`` and
+``--layer`` are defaults for the specs that do not set them (None: the method's own).
 """
 
 from __future__ import annotations
@@ -106,29 +110,118 @@ def _parse_value(method: str, key: str, text: str, type_name: str):
     return text
 
 
-def parse_method(spec: str, **defaults):
-    """Build a registered method from ``NAME[:key=value,...]``.
+def parse_method(spec: str, prompt_tokens: int | None = None, **defaults):
+    """Build a registered method from ``NAME[:key=value,...]`` (:func:`parse_spec`, then :meth:`Spec.method`).
 
-    defaults: settings a command line applies to every method it runs (``topk``, ``layer``); the spec's own
-    keys win. A default a method does not have is skipped, and reported in ``skipped`` by :func:`split_defaults`.
-    Raises ValueError naming what was wrong and what is allowed.
+    prompt_tokens: the prompt's length, for a ``ratio`` budget; defaults: settings a command line applies to
+    every method it runs (``topk``, ``layer``); the spec's own keys win.
     """
-    name, _, rest = spec.strip().partition(":")
+    return parse_spec(spec, **defaults).method(prompt_tokens, **defaults)
+
+
+def split_specs(text) -> tuple:
+    """'full,gemfilter:k=256,layer=11,snapkv' -> ('full', 'gemfilter:k=256,layer=11', 'snapkv').
+
+    A comma starts a new spec unless the next item is a ``key=value`` without a ``:`` (method names hold no
+    ``=``), so a list needs no other separator. Items are stripped; empty items are dropped.
+    """
+    specs = []
+    for item in (p.strip() for p in str(text).split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item.partition("=")[0] and specs:
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    return tuple(specs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One method as a command line names it: ``NAME[:key=value,...]``, parsed and checked once.
+
+    text: the spec as given (whitespace stripped), also its label in result rows and folders;
+    name: the registry name; params: ((field, value), ...) set by the spec; ratio: the budget as a
+    fraction of each prompt's tokens (None: ``topk`` as set, or its default).
+    Build it with :func:`parse_spec`; :meth:`method` gives the method object for one prompt.
+    """
+
+    text: str
+    name: str
+    params: tuple = ()
+    ratio: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.text
+
+    @property
+    def kind(self) -> str:
+        return REGISTRY[self.name].kind
+
+    def method(self, prompt_tokens: int | None = None, **defaults):
+        """The method object (not yet resolved against a model) for a prompt of ``prompt_tokens`` tokens.
+
+        defaults: a command line's ``topk`` / ``layer`` for the fields the spec does not set (None: the
+        method's own default); ones the method does not have are skipped (see :func:`split_defaults`).
+        """
+        cls = REGISTRY[self.name]
+        params = parameters(cls)
+        values = {k: v for k, v in defaults.items() if k in params and v is not None}
+        values.update(self.params)
+        if self.ratio is not None:
+            if prompt_tokens is None:
+                raise ValueError(f"{self.text}: a ratio budget needs the prompt's length")
+            values["topk"] = max(1, round(self.ratio * prompt_tokens))
+        return cls(**values)
+
+
+def parse_spec(text: str, **defaults) -> Spec:
+    """A :class:`Spec` from ``NAME[:key=value,...]``; the method is built once here, so every error shows now.
+
+    defaults: as :meth:`Spec.method`'s (checked with the spec). Raises ValueError (TypeError for a count
+    that is not whole) naming what was wrong and what is allowed.
+    """
+    text = ",".join(p.strip() for p in str(text).strip().split(","))
+    name, _, rest = text.partition(":")
     if name not in REGISTRY:
         raise ValueError(f"unknown method {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
-    cls = REGISTRY[name]
-    params = parameters(cls)
-    values = {k: v for k, v in defaults.items() if k in params and v is not None}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, sep, text = item.partition("=")
+    params = parameters(REGISTRY[name])
+    values, ratio = {}, None
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
         key = ALIASES.get(key.strip(), key.strip())
-        if not sep or not text.strip():
+        if not sep or not value.strip():
             raise ValueError(f"{name}: {item!r} is not key=value (e.g. {name}:topk=256)")
+        if key == "ratio" and "topk" in params:
+            ratio = _parse_value(name, key, value.strip(), "float")
+            if not 0 < ratio <= 1:
+                raise ValueError(f"{name}: ratio={value.strip()} must be in (0, 1] (topk = ratio x prompt tokens)")
+            continue
         if key not in params:
-            have = ", ".join(params) or "none"
+            have = ", ".join(list(params) + (["ratio"] if "topk" in params else [])) or "none"
             raise ValueError(f"{name} has no parameter {key!r}; its parameters: {have}")
-        values[key] = _parse_value(name, key, text.strip(), params[key][0])
-    return cls(**values)
+        values[key] = _parse_value(name, key, value.strip(), params[key][0])
+    if ratio is not None and "topk" in values:
+        raise ValueError(f"{name}: give topk or ratio, not both")
+    spec = Spec(text, name, tuple(values.items()), ratio)
+    try:
+        spec.method(1 if ratio is not None else None, **defaults)
+    except TypeError as err:  # a count that is not whole: the same one-line error as a bad value
+        raise ValueError(str(err)) from None
+    return spec
+
+
+def parse_specs(text, **defaults) -> tuple:
+    """Every spec of a comma-separated list (:func:`split_specs`), each parsed; a label given twice is refused."""
+    texts = split_specs(text)
+    if not texts:
+        raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
+    specs = tuple(parse_spec(t, **defaults) for t in texts)
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--methods lists a method twice: {','.join(labels)}")
+    return specs
 
 
 def split_defaults(names, **defaults) -> dict:
