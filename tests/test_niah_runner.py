@@ -146,13 +146,13 @@ def test_a_resume_whose_default_layer_changed_is_refused(tiny, config, tmp_path)
 
 
 @pytest.mark.parametrize("change, msg", [
-    ({"methods": ("full", "magic")}, "unknown method\\(s\\) magic; allowed: .*gemfilter.*snapkv"),
+    ({"methods": ("full", "magic")}, "unknown method 'magic'; allowed: .*gemfilter.*snapkv"),
     ({"methods": ("full", "full")}, "lists a method twice"),
     ({"methods": ()}, "--methods is empty"),
     ({"prompt": "chat"}, "unknown --prompt 'chat'; allowed: gemfilter, kamradt-chat"),
-    ({"topk": 0}, "--topk must be an int >= 1"),
+    ({"topk": 0}, "gemfilter: topk=0 must be >= 1"),
     ({"max_new_tokens": 0}, "--max-new-tokens must be an int >= 1"),
-    ({"layer": -1}, "--layer must be a 0-based int"),
+    ({"layer": -1}, "gemfilter: layer=-1 must be >= 0"),
 ])
 def test_bad_settings_are_refused_before_any_work(config, tmp_path, change, msg):
     with pytest.raises(ValueError, match=msg):
@@ -180,7 +180,7 @@ def test_cli_end_to_end_on_a_saved_tiny_model(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--methods", "full,nope"], "error: unknown method(s) nope; allowed:"),
+    (["--methods", "full,nope"], "error: unknown method 'nope'; allowed:"),
     (["--lengths", "1k,x"], "error: --lengths: 'x' is not a number"),
     (["--depths", "120"], "error: --depths: '120' is outside [0, 100]"),
     (["--max-cells", "0"], "error: --max-cells must be >= 1"),

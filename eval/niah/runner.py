@@ -18,9 +18,9 @@ computed. Under ``accelerate launch`` / ``torchrun`` the missing cells are dealt
 processes (``PartialState.process_index`` / ``num_processes``). Greedy decoding makes every cell a
 pure function of its inputs, so the merged file equals a single-process run's (except ``seconds``).
 
-The folder machinery (config.json identity, lock, shards, resume, model loading) is
-:mod:`eval.rundir`'s, shared with LongBench and RULER; this module adds NIAH's file names, row key
-and legacy settings.
+The loop (config.json identity, lock, shards, resume, merge, model loading) is :mod:`eval.runner`'s,
+shared with LongBench and RULER; this module supplies NIAH's cells, file names, row key and legacy settings
+(:class:`Niah`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemfilter.io import check_out_dir, merge_jsonl
 from gemfilter.options import check_against_model
 
-from eval.rundir import (CONFIG, append_row, check_config, check_layers, load_for_run, make_state, model_config_for,
-                         read_finished)
+from eval.rundir import check_layers
+from eval.runner import Benchmark, Unit, finished, merge as merge_units, run as run_units
 
 from .grid import PRESETS, normalize_depth
 from .haystack import PROTOCOLS, TEMPLATES, build_case, make_haystack, read_haystack
@@ -52,8 +51,9 @@ ROW_FIELDS = ("method", "length", "depth", "response", "recall", "rouge1", "hit"
 @dataclass(frozen=True)
 class RunConfig:
     """One NIAH experiment. model: HF id / local path / None (embedded Gemma 3 270M);
-    methods: registry names; lengths: context tokens; depths: percents; topk, layer: method
-    parameters (methods without them ignore them; layer None = the model's default);
+    methods: method specs (``gemfilter``, ``gemfilter-span:k=256``; each is its rows' ``method`` label);
+    lengths: context tokens; depths: percents; topk, layer: defaults for the specs that do not set them
+    (None: each method's own; methods without them ignore them; layer None = the model's default);
     prompt: ``gemfilter`` or ``kamradt-chat``; haystack_dir: None = the Paul Graham essays;
     protocol: ``kamradt`` (clean context) or ``gemfilter-repo`` (the GemFilter repo's special tokens, as
     in the paper's figures); dtype: None (the loader's default) or a torch dtype name, used on an
@@ -64,7 +64,7 @@ class RunConfig:
     methods: tuple = ("full", "gemfilter")
     lengths: tuple = PRESETS["cpu-demo"][0]
     depths: tuple = PRESETS["cpu-demo"][1]
-    topk: int = 1024
+    topk: int | None = None
     layer: int | None = None
     prompt: str = "gemfilter"
     max_new_tokens: int = 50
@@ -88,38 +88,20 @@ class RunConfig:
 
 def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad setting and what is allowed."""
-    from gemfilter.methods import check_names
-
-    check_names(config.methods)
+    method_specs(config)  # every spec and the --topk / --layer defaults, checked once where methods are built
     if config.prompt not in TEMPLATES:
         raise ValueError(f"unknown --prompt {config.prompt!r}; allowed: {', '.join(TEMPLATES)}")
     if config.protocol not in PROTOCOLS:
         raise ValueError(f"unknown --protocol {config.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
     if not config.lengths or not config.depths:
         raise ValueError("the grid is empty: give at least one length and one depth")
-    for name, value, low in (("--topk", config.topk, 1), ("--max-new-tokens", config.max_new_tokens, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if config.layer is not None and (isinstance(config.layer, bool) or not isinstance(config.layer, int)
-                                     or config.layer < 0):
-        raise ValueError(f"--layer must be a 0-based int >= 0 (or omitted for the model's default), got {config.layer!r}")
+    value = config.max_new_tokens
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"--max-new-tokens must be an int >= 1, got {value!r}")
 
 
 def cell_key(row: dict) -> tuple:
     return row["method"], int(row["length"]), normalize_depth(row["depth"])
-
-
-def finished_rows(out: Path) -> dict:
-    """cell key -> row over the merged file and every shard (first one wins); read under the folder lock."""
-    return read_finished(Path(out) / RESULTS, SHARD.format("*"), cell_key, required=ROW_FIELDS,
-                         skip_note="that cell will be rerun")
-
-
-def merge(out: Path, method_order=()) -> list:
-    """Write the sorted, de-duplicated rows to results.jsonl (atomically), then drop the shards (under the lock)."""
-    rank = {m: i for i, m in enumerate(method_order)}
-    return merge_jsonl(Path(out) / RESULTS, SHARD.format("*"), cell_key, required=ROW_FIELDS,
-                       sort_key=lambda r: (rank.get(r["method"], len(rank)), r["method"], r["length"], float(r["depth"])))
 
 
 def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None) -> dict:
@@ -139,91 +121,106 @@ def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None)
             "seconds": time.perf_counter() - start, **budget_fields(out)}
 
 
-def check_before_compute(config: RunConfig, model_config) -> dict:
-    """Everything that can be checked without the weights: --layer, --lengths and the methods against the
-    model, the haystack. Returns {method name: its registry object, not yet resolved against the model}.
+def method_specs(config: RunConfig) -> dict:
+    """{label: Spec} of the config's methods, parsed (and so checked) once."""
+    from gemfilter.methods import parse_specs
 
-    model_config: the model's transformers config. Reading the haystack here (not after the model
-    loaded) means a bad --haystack-dir fails in a second, before config.json is written.
-    """
-    from gemfilter import get_method
-    from gemfilter.methods import check_for_model
-    from gemfilter.serve.engine import check_engine_methods
+    return {s.label: s for s in parse_specs(",".join(config.methods), topk=config.topk, layer=config.layer)}
 
-    check_against_model(model_config, layer=config.layer, lengths=config.lengths)
-    check_engine_methods(config.engine, config.methods)
-    methods = {name: get_method(name, layer=config.layer, topk=config.topk) for name in config.methods}
-    for method in methods.values():  # e.g. SnapKV on a model whose every layer is windowed
-        check_for_model(method, model_config, max(config.lengths))
-    read_haystack(config.haystack_dir)
-    return methods
+
+class Niah(Benchmark):
+    """The NIAH grid on :func:`eval.runner.run`: one unit per (method, length, depth) cell, in results.jsonl."""
+
+    name, noun, required, legacy, ensure_ascii, record_process = "NIAH", "cell", ROW_FIELDS, LEGACY_IDENTITY, True, True
+
+    def validate(self) -> None:
+        validate(self.config)
+
+    def check(self, model_config) -> None:
+        """--layer, --lengths and the methods against the model; the haystack (a bad --haystack-dir fails in a
+        second, before config.json is written)."""
+        from gemfilter.methods import check_for_model
+        from gemfilter.serve.engine import check_engine_methods
+
+        config = self.config
+        check_against_model(model_config, layer=config.layer, lengths=config.lengths)
+        specs = method_specs(config)
+        check_engine_methods(config.engine, [s.name for s in specs.values()])
+        for spec in specs.values():  # e.g. SnapKV on a model whose every layer is windowed
+            check_for_model(spec.method(max(config.lengths), topk=config.topk, layer=config.layer), model_config,
+                            max(config.lengths))
+        read_haystack(config.haystack_dir)
+
+    def units(self, out, state, say) -> list:
+        return [Unit(RESULTS, cell) for cell in self.config.cells()]
+
+    def row_key(self, row: dict) -> tuple:
+        return cell_key(row)
+
+    def shard_name(self, file: str, rank) -> str:
+        return SHARD.format(rank)
+
+    def sort_key(self, file: str, units: list):
+        rank = {m: i for i, m in enumerate(self.config.methods)}
+        return lambda r: (rank.get(r["method"], len(rank)), r["method"], r["length"], float(r["depth"]))
+
+    def before_load(self, todo: list, tokenizer) -> None:
+        """A length too short for the needle fails on the tokenizer alone, before the model loads."""
+        from gemfilter.haystack import check_lengths
+
+        check_lengths(tokenizer, sorted({u.key[1] for u in todo}), protocol=self.config.protocol)
+
+    def start(self, model, tok, done: dict):
+        from gemfilter.apply import resolve
+        from gemfilter.models import EMBEDDED_NAME
+        from gemfilter.serve.engine import engine_field, generator
+
+        config = self.config
+        hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
+        generate = generator(config.engine, tok)
+        methods = {label: resolve(model, spec.method(None, topk=config.topk, layer=config.layer))
+                   for label, spec in method_specs(config).items()}
+        check_layers(done[RESULTS].values(), methods)
+        fixed = {"model": config.model or EMBEDDED_NAME, "prompt": config.prompt, "protocol": config.protocol,
+                 "dtype": str(model.dtype).replace("torch.", ""), "max_new_tokens": config.max_new_tokens,
+                 "attn": model.config._attn_implementation, **engine_field(config.engine)}
+
+        def predict(unit: Unit) -> dict:
+            name, length, depth = unit.key
+            case = build_case(tok, length, depth, haystack=hay, template=config.prompt, protocol=config.protocol)
+            res = run_cell(model, tok, methods[name], case, config.max_new_tokens, generate)
+            return {"method": name, "length": length, "depth": depth, **res, **score_all(res["response"]),
+                    "topk": getattr(methods[name], "topk", config.topk), "layer": getattr(methods[name], "layer", None),
+                    **fixed}
+
+        return predict
+
+    def postfix(self, unit: Unit, row: dict) -> dict:
+        return {"method": row["method"], "L": row["length"], "depth": row["depth"], "recall": f"{row['recall']:.2f}"}
+
+
+def finished_rows(out: Path) -> dict:
+    """cell key -> row over the merged file and every shard (first one wins); read under the folder lock."""
+    return finished(Niah(RunConfig()), Path(out), [RESULTS])[RESULTS]
+
+
+def merge(out: Path, method_order=()) -> list:
+    """Write the sorted, de-duplicated rows to results.jsonl (atomically), then drop the shards (under the lock)."""
+    config = RunConfig(methods=tuple(method_order))
+    return merge_units(Niah(config), Path(out), [Unit(RESULTS, None)]).get(RESULTS, [])
 
 
 def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True,
         max_cells: int | None = None):
-    """Compute the missing cells of ``config`` into ``out``; return the merged rows (None off the main process).
+    """Compute the missing cells of ``config`` into ``out`` (:func:`eval.runner.run`); return the merged rows
+    (None off the main process).
 
-    state: an accelerate PartialState (default: :func:`make_state`).
+    state: an accelerate PartialState (default: :func:`eval.rundir.make_state`).
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     max_cells: compute at most this many missing cells this time (the rest on a later run).
     """
-    from gemfilter.apply import resolve
-    from gemfilter.models import EMBEDDED_NAME
-    from gemfilter.serve.engine import engine_field
+    from gemfilter.models import load_tokenizer
 
-    from gemfilter.serve.engine import generator
-    from tqdm.auto import tqdm
-
-    validate(config)
-    state = state or make_state()
-    out = check_out_dir(out, files=(RESULTS, CONFIG))
-    model_config = model_config_for(config, model_and_tokenizer)
-    check_config(out, config, write=False, model_config=model_config, legacy=LEGACY_IDENTITY)
-    unresolved = check_before_compute(config, model_config)
-    done = finished_rows(out)
-    todo = [c for c in config.cells() if c not in done]
-    if max_cells is not None:
-        todo = todo[:max_cells]
-    if todo:  # the tokenizer alone (seconds): a length too short for the needle fails before the model loads
-        from gemfilter.haystack import check_lengths
-        from gemfilter.models import load_tokenizer
-
-        tok = model_and_tokenizer[1] if model_and_tokenizer is not None else load_tokenizer(config.model)
-        check_lengths(tok, sorted({c[1] for c in todo}), protocol=config.protocol)
-    # Everyone has read the finished rows before anyone appends, so all agree on the same todo list.
-    state.wait_for_everyone()
-    mine = todo[state.process_index::state.num_processes]
-    if state.is_main_process and progress:
-        cells = config.cells()
-        already = sum(c in done for c in cells)
-        later = len(cells) - already - len(todo)
-        tqdm.write(f"NIAH: {len(cells)} cells, {already} already done, {len(todo)} to compute over "
-                   f"{state.num_processes} process(es)" + (f", {later} left for a later run" if later else "")
-                   + f" -> {out}")
-    if mine:
-        model, tok = load_for_run(config, state, model_and_tokenizer, tqdm.write if state.is_main_process else None)
-        hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
-        generate = generator(config.engine, tok)
-        methods = {m: resolve(model, unresolved[m]) for m in dict.fromkeys(c[0] for c in mine)}
-        check_layers(done.values(), methods)
-        shard = out / SHARD.format(state.process_index)
-        # the first row is coming: pin the setup
-        check_config(out, config, write=True, model_config=model_config, legacy=LEGACY_IDENTITY)
-        label = config.model or EMBEDDED_NAME
-        desc = "NIAH cells" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
-        bar = tqdm(mine, desc=desc, unit="cell", disable=not (progress and state.is_main_process))
-        for name, length, depth in bar:
-            case = build_case(tok, length, depth, haystack=hay, template=config.prompt, protocol=config.protocol)
-            res = run_cell(model, tok, methods[name], case, config.max_new_tokens, generate)
-            row = {"method": name, "length": length, "depth": depth, **res, **score_all(res["response"]),
-                   "model": label, "topk": config.topk, "layer": getattr(methods[name], "layer", None),
-                   "prompt": config.prompt, "protocol": config.protocol, "dtype": str(model.dtype).replace("torch.", ""),
-                   "max_new_tokens": config.max_new_tokens,
-                   "attn": model.config._attn_implementation, **engine_field(config.engine),
-                   "process": state.process_index}  # which shard computed it (not part of the result)
-            append_row(shard, row)
-            bar.set_postfix(method=name, L=length, depth=depth, recall=f"{row['recall']:.2f}")
-    state.wait_for_everyone()
-    if not state.is_main_process:
-        return None
-    return merge(out, config.methods)
+    merged = run_units(Niah(config), out, state=state, model_and_tokenizer=model_and_tokenizer, progress=progress,
+                       max_units=max_cells, tokenizer=lambda: load_tokenizer(config.model))
+    return None if merged is None else merged.get(RESULTS, [])

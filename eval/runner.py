@@ -1,0 +1,189 @@
+"""One run loop for every benchmark (NIAH, LongBench, RULER, SCBench): ``run(benchmark, out)``.
+
+What the loop owns, the same for every benchmark:
+
+- validation (:meth:`Benchmark.validate`) and the checks that need only the model's config
+  (:meth:`Benchmark.check`), both before any weights load;
+- the folder's identity: ``config.json`` (``eval.rundir.check_config``), compared before anything is
+  computed and written just before the first row, so a run that fails its checks leaves the folder free;
+- resume: every result file's finished rows (merged file and shards) are read first, and only the
+  missing units are computed;
+- shards: process i appends its rows, flushed and fsynced under the folder lock, to its own shard of
+  each result file; accelerate's ``PartialState`` says which process this is;
+- the merge: once every process has finished, the main process writes each result file atomically
+  in the benchmark's order and removes its shards;
+- the progress bar and the one summary line.
+
+What a benchmark supplies (:class:`Benchmark`): its config (``identity()``, ``extra``, ``model``,
+``attn``, ``dtype``), its units (:class:`Unit`: a result file, a resume key, the data to answer it),
+the key of a stored row, and ``start(model, tokenizer, done)``, which returns ``predict(unit) -> row``.
+A unit may be anything that makes one row: a NIAH cell, a LongBench sample, or a whole multi-turn
+conversation (SCBench), whose row holds every turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Hashable
+
+from gemfilter.io import check_out_dir, merge_jsonl
+
+from eval.rundir import (CONFIG, TASK_SHARD, append_row, check_config, load_for_run, make_state, model_config_for,
+                         read_finished)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One row to compute.
+
+    file: its result file, relative to the run folder (``results.jsonl``, ``pred/gemfilter/qasper.jsonl``);
+    key: its resume key in that file (what :meth:`Benchmark.row_key` gives for its row);
+    data: what ``predict`` needs (a record, a prepared sample); not compared.
+    """
+
+    file: str
+    key: Hashable
+    data: Any = field(default=None, compare=False, hash=False)
+
+
+class Benchmark:
+    """What one benchmark tells :func:`run`. Subclasses set the class attributes and the methods marked so.
+
+    name: shown in the summary line; noun: one unit in the progress bar (``cell``, ``sample``);
+    required: fields a stored row must hold (else it is skipped with a warning and recomputed);
+    legacy: settings added after folders were written without them, with the value a missing key means;
+    ensure_ascii: as ``json.dumps``'s for the rows written; record_process: add ``process`` (the shard that
+    computed the row, not part of the result) to each row; config: the benchmark's run config.
+    """
+
+    name: str = "benchmark"
+    noun: str = "sample"
+    required: tuple = ()
+    legacy: dict = {}
+    ensure_ascii: bool = False
+    record_process: bool = False
+
+    def __init__(self, config):
+        self.config = config
+
+    # -- supplied by every benchmark -------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ValueError naming the bad setting and what is allowed (no model, no data needed)."""
+
+    def check(self, model_config) -> None:
+        """Checks that need only the model's config (layer range, lengths, methods against the model)."""
+
+    def units(self, out: Path, state, say) -> list:
+        """Every :class:`Unit` of this config, in the order they are computed. Runs on the main process
+        first (it may download or prepare data), then on the others. say: where notes go (or None)."""
+        raise NotImplementedError
+
+    def row_key(self, row: dict) -> Hashable:
+        """The resume key of a stored row (the key of the unit that made it)."""
+        raise NotImplementedError
+
+    def start(self, model, tokenizer, done: dict) -> Callable[[Unit], dict]:
+        """``predict(unit) -> row`` for this process, once the model is loaded.
+
+        done: {file: {key: row}} of finished rows, for checks that a resume does not mix setups."""
+        raise NotImplementedError
+
+    # -- defaults a benchmark may replace --------------------------------------------------------------
+    def shard_name(self, file: str, rank) -> str:
+        """The file name of process ``rank``'s shard of ``file`` (rank ``*``: the glob of all of them)."""
+        return TASK_SHARD.format(Path(file).name[: -len(".jsonl")], rank)
+
+    def describe(self, units: list) -> str:
+        """The start of the summary line: what the whole config holds."""
+        return f"{self.name}: {len(units)} {self.noun}s"
+
+    def before_load(self, todo: list, tokenizer) -> None:
+        """Checks on the units to compute that need the tokenizer alone (seconds, before the weights)."""
+
+    def share(self, todo: list, process: int, processes: int) -> list:
+        """This process's part of the units to compute (default: dealt round-robin)."""
+        return todo[process::processes]
+
+    def sort_key(self, file: str, units: list) -> Callable[[dict], Any]:
+        """The merged file's row order: this run's unit order; rows of other units after them, as they were."""
+        rank = {u.key: i for i, u in enumerate(units) if u.file == file}
+        return lambda row: rank.get(self.row_key(row), len(rank))
+
+    def postfix(self, unit: Unit, row: dict) -> dict:
+        """What the progress bar shows after a unit."""
+        return {}
+
+
+def finished(benchmark: Benchmark, out: Path, files) -> dict:
+    """{file: {key: row}} over each result file and its shards (first one wins), under the folder lock."""
+    note = f"that {benchmark.noun} will be rerun"
+    return {f: read_finished(out / f, benchmark.shard_name(f, "*"), benchmark.row_key,
+                             required=benchmark.required, skip_note=note) for f in files}
+
+
+def merge(benchmark: Benchmark, out: Path, units: list) -> dict:
+    """{file: merged rows} for every result file of ``units`` that has rows; shards are removed."""
+    merged = {}
+    for file in dict.fromkeys(u.file for u in units):
+        target = out / file
+        if target.parent.is_dir():
+            merged[file] = merge_jsonl(target, benchmark.shard_name(file, "*"), benchmark.row_key,
+                                       sort_key=benchmark.sort_key(file, units), required=benchmark.required,
+                                       ensure_ascii=benchmark.ensure_ascii)
+    return merged
+
+
+def run(benchmark: Benchmark, out, *, state=None, model_and_tokenizer=None, progress: bool = True,
+        max_units: int | None = None, tokenizer=None) -> dict | None:
+    """Compute the missing units of ``benchmark`` into ``out``; return {file: merged rows} (None off the main process).
+
+    state: an accelerate PartialState (default: ``eval.rundir.make_state``, gloo on CPU);
+    model_and_tokenizer: a loaded (model, tokenizer) pair (default: loaded from the config, only if
+    there is something to compute); progress: the bar and the summary line on the main process;
+    max_units: compute at most this many missing units this time (the rest on a later run);
+    tokenizer: a callable giving the tokenizer alone, for :meth:`Benchmark.before_load` and data preparation.
+    """
+    from tqdm.auto import tqdm
+
+    config = benchmark.config
+    benchmark.validate()
+    state = state or make_state()
+    out = check_out_dir(out, files=(CONFIG,))
+    model_config = model_config_for(config, model_and_tokenizer)
+    check_config(out, config, write=False, model_config=model_config, legacy=benchmark.legacy)
+    benchmark.check(model_config)
+    say = tqdm.write if (progress and state.is_main_process) else None
+    with state.main_process_first():  # the main process fills data caches; the others then read them
+        units = benchmark.units(out, state, say)
+    done = finished(benchmark, out, dict.fromkeys(u.file for u in units))
+    todo = [u for u in units if u.key not in done[u.file]]
+    later = 0
+    if max_units is not None:
+        later, todo = max(0, len(todo) - max_units), todo[:max_units]
+    if todo and tokenizer is not None:
+        benchmark.before_load(todo, model_and_tokenizer[1] if model_and_tokenizer is not None else tokenizer())
+    # Everyone has read the finished rows before anyone appends, so all agree on the same list.
+    state.wait_for_everyone()
+    mine = benchmark.share(todo, state.process_index, state.num_processes)
+    if say:
+        say(f"{benchmark.describe(units)}, {len(units) - len(todo) - later} already done, {len(todo)} to compute over "
+            f"{state.num_processes} process(es)" + (f", {later} left for a later run" if later else "") + f" -> {out}")
+    if mine:
+        model, tok = load_for_run(config, state, model_and_tokenizer, say)
+        predict = benchmark.start(model, tok, done)
+        check_config(out, config, write=True, model_config=model_config, legacy=benchmark.legacy)  # a row is coming
+        desc = benchmark.name + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
+        bar = tqdm(mine, desc=desc, unit=benchmark.noun, disable=not (progress and state.is_main_process))
+        for unit in bar:
+            row = predict(unit)
+            if benchmark.record_process:
+                row["process"] = state.process_index
+            shard = out / Path(unit.file).parent / benchmark.shard_name(unit.file, state.process_index)
+            shard.parent.mkdir(parents=True, exist_ok=True)
+            append_row(shard, row, ensure_ascii=benchmark.ensure_ascii)
+            bar.set_postfix(**benchmark.postfix(unit, row))
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        return None
+    return merge(benchmark, out, units)
