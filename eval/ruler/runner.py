@@ -11,7 +11,7 @@ that select prompt tokens; None for KV-cache policies and full), ``seconds``, ``
 The label is the method name, with ``_k<topk>`` (or ``_r<ratio>``) for methods that keep a budget, so
 one folder holds several budgets side by side.
 
-Resume, sharding and merging are :mod:`eval.rundir`'s, shared with NIAH and LongBench:
+The loop (resume, sharding, merging) is :mod:`eval.runner`'s, shared with NIAH and LongBench:
 ``<task>.jsonl.rank<i>`` shards appended and fsynced under the folder lock, merged in sample order by
 the main process; the ``config.json`` identity; accelerate's ``PartialState``; the filter-layer check.
 As in those runners, the missing samples are dealt over the processes, options are checked against
@@ -26,11 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemfilter.io import check_out_dir
 from gemfilter.options import check_against_model
 
-from eval.rundir import (CONFIG, TASK_SHARD, append_row, check_config, check_layers, finished_task, load_for_run,
-                         make_state, merge_task, model_config_for)
+from eval.rundir import check_layers
+from eval.runner import Benchmark, Unit, run as run_units
 
 from .prepare import DEFAULT_SEED, check_identity, data_file, identity, prepare, prepared_rows
 from .sources import DEFAULT_SPLITTER
@@ -42,7 +41,11 @@ ROW_FIELDS = ("pred", "outputs", "_id")
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A registered method with its budget: ``topk`` tokens, or ``ratio`` x the prompt's tokens."""
+    """A method spec with its budget from RULER's ``--topk`` list or ``--ratio``.
+
+    name: a method spec (``gemfilter``, ``snapkv:window=16``); topk: tokens kept, or ratio: that share of
+    each prompt's tokens (None for both: the spec's own budget, or the method's default).
+    """
 
     name: str
     topk: int | None = None
@@ -54,12 +57,16 @@ class MethodSpec:
             return f"{self.name}_r{self.ratio:g}"
         return self.name if self.topk is None else f"{self.name}_k{self.topk}"
 
+    def spec(self):
+        """The parsed :class:`gemfilter.methods.Spec`, with this budget's ratio (one ratio formula, the spec's)."""
+        from gemfilter.methods import parse_spec
+
+        spec = parse_spec(self.name)
+        return dataclasses.replace(spec, ratio=self.ratio) if self.ratio is not None else spec
+
     def method(self, layer, prompt_tokens: int):
         """The method object for one prompt, not yet resolved against a model."""
-        import gemfilter
-
-        topk = self.topk if self.ratio is None else max(1, round(self.ratio * prompt_tokens))
-        return gemfilter.get_method(self.name, layer=layer, topk=topk)
+        return self.spec().method(prompt_tokens, topk=self.topk, layer=layer)
 
     def build(self, model, layer, prompt_tokens: int):
         """The resolved method object for one prompt."""
@@ -68,31 +75,30 @@ class MethodSpec:
         return resolve(model, self.method(layer, prompt_tokens))
 
 
-def has_budget(name: str) -> bool:
-    from gemfilter import REGISTRY
+def method_specs(names, topks=(1024,), ratio: float | None = None, layer: int | None = None) -> tuple:
+    """One :class:`MethodSpec` per (spec, budget): specs without a budget parameter (full), or setting their own
+    (``gemfilter:k=256``, ``snapkv:ratio=0.1``), appear once; the others once per ``--topk`` (or with ``--ratio``).
 
-    return REGISTRY[name].kind != "full"  # prompt and cache methods keep topk
+    layer: the command line's ``--layer``, checked with each spec.
+    """
+    from gemfilter.methods import parse_specs
 
-
-def method_specs(names, topks=(1024,), ratio: float | None = None) -> tuple:
-    """One spec per (method, budget): methods without a budget (full) appear once."""
-    from gemfilter.methods import check_names
-
-    check_names(tuple(names))
-    if ratio is not None and not (isinstance(ratio, float) and 0 < ratio <= 1):
+    specs = parse_specs(",".join(names), layer=layer)
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, float) or not 0 < ratio <= 1):
         raise ValueError(f"--ratio must be a fraction in (0, 1] of the prompt's tokens, got {ratio!r}")
-    for k in topks:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"--topk must be ints >= 1, got {k!r}")
-    specs = []
-    for name in names:
-        if not has_budget(name):
-            specs.append(MethodSpec(name))
+    for spec in specs:  # each budget is checked where the method is built, as any other parameter
+        for k in topks if spec.kind != "full" else ():
+            spec.method(1, topk=k, layer=layer)
+    out = []
+    for spec in specs:
+        own = spec.ratio is not None or "topk" in dict(spec.params)
+        if spec.kind == "full" or own:
+            out.append(MethodSpec(spec.text))
         elif ratio is not None:
-            specs.append(MethodSpec(name, ratio=ratio))
+            out.append(MethodSpec(spec.text, ratio=ratio))
         else:
-            specs += [MethodSpec(name, topk=k) for k in topks]
-    return tuple(specs)
+            out += [MethodSpec(spec.text, topk=k) for k in topks]
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -197,86 +203,99 @@ def load_samples(config: RunConfig, out, tokenizer_fn, progress=None) -> dict:
             for L in config.lengths for t in tasks}
 
 
+class Ruler(Benchmark):
+    """RULER on :func:`eval.runner.run`: one unit per (length, method, task, sample), in
+    ``<L>/pred/<label>/<task>.jsonl``, computed sample-major (:func:`plan`) and dealt by :func:`share`.
+
+    tokenizer: a callable giving the tokenizer alone, to prepare missing data."""
+
+    name, noun, required = "RULER", "prediction", ROW_FIELDS
+
+    def __init__(self, config, tokenizer):
+        super().__init__(config)
+        self.tokenizer = tokenizer
+
+    def validate(self) -> None:
+        validate(self.config)
+
+    def check(self, model_config) -> None:
+        from gemfilter.methods import check_for_model
+        from gemfilter.serve.engine import check_engine_methods
+
+        config = self.config
+        check_against_model(model_config, layer=config.layer, lengths=config.lengths)
+        check_engine_methods(config.engine, [s.spec().name for s in config.methods])
+        for spec in config.methods:  # e.g. SnapKV on a model whose every layer is windowed: refused before loading
+            for length in config.lengths:
+                check_for_model(spec.method(config.layer, length), model_config, length)
+
+    def units(self, out, state, say) -> list:
+        samples = load_samples(self.config, out, self.tokenizer, say)
+        # sample-major over every prediction, finished or not, so the order is the same on every run
+        return [Unit(f"{L}/pred/{s.label}/{t}.jsonl", str(row["index"]), (L, s, t, row))
+                for L, s, t, row in plan(self.config, samples)]
+
+    def row_key(self, row: dict) -> str:
+        return row["_id"]
+
+    def describe(self, units: list) -> str:
+        c = self.config
+        return (f"RULER: {len(units)} predictions ({len(c.methods)} methods x {len(c.tasks)} tasks x "
+                f"{len(c.lengths)} lengths)")
+
+    def share(self, todo: list, process: int, processes: int) -> list:
+        mine = {id(x) for x in share(self.config, [u.data for u in todo], process, processes)}
+        return [u for u in todo if id(u.data) in mine]
+
+    def start(self, model, tok, done: dict):
+        from gemfilter.serve.engine import engine_field, generator
+
+        config = self.config
+        generate = generator(config.engine, tok)
+        fixed = {s.label: s.build(model, config.layer, 0) for s in config.methods if s.ratio is None}
+        check_layers([{"method": Path(file).parent.name, "layer": row.get("layer")}
+                      for file, rows in done.items() for row in rows.values()], fixed)
+        attn, dtype = model.config._attn_implementation, str(model.dtype).replace("torch.", "")
+
+        def predict_unit(unit: Unit) -> dict:
+            length, spec, name, row = unit.data
+            method = fixed.get(spec.label) or spec.build(model, config.layer, _prompt_len(tok, row))
+            res = predict(model, tok, method, row, get_task(name), generate)
+            return {"index": row["index"], "pred": res["pred"], "outputs": row["outputs"], "length": row["length"],
+                    "others": {"id": row["index"]}, "truncation": -1, "_id": str(row["index"]), "kept": res["kept"],
+                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
+                    "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"],
+                    "seconds": res["seconds"], "attn": attn, "dtype": dtype,
+                    **{k: res[k] for k in ("kv_rows", "propagated") if k in res}, **engine_field(config.engine)}
+
+        return predict_unit
+
+    def postfix(self, unit: Unit, row: dict) -> dict:
+        return {"method": unit.data[1].label, "L": unit.data[0], "task": unit.data[2], "kept": row["kept"]}
+
+
 def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True) -> dict | None:
-    """Compute the missing predictions of ``config`` into ``out``; return {(length, label, task): rows} (None off main).
+    """Compute the missing predictions of ``config`` into ``out`` (:func:`eval.runner.run`); return
+    {(length, label, task): rows} (None off the main process).
 
     state: an accelerate PartialState (default: :func:`eval.rundir.make_state`, gloo on CPU).
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     """
-    from gemfilter.methods import check_for_model
-    from gemfilter.serve.engine import check_engine_methods, engine_field
-
-    from gemfilter.serve.engine import generator
-    from tqdm.auto import tqdm
-
-    validate(config)
-    state = state or make_state()
-    out = check_out_dir(out, files=(CONFIG,))
-    model_config = model_config_for(config, model_and_tokenizer)
-    check_config(out, config, write=False, model_config=model_config)
-    check_against_model(model_config, layer=config.layer, lengths=config.lengths)
-    check_engine_methods(config.engine, [s.name for s in config.methods])
-    for spec in config.methods:  # e.g. SnapKV on a model whose every layer is windowed: refused before loading
-        for length in config.lengths:
-            check_for_model(spec.method(config.layer, length), model_config, length)
-    say = tqdm.write if (progress and state.is_main_process) else None
-    with state.main_process_first():  # the main process prepares missing data; the others then read it
-        samples = load_samples(config, out, lambda: (model_and_tokenizer[1] if model_and_tokenizer
-                                                     else load_tokenizer(config.model)), say)
-    done = {(L, s.label, t): finished_task(pred_dir(out, L, s.label), t, ROW_FIELDS)
-            for L in config.lengths for s in config.methods for t in config.tasks}
-    todo = plan(config, samples, done)
-    state.wait_for_everyone()  # everyone has read the finished rows before anyone appends
-    mine = share(config, todo, state.process_index, state.num_processes)
-    if say:
-        total = sum(len(samples[k]) for k in samples) * len(config.methods)
-        say(f"RULER: {total} predictions ({len(config.methods)} methods x {len(config.tasks)} tasks x "
-            f"{len(config.lengths)} lengths), {total - len(todo)} already done, {len(todo)} to compute over "
-            f"{state.num_processes} process(es) -> {out}")
-    if mine:
-        model, tok = load_for_run(config, state, model_and_tokenizer)
-        generate = generator(config.engine, tok)
-        fixed = {s.label: s.build(model, config.layer, 0) for s in config.methods if s.ratio is None}
-        check_layers([{"method": label, "layer": row.get("layer")} for (_, label, _), rows in done.items()
-                      for row in rows.values()], fixed)
-        desc = "RULER" + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
-        check_config(out, config, write=True, model_config=model_config)  # the first row is coming: pin the setup
-        bar = tqdm(mine, desc=desc, unit="sample", disable=not (progress and state.is_main_process))
-        for length, spec, name, row in bar:
-            task = get_task(name)
-            folder = pred_dir(out, length, spec.label)
-            folder.mkdir(parents=True, exist_ok=True)
-            method = fixed.get(spec.label) or spec.build(model, config.layer, _prompt_len(tok, row))
-            res = predict(model, tok, method, row, task, generate)
-            rec = {"index": row["index"], "pred": res["pred"], "outputs": row["outputs"], "length": row["length"],
-                   "others": {"id": row["index"]}, "truncation": -1, "_id": str(row["index"]), "kept": res["kept"],
-                   "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
-                   "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"], "seconds": res["seconds"],
-                   "attn": model.config._attn_implementation, "dtype": str(model.dtype).replace("torch.", ""),
-                   **{k: res[k] for k in ("kv_rows", "propagated") if k in res}, **engine_field(config.engine)}
-            append_row(folder / TASK_SHARD.format(name, state.process_index), rec, ensure_ascii=False)
-            bar.set_postfix(method=spec.label, L=length, task=name, kept=res["kept"])
-    state.wait_for_everyone()
-    if not state.is_main_process:
+    bench = Ruler(config, lambda: model_and_tokenizer[1] if model_and_tokenizer else load_tokenizer(config.model))
+    merged = run_units(bench, out, state=state, model_and_tokenizer=model_and_tokenizer, progress=progress)
+    if merged is None:
         return None
-    merged = {}
-    for L in config.lengths:
-        for s in config.methods:
-            folder = pred_dir(out, L, s.label)
-            for t in config.tasks:
-                if folder.is_dir():
-                    merged[L, s.label, t] = merge_task(folder, t, [str(r["index"]) for r in samples[L, t]], ROW_FIELDS)
-    return merged
+    return {(int(Path(f).parts[0]), Path(f).parent.name, Path(f).stem): rows for f, rows in merged.items()}
 
 
-def plan(config: RunConfig, samples: dict, done: dict) -> list:
+def plan(config: RunConfig, samples: dict, done: dict | None = None) -> list:
     """The missing predictions [(length, spec, task, row)], sample-major within each length: sample i of
     every task and method comes before sample i+1 of any, so a run cut off at any point leaves all
     methods on the same samples (give or take those in progress) and its table compares like with like."""
     depth = max(len(rows) for rows in samples.values())
     return [(L, s, t, samples[L, t][i]) for L in config.lengths for i in range(depth) for t in config.tasks
             for s in config.methods
-            if i < len(samples[L, t]) and str(samples[L, t][i]["index"]) not in done[L, s.label, t]]
+            if i < len(samples[L, t]) and str(samples[L, t][i]["index"]) not in (done or {}).get((L, s.label, t), ())]
 
 
 def share(config: RunConfig, todo: list, process: int, processes: int) -> list:
