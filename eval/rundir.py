@@ -1,4 +1,4 @@
-"""Run-folder machinery shared by the NIAH, LongBench and RULER runners (``--out`` of each).
+"""Run-folder parts of the one run loop (:mod:`eval.runner`) and of the scorers (``--out`` of each benchmark).
 
 What it holds:
 
@@ -8,11 +8,10 @@ What it holds:
   :func:`read_config`), so one folder never mixes two setups;
 - the folder lock (``gemfilter.io.folder_lock``), taken by every append, read and merge below, so two
   runs sharing one ``--out`` lose no row;
-- shards of several processes and their merge: process i appends its rows, fsynced, to its own shard
-  (:func:`append_row`); the main process merges the shards into the result file when every process
-  has finished (:func:`merge_task`, or ``gemfilter.io.merge_jsonl`` with a benchmark's own key);
-- resume of finished rows: a rerun reads the result file and every shard first
-  (:func:`read_finished`, :func:`finished_task`) and computes only what is missing;
+- shards of several processes: process i appends its rows, fsynced, to its own shard
+  (:func:`append_row`); the loop merges them (``gemfilter.io.merge_jsonl``) when every process has finished;
+- resume of finished rows: a rerun reads the result file and every shard first (:func:`read_finished`)
+  and computes only what is missing;
 - loading for a run: :func:`make_state` (accelerate's PartialState), :func:`model_config_for` (the
   config options are checked against before any weights load), :func:`load_for_run`;
 - :func:`check_layers` (a resume must not mix filter layers) and :func:`print_report` (the CLIs' output).
@@ -20,7 +19,7 @@ What it holds:
 Shard names differ between the two layouts: NIAH keeps one ``results.jsonl`` per folder with shards
 ``results.rank{i}.jsonl`` (defined in ``eval.niah.runner``); LongBench and RULER keep one
 ``<task>.jsonl`` per method folder with shards :data:`TASK_SHARD` (``<task>.jsonl.rank{i}``).
-The benchmark-specific parts (row key, required fields, legacy settings) are passed in by each runner.
+The benchmark-specific parts (row key, required fields, legacy settings) come from each benchmark.
 """
 
 from __future__ import annotations
@@ -114,25 +113,6 @@ def read_finished(target: Path, shard_pattern: str, key, *, required=(), skip_no
             for row in read_jsonl(path, required=required, skip_note=skip_note):
                 rows.setdefault(key(row), row)
     return rows
-
-
-def finished_task(folder: Path, task: str, required) -> dict:
-    """_id -> row over ``<task>.jsonl`` and its shards in ``folder`` (first one wins); rows lacking a
-    ``required`` field are skipped with a warning, so their samples are rerun."""
-    return read_finished(Path(folder) / f"{task}.jsonl", TASK_SHARD.format(task, "*"), lambda r: r["_id"],
-                         required=required, skip_note="that sample will be rerun")
-
-
-def merge_task(folder: Path, task: str, order: list, required) -> list:
-    """Write ``<task>.jsonl`` (atomically) in dataset order, then drop the task's shards; return its rows.
-
-    order: the _ids of this run's records; rows of other _ids (from a run with a larger --limit) keep
-    their place after them. required: fields a row must hold (else it is dropped with a warning).
-    """
-    rank = {key: i for i, key in enumerate(order)}
-    # stable sort: unknown _ids keep their order; under the folder lock, which appends also take
-    return merge_jsonl(Path(folder) / f"{task}.jsonl", TASK_SHARD.format(task, "*"), lambda r: r["_id"],
-                       sort_key=lambda r: rank.get(r["_id"], len(rank)), required=required, ensure_ascii=False)
 
 
 def task_names(folder: Path) -> set:

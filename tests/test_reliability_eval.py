@@ -46,9 +46,9 @@ if kind == "niah":
     from eval.niah.runner import merge
     go = lambda: merge(out)
 else:
-    from eval.longbench.runner import ROW_FIELDS
-    from eval.rundir import merge_task
-    go = lambda: merge_task(out, "trec", [], ROW_FIELDS)
+    from eval.longbench.runner import LongBench, RunConfig
+    from eval.runner import Unit, merge
+    go = lambda: merge(LongBench(RunConfig()), out, [Unit("trec.jsonl", None)])
 (out / "merger-ready").touch()
 while not (out / "appender-done").exists():
     go()
