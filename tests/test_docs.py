@@ -5,7 +5,9 @@ folder of the checkout and, with an anchor into a markdown file, one of its head
 A shell line (a ```bash or ```sh block) is checked by its program: a console script of
 pyproject.toml or ``python -m MODULE`` (also behind ``torchrun`` / ``accelerate launch``) must run its
 ``--help`` (the subcommand's when one is named) with exit status 0; ``make T`` must name a Makefile
-target. Engines and system tools named in EXTERNAL are only recognised, not run.
+target. Engines and system tools named in EXTERNAL are only recognised, not run. A document cited by path in
+the code or the documents (``docs/evals.md``, ``feature_probes/mrp/README.md``) must exist, and a section named
+after it in quotes must be one of its headings.
 """
 
 from __future__ import annotations
@@ -152,3 +154,51 @@ def test_documented_make_targets_exist():
     targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), flags=re.M))
     missing = {name for kind, name, _ in COMMANDS if kind == "make"} - targets
     assert not missing, f"documented make targets missing from the Makefile: {missing}"
+
+
+#: a document cited by path from code or prose: the README, a probe's README, or a page under docs/
+DOC_PATH = r"[\w./-]*(?:README|docs/[\w.-]+)\.md"
+#: a cited section: the document's path, then the section's name in quotes (``docs/evals.md, "Choosing ..."``)
+CITED_SECTION = re.compile(rf"({DOC_PATH})(?:'s)?,?\s+(?:section\s+)?[\"“]([^\"”\n]+)[\"”]")
+CITING = [p for folder in ("gemfilter", "eval", "icl_probes", "feature_probes", "tests")
+          for p in sorted((REPO / folder).rglob("*.py")) if p != Path(__file__).resolve()] + DOCS
+
+
+def _headings(path: Path) -> list:
+    return [re.sub(r"[`*]", "", line.lstrip("#").strip()) for line in path.read_text(encoding="utf-8").splitlines()
+            if re.match(r"#{1,6} ", line)]
+
+
+def citation_problems(text: str, source: Path) -> list:
+    """Each cited document (``docs/x.md``, ``README.md``, ``pkg/README.md``) that does not exist, and each quoted
+    section that is not a heading of it. A name may shorten a heading: "Choices" for "Choices (the paper ...)"."""
+    problems = []
+    for match in re.finditer(DOC_PATH, text):
+        path = match[0]
+        if not path.startswith("/") and not (REPO / path).exists() and not (source.parent / path).exists():
+            problems.append(f"{path}: no such file")
+    for path, section in CITED_SECTION.findall(text):
+        doc = REPO / path if (REPO / path).exists() else source.parent / path
+        if not doc.exists():
+            continue  # reported above
+        name = re.sub(r"[`*]", "", section).strip()
+        if not any(h == name or re.match(re.escape(name) + r"[ :(]", h) for h in _headings(doc)):
+            problems.append(f'{path}, "{section}": no such section')
+    return problems
+
+
+def test_every_cited_document_and_section_exists():
+    """Docstrings, comments and documents that name a document, or a section of one, name what is there."""
+    problems = [f"{source.relative_to(REPO)}: {problem}" for source in CITING
+                for problem in citation_problems(source.read_text(encoding="utf-8"), source)]
+    assert not problems, "cited documents or sections that are not there:\n" + "\n".join(problems)
+
+
+def test_the_citation_check_finds_a_moved_section():
+    here = REPO / "gemfilter" / "layers.py"
+    assert citation_problems('see docs/evals.md, "Choosing the embedded model\'s layer".', here) == []
+    assert citation_problems('as icl_probes/label_flip/README.md "Deviations and choices" says', here) == []
+    assert citation_problems('feature_probes/mrp/README.md, "Choices"', here) == []  # a heading's first words
+    assert citation_problems('README.md, "Choosing the embedded model\'s layer"', here) == [
+        'README.md, "Choosing the embedded model\'s layer": no such section']
+    assert citation_problems("measured in docs/nowhere.md", here) == ["docs/nowhere.md: no such file"]

@@ -11,10 +11,10 @@ over loop outputs). The step sizes are either one per loop ("per-loop"; past T t
 or one for all loops ("shared"). One model is trained per (loss, eta mode). The evaluation runs up to
 ``eval_loops`` > T loops and compares the learned Q, P with the construction.
 
-Why the recipe (measured on the cpu preset, see the README): from a random init, plain Adam at a
-constant lr stalls at a one-step solution (error ~0.1) or blows up. A loop curriculum (train on
-1, 2, .., T loops over the first ``curriculum`` steps, as Yang et al. do), a cosine lr decay and gradient
-clipping make it converge.
+Why the recipe (measured on the cpu preset; icl_probes/looped/README.md, "Deviations and choices"): from a
+random init, plain Adam at a constant lr stalls at a one-step solution (error ~0.1) or blows up. A loop
+curriculum (train on 1, 2, .., T loops over the first ``curriculum`` steps, as Yang et al. do), a cosine lr
+decay and gradient clipping make it converge.
 """
 
 from __future__ import annotations
