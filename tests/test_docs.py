@@ -17,6 +17,7 @@ import io
 import re
 import runpy
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -202,3 +203,35 @@ def test_the_citation_check_finds_a_moved_section():
     assert citation_problems('README.md, "Choosing the embedded model\'s layer"', here) == [
         'README.md, "Choosing the embedded model\'s layer": no such section']
     assert citation_problems("measured in docs/nowhere.md", here) == ["docs/nowhere.md: no such file"]
+
+
+def _lock() -> dict:
+    """requirements.lock as {normalized name: version}."""
+    pins = re.findall(r"^([\w.-]+)==(\S+)", (REPO / "requirements.lock").read_text(), flags=re.M)
+    return {re.sub(r"[-_.]+", "_", name.lower()): version for name, version in pins}
+
+
+def _ci_row(job: str) -> str:
+    """The row of docs/setup.md's CI table for ``job`` (its first cell, without backticks)."""
+    rows = [line for line in (REPO / "docs" / "setup.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith(f"| `{job}` |")]
+    assert len(rows) == 1, f"docs/setup.md has {len(rows)} CI table rows for {job}"
+    return rows[0]
+
+
+def test_setup_md_states_the_pins_of_the_floor_job():
+    """The floor job's pins, as ``.ci/versions floor`` computes them from pyproject.toml, plus the lock's torch."""
+    script = (REPO / ".ci" / "versions").read_text()
+    code = re.search(r"\$mode\" = floor \]; then.*?<<'PY'\n(.*?)\nPY\n", script, flags=re.S)[1]
+    floor = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    row = _ci_row("PYTHON=python3.10 .ci/versions floor")
+    assert set(re.findall(r"`([\w-]+==[^`]+)`", row)) == {*floor.stdout.split(), f"torch=={_lock()['torch']}"}
+
+
+def test_setup_md_states_the_lock_s_versions():
+    """The ``make test`` row's versions are the lock's, and the torch every job takes is the lock's."""
+    lock = _lock()
+    stated = re.findall(r"([a-z][\w-]*) (\d+(?:\.\d+)+)", _ci_row("make test").split("the lock:")[1])
+    assert len(stated) >= 5 and {name: lock.get(re.sub(r"[-_.]+", "_", name)) for name, _ in stated} == dict(stated)
+    text = (REPO / "docs" / "setup.md").read_text(encoding="utf-8")
+    assert f"**torch** is {lock['torch']} in every job" in text
