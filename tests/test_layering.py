@@ -130,7 +130,7 @@ def test_the_core_imports_no_command_line_module():
 
 def test_only_command_modules_import_command_modules():
     """The proxy, the engine path, the selector and every other library module are used by commands, never
-    the reverse (serve/engine.py once imported serve/cli.py for its tokenizer check)."""
+    the reverse (serve/engine.py, for instance, must not import serve/cli.py for its tokenizer check)."""
     found = {(src, dst) for src, targets in graph().items() if not in_group(src, CLI)
              for dst in targets if in_group(dst, CLI)}
     assert not found, f"library modules import command-line modules: {sorted(found)}"
