@@ -1,4 +1,6 @@
-"""Pieces shared by the feature probes. Seeding, JSONL, JSON and PNG helpers come from ``icl_probes.common``.
+"""Pieces shared by the feature probes.
+
+Seeding comes from ``icl_probes.common``; every file (JSONL, JSON, PNG) is written through ``icl_probes.io``.
 
 - ``smoothed_relu``: the polynomially smoothed ReLU of both the Midpoint Mixup paper (Def. 4.2, ReLU~ with
   power alpha and threshold rho) and the MRP paper (Sec. 3.2, ReLU-bar with power q and threshold varrho).
@@ -25,12 +27,12 @@ def run_resumable(cfg, jsonl_path, sweep: tuple, units, key_of, compute, *, forc
     interrupted sweep resumes). Returns the rows in the order of ``units``.
 
     force: recompute these units; first their old rows (same settings, one of ``units``) are removed from
-    jsonl_path, atomically under the folder lock, and every other row (other settings, other units) stays.
+    jsonl_path (the file is replaced atomically), and every other row (other settings, other units) stays.
     desc: show a progress bar over the units with this label."""
     from tqdm.auto import tqdm
 
-    from gemfilter.io import remove_jsonl_rows
-    from icl_probes.common import append_jsonl, as_stored, read_jsonl
+    from icl_probes.common import as_stored
+    from icl_probes.io import append_jsonl, read_jsonl, remove_jsonl_rows
 
     units = list(units)
     settings = {key: val for key, val in as_stored(cfg).items() if key not in sweep}
@@ -53,14 +55,16 @@ def run_resumable(cfg, jsonl_path, sweep: tuple, units, key_of, compute, *, forc
 
 
 def start_run(parser, args, argv, prog: str, make_config, jsonl_name: str):
-    """What every feature-probe run subcommand does before computing: check --threads and the config (errors
-    go to the subcommand's parser), record the command line, set torch's threads, create --out and, with
-    Returns (cfg, command, out, fig_dir, jsonl path); --force is the run function's (it drops only the rows it
-    recomputes)."""
+    """What every feature-probe run subcommand does before computing: check --threads, the config, --out and
+    --fig-dir (created if missing; errors go to the subcommand's parser), record the command line and set
+    torch's threads. Returns (cfg, command, out, fig_dir, jsonl path); --force is the run function's (it drops
+    only the rows it recomputes)."""
     import shlex
     import sys
 
     import torch
+
+    from icl_probes.io import check_out_dir
 
     sp = parser.subcommands[args.command]
     if args.threads < 1:
@@ -68,13 +72,12 @@ def start_run(parser, args, argv, prog: str, make_config, jsonl_name: str):
     command = f"python -m {prog} " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
         cfg = make_config(args)
+        out = check_out_dir(args.out)
+        fig_dir = check_out_dir(args.fig_dir, "--fig-dir") if args.fig_dir else out
     except ValueError as err:
         sp.error(str(err))
     torch.set_num_threads(args.threads)
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    jsonl = out / jsonl_name
-    return cfg, command, out, args.fig_dir or out, jsonl
+    return cfg, command, out, fig_dir, out / jsonl_name
 
 
 def add_run_args(sp, presets: dict) -> None:

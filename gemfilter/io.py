@@ -1,7 +1,7 @@
-"""Safe result files, shared by every command (gemfilter, eval, icl_probes, feature_probes).
+"""Safe result files for the plugin's commands and the eval runners (the probes have ``icl_probes.io``).
 
 Why one module: a run must lose nothing and report nothing wrong when it is killed, when two runs
-share one output folder, or when a file was damaged by hand. So every command writes the same way:
+share one output folder, or when a file was damaged by hand. So every such command writes the same way:
 
 - whole files (JSON results, configs, calibration, reports) are written to a temp file in the same
   folder, fsynced and renamed over the target (:func:`write_text_atomic`): a reader sees the old file
@@ -164,7 +164,7 @@ def save_png(fig, path, **kwargs) -> Path:
 
     The PNG goes to a temp file in the same folder, renamed over ``path`` only once complete (:func:`atomic_path`),
     so a full disk or a kill leaves the old figure, never a truncated one. kwargs: ``savefig``'s (dpi 120 unless
-    given, e.g. ``bbox_inches="tight"``). Every figure of the tree is written through this function.
+    given, e.g. ``bbox_inches="tight"``). Every figure of the plugin and the evals is written through this function.
     """
     import matplotlib.pyplot as plt
 

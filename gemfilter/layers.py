@@ -83,8 +83,9 @@ def model_key(model) -> str:
 
 
 def _legacy_path(model) -> Path | None:
-    """Where calibrations were stored before they were keyed by identity (the name as typed): still read for a
-    hub id or an absolute path, never for a relative path (it may have named another folder's model)."""
+    """The calibration file keyed by the model's name as typed rather than by its identity: read when the
+    identity's file is missing, for a hub id or an absolute path, never for a relative path (it may name
+    another folder's model)."""
     name = str(getattr(getattr(model, "config", model), "name_or_path", "") or "")
     if not name or name.rstrip("/").endswith(EMBEDDED_DIR_NAME):
         return None

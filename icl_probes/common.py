@@ -1,9 +1,7 @@
-"""Shared plumbing for the ICL probes: seeding, devices, resumable JSONL, JSON and PNG output.
+"""Shared pieces of the ICL and feature probes: seeding, devices, JSON-ready configs, pyplot.
 
-Every probe (looped transformer, label flip, modular arithmetic) writes its results the same way:
-one JSONL row per finished unit of work (fsynced, so an interrupted run resumes), a results JSON,
-a markdown table and PNG figures. The file plumbing is ``gemfilter.io``'s (atomic writes, locked
-appends), so every command in the repo writes the same way. Nothing here runs at import time.
+The files a probe writes (resumable JSONL rows, results JSON, markdown tables, PNG figures) go through
+``icl_probes.io``. Nothing here runs at import time.
 """
 
 from __future__ import annotations
@@ -11,11 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from pathlib import Path
 
 import torch
-
-from gemfilter import io
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -41,34 +36,12 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ValueError(f"unknown device {name!r}; allowed: auto, cpu, cuda, cuda:N") from err
 
 
-def append_jsonl(path, row: dict) -> None:
-    """Append one row, fsynced, under the folder lock (``gemfilter.io.append_jsonl``): a crash loses
-    at most the row being written, and a torn last line is isolated so only it is lost."""
-    io.append_jsonl(path, row)
-
-
-def read_jsonl(path, required=()) -> list:
-    """All complete rows of a JSONL file ([] if it does not exist). A torn line, a line that is not a
-    JSON object, or one lacking a field of ``required`` is skipped with a warning (its unit is redone)."""
-    return io.read_jsonl(path, required=required)
-
-
 def as_stored(obj):
     """``obj`` as a JSON file gives it back: dataclasses become dicts and tuples lists, so a config
     compares equal to the copy read from a results or config file."""
     if dataclasses.is_dataclass(obj):
         obj = dataclasses.asdict(obj)
     return json.loads(json.dumps(obj))
-
-
-def write_json(path, obj) -> None:
-    """``obj`` as indented JSON, written atomically (a crash leaves the old file, never half a new one)."""
-    io.write_json_atomic(path, obj, indent=2)
-
-
-def read_json(path, what: str = "results file") -> dict:
-    """A JSON object written by :func:`write_json`; CorruptFileError names the file and says to delete it."""
-    return io.read_json_object(path, what, fix=f"Delete {path} to recompute it (or fix it by hand)")
 
 
 def pyplot():
@@ -80,7 +53,3 @@ def pyplot():
 
     return plt
 
-
-def save_png(fig, path) -> Path:
-    """Save ``fig`` as a PNG at ``path`` (parents created) atomically and close it (:func:`gemfilter.io.save_png`)."""
-    return io.save_png(fig, path, dpi=120, bbox_inches="tight")

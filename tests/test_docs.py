@@ -5,7 +5,9 @@ folder of the checkout and, with an anchor into a markdown file, one of its head
 A shell line (a ```bash or ```sh block) is checked by its program: a console script of
 pyproject.toml or ``python -m MODULE`` (also behind ``torchrun`` / ``accelerate launch``) must run its
 ``--help`` (the subcommand's when one is named) with exit status 0; ``make T`` must name a Makefile
-target. Engines and system tools named in EXTERNAL are only recognised, not run.
+target. Engines and system tools named in EXTERNAL are only recognised, not run. A document cited by path in
+the code or the documents (``docs/evals.md``, ``feature_probes/mrp/README.md``) must exist, and a section named
+after it in quotes must be one of its headings.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import io
 import re
 import runpy
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -152,3 +155,83 @@ def test_documented_make_targets_exist():
     targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), flags=re.M))
     missing = {name for kind, name, _ in COMMANDS if kind == "make"} - targets
     assert not missing, f"documented make targets missing from the Makefile: {missing}"
+
+
+#: a document cited by path from code or prose: the README, a probe's README, or a page under docs/
+DOC_PATH = r"[\w./-]*(?:README|docs/[\w.-]+)\.md"
+#: a cited section: the document's path, then the section's name in quotes (``docs/evals.md, "Choosing ..."``)
+CITED_SECTION = re.compile(rf"({DOC_PATH})(?:'s)?,?\s+(?:section\s+)?[\"“]([^\"”\n]+)[\"”]")
+CITING = [p for folder in ("gemfilter", "eval", "icl_probes", "feature_probes", "tests")
+          for p in sorted((REPO / folder).rglob("*.py")) if p != Path(__file__).resolve()] + DOCS
+
+
+def _headings(path: Path) -> list:
+    return [re.sub(r"[`*]", "", line.lstrip("#").strip()) for line in path.read_text(encoding="utf-8").splitlines()
+            if re.match(r"#{1,6} ", line)]
+
+
+def citation_problems(text: str, source: Path) -> list:
+    """Each cited document (``docs/x.md``, ``README.md``, ``pkg/README.md``) that does not exist, and each quoted
+    section that is not a heading of it. A name may shorten a heading: "Choices" for "Choices (the paper ...)"."""
+    problems = []
+    for match in re.finditer(DOC_PATH, text):
+        path = match[0]
+        if not path.startswith("/") and not (REPO / path).exists() and not (source.parent / path).exists():
+            problems.append(f"{path}: no such file")
+    for path, section in CITED_SECTION.findall(text):
+        doc = REPO / path if (REPO / path).exists() else source.parent / path
+        if not doc.exists():
+            continue  # reported above
+        name = re.sub(r"[`*]", "", section).strip()
+        if not any(h == name or re.match(re.escape(name) + r"[ :(]", h) for h in _headings(doc)):
+            problems.append(f'{path}, "{section}": no such section')
+    return problems
+
+
+def test_every_cited_document_and_section_exists():
+    """Docstrings, comments and documents that name a document, or a section of one, name what is there."""
+    problems = [f"{source.relative_to(REPO)}: {problem}" for source in CITING
+                for problem in citation_problems(source.read_text(encoding="utf-8"), source)]
+    assert not problems, "cited documents or sections that are not there:\n" + "\n".join(problems)
+
+
+def test_the_citation_check_finds_a_moved_section():
+    here = REPO / "gemfilter" / "layers.py"
+    assert citation_problems('see docs/evals.md, "Choosing the embedded model\'s layer".', here) == []
+    assert citation_problems('as icl_probes/label_flip/README.md "Deviations and choices" says', here) == []
+    assert citation_problems('feature_probes/mrp/README.md, "Choices"', here) == []  # a heading's first words
+    assert citation_problems('README.md, "Choosing the embedded model\'s layer"', here) == [
+        'README.md, "Choosing the embedded model\'s layer": no such section']
+    assert citation_problems("measured in docs/nowhere.md", here) == ["docs/nowhere.md: no such file"]
+
+
+def _lock() -> dict:
+    """requirements.lock as {normalized name: version}."""
+    pins = re.findall(r"^([\w.-]+)==(\S+)", (REPO / "requirements.lock").read_text(), flags=re.M)
+    return {re.sub(r"[-_.]+", "_", name.lower()): version for name, version in pins}
+
+
+def _ci_row(job: str) -> str:
+    """The row of docs/setup.md's CI table for ``job`` (its first cell, without backticks)."""
+    rows = [line for line in (REPO / "docs" / "setup.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith(f"| `{job}` |")]
+    assert len(rows) == 1, f"docs/setup.md has {len(rows)} CI table rows for {job}"
+    return rows[0]
+
+
+def test_setup_md_states_the_pins_of_the_floor_job():
+    """The floor job's pins, as ``.ci/versions floor`` computes them from pyproject.toml, plus the lock's torch."""
+    script = (REPO / ".ci" / "versions").read_text()
+    code = re.search(r"\$mode\" = floor \]; then.*?<<'PY'\n(.*?)\nPY\n", script, flags=re.S)[1]
+    floor = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    row = _ci_row("PYTHON=python3.10 .ci/versions floor")
+    assert set(re.findall(r"`([\w-]+==[^`]+)`", row)) == {*floor.stdout.split(), f"torch=={_lock()['torch']}"}
+
+
+def test_setup_md_states_the_lock_s_versions():
+    """The ``make test`` row's versions are the lock's, and the torch every job takes is the lock's."""
+    lock = _lock()
+    stated = re.findall(r"([a-z][\w-]*) (\d+(?:\.\d+)+)", _ci_row("make test").split("the lock:")[1])
+    assert len(stated) >= 5 and {name: lock.get(re.sub(r"[-_.]+", "_", name)) for name, _ in stated} == dict(stated)
+    text = (REPO / "docs" / "setup.md").read_text(encoding="utf-8")
+    assert f"**torch** is {lock['torch']} in every job" in text

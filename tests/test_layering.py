@@ -130,7 +130,7 @@ def test_the_core_imports_no_command_line_module():
 
 def test_only_command_modules_import_command_modules():
     """The proxy, the engine path, the selector and every other library module are used by commands, never
-    the reverse (serve/engine.py once imported serve/cli.py for its tokenizer check)."""
+    the reverse (serve/engine.py, for instance, must not import serve/cli.py for its tokenizer check)."""
     found = {(src, dst) for src, targets in graph().items() if not in_group(src, CLI)
              for dst in targets if in_group(dst, CLI)}
     assert not found, f"library modules import command-line modules: {sorted(found)}"
@@ -144,3 +144,23 @@ def test_no_benchmark_imports_another_benchmark_s_report():
              for a in benches for b in benches
              if a != b and in_group(src, (a,)) and in_group(dst, (b + ".report",))}
     assert not found, f"a benchmark imports another's report: {sorted(found)}"
+
+
+def probe_modules() -> dict:
+    """The probes' modules, plus the plugin's so that ``from gemfilter import io`` resolves to ``gemfilter.io``."""
+    return {**module_files(), **module_files("icl_probes"), **module_files("feature_probes")}
+
+
+def test_no_probe_imports_the_plugin_s_file_module():
+    """The probes write their files through ``icl_probes.io``; ``gemfilter.io`` serves the plugin and the evals."""
+    modules = probe_modules()
+    found = sorted(f"{name} imports gemfilter.io" for name, path in modules.items() if not in_group(name, (PACKAGE,))
+                   if "gemfilter.io" in imports_of(name, path, modules))
+    assert found == []
+
+
+def test_the_probe_check_sees_every_spelling_of_the_import(tmp_path):
+    modules = probe_modules()
+    for source in ("from gemfilter import io\n", "import gemfilter.io\n", "def f():\n    from gemfilter.io import x\n"):
+        (tmp_path / "m.py").write_text(source)
+        assert "gemfilter.io" in imports_of("icl_probes.m", tmp_path / "m.py", modules), source

@@ -1,9 +1,9 @@
 """A KV-cache method on a model whose every layer is windowed is refused before any weights load.
 
 SnapKV, H2O and One-Run evict only full-attention layers, so on such a model they would keep the
-whole cache and report the budget. The refusal used to come at the first ``generate``, after the
-model had loaded; the eval runners now check the config first. The model folders here hold a
-config.json and no weights, so a refusal that came any later would be a loading error instead.
+whole cache and report the budget. The eval runners check the config before the model loads, so the
+refusal does not wait for the first ``generate``. The model folders here hold a config.json and no
+weights, so a refusal that came any later would be a loading error instead.
 """
 
 import json

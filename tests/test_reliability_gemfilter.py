@@ -219,7 +219,7 @@ from eval.niah.runner import RunConfig
 from eval.rundir import check_config
 from eval.longbench.report import score_folder
 from gemfilter.inspection.calibrate import calibrate
-from icl_probes.common import write_json
+from icl_probes.io import write_json
 from niah_fixtures import word_tokenizer, write_haystack
 from tiny_models import BUILDERS
 model, tok, hay = BUILDERS["llama"](), word_tokenizer(), write_haystack(root / "hay")

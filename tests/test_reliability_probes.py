@@ -117,7 +117,7 @@ def test_feature_probe_force_recomputes_only_its_own_rows(tmp_path):
     from dataclasses import dataclass
 
     from feature_probes.common import run_resumable
-    from icl_probes.common import read_jsonl
+    from icl_probes.io import read_jsonl
 
     @dataclass(frozen=True)
     class Cfg:
@@ -142,3 +142,18 @@ def test_feature_probe_force_recomputes_only_its_own_rows(tmp_path):
     assert calls == [0, 1, 0, 1] and [r["tag"] for r in rows] == ["new"]
     stored = [(r["settings"]["lr"], r["seed"], r["tag"]) for r in read_jsonl(path)]
     assert sorted(stored) == [(0.1, 0, "old"), (0.1, 1, "new"), (0.2, 0, "other settings")]
+
+
+@pytest.mark.parametrize("probe, argv", [("mrp", ["run", "--preset", "tiny"]),
+                                         ("parity", ["table", "--preset", "tiny"]),
+                                         ("midpoint_mixup", ["sweep"])])
+def test_a_feature_probe_out_or_fig_dir_naming_a_file_is_a_clear_error(tmp_path, capsys, probe, argv):
+    import importlib
+
+    main = importlib.import_module(f"feature_probes.{probe}.cli").main
+    (tmp_path / "file").write_text("x")
+    for extra in (["--out", str(tmp_path / "file")], ["--out", str(tmp_path / "o"), "--fig-dir", str(tmp_path / "file")]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv + extra)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and f"{extra[-2]} {tmp_path / 'file'} is a file, not a folder" in err

@@ -22,7 +22,7 @@ METHODS = {"full"} | {f"{m}_k{k}" for m in ("gemfilter", "gemfilter-span", "snap
 
 @pytest.fixture(scope="module")
 def measured():
-    """(README text, the marker's --num-samples text, its parsed scope, collect() of the committed rows
+    """(docs/ruler.md's text, the marker's --num-samples text, its parsed scope, collect() of the committed rows
     over that scope)."""
     text = (REPO / "docs" / "ruler.md").read_text(encoding="utf-8")
     marker = re.search(r"<!-- ruler-measured: --num-samples (\S+) -->", text)

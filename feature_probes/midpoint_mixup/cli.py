@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from icl_probes.common import pyplot, save_png, write_json
+from icl_probes.common import pyplot
+from icl_probes.io import save_png, write_json, write_text
 from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.midpoint_mixup.experiments import (IMAGES_PRESETS, SWEEPS, SYNTHETIC_PRESETS, run_images,
                                                        run_synthetic, run_units)
@@ -221,7 +222,7 @@ def run_sweep(name: str, jsonl: Path, figs: Path, progress: bool = True) -> str:
     np.atleast_1d(axes)[0].legend(fontsize=7)
     png = save_png(fig, figs / f"midpoint_sweep_{name}.png")
     md = "\n".join(lines) + "\n"
-    (out / "sweep_summary.md").write_text(md, encoding="utf-8")
+    write_text(out / "sweep_summary.md", md)
     return md + f"\nwrote: {out / 'sweep_summary.md'} {png}"
 
 
@@ -247,7 +248,7 @@ def main(argv=None) -> int:
     else:
         name = "midpoint_images.png" if args.preset == "cpu" else f"midpoint_images_{args.preset}.png"
         md, png = images_markdown(rows, asdict(cfg), command), plot_images(rows, figs / name)
-    (out / f"{args.command}_summary.md").write_text(md, encoding="utf-8")
+    write_text(out / f"{args.command}_summary.md", md)
     print(md)
     print("wrote:", out / f"{args.command}_summary.md", png)
     return 0

@@ -12,7 +12,8 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from icl_probes.common import pyplot, save_png, write_json
+from icl_probes.common import pyplot
+from icl_probes.io import save_png, write_json, write_text
 from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.mrp.experiments import PRESETS, run_units
 from gemfilter.entry import command
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
     write_json(out / "mrp_result.json", dict(config=asdict(cfg), command=command, runs=rows))
     md = markdown(rows, asdict(cfg), command)
     png = plot(rows, figs / "mrp_capture.png")
-    (out / "mrp_summary.md").write_text(md, encoding="utf-8")
+    write_text(out / "mrp_summary.md", md)
     print(md)
     print("wrote:", out / "mrp_summary.md", png)
     return 0

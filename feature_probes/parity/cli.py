@@ -12,7 +12,8 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from icl_probes.common import pyplot, save_png, write_json
+from icl_probes.common import pyplot
+from icl_probes.io import save_png, write_json, write_text
 from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.parity.data import ParitySpec
 from feature_probes.parity.experiments import PRESETS, run_table
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     write_json(out / "parity_result.json", dict(config=asdict(cfg), command=command, runs=slim))
     md = markdown(rows, asdict(cfg), command)
     pngs = [plot_curves(rows, figs / "parity_figA1_curves.png"), plot_mds(rows, figs / "parity_figA2_mds.png")]
-    (out / "parity_summary.md").write_text(md, encoding="utf-8")
+    write_text(out / "parity_summary.md", md)
     print(md)
     print("wrote:", out / "parity_summary.md", *pngs)
     return 0

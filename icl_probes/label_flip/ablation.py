@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from ..common import append_jsonl, read_jsonl
+from ..io import append_jsonl, read_jsonl
 from .data import Example, Task, get_task, load_examples
 from .prompts import class_index, eval_indices, format_inputs, format_prefix, n_flips, sample_exemplars
 
@@ -166,7 +166,8 @@ def summary(rows) -> str:
 
 def plot(rows, path, metric: str = "norm") -> None:
     """Fig. 5.3 style: per model, the last-row norm (or mass) per prompt for the four series."""
-    from ..common import pyplot, save_png
+    from ..common import pyplot
+    from ..io import save_png
 
     plt = pyplot()
     models = sorted({r["model"] for r in rows})

@@ -1,7 +1,7 @@
 """``python -m icl_probes.label_flip``: label-flip ICL (Ch. 5 of Z. Shi's 2024 dissertation).
 
 Subcommands: ``datasets`` (the registry), ``llm`` (Figs. 5.1-5.2), ``ablation`` (Fig. 5.3),
-``theory`` (Sec. 5.4). transformers and the model code are imported only by ``llm`` and ``ablation`` (``gemfilter.io`` writes the files).
+``theory`` (Sec. 5.4). transformers and the model code are imported only by ``llm`` and ``ablation`` (``icl_probes.io`` writes the files).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gemfilter.io import atomic_path, check_out_dir, check_png_path, read_text, write_text_atomic
 from gemfilter.entry import command
+from icl_probes.io import check_out_dir, check_png_path, read_text, replacing, write_json, write_text
 
 FIG_DIR = Path(__file__).resolve().parents[1] / "figures"
 
@@ -146,7 +146,7 @@ def _datasets(args) -> int:
 
 def _copy(src: Path, dst) -> None:
     if dst:
-        with atomic_path(dst) as tmp:  # the old figure stays whole until the new one is
+        with replacing(dst) as tmp:  # the old figure stays whole until the new one is
             tmp.write_bytes(src.read_bytes())
         print(f"figure: {dst}")
 
@@ -170,7 +170,7 @@ def _llm(args) -> int:
     rows = llm.run_sweep(cfg, out)
     summary = llm.summarize(rows)
     table = llm.markdown(summary)
-    write_text_atomic(out / "summary.md", table)
+    write_text(out / "summary.md", table)
     print(table)
     llm.plot(summary, out / "label_flip.png", title=f"M={cfg.m}, {len(cfg.seeds)} seeds, {cfg.predict}")
     print(f"rows: {out / 'label_flip.jsonl'}\nplot: {out / 'label_flip.png'}")
@@ -197,7 +197,7 @@ def _ablation(args) -> int:
                                  seed=args.seed, irrelevant=irrelevant, data_dir=args.data_dir,
                                  device=args.device, attn=args.attn)
     table = ablation.summary(rows)
-    write_text_atomic(out / "ablation.md", table)
+    write_text(out / "ablation.md", table)
     print(table)
     ablation.plot(rows, out / "ablation.png")
     print(f"rows: {out / 'ablation.jsonl'}\nplot: {out / 'ablation.png'}")
@@ -206,7 +206,6 @@ def _ablation(args) -> int:
 
 
 def _theory(args) -> int:
-    from ..common import write_json
     from . import theory
 
     try:
@@ -220,7 +219,7 @@ def _theory(args) -> int:
     out = Path(args.out)
     write_json(out / "theory.json", result)
     table = theory.markdown(result)
-    write_text_atomic(out / "theory.md", table)
+    write_text(out / "theory.md", table)
     print(table)
     theory.plot(result, out / "theory.png")
     print(f"results: {out / 'theory.json'}\nplot: {out / 'theory.png'}")

@@ -25,7 +25,7 @@ import torch
 
 from gemfilter.compat import cache_kwargs, output_cache
 
-from ..common import append_jsonl, read_jsonl, write_json
+from ..io import append_jsonl, read_jsonl, write_json
 from .data import get_task, load_examples
 from .prompts import FLIP_SHARES, M_DEFAULT, SEEDS, check_share, class_index, eval_indices, make_prompt
 
@@ -276,7 +276,8 @@ def _shares(summary) -> list:
 
 def plot(summary: dict, path, title: str = "") -> None:
     """One panel per dataset plus the average: accuracy (mean ± std over seeds) vs flip share, a line per model."""
-    from ..common import pyplot, save_png
+    from ..common import pyplot
+    from ..io import save_png
 
     plt = pyplot()
     panels = sorted({d for res in summary.values() for d in res if d != "average"})

@@ -241,7 +241,8 @@ def markdown(result: dict) -> str:
 def plot(result: dict, path) -> None:
     """Two panels: E_w[L] vs sigma^2 per r (lines: Thm 5.4.2, markers: MC +- 2 s.e.) and the
     Thm 5.4.3 gap L(r) - L(r0) vs sigma^2 (lines: theorem, markers: paired MC)."""
-    from ..common import pyplot, save_png
+    from ..common import pyplot
+    from ..io import save_png
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _check(args) -> dict:
     import torch
 
-    from icl_probes.common import resolve_device, write_json
+    from icl_probes.common import resolve_device
+    from icl_probes.io import write_json
     from icl_probes.looped.model import construction, gram_spectrum, looped_forward, sample_tasks
 
     dtype, device = (torch.float64 if args.float64 else torch.float32), resolve_device(args.device)
@@ -164,12 +165,10 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        from gemfilter.io import check_out_dir
+        from icl_probes.io import check_out_dir, check_png_path
 
         check_out_dir(args.out)  # before any compute
         if getattr(args, "png", None):
-            from gemfilter.io import check_png_path
-
             check_png_path(args.png, "--png")
         if args.command == "check":
             _check(args)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from gemfilter.io import write_text_atomic
-from icl_probes.common import append_jsonl, pyplot, read_jsonl, resolve_device, save_png, write_json
+from icl_probes.common import pyplot, resolve_device
+from icl_probes.io import append_jsonl, read_jsonl, save_png, write_json, write_text
 from icl_probes.looped.model import construction, gram_spectrum, looped_forward, query_error, relative_sq_error, sample_tasks
 from icl_probes.looped.outdir import prepare_out
 
@@ -106,7 +106,7 @@ def run_fig81(cfg: Fig81Config, out, png=None, progress: bool = True) -> dict:
             append_jsonl(rows_path, kappa_stats(cfg, n))
     results = summarise(cfg, read_jsonl(rows_path))
     write_json(out / "results.json", results)
-    write_text_atomic(out / "table.md", markdown_table(results))
+    write_text(out / "table.md", markdown_table(results))
     plot(cfg, results, png or out / "fig81.png")
     return results
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gemfilter.io import check_out_dir
-from icl_probes.common import as_stored, read_json, write_json
+from icl_probes.common import as_stored
+from icl_probes.io import check_out_dir, read_json, write_json
 
 
 def prepare_out(out, cfg, kind: str) -> Path:

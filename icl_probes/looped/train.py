@@ -11,10 +11,10 @@ over loop outputs). The step sizes are either one per loop ("per-loop"; past T t
 or one for all loops ("shared"). One model is trained per (loss, eta mode). The evaluation runs up to
 ``eval_loops`` > T loops and compares the learned Q, P with the construction.
 
-Why the recipe (measured on the cpu preset, see the README): from a random init, plain Adam at a
-constant lr stalls at a one-step solution (error ~0.1) or blows up. A loop curriculum (train on
-1, 2, .., T loops over the first ``curriculum`` steps, as Yang et al. do), a cosine lr decay and gradient
-clipping make it converge.
+Why the recipe (measured on the cpu preset; icl_probes/looped/README.md, "Deviations and choices"): from a
+random init, plain Adam at a constant lr stalls at a one-step solution (error ~0.1) or blows up. A loop
+curriculum (train on 1, 2, .., T loops over the first ``curriculum`` steps, as Yang et al. do), a cosine lr
+decay and gradient clipping make it converge.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from gemfilter.io import atomic_path
-from icl_probes.common import append_jsonl, read_jsonl, resolve_device, seed_everything
+from icl_probes.common import resolve_device, seed_everything
+from icl_probes.io import append_jsonl, read_jsonl, replacing
 from icl_probes.looped.model import (construction, gram_spectrum, looped_forward_fast, query_error,
                                      relative_sq_error, sample_tasks)
 from icl_probes.looped.outdir import prepare_out
@@ -234,7 +234,7 @@ def train_one(cfg: TrainConfig, run: str, out, progress: bool = True) -> dict:
         running.append(loss.item())
         bar.update(1)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            with atomic_path(ckpt_path) as tmp:  # a kill mid-save leaves the previous checkpoint intact
+            with replacing(ckpt_path) as tmp:  # a kill mid-save leaves the previous checkpoint intact
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "data_rng": data.get_state(),
                             "step": step}, tmp)
             append_jsonl(out / "rows.jsonl", {"kind": "log", "run": run, "step": step, "loops": cfg.loops_at(step - 1),

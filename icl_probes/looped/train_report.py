@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gemfilter.io import write_text_atomic
-from icl_probes.common import pyplot, save_png, write_json
+from icl_probes.common import pyplot
+from icl_probes.io import save_png, write_json, write_text
 from icl_probes.looped.train import TrainConfig
 
 
@@ -94,6 +94,6 @@ def write_outputs(cfg: TrainConfig, rows: list, out, png=None) -> dict:
     out = Path(out)
     results = summarise(cfg, rows)
     write_json(out / "results.json", results)
-    write_text_atomic(out / "table.md", markdown_table(results))
+    write_text(out / "table.md", markdown_table(results))
     plot(results, png or out / "train.png")
     return results

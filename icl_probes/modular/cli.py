@@ -17,8 +17,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from gemfilter.io import check_out_dir, remove_jsonl_rows, write_text_atomic
-from icl_probes.common import as_stored, read_json, resolve_device, write_json
+from icl_probes.common import as_stored, resolve_device
+from icl_probes.io import check_out_dir, read_json, remove_jsonl_rows, write_json, write_text
 from icl_probes.modular import plots, report
 from icl_probes.modular.experiments import GROK_PRESETS, MLP_PRESETS, TRANSFORMER_PRESETS, run_grokking, run_mlp, run_transformer
 from gemfilter.entry import command
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
             pngs = [plots.plot_grokking(rows, figs / "modular_fig44_grokking.png")]
     except ValueError as err:
         parser.error(str(err))
-    write_text_atomic(out / f"{args.command}_summary.md", md)
+    write_text(out / f"{args.command}_summary.md", md)
     print(md)
     print("wrote:", ", ".join(str(p) for p in [out / f"{args.command}_summary.md", *pngs]))
     return 0

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from icl_probes.common import append_jsonl, as_stored, read_jsonl, seed_everything
+from icl_probes.common import as_stored, seed_everything
+from icl_probes.io import append_jsonl, read_jsonl
 from icl_probes.modular.data import check_kp, make_split
 from icl_probes.modular.fourier import dft2, dft2_interaction_share, dft2_sparsity, frequency_histogram, neuron_power, one_sided_power
 from icl_probes.modular.mlp import PowerMLP, paper_width

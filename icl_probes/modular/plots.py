@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from icl_probes.common import pyplot, save_png
+from icl_probes.common import pyplot
+from icl_probes.io import save_png
 
 
 def plot_neurons(result: dict, path, n: int = 6):
