@@ -56,9 +56,10 @@ def check_config(out: Path, config, write: bool, *, model_config, legacy: dict |
     ``extra`` (recorded, not compared); write: write config.json if there is none (the first row is coming).
     model_config: the transformers config the run uses (:func:`model_config_for`), or None. Its
     ``gemfilter_changes`` (such as Phi 3.5's dropped window, which changes what SnapKV/H2O evict) are
-    part of the setup; a folder from before a change reads as having none, so its rows are not mixed in.
-    legacy: the benchmark's own settings added after folders were written without them, with the value
-    a missing key means (on top of :data:`LEGACY_IDENTITY`).
+    part of the setup; a stored config.json without ``model_changes`` is read as having none, so rows of a
+    changed model are not mixed with them.
+    legacy: the benchmark's own settings a stored config.json may lack, with the value a missing key means
+    (on top of :data:`LEGACY_IDENTITY`).
     """
     path = out / CONFIG
     new = {**config.identity(), "model_changes": list(getattr(model_config, "gemfilter_changes", None) or [])}

@@ -224,7 +224,7 @@ def check_identity(out, ident: dict) -> None:
     if path.is_file():
         old = read_json_object(path, "RULER prepare identity", fix=f"Delete {path} and rerun with the settings "
                                "the samples were prepared with (tokenizer, seed, sources)")
-        old.setdefault("splitter", LEGACY_SPLITTER)  # written before the splitter was recorded
+        old.setdefault("splitter", LEGACY_SPLITTER)  # a prepare.json without the key: LEGACY_SPLITTER made it
         if old != ident:
             diff = ", ".join(f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in ident.items() if old.get(k) != v)
             raise ValueError(f"{out} holds samples prepared with other settings ({diff}); use another --out, or "

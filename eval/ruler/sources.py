@@ -152,7 +152,7 @@ SPLITTERS = {s.name: s for s in (
              "until 2026-11-25 used it"),
 )}
 DEFAULT_SPLITTER = "punkt-english"
-#: what a prepare.json written before the splitter was recorded was made with
+#: the splitter a prepare.json without a ``splitter`` key was made with
 LEGACY_SPLITTER = "punkt-default"
 
 
