@@ -19,6 +19,7 @@ exact is refused by name.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import weakref
 from contextlib import contextmanager
@@ -47,6 +48,24 @@ class Applied:
     def selection(self) -> Selection | None:
         """The last call's selection (None for methods that keep no single index set)."""
         return self.calls[-1].selection if self.calls else None
+
+    def fork(self, cache):
+        """A copy of ``cache`` (filled inside this block) that ``generate`` continues on its own; ``cache`` stays
+        as it was. SCBench drops each answer from the cache: a turn answers on a fork, the next one goes on
+        from the original. The call's per-cache state (decoded positions, masks) is copied with it.
+        """
+        call = self._by_cache.get(cache)
+        if call is None:
+            raise ValueError("fork(): this cache was not filled inside this apply() block")
+        twin = copy.copy(call)
+        for key, value in vars(twin).items():  # decode rebinds tensors but mutates dicts and lists in place
+            if isinstance(value, (dict, list)):
+                setattr(twin, key, copy.copy(value))
+        forked = copy.deepcopy(cache)
+        consumed = self._consumed[cache]
+        self._by_cache[forked] = twin
+        self._consumed[forked] = Consumed(consumed.ids.clone(), consumed.real.clone())
+        return forked
 
 
 @dataclass(frozen=True)

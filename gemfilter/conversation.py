@@ -13,11 +13,18 @@ named protocols say what a turn keeps of the earlier ones:
   setting for cache methods); every later turn feeds only its new tokens (see :func:`gemfilter.apply`).
 - ``full``: no method; the whole cache is kept and extended (prefix reuse).
 
+What stays in the history after a turn (``keep``): ``answers`` (question and answer, as a chat), ``questions``
+(the answer is dropped, from the cache too: SCBench's multi-turn mode, whose next question starts with the
+gold answer), or ``context`` (nothing: every question is asked over the history as it was, SCBench's
+multi-request mode; :meth:`Conversation.prefill` adds the context first). A dropped answer is generated on
+a copy of the cache (``Applied.fork`` under ``reuse``), so the history's cache is never recomputed.
+
 Each turn reports its time to first token, the tokens its answer was generated from, and peak memory.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -31,6 +38,7 @@ from .methods.spec import PromptMethod
 from .selection import Selection, check_causal_decoder, select_cached, sliding_window_of
 
 PROTOCOLS = ("reselect", "reuse", "full")
+KEEPS = ("answers", "questions", "context")
 
 
 @dataclass
@@ -71,7 +79,8 @@ class Conversation:
 
     Parameters: model: a transformers causal LM (batch of one conversation); method: a method object (e.g.
     ``GemFilter(topk=1024)``; None for ``full``); tokenizer: to encode text questions and decode answers;
-    protocol: ``reselect``, ``reuse`` or ``full`` (see the module docstring).
+    protocol: ``reselect``, ``reuse`` or ``full``; keep: ``answers``, ``questions`` or ``context`` (what stays in
+    the history after a turn; see the module docstring).
 
     Example::
 
@@ -80,9 +89,11 @@ class Conversation:
             chat.ask("\\nQuestion: and when ...?", max_new_tokens=50)
     """
 
-    def __init__(self, model, method=None, tokenizer=None, protocol: str = "reselect"):
+    def __init__(self, model, method=None, tokenizer=None, protocol: str = "reselect", keep: str = "answers"):
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
+        if keep not in KEEPS:
+            raise ValueError(f"unknown keep {keep!r}; allowed: {', '.join(KEEPS)}")
         check_causal_decoder(model, need_generate=True)
         if protocol == "full":
             if method is not None and method.name != "full":
@@ -95,7 +106,8 @@ class Conversation:
             method = resolve(model, method)
         if protocol == "reselect":
             _check_reselect(model, method)
-        self.model, self.method, self.tokenizer, self.protocol = model, method, tokenizer, protocol
+        self.model, self.method, self.tokenizer, self.protocol, self.keep = model, method, tokenizer, protocol, keep
+        self._handle = None  # reuse: apply()'s handle, which forks its caches
         self.history = None  # (1, L) every token so far: questions and answers
         self.turns: list[Turn] = []
         self._stack = None
@@ -105,17 +117,34 @@ class Conversation:
     def __enter__(self):
         self._stack = ExitStack()
         if self.protocol == "reuse":
-            self._stack.enter_context(apply(self.model, self.method, tokenizer=self.tokenizer))
+            self._handle = self._stack.enter_context(apply(self.model, self.method, tokenizer=self.tokenizer))
         self._cache = dynamic_cache(self.model.config)
         return self
 
     def __exit__(self, *exc):
         self._stack.close()
-        self._stack = self._cache = None
+        self._stack = self._cache = self._handle = None
         return False
 
+    def prefill(self, context) -> float:
+        """Add ``context`` (text or ids) to the history without answering (SCBench's shared context, before
+        ``keep="context"`` questions); returns the seconds it took. reselect: layers 0..r run on it;
+        reuse: the method's prefill compresses it; full: the whole cache holds it."""
+        if self._stack is None:
+            raise RuntimeError("Conversation.prefill() runs inside `with Conversation(...) as chat:`")
+        new = self._encode(context)
+        history = new if self.history is None else torch.cat([self.history, new], dim=1)
+        start = time.perf_counter()
+        with torch.no_grad():
+            if self.protocol == "reselect":
+                self._select(history, self._cache)
+            else:  # one new token, never fed: the cache ends holding the history alone
+                self.model.generate(history, max_new_tokens=1, do_sample=False, **cache_kwargs(self._cache))
+        self.history = history
+        return time.perf_counter() - start
+
     def ask(self, question, **generate_kwargs) -> Turn:
-        """Append ``question`` (text, or ids (t,) / (1, t)) to the history, answer it, append the answer.
+        """Append ``question`` (text, or ids (t,) / (1, t)) to the history and answer it; ``keep`` says what stays.
 
         generate_kwargs go to ``model.generate`` (greedy unless you say otherwise). Returns the :class:`Turn`.
         """
@@ -135,24 +164,28 @@ class Conversation:
             measured = False
         clock = FirstTokenClock(self._memory if measured else None, _sync(self._memory))
         start = time.perf_counter()
-        selection = None
+        selection, kept = None, None
+        if self.keep == "context" and self.history is None:
+            raise ValueError("keep='context' asks every question over the context: call prefill(context) first")
         if self.protocol == "reselect":
-            selection = self._select(history)
+            selection = self._select(history, copy.deepcopy(self._cache) if self.keep == "context" else self._cache)
             with apply(self.model, Preselected(self.method, selection), tokenizer=self.tokenizer) as handle:
                 out = self.model.generate(history, streamer=clock, **generate_kwargs)
             kept = handle.calls[-1].kept[0]
-        else:  # reuse (inside apply(), entered for the conversation) and full: one cache goes on
-            out = self.model.generate(history, streamer=clock, **cache_kwargs(self._cache), **generate_kwargs)
+            answer = _new(out, history)
+        else:  # reuse (inside apply(), entered for the conversation) and full: the history's cache goes on
+            answer, cache = self._generate(history, clock, generate_kwargs)
+            kept = self._rows_before(cache, answer.shape[1])
         total = time.perf_counter() - start
-        answer = out[:, history.shape[1]:] if torch.is_tensor(out) else out.sequences[:, history.shape[1]:]
-        if self.protocol != "reselect":
-            kept = self._rows_before(answer.shape[1])
         ttft = (clock.first_token - start) if clock.first_token is not None else total
         peak = max(self._memory.peak(), clock.prompt_peak or 0.0) if measured else None
         text = self.tokenizer.decode(answer[0], skip_special_tokens=True) if self.tokenizer is not None else None
         turn = Turn(new_tokens=answer[0], text=text, kept=int(kept), history_tokens=history.shape[1], ttft_s=ttft,
                     total_s=total, peak_mib=peak, selection=selection)
-        self.history = torch.cat([history, answer], dim=1)
+        if self.keep == "answers":
+            self.history = torch.cat([history, answer], dim=1)
+        elif self.keep == "questions":
+            self.history = history
         self.turns.append(turn)
         return turn
 
@@ -176,14 +209,50 @@ class Conversation:
                              f"{tuple(ids.shape)} {ids.dtype}: one conversation per Conversation")
         return ids.long().to(device)
 
-    def _select(self, history) -> Selection:
-        """The method's selection over ``history`` (1, L), running only the tokens the selector has not seen."""
-        return select_cached(self.model, self.method, history, self._cache, self.tokenizer)
+    def _select(self, history, cache) -> Selection:
+        """The method's selection over ``history`` (1, L), running only the tokens ``cache`` has not seen."""
+        return select_cached(self.model, self.method, history, cache, self.tokenizer)
 
-    def _rows_before(self, answer_tokens: int) -> int:
+    def _fork(self):
+        """A copy of the history's cache to answer on, so the answer (and, for ``context``, the question) is dropped."""
+        return self._handle.fork(self._cache) if self.protocol == "reuse" else copy.deepcopy(self._cache)
+
+    def _generate(self, history, clock, kwargs) -> tuple:
+        """(answer (1, t), the cache it was generated on) under reuse / full, as ``keep`` says.
+
+        questions: the history's cache takes the question (generate of one token, never fed), then the answer
+        goes on from a fork; context: the whole turn runs on a fork; answers: on the history's cache itself.
+        """
+        if self.keep == "answers":
+            return _new(self.model.generate(history, streamer=clock, **cache_kwargs(self._cache), **kwargs), history), \
+                self._cache
+        if self.keep == "context":
+            fork = self._fork()
+            return _new(self.model.generate(history, streamer=clock, **cache_kwargs(fork), **kwargs), history), fork
+        limit = kwargs.pop("max_new_tokens", None)
+        first = _new(self.model.generate(history, streamer=clock, max_new_tokens=1, **cache_kwargs(self._cache),
+                                         **kwargs), history)
+        eos = self.model.generation_config.eos_token_id
+        stop = {eos} if isinstance(eos, int) else set(eos or ())
+        if (limit is not None and limit <= 1) or int(first[0, -1]) in stop:
+            return first, self._cache
+        fork = self._fork()
+        prompt = torch.cat([history, first], dim=1)
+        rest = _new(self.model.generate(prompt, **({} if limit is None else {"max_new_tokens": limit - 1}),
+                                        **cache_kwargs(fork), **kwargs), prompt)
+        return torch.cat([first, rest], dim=1), fork
+
+    @staticmethod
+    def _rows_before(cache, answer_tokens: int) -> int:
         """KV rows of the full-attention layers when the answer began (generate never feeds its last token)."""
-        layers = [la for la in self._cache.layers if getattr(la, "sliding_window", None) is None] or self._cache.layers
+        layers = [la for la in cache.layers if getattr(la, "sliding_window", None) is None] or cache.layers
         return min(int(layer.keys.shape[-2]) for layer in layers) - (answer_tokens - 1)
+
+
+def _new(out, prompt):
+    """The new tokens (1, t) of a generate output (a tensor or a ModelOutput) after ``prompt`` (1, L)."""
+    seq = out if torch.is_tensor(out) else out.sequences
+    return seq[:, prompt.shape[1]:]
 
 
 def _sync(memory):
