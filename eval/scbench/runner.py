@@ -1,0 +1,198 @@
+"""SCBench runner on the one run loop: one row per (mode, length, method, task, sample), holding every turn.
+
+Source: microsoft/MInference ``scbench/run_scbench.py`` and ``eval_utils.py`` (see docs/scbench.md). A
+sample is one context with ``turns`` queries; how a turn is fed follows the official runner:
+
+- ``multi-turn``: turn 1 is the first prompt (middle-truncated to ``max_input_length``), each later turn
+  appends its follow-up, which starts with the previous turn's gold answer; the model's own answer is
+  dropped (``Conversation(keep="questions")``), so turn t reads ``turn_input_ids(prompts, tok, t)``.
+- ``multi-request``: the context is prefilled once (``Conversation.prefill``), each query is answered over
+  it alone (``keep="context"``).
+
+Protocols (``gemfilter.conversation``): ``full`` for the baseline (the history's whole cache, prefix
+reuse); cache methods (snapkv, h2o, fastkv) ``reuse`` their compressed cache; prompt methods (gemfilter,
+gemfilter-span) run under each protocol the config names (``reselect``: select again per turn from the
+history's layers 0..r; ``reuse``: turn 1's kept tokens go on). A method's label is its spec, with
+``@reuse`` / ``@reselect`` for prompt methods.
+
+Files: ``OUT/<mode>/<L>/<label>/<task>.jsonl``, one row per sample: ``_id`` (the sample's seed),
+``turns`` ([{turn_idx, prediction, ground_truth, score, ttft_s, total_s, kept, history_tokens}]),
+``prefill_s`` (multi-request: the context's prefill), ``protocol``, ``method``, ``layer``, ``topk``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gemfilter.options import check_against_model
+
+from eval.runner import Benchmark, Unit, run as run_units
+
+from .generate import MAX_TURNS, make_sample
+from .prompts import MODES, build_prompts, max_input_length, truncate_middle
+from .scoring import score_one
+from .tasks import OFFLINE, get_task
+
+#: Fields a stored row must hold to count as done.
+ROW_FIELDS = ("_id", "turns")
+PROMPT_PROTOCOLS = ("reselect", "reuse")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One SCBench experiment.
+
+    model: HF id / local path / None (embedded Gemma 3 270M); methods: method specs (``gemfilter:k=256``);
+    topk, layer: defaults for the specs that do not set them (None: each method's own); protocols: those a
+    prompt method runs under (``reselect``, ``reuse``); modes: ``multi-turn`` and/or ``multi-request``;
+    tasks: official data names with an offline generator; lengths: the window (``--max_seq_length``) the
+    samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries per sample.
+    """
+
+    model: str | None = None
+    methods: tuple = ("full", "gemfilter")
+    topk: int | None = None
+    layer: int | None = None
+    protocols: tuple = ("reselect",)
+    modes: tuple = ("multi-turn",)
+    tasks: tuple = OFFLINE
+    lengths: tuple = (4096,)
+    num_samples: int = 20
+    turns: int = MAX_TURNS
+    attn: str | None = None
+    dtype: str | None = None
+    engine: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def identity(self) -> dict:
+        return {"model": self.model, "topk": self.topk, "layer": self.layer, "turns": self.turns,
+                "dtype": self.dtype}
+
+
+def labelled(config: RunConfig) -> dict:
+    """{label: (Spec, protocol)} for every method under every protocol it runs (see the module docstring)."""
+    from gemfilter.methods import parse_specs
+
+    out = {}
+    for spec in parse_specs(",".join(config.methods), topk=config.topk, layer=config.layer):
+        if spec.kind == "full":
+            out[spec.label] = (spec, "full")
+        elif spec.kind == "cache":
+            out[spec.label] = (spec, "reuse")
+        else:
+            out.update({f"{spec.label}@{p}": (spec, p) for p in config.protocols})
+    return out
+
+
+def validate(config: RunConfig) -> None:
+    """Raise ValueError naming the bad setting and what is allowed."""
+    for name, values, allowed in (("--protocols", config.protocols, PROMPT_PROTOCOLS), ("--modes", config.modes, MODES),
+                                  ("--tasks", config.tasks, OFFLINE)):
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise ValueError(f"{name}: {', '.join(bad) or 'empty'}; allowed: {', '.join(allowed)}")
+    labelled(config)
+    for name, value in (("--num-samples", config.num_samples), ("--turns", config.turns)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if config.engine is not None:
+        raise ValueError("--engine: SCBench runs every turn on this machine (a conversation's cache lives here)")
+
+
+class SCBench(Benchmark):
+    """SCBench on :func:`eval.runner.run`: a unit is one sample's whole conversation (every turn, one row)."""
+
+    name, noun, required = "SCBench", "conversation", ROW_FIELDS
+
+    def __init__(self, config, tokenizer):
+        super().__init__(config)
+        self.tokenizer = tokenizer
+
+    def validate(self) -> None:
+        validate(self.config)
+
+    def check(self, model_config) -> None:
+        from gemfilter.methods import check_for_model
+
+        config = self.config
+        check_against_model(model_config, layer=config.layer, lengths=config.lengths)
+        for spec, _ in labelled(config).values():
+            for length in config.lengths:
+                check_for_model(spec.method(length), model_config, length)
+
+    def units(self, out, state, say) -> list:
+        config, tok = self.config, self.tokenizer()
+        samples = {(L, t, i): make_sample(t, tok, L, config.turns, seed=i)
+                   for L in config.lengths for t in config.tasks for i in range(config.num_samples)}
+        # sample-major, so a run cut off leaves every method on the same samples
+        return [Unit(f"{mode}/{L}/{label}/{t}.jsonl", str(i), (mode, L, label, t, samples[L, t, i]))
+                for mode in config.modes for L in config.lengths for i in range(config.num_samples)
+                for t in config.tasks for label in labelled(config)]
+
+    def row_key(self, row: dict) -> str:
+        return row["_id"]
+
+    def describe(self, units: list) -> str:
+        c = self.config
+        return (f"SCBench: {len(units)} conversations of {c.turns} turns ({len(labelled(c))} methods x "
+                f"{len(c.tasks)} tasks x {len(c.lengths)} lengths x {len(c.modes)} modes)")
+
+    def start(self, model, tok, done: dict):
+        from gemfilter.apply import resolve
+
+        methods = {label: (None if proto == "full" else resolve(model, spec.method()), proto)
+                   for label, (spec, proto) in labelled(self.config).items()}
+
+        def predict(unit: Unit) -> dict:
+            mode, length, label, task, sample = unit.data
+            method, protocol = methods[label]
+            return converse(model, tok, method, protocol, mode, length, task, sample) | {
+                "_id": unit.key, "method": label, "protocol": protocol,
+                "layer": getattr(method, "layer", None), "topk": getattr(method, "topk", None)}
+
+        return predict
+
+    def postfix(self, unit: Unit, row: dict) -> dict:
+        mean = sum(t["score"] for t in row["turns"]) / len(row["turns"])
+        return {"method": unit.data[2], "task": unit.data[3], "acc": f"{mean:.2f}"}
+
+
+def converse(model, tok, method, protocol: str, mode: str, length: int, task: str, sample: dict) -> dict:
+    """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
+
+    method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse`` or ``reselect``;
+    mode: a name in :data:`eval.scbench.prompts.MODES`; length: the window the first prompt is cut to fit.
+    """
+    import gemfilter
+
+    prompts = build_prompts(sample, task, mode)
+    turns = len(prompts.ground_truth)
+    first = truncate_middle(tok.encode(prompts.first), max_input_length(task, length, turns, mode))
+    pieces = [tok.encode(text, add_special_tokens=False) for text in prompts.follow_ups]
+    new = get_task(task).max_new_tokens
+    keep = "questions" if mode == "multi-turn" else "context"
+    rows, prefill_s = [], None
+    with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep) as chat:
+        if mode == "multi-request":
+            prefill_s = chat.prefill(first)
+            asks = pieces
+        else:
+            asks = [first, *pieces]
+        for t, ids in enumerate(asks):
+            turn = chat.ask(ids, max_new_tokens=new)
+            truth = prompts.ground_truth[t]
+            rows.append({"turn_idx": t, "prediction": turn.text, "ground_truth": truth,
+                         "score": score_one(task, turn.text, truth), "ttft_s": round(turn.ttft_s, 4),
+                         "total_s": round(turn.total_s, 4), "kept": turn.kept, "history_tokens": turn.history_tokens})
+    return {"turns": rows, "prefill_s": prefill_s}
+
+
+def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True,
+        max_units: int | None = None) -> dict | None:
+    """Compute the missing conversations of ``config`` into ``out`` (:func:`eval.runner.run`); return
+    {file: rows} (None off the main process)."""
+    from gemfilter.models import load_tokenizer
+
+    bench = SCBench(config, lambda: model_and_tokenizer[1] if model_and_tokenizer else load_tokenizer(config.model))
+    return run_units(bench, out, state=state, model_and_tokenizer=model_and_tokenizer, progress=progress,
+                     max_units=max_units)

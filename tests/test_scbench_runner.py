@@ -1,0 +1,103 @@
+"""gemfilter-scbench's runner (eval/scbench/runner.py) on a tiny random model and a character tokenizer.
+
+Independent check: what the official runner feeds, rebuilt with ``turn_input_ids`` (the official
+``GreedySearch.test`` / ``test_scdq`` path) and answered by plain ``generate`` for ``full``, by a fresh
+``gemfilter.generate`` for ``reselect``; plus resume, labels per protocol and refusals.
+"""
+
+import string
+
+import pytest
+import torch
+
+import gemfilter
+from eval.scbench.prompts import build_prompts, max_input_length, turn_input_ids
+from eval.scbench.runner import RunConfig, labelled, run
+from eval.scbench.tasks import get_task
+from tiny_models import _build
+from transformers import LlamaConfig, LlamaForCausalLM
+
+pytestmark = pytest.mark.usefixtures("quiet")
+CHARS = string.digits + string.ascii_letters + " \n.,:;\"'{}[]()=-_?!/+*%#<>|"
+
+
+class CharTokenizer:
+    """One token per character (92 known, others <unk>); BOS 1, EOS 2, as the tiny models' config."""
+
+    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
+    ids = {c: i + 4 for i, c in enumerate(CHARS[:92])}
+    chars = {i: c for c, i in ids.items()}
+
+    def encode(self, text, add_special_tokens=True):
+        return ([1] if add_special_tokens else []) + [self.ids.get(c, 3) for c in text]
+
+    def decode(self, ids, skip_special_tokens=False):
+        ids = ids.tolist() if torch.is_tensor(ids) else ids
+        return "".join(self.chars.get(int(i), "" if skip_special_tokens else "<s>") for i in ids)
+
+
+TASKS = ("scbench_vt", "scbench_mf")
+BASE = dict(methods=("full", "gemfilter:k=48,layer=2", "snapkv:k=64"), tasks=TASKS, lengths=(2048,), num_samples=2,
+            turns=3, protocols=("reselect", "reuse"))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _build(LlamaForCausalLM, LlamaConfig, max_position_embeddings=4096), CharTokenizer()
+
+
+def test_labels_per_protocol():
+    assert list(labelled(RunConfig(**BASE))) == ["full", "gemfilter:k=48,layer=2@reselect",
+                                                 "gemfilter:k=48,layer=2@reuse", "snapkv:k=64"]
+
+
+@pytest.mark.parametrize("mode", ["multi-turn", "multi-request"])
+def test_turns_are_fed_as_the_official_runner_feeds_them(tiny, tmp_path, mode):
+    model, tok = tiny
+    config = RunConfig(**{**BASE, "modes": (mode,)})
+    merged = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
+    assert len(merged) == 4 * len(TASKS) and all(len(rows) == 2 for rows in merged.values())
+    from eval.scbench.generate import make_sample
+
+    method = gemfilter.get_method("gemfilter", topk=48, layer=2)
+    for task in TASKS:
+        new = get_task(task).max_new_tokens
+        for seed in range(2):
+            prompts = build_prompts(make_sample(task, tok, 2048, 3, seed=seed), task, mode)
+            limit = max_input_length(task, 2048, 3, mode)
+            full = {r["_id"]: r for r in merged[f"{mode}/2048/full/{task}.jsonl"]}[str(seed)]
+            again = {r["_id"]: r for r in merged[f"{mode}/2048/gemfilter:k=48,layer=2@reselect/{task}.jsonl"]}[str(seed)]
+            for t in range(3):
+                ids = torch.tensor([turn_input_ids(prompts, tok, t, max_length=limit)])
+                assert full["turns"][t]["history_tokens"] == ids.shape[1]
+                plain = model.generate(ids, max_new_tokens=new, do_sample=False)[0, ids.shape[1]:]
+                assert full["turns"][t]["prediction"] == tok.decode(plain, skip_special_tokens=True), (task, seed, t)
+                fresh = gemfilter.generate(model, ids, method=method, max_new_tokens=new, do_sample=False)
+                assert again["turns"][t]["prediction"] == tok.decode(fresh.new_tokens[0], skip_special_tokens=True)
+                assert again["turns"][t]["kept"] == min(48, ids.shape[1])
+            assert [t["ground_truth"] for t in full["turns"]] == prompts.ground_truth
+            assert (full["prefill_s"] is None) == (mode == "multi-turn")
+
+
+def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
+    config = RunConfig(**{**BASE, "methods": ("full",), "tasks": ("scbench_mf",)})
+    out = tmp_path / "out"
+    assert len(run(config, out, model_and_tokenizer=tiny, progress=False, max_units=1)["multi-turn/2048/full/scbench_mf.jsonl"]) == 1
+    rows = run(config, out, model_and_tokenizer=tiny, progress=False)["multi-turn/2048/full/scbench_mf.jsonl"]
+    assert [r["_id"] for r in rows] == ["0", "1"]
+    with pytest.raises(ValueError, match="another setup \\(turns: 3 there, 2 now\\)"):
+        run(RunConfig(**{**BASE, "methods": ("full",), "turns": 2}), out, model_and_tokenizer=tiny, progress=False)
+
+
+@pytest.mark.parametrize("change, msg", [
+    ({"modes": ("chat",)}, "--modes: chat; allowed: multi-turn, multi-request"),
+    ({"protocols": ("full",)}, "--protocols: full; allowed: reselect, reuse"),
+    ({"tasks": ("scbench_qa_eng",)}, "--tasks: scbench_qa_eng; allowed: scbench_kv"),
+    ({"methods": ("gemfilter:k=0",)}, "gemfilter: topk=0 must be >= 1"),
+    ({"turns": 0}, "--turns must be a whole number >= 1"),
+    ({"engine": "http://x"}, "--engine: SCBench runs every turn on this machine"),
+])
+def test_bad_settings_are_refused_before_any_work(tmp_path, change, msg):
+    with pytest.raises(ValueError, match=msg):
+        run(RunConfig(**{**BASE, **change}), tmp_path / "out", model_and_tokenizer=(None, None))
+    assert not (tmp_path / "out").exists()
