@@ -162,12 +162,12 @@ def test_score_accepts_one_method_folder_and_forces_e(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run", "--methods", "full,magic"], "unknown method(s) magic; allowed: fastkv, full, gemfilter"),
+    (["run", "--methods", "full,magic"], "unknown method 'magic'; allowed: fastkv, full, gemfilter"),
     (["run", "--tasks", "hotpotqa,lsht"], "unknown LongBench task 'lsht'; allowed: narrativeqa"),
     (["run", "--e", "--tasks", "narrativeqa"], "--e: narrativeqa has no LongBench-E variant"),
     (["run", "--tasks", "hotpotqa", "--limit", "0"], "--limit must be an int >= 1"),
     (["run", "--tasks", "hotpotqa", "--max-length", "1"], "--max-length must be an int >= 2"),
-    (["run", "--tasks", "hotpotqa", "--topk", "0"], "--topk must be an int >= 1"),
+    (["run", "--tasks", "hotpotqa", "--topk", "0"], "gemfilter: topk=0 must be >= 1"),
     (["run", "--tasks", "hotpotqa", "--threads", "-1"], "--threads must be >= 0"),
     (["score", "nowhere"], "nowhere is not a folder"),
 ])

@@ -180,7 +180,7 @@ def test_cli_end_to_end_on_a_saved_tiny_model(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--methods", "full,nope"], "error: unknown method(s) nope; allowed:"),
+    (["--methods", "full,nope"], "error: unknown method 'nope'; allowed:"),
     (["--lengths", "1k,x"], "error: --lengths: 'x' is not a number"),
     (["--depths", "120"], "error: --depths: '120' is outside [0, 100]"),
     (["--max-cells", "0"], "error: --max-cells must be >= 1"),
