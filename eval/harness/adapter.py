@@ -121,7 +121,7 @@ def check_model_args(pretrained, method, topk, ratio, layer, attn, kwargs: dict)
 
 @register_model("gemfilter")
 class GemFilterLM(HFLM):
-    """``hf`` plus a method: ``method`` (a spec), ``topk`` or ``ratio``, ``layer``, ``attn`` (see the module docstring)."""
+    """``hf`` plus a method: ``method`` (a spec), ``topk`` or ``ratio``, ``layer``, ``attn`` (module docstring)."""
 
     def __init__(self, pretrained="embedded", method="gemfilter", topk=None, ratio=None, layer=None, attn=None,
                  **kwargs):
