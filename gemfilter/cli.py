@@ -6,6 +6,7 @@ Examples::
     gemfilter generate --prompt-file prompt.txt --show-selection
     gemfilter bench --lengths 2000,4000,8000 --methods full,gemfilter,snapkv
     gemfilter generate --prompt-file prompt.txt --method snapkv --topk 512 --model meta-llama/Llama-3.1-8B-Instruct
+    gemfilter generate --prompt-file prompt.txt --method fastkv:k=512,tsp_len=2048
 """
 
 from __future__ import annotations
@@ -19,6 +20,16 @@ from .entry import command
 EPILOG = """The default model is the embedded Gemma 3 270M (offline; the first load dequantizes it and
 caches safetensors under ~/.cache/gemfilter, about 75 s once, then about 3 s).
 Paper: Shi et al. 2024, "Discovering the Gems in Early Layers" (GemFilter)."""
+
+SPEC_EPILOG = """Every command names a method by a spec, NAME[:key=value,...]:
+  gemfilter                           the method with its own defaults ('gemfilter methods NAME' lists them)
+  gemfilter-span:k=256                k is topk: prompt tokens kept (cache methods: KV entries per layer)
+  snapkv:ratio=0.1                    a budget per prompt: topk = max(1, round(0.1 x its tokens))
+  fastkv:k=512,tsp_len=2048,layer=11  any parameter; layer: the filter layer (FastKV: its TSP layer)
+A list (--methods) is comma-separated; a key=value after a comma continues the method before it:
+  --methods full,gemfilter:k=256,layer=11,snapkv   (three methods)
+--topk and --layer are defaults for the methods whose spec sets none (the spec wins); a method without
+that parameter is named in a note. In Python: gemfilter.methods.parse_method('fastkv:k=512,tsp_len=2048')."""
 
 
 def _cmd_methods(args) -> int:
@@ -35,34 +46,37 @@ def _cmd_methods(args) -> int:
               f"parameters (defaults), settable as {args.name}:key=value,...:")
         for key, (type_name, default) in parameters(cls).items():
             print(f"  {key} = {default!r}  [{type_name}]"
-                  + ("  (None: the model's default layer)" if key == "layer" else ""))
+                  + ("  (None: the model's default layer)" if key == "layer" else "")
+                  + ("  (alias k)" if key == "topk" else ""))
+        if "topk" in parameters(cls):
+            print(f"  ratio  [float in (0, 1]]  instead of topk: topk = max(1, round(ratio x prompt tokens)), e.g. "
+                  f"{args.name}:ratio=0.1")
         return 0
     width = max(len(n) for n, _ in describe())
     for name, desc in describe():
         print(f"{name:<{width}}  {REGISTRY[name].kind:<6}  {desc}")
     print("\nkinds: prompt (picks prompt tokens; runs in front of an engine), cache (keeps topk KV rows per layer), "
-          "full (the baseline). In Python, gemfilter.methods.parse_method('NAME:key=value,...') sets any parameter "
-          "(k is topk), e.g. parse_method('fastkv:k=512,tsp_len=2048')")
+          "full (the baseline).\n\n" + SPEC_EPILOG)
     return 0
 
 
-def check_generate_args(args) -> None:
-    """Every option check that needs no weights (the config is enough), so a typo costs no model load."""
-    from .options import check_against_model, check_int
+def check_generate_args(args):
+    """Every option check that needs no weights (the config is enough), so a typo costs no model load; returns
+    the method's :class:`~gemfilter.methods.spec.Spec`."""
+    from .options import check_against_model, check_int, method_specs_of
     from .models import load_config
 
     check_int(args.threads, "--threads", 0)
-    check_int(args.topk, "--topk", 1)
     check_int(args.max_new_tokens, "--max-new-tokens", 1)
-    if args.layer is not None:
-        check_int(args.layer, "--layer", 0)
-    check_against_model(load_config(args.model), layer=args.layer)
+    (spec,) = method_specs_of(args)
+    check_against_model(load_config(args.model), layer=args.layer, specs=(spec,))
+    return spec
 
 
 def _cmd_generate(args) -> int:
     import torch
 
-    from . import generate, get_method, load_model
+    from . import generate, load_model
     from .apply import resolve
     from .io import read_text
 
@@ -71,16 +85,16 @@ def _cmd_generate(args) -> int:
         print(f"error: --prompt-file {path} does not exist or is not a file", file=sys.stderr)
         return 2
     prompt = read_text(path, "prompt file")
-    check_generate_args(args)
+    spec = check_generate_args(args)
     if not prompt.strip():
         print(f"error: --prompt-file {path} is empty; write the prompt (context and question) into it", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.model, attn=args.attn)
-    method = resolve(model, get_method(args.method, layer=args.layer, topk=args.topk))
     enc = tok(prompt, return_tensors="pt").to(model.device)
     n = enc["input_ids"].shape[1]
+    method = resolve(model, spec.method(n, topk=args.topk, layer=args.layer))
     start = time.perf_counter()
     out = generate(model, enc, method=method, tokenizer=tok, max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - start
@@ -88,21 +102,21 @@ def _cmd_generate(args) -> int:
     layer = getattr(method, "layer", None)
     print(answer.strip())
     rows = out.budget.kv_rows if out.budget is not None else ()
-    print(f"\n[{args.method}] kept {out.kept[0]}/{n} prompt tokens"
+    print(f"\n[{spec.label}] kept {out.kept[0]}/{n} prompt tokens"
           + (f" (filter layer {layer})" if layer is not None else "")
           + (f"; KV rows per layer {min(rows)}..{max(rows)}, {out.budget.propagated} tokens through the last layer"
              if rows else "") + f", {seconds:.1f} s", file=sys.stderr)
     if args.show_selection:
         if out.kept_text is None:
-            print(f"[{args.method}] keeps per-head cache entries, not one token set: nothing to show", file=sys.stderr)
+            print(f"[{spec.label}] keeps per-head cache entries, not one token set: nothing to show", file=sys.stderr)
         else:
             print("\n--- kept text ---\n" + out.kept_text[0], file=sys.stderr)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .methods import REGISTRY
     from .models import add_attn_argument
+    from .options import add_method_options
 
     parser = argparse.ArgumentParser(
         prog="gemfilter", description="GemFilter and KV-cache baselines for Hugging Face causal LMs.",
@@ -116,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("methods", help="list the registered methods with a one-line description",
                        description="List the registered methods; with a NAME, print that method's documentation and "
-                       "every parameter with its default (e.g. 'gemfilter methods fastkv').")
+                       "every parameter with its default (e.g. 'gemfilter methods fastkv').", epilog=SPEC_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", nargs="?", default=None, help="a method name: show its docstring and parameter defaults")
     p.set_defaults(func=_cmd_methods)
 
@@ -129,12 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-file", required=True, help="UTF-8 text file holding the whole prompt")
     p.add_argument("--model", default=None,
                    help="Hugging Face id or local path (default: the embedded Gemma 3 270M, offline)")
-    p.add_argument("--method", default="gemfilter", choices=sorted(REGISTRY),
-                   help="selection rule or KV policy (default: gemfilter, paper-faithful); see 'gemfilter methods'")
-    p.add_argument("--layer", type=int, default=None,
-                   help="0-based filter layer (default: the model's documented default, e.g. 13 for Llama 3.1 8B, "
-                   "11 for the embedded model)")
-    p.add_argument("--topk", type=int, default=1024, help="prompt tokens (or cache entries) to keep (default 1024)")
+    add_method_options(p, methods="one", default="gemfilter", default_help="gemfilter (paper-faithful)")
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate, greedy (default 50)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     add_attn_argument(p)

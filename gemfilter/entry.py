@@ -82,7 +82,9 @@ def command(*extras: str, name: str | None = None):
                         require(extra, prog)
                 return main(argv)
             except ErrorExit as err:
-                print(err, file=sys.stderr)
+                if not getattr(err, "printed", False):  # once, where a command runs another (gemfilter bench)
+                    print(err, file=sys.stderr)
+                    err.printed = True
                 raise
             except MissingExtra as err:
                 print(f"error: {err}", file=sys.stderr)

@@ -150,9 +150,9 @@ def test_left_padded_generation_batch_equals_single_rows(tiny_model_dir, tasks):
 def test_model_args_are_checked_with_what_is_allowed(tiny_model_dir):
     from eval.harness.adapter import GemFilterLM
 
-    for kwargs, msg in [({"method": "magic"}, "not a registered method; allowed: .*gemfilter"),
+    for kwargs, msg in [({"method": "magic"}, "unknown method 'magic'; allowed: .*gemfilter"),
                         ({"topk": 8, "ratio": 0.5}, "topk or ratio, not both"),
-                        ({"ratio": 2.0}, r"ratio=2.0 must be a number in \(0, 1\]"),
+                        ({"ratio": 2.0}, r"gemfilter: ratio=2 must be in \(0, 1\]"),
                         ({"layer": 9}, r"layer=9 is outside \[0, 4\)")]:
         with pytest.raises(ValueError, match=msg):
             GemFilterLM(pretrained=str(tiny_model_dir), dtype="float32", **kwargs)

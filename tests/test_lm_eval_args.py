@@ -45,7 +45,8 @@ def no_load(monkeypatch):
     ("layer=9", r"layer=9 is outside \[0, 4\)"),
     ("layer=-1", r"layer=-1 must be a 0-based whole number >= 0"),
     ("attn=warp", "attn='warp' is not a kernel; allowed: banded, sdpa"),
-    ("topk=-1", "topk=-1 must be a whole number >= 1"),
+    ("topk=-1", "gemfilter: topk=-1 must be >= 1"),
+    ("method=fastkv:k=512,tsp_len=0", "fastkv: tsp_len=0 must be >= 1"),  # tsp_len: its own key, in the spec
     ("colour=blue", "unknown key\\(s\\) colour; allowed: pretrained, method, topk, ratio, layer, attn and the harness"),
     ("batch_size=4", "batch_size is the harness's own option; give it as --batch_size"),
     ("method=snapkv,topk=16", "snapkv: topk=16 must exceed the window of 32"),

@@ -75,8 +75,9 @@ def no_model(monkeypatch):
 
 @pytest.mark.parametrize("argv, msg", [
     (["--threads", "-2"], "--threads must be a whole number >= 0, got -2"),
-    (["--topk", "0"], "--topk must be a whole number >= 1, got 0"),
+    (["--topk", "0"], "gemfilter: topk=0 must be >= 1"),  # the method checks its own budget
     (["--layer", "4"], "--layer 4 is outside [0, 4)"),
+    (["--method", "gemfilter:layer=4"], "gemfilter:layer=4: layer=4 is outside [0, 4)"),
 ])
 def test_generate_checks_options_before_loading(tiny_model_dir, tmp_path, capsys, no_model, argv, msg):
     prompt = tmp_path / "p.txt"
@@ -140,7 +141,7 @@ def _never(*a, **k):
 
 
 @pytest.mark.parametrize("extra, msg", [
-    (["--topk", "0"], "--topk must be a whole number >= 1"),
+    (["--methods", "gemfilter", "--topk", "0"], "gemfilter: topk=0 must be >= 1"),
     (["--threads", "-1"], "--threads must be a whole number >= 0"),
     (["--lengths", "inf"], "--lengths: 'inf' is not a finite number"),
     (["--lengths", "300.9"], "--lengths: '300.9' must be a positive whole number"),

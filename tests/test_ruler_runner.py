@@ -227,8 +227,8 @@ def test_ratio_budget_and_bad_input(tiny, tiny_model_dir, tmp_path, capsys):
     assert [(r["topk"], r["kept"]) for r in rows[512, "h2o_r0.75", "vt"]] == [(46, 46)]  # round(0.75 * 62)
     base = ["run", "--model", str(tiny_model_dir), "--out", str(out), "--tasks", "vt", "--lengths", "512"]
     for extra, msg in [(["--methods", "full,nope"], "unknown method 'nope'; allowed:"),
-                       (["--topk", "8,x"], "--topk: 'x' is not a number; give whole numbers >= 1"),
-                       (["--topk", "0"], "--topk: '0' must be a whole number >= 1"),
+                       (["--topk", "8,x"], "--topk: 'x' is not a whole number; give budgets like 256,512"),
+                       (["--topk", "0"], "gemfilter: topk=0 must be >= 1"),
                        (["--ratio", "1.5"], "--ratio must be a fraction in (0, 1]"),
                        (["--num-samples", "0"], "--num-samples must be an int >= 1"),
                        (["--lengths", "4x"], "--lengths: '4x' is not a whole number"),

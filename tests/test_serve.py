@@ -98,9 +98,13 @@ def test_models_are_the_engine_s(proxy):
 @pytest.mark.parametrize("body, raw, message", [
     (None, b"{not json", "the body is not valid JSON"),
     (None, b"[1, 2]", "the body must be a JSON object, got list"),
-    ({"prompt": PROMPT, "gemfilter": {"method": "nope"}}, None, "method 'nope' cannot run in front of an engine; allowed: full"),
+    ({"prompt": PROMPT, "gemfilter": {"method": "nope"}}, None, "unknown method 'nope'; allowed: fastkv, full"),
     ({"prompt": PROMPT, "gemfilter": {"method": "snapkv"}}, None, "KV-cache methods such as snapkv evict inside"),
-    ({"prompt": PROMPT, "gemfilter": {"topk": 0}}, None, "topk must be an int >= 1, got 0"),
+    ({"prompt": PROMPT, "gemfilter": {"topk": 0}}, None, "gemfilter: topk=0 must be >= 1"),
+    ({"prompt": PROMPT, "gemfilter": {"topk": "9"}}, None, "gemfilter: topk must be an int, got '9'"),
+    ({"prompt": PROMPT, "gemfilter": {"method": "gemfilter:k=0"}}, None, "gemfilter: topk=0 must be >= 1"),
+    ({"prompt": PROMPT, "gemfilter": {"method": "gemfilter:k=8", "topk": 9}}, None, "give the budget once"),
+    ({"prompt": PROMPT, "gemfilter": {"method": "gemfilter:layer=1"}}, None, "selector holds layers 0..2"),
     ({"prompt": PROMPT, "gemfilter": {"layer": 3}}, None, "unknown gemfilter option.s. layer; allowed: method, topk"),
     ({"prompt": PROMPT, "gemfilter": 5}, None, "'gemfilter' must be an object"),
     ({"prompt": ["a", "b"]}, None, "one prompt per request"),
@@ -188,3 +192,14 @@ def test_serve_and_bench_report_an_unreachable_engine_without_a_traceback(capsys
     assert "error: the engine at " in capsys.readouterr().err
     with pytest.raises(SystemExit, match="error: the engine at .* is unreachable"):
         bench_main(["--engine", url, "--methods", "gemfilter", "--lengths", "1k", "--out", str(tmp_path / "b")])
+
+
+def test_a_method_spec_sets_the_budget_and_a_request_topk_replaces_it(make_proxy, stub, model):
+    url = make_proxy(method="gemfilter-span:k=20", topk=None)
+    text = "A b c. D e f g. " * 4 + "Question?"
+    status, answer, _ = post(url + "/v1/completions", {"prompt": text})
+    assert status == 200 and (answer["gemfilter"]["method"], answer["gemfilter"]["topk"]) == ("gemfilter-span:k=20", 20)
+    status, answer, _ = post(url + "/v1/completions", {"prompt": text, "gemfilter": {"topk": 24}})
+    assert status == 200 and answer["gemfilter"]["topk"] == 24 and answer["gemfilter"]["kept_tokens"] == 24
+    status, answer, _ = post(url + "/v1/completions", {"prompt": text, "gemfilter": {"method": "gemfilter:k=30"}})
+    assert status == 200 and (answer["gemfilter"]["method"], answer["gemfilter"]["kept_tokens"]) == ("gemfilter:k=30", 30)

@@ -10,14 +10,18 @@ Paper: Shi et al. 2024 (GemFilter); every method of ``gemfilter methods`` runs t
   context only (the split is the request's own) and scores the continuation.
 
 ``model_args`` (``--model_args`` or ``simple_evaluate(model="gemfilter", model_args=...)``):
-``pretrained`` (``embedded`` for the embedded Gemma 3 270M, the default), ``method`` (a registry name,
-default ``gemfilter``), ``topk`` (tokens kept or cache budget) or ``ratio`` (topk = ratio x the prompt's
-tokens), ``layer`` (filter / TSP layer; default the model's), ``attn`` (``banded``, ``sdpa``, ``eager``),
-and every argument of the harness's ``hf`` model (``dtype``, ``revision``, ...). ``batch_size``,
+``pretrained`` (``embedded`` for the embedded Gemma 3 270M, the default), ``method`` (a method spec, as on
+every command line: ``gemfilter-span:k=256``, ``snapkv:ratio=0.1``; default ``gemfilter``), ``topk`` (tokens
+kept or cache budget) or ``ratio`` (topk = ratio x the prompt's tokens) and ``layer`` (filter / TSP layer;
+default the model's) for a spec that sets none, any other parameter of the method as its own key (the
+harness splits model_args at commas: ``method=fastkv:k=512,tsp_len=2048`` gives ``tsp_len`` its own key,
+which joins the spec), ``attn`` (``banded``, ``sdpa``, ``eager``), and every argument of the harness's
+``hf`` model (``dtype``, ``revision``, ...). ``batch_size``,
 ``max_batch_size`` and ``device`` are the harness's own options (``--batch_size``, ``simple_evaluate(batch_size=)``).
-Every bad model_arg is a ValueError naming it and what is allowed, before the model loads (from its config).
+Every bad model_arg is a ValueError naming it and what is allowed, before the model loads (from its config);
+a bad spec gets the message every command line gives it (``gemfilter: topk=0 must be >= 1``).
 
-Defaults are recorded: the results JSON's ``config`` holds ``gemfilter_method``, ``gemfilter_topk``,
+Defaults are recorded: the results JSON's ``config`` holds ``gemfilter_method`` (the spec), ``gemfilter_topk``,
 ``gemfilter_ratio`` and ``gemfilter_layer`` (the resolved layer). ``ratio`` gives each row of a generation batch
 its own budget (ratio x that row's tokens, padding excluded). Whole-document tasks (``loglikelihood_rolling``,
 e.g. perplexity) are refused for every method but ``full``: their windows have no context to select from.
@@ -36,10 +40,9 @@ from lm_eval.models.huggingface import HFLM
 
 import gemfilter
 from gemfilter.apply import resolve
-from gemfilter.methods import REGISTRY
+from gemfilter.methods import REGISTRY, FullMethod
 from gemfilter.score import continuation_logits
 
-DEFAULT_TOPK = 1024
 OWN_ARGS = ("pretrained", "method", "topk", "ratio", "layer", "attn")
 #: the harness passes these itself (--batch_size, --max_batch_size, --device): in model_args they would collide
 HARNESS_ARGS = ("batch_size", "max_batch_size", "device")
@@ -59,55 +62,72 @@ def _whole(value):
     return value if isinstance(value, int) else None
 
 
-def check_model_args(pretrained, method, topk, ratio, layer, attn, kwargs: dict) -> tuple:
-    """Every model_args check that needs no weights (the model's config is read); returns (topk, layer) as ints.
+def method_spec(method, ratio, extra: dict) -> str:
+    """The spec text of model_args ``method`` (a spec such as ``gemfilter-span:k=256``), with ``ratio`` and the
+    method parameters given as their own model_args (the harness splits model_args at every comma, so
+    ``method=fastkv:k=512,tsp_len=2048`` arrives as ``method=fastkv:k=512`` and ``tsp_len=2048``)."""
+    items = [f"{k}={_shown(v)}" for k, v in extra.items()] + ([f"ratio={_shown(ratio)}"] if ratio is not None else [])
+    text = str(method)
+    return text + ("," if ":" in text else ":") + ",".join(items) if items else text
 
-    ValueError naming the bad model_arg and what is allowed: an unknown key, a method, topk, ratio, layer or
-    attn out of range, and a KV-cache method's budget (e.g. SnapKV's topk must exceed its window)."""
+
+def check_model_args(pretrained, method, topk, ratio, layer, attn, kwargs: dict) -> tuple:
+    """Every model_args check that needs no weights (the model's config is read); returns (spec, topk, layer, rest):
+    the method's :class:`~gemfilter.methods.Spec`, topk and layer as ints (defaults for the spec), and the
+    kwargs left for the harness's hf model.
+
+    ValueError naming the bad model_arg and what is allowed: an unknown key, a layer or attn out of range; the
+    method spec, with ``topk``/``layer`` as its defaults, is checked by :func:`~gemfilter.methods.parse_spec`
+    with the same message as on every command line (e.g. ``gemfilter: topk=0 must be >= 1``), and a KV-cache
+    method's budget against the model (e.g. SnapKV's topk must exceed its window)."""
     import inspect
 
     from gemfilter.models import ATTN_CHOICES, load_config
-    from gemfilter.methods import check_for_model
+    from gemfilter.methods import check_for_model, parse_spec
+    from gemfilter.methods.spec import parameters
+    from gemfilter.options import check_against_model
 
     known = set(OWN_ARGS) | {n for n, p in inspect.signature(HFLM.__init__).parameters.items()
                              if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD} - {"self"}
-    unknown = sorted(set(kwargs) - known)
+    cls = REGISTRY.get(str(method).partition(":")[0])
+    own = [k for k in (parameters(cls) if cls else {}) if k not in known]
+    unknown = sorted(set(kwargs) - known - set(own))
     if unknown:
         raise ValueError(f"model_args: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(OWN_ARGS)} and the "
-                         f"harness's hf model's: {', '.join(sorted(known - set(OWN_ARGS) - set(HARNESS_ARGS)))}")
-    if method not in REGISTRY:
-        raise ValueError(f"model_args method={method!r} is not a registered method; allowed: "
-                         f"{', '.join(sorted(REGISTRY))}")
+                         f"harness's hf model's: {', '.join(sorted(known - set(OWN_ARGS) - set(HARNESS_ARGS)))}"
+                         + (f"; and {cls.name}'s parameters: {', '.join(own)}" if own else ""))
     if topk is not None and ratio is not None:
         raise ValueError("model_args: give topk or ratio, not both")
-    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1):
-        raise ValueError(f"model_args ratio={ratio!r} must be a number in (0, 1] (topk = ratio x prompt tokens)")
-    if topk is not None and (_whole(topk) is None or _whole(topk) < 1):
-        raise ValueError(f"model_args topk={_shown(topk)} must be a whole number >= 1 (tokens kept)")
     if layer is not None and (_whole(layer) is None or _whole(layer) < 0):
         raise ValueError(f"model_args layer={_shown(layer)} must be a 0-based whole number >= 0 (or omitted for the "
                          "model's default)")
     if attn is not None and attn not in ATTN_CHOICES:
         raise ValueError(f"model_args attn={attn!r} is not a kernel; allowed: {', '.join(ATTN_CHOICES)}")
-    topk, layer = _whole(topk), _whole(layer)
+    # the harness reads "-1" as -1.0: a whole float is the int the user typed; any other value the method refuses
+    topk = topk if _whole(topk) is None else _whole(topk)
+    layer = _whole(layer)
+    spec = parse_spec(method_spec(method, ratio, {k: v for k, v in kwargs.items() if k in own}), topk=topk,
+                      layer=layer)
     config = load_config(None if pretrained == "embedded" else pretrained) if isinstance(pretrained, str) \
         else pretrained.config  # a model object (simple_evaluate(model=HFLM-style instance args))
     m = config.get_text_config().num_hidden_layers
     if layer is not None and not layer < m:
         raise ValueError(f"model_args layer={layer} is outside [0, {m}): this model has {m} decoder layers (0-based)")
-    if ratio is None:  # a budget the method cannot run with fails now, not when the first request runs
-        check_for_model(gemfilter.get_method(method, layer=layer, topk=topk or DEFAULT_TOPK), config, 0)
-    return topk, layer
+    check_against_model(config, specs=(spec,))
+    if spec.ratio is None:  # a budget the method cannot run with fails now, not when the first request runs
+        check_for_model(spec.method(topk=topk, layer=layer), config, 0)
+    return spec, topk, layer, {k: v for k, v in kwargs.items() if k not in own}
 
 
 @register_model("gemfilter")
 class GemFilterLM(HFLM):
-    """``hf`` plus a method: ``method``, ``topk`` or ``ratio``, ``layer``, ``attn`` (see the module docstring)."""
+    """``hf`` plus a method: ``method`` (a spec), ``topk`` or ``ratio``, ``layer``, ``attn`` (module docstring)."""
 
     def __init__(self, pretrained="embedded", method="gemfilter", topk=None, ratio=None, layer=None, attn=None,
                  **kwargs):
-        topk, layer = check_model_args(pretrained, method, topk, ratio, layer, attn,
-                                       {k: v for k, v in kwargs.items() if k not in HARNESS_ARGS})
+        spec, topk, layer, rest = check_model_args(pretrained, method, topk, ratio, layer, attn,
+                                                   {k: v for k, v in kwargs.items() if k not in HARNESS_ARGS})
+        kwargs = {**rest, **{k: v for k, v in kwargs.items() if k in HARNESS_ARGS}}
         if pretrained == "embedded":
             from gemfilter.models import embedded_model_dir
 
@@ -116,7 +136,7 @@ class GemFilterLM(HFLM):
         super().__init__(pretrained=pretrained, **kwargs)
         if attn is not None:
             gemfilter.set_attention(self.model, attn)
-        self.method_name, self.topk, self.ratio, self.layer = method, topk, ratio, layer
+        self.spec, self.topk, self.layer = spec, topk, layer
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict, additional_config=None):
@@ -143,16 +163,17 @@ class GemFilterLM(HFLM):
     def get_model_info(self) -> dict:
         """The harness's model info plus this adapter's settings, defaults included (the results JSON's config)."""
         info = super().get_model_info()
-        info.update(gemfilter_method=self.method_name,
-                    gemfilter_topk=None if self.ratio is not None else (self.topk or DEFAULT_TOPK),
-                    gemfilter_ratio=self.ratio, gemfilter_layer=getattr(self.method_for(1), "layer", None))
+        method = self.method_for(1)
+        info.update(gemfilter_method=self.spec.text,
+                    gemfilter_topk=None if self.spec.ratio is not None else getattr(method, "topk", None),
+                    gemfilter_ratio=self.spec.ratio, gemfilter_layer=getattr(method, "layer", None))
         return info
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        if self.method_name != "full":
+        if not isinstance(self.method_for(1), FullMethod):
             names = sorted({str(getattr(r, "task_name", None) or "?") for r in requests})
             raise ValueError(f"task(s) {', '.join(names)} score whole documents (loglikelihood_rolling, e.g. "
-                             f"perplexity): their windows have no context to select from, so {self.method_name} "
+                             f"perplexity): their windows have no context to select from, so {self.spec.text} "
                              "would compress nothing and report the uncompressed score under its name; run them "
                              "with method=full")
         return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
@@ -161,15 +182,13 @@ class GemFilterLM(HFLM):
         self.method_for(1)  # resolved against the loaded model: what the config alone could not check
 
     def method_for(self, prompt_tokens: int):
-        """The resolved method for a prompt of ``prompt_tokens`` tokens (``ratio`` scales with it)."""
-        topk = self.topk if self.ratio is None else max(1, round(float(self.ratio) * prompt_tokens))
-        return resolve(self.model, gemfilter.get_method(self.method_name, layer=self.layer,
-                                                       topk=topk if topk is not None else DEFAULT_TOPK))
+        """The resolved method for a prompt of ``prompt_tokens`` tokens (a ``ratio`` budget scales with it)."""
+        return resolve(self.model, self.spec.method(prompt_tokens, topk=self.topk, layer=self.layer))
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         mask = generation_kwargs.get("attention_mask")
         lengths = [context.shape[1]] * context.shape[0] if mask is None else [int(n) for n in mask.sum(1)]
-        if self.ratio is None or len(set(lengths)) == 1:
+        if self.spec.ratio is None or len(set(lengths)) == 1:
             with gemfilter.apply(self.model, self.method_for(lengths[0]), tokenizer=self.tokenizer):
                 return super()._model_generate(context, max_length, stop, **generation_kwargs)
         # ratio on a left-padded batch of unequal rows: each row's budget is ratio x its own tokens, so the rows

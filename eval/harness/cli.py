@@ -17,8 +17,10 @@ USAGE = """gemfilter-lm-eval: lm-evaluation-harness with every gemfilter method 
       --model_args pretrained=embedded,method=gemfilter-span,topk=256 \\
       --tasks <task> --include_path <dir of task YAMLs> --output_path results/lm-eval --log_samples
 
-model_args: pretrained (HF id, path, or 'embedded'), method (see 'gemfilter methods'), topk or ratio,
-layer, attn (banded, sdpa, eager), and every argument of the harness's 'hf' model (dtype, revision, ...);
+model_args: pretrained (HF id, path, or 'embedded'), method (a spec, e.g. gemfilter-span:k=256 or
+snapkv:ratio=0.1; see 'gemfilter methods NAME'), topk or ratio and layer (defaults for a spec that sets
+none), any other method parameter as its own key (method=fastkv:k=512,tsp_len=2048 works: tsp_len joins
+the spec), attn (banded, sdpa, eager), and every argument of the harness's 'hf' model (dtype, revision, ...);
 batch_size and device are the harness's own --batch_size and --device. 'python -m eval.harness' is the
 same command; plain 'lm_eval --model gemfilter' cannot find the class (from Python: import
 eval.harness.adapter before lm_eval.simple_evaluate). The harness's own help follows.

@@ -64,6 +64,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
+    from gemfilter.options import add_method_options
     from gemfilter.serve.engine import add_engine_argument
 
     from .presets import PRESETS
@@ -91,23 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_argument(r)
     r.add_argument("--preset", default=None, choices=sorted(PRESETS),
                    help="settings of a published run (see below); explicit options override them")
-    r.add_argument("--methods", default=None,
-                   help="comma-separated method names (default: the preset's, else full,gemfilter)")
+    add_method_options(r, default=None, default_help="the preset's, else full,gemfilter")
     r.add_argument("--tasks", default=None,
                    help="comma-separated task configs or aliases (default: all 16; with --e the 13 LongBench-E tasks)")
     r.add_argument("--e", action="store_true", help="LongBench-E: <task>_e data, pred_e/ folder, scores per length bucket")
     r.add_argument("--limit", type=int, default=None, help="first N samples per task (default: all; a quick smoke run)")
-    r.add_argument("--topk", type=int, default=1024,
-                   help="tokens kept (GemFilter) or KV budget (SnapKV, H2O); default 1024 as in the paper")
-    r.add_argument("--layer", type=int, default=None,
-                   help="0-based filter layer (default: the model's, e.g. 13 for Llama 3.1 8B, 11 for the embedded model)")
     r.add_argument("--max-length", default=None,
                    help="prompt tokens kept by middle truncation, k = thousands, e.g. 3.5k (default: the model's "
                    "context window minus 500; "
                    "official configs use 3500, 15500, 31500 for 4K, 16K, 32K models)")
     r.add_argument("--max-length-per-method", default=None, metavar="METHOD=TOKENS,...",
                    help="a max length for some methods, e.g. h2o=8192 (the official H2O cut); the others use "
-                   "--max-length; each METHOD must be one of --methods")
+                   "--max-length; each METHOD must name one of --methods (a name applies to each of its specs)")
     r.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
                    help="model dtype on GPU (default: the loader's; --preset gemfilter-paper: float16, as the "
                    "official runs); CPU always runs float32 and prints so")
@@ -143,7 +139,8 @@ def _settings(config) -> str:
     own = {m: v for m, v in config.method_max_length.items() if m in config.methods}
     if own:
         max_length = f"{max_length} ({', '.join(f'{m} {v}' for m, v in own.items())})"
-    return (f"Model {config.model or 'embedded:gemma3-270m'}; topk {config.topk}, layer {layer}, max_length "
+    topk = "each method's own" if config.topk is None else config.topk
+    return (f"Model {config.model or 'embedded:gemma3-270m'}; topk {topk}, layer {layer}, max_length "
             f"{max_length}, chat template {'on' if config.chat_template else 'off'}"
             + (f", first {config.limit} samples per task" if config.limit else "") + ".")
 
@@ -155,26 +152,29 @@ def _run(args) -> int:
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
-    from gemfilter.options import parse_length, split_names
+    from gemfilter.options import method_specs_of, parse_length
 
     from .presets import PRESETS, paper_max_length, parse_method_lengths
 
     preset = PRESETS.get(args.preset, {})
     tasks = parse_tasks(args.tasks if args.tasks is not None else preset.get("tasks"), e=args.e)
-    methods = split_names(args.methods) if args.methods is not None else preset.get("methods", ("full", "gemfilter"))
+    specs = method_specs_of(args, default=",".join(preset.get("methods", ("full", "gemfilter"))))
+    methods = tuple(s.text for s in specs)
     given = parse_method_lengths(args.max_length_per_method)
-    stray = [m for m in given if m not in methods]
+    stray = [m for m in given if not any(m in (s.text, s.name) for s in specs)]
     if stray:  # the preset's entries may name methods this run leaves out; the user's must not (a typo)
         raise ValueError(f"--max-length-per-method names {', '.join(stray)}, which --methods does not run; allowed: "
-                         f"{', '.join(methods)}")
-    own = {**preset.get("method_max_length", {}), **given}
+                         f"{', '.join(dict.fromkeys(n for s in specs for n in (s.name, s.text)))}")
+    # a method's name applies to each of its specs; the preset's entries first, so the user's win
+    per_name = {**preset.get("method_max_length", {}), **given}
+    own = {s.text: per_name[k] for s in specs for k in (s.name, s.text) if k in per_name}
     max_length = None if args.max_length is None else parse_length(args.max_length, "--max-length")
     if max_length is None and preset:
         max_length = paper_max_length(args.model)  # None: the model's window minus 500
     config = RunConfig(model=args.model, methods=methods, tasks=tuple(t.config for t in tasks),
                        e=args.e, limit=args.limit, topk=args.topk, layer=args.layer, max_length=max_length,
                        chat_template=args.chat_template or preset.get("chat_template", False), data_dir=args.data_dir,
-                       method_max_length={m: v for m, v in own.items() if m in methods}, attn=args.attn,
+                       method_max_length=own, attn=args.attn,
                        dtype=args.dtype or preset.get("dtype"), engine=args.engine,
                        extra={"preset": args.preset, "attn": args.attn or "model default"})
     if args.threads:

@@ -23,7 +23,8 @@ protocols (--protocol): how the context is tokenized around the needle.
                   BOS tokens (two at its start, one right before the needle); the gemfilter-paper
                   preset uses it
 
-methods (gemfilter's registry; --topk/--layer go to those that have them):
+methods (gemfilter's registry), each named by a spec NAME[:key=value,...] (see 'gemfilter methods NAME'),
+e.g. gemfilter-span:k=256, snapkv:ratio=0.1; --topk/--layer go to those that have them and set none:
 {methods}
 
 outputs in --out: results.jsonl (one row per cell: response, rouge1 x10, recall, hit, kept tokens,
@@ -33,6 +34,7 @@ Rerunning the same command skips finished cells, so an interrupted run resumes w
 examples:
   gemfilter-niah --preset cpu-demo --methods full,gemfilter,gemfilter-span,snapkv --out results/niah
   gemfilter-niah --lengths 2k,4k --depths 0,50,100 --methods gemfilter --topk 256 --layer 11
+  gemfilter-niah --preset cpu-demo --methods full,gemfilter:k=256,gemfilter:k=1024,snapkv:ratio=0.1
   gemfilter-niah --report-only --out results/niah          # redraw plots from finished rows
   # several processes (each takes every n-th missing cell; the main one merges the shards):
   accelerate launch --multi_gpu --num_processes 2 -m eval.niah --preset cpu-demo --out results/niah
@@ -46,6 +48,7 @@ The default model is the embedded Gemma 3 270M (offline; first load about 75 s, 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
+    from gemfilter.options import add_method_options
     from gemfilter.serve.engine import add_engine_argument
 
     from .grid import PRESET_SETTINGS
@@ -65,8 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Hugging Face id or local path (default: the embedded Gemma 3 270M, offline)")
     add_attn_argument(p)
     add_engine_argument(p)
-    p.add_argument("--methods", default=None,
-                   help="comma-separated method names (default: the preset's, else full,gemfilter); see the list below")
+    add_method_options(p, default=None, default_help="the preset's, else full,gemfilter; see the list below")
     p.add_argument("--preset", default="cpu-demo", choices=list(PRESETS), help="named grid (default: cpu-demo)")
     p.add_argument("--lengths", default=None,
                    help="context lengths in tokens, comma-separated, k = thousands (e.g. 1000,2k,4k); "
@@ -74,10 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depths", default=None,
                    help="needle depths in percent of the context, comma-separated (e.g. 0,25,50,75,100); "
                    "overrides the preset's depths")
-    p.add_argument("--topk", type=int, default=1024,
-                   help="tokens kept (GemFilter) or KV budget (SnapKV, H2O); default 1024 as in the paper")
-    p.add_argument("--layer", type=int, default=None,
-                   help="0-based filter layer (default: the model's, e.g. 13 for Llama 3.1 8B, 11 for the embedded model)")
     p.add_argument("--prompt", default="gemfilter", choices=["gemfilter", "kamradt-chat"],
                    help="gemfilter: the GemFilter repo's plain 'very long story book' prompt (default); "
                    "kamradt-chat: needlehaystack's system/context/question chat (needs a chat template)")
@@ -103,7 +101,8 @@ def _settings(settings: dict, lengths, depths) -> str:
     """The summary's settings line. settings: the run's identity (RunConfig.identity() or its stored
     config.json); lengths, depths: the grid axes."""
     layer = "model default" if settings.get("layer") is None else settings["layer"]
-    return (f"topk {settings.get('topk')}, layer {layer}, prompt `{settings.get('prompt')}`, "
+    topk = "each method's own" if settings.get("topk") is None else settings["topk"]
+    return (f"topk {topk}, layer {layer}, prompt `{settings.get('prompt')}`, "
             f"protocol `{settings.get('protocol', 'kamradt')}`, max_new_tokens "
             f"{settings.get('max_new_tokens')}, grid {len(lengths)} lengths x {len(depths)} depths. "
             "Score: word recall of the answer (max 11/12), averaged over the cells.")
@@ -121,8 +120,6 @@ def main(argv=None) -> int:
 def _main(args) -> int:
     from pathlib import Path
 
-    from gemfilter.options import split_names
-
     from eval.rundir import read_config
 
     from .grid import preset_settings, resolve_grid
@@ -131,8 +128,10 @@ def _main(args) -> int:
 
     lengths, depths = resolve_grid(args.preset, args.lengths, args.depths)
     preset = preset_settings(args.preset)
-    methods = split_names(args.methods) if args.methods is not None else preset["methods"]
-    config = RunConfig(model=args.model, methods=methods, lengths=lengths, depths=depths,
+    from gemfilter.options import method_specs_of
+
+    specs = method_specs_of(args, default=",".join(preset["methods"]))
+    config = RunConfig(model=args.model, methods=tuple(s.text for s in specs), lengths=lengths, depths=depths,
                        topk=args.topk, layer=args.layer, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
                        haystack_dir=args.haystack_dir, attn=args.attn, protocol=args.protocol or preset["protocol"],
                        dtype=args.dtype or preset["dtype"], engine=args.engine,

@@ -44,8 +44,9 @@ examples:
 
 RUN_EPILOG = """{tasks}
 
-methods (gemfilter's registry; --topk / --ratio / --layer go to those that have them; each budget is
-its own column, e.g. gemfilter_k256 and gemfilter_k1024):
+methods (gemfilter's registry), each named by a spec NAME[:key=value,...] (see 'gemfilter methods NAME'),
+e.g. gemfilter-span:k=256 or fastkv:k=512,tsp_len=2048; --topk / --ratio / --layer go to those that
+have them and set none; each --topk budget is its own column, e.g. gemfilter_k256 and gemfilter_k1024:
 {methods}
 
 pipeline (RULER call_api.py, hf wrapper): prompt = input + answer_prefix, tokenized with the default
@@ -92,6 +93,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
+    from gemfilter.options import add_method_options
     from gemfilter.serve.engine import add_engine_argument
 
     from .sources import DEFAULT_SPLITTER, SPLITTERS
@@ -142,13 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "shardable, then score them and write the table.",
                        epilog=RUN_EPILOG.format(tasks=tasks, methods=methods, layout=LAYOUT))
     common(r)
-    r.add_argument("--methods", default="full,gemfilter", help="comma-separated method names (default: full,gemfilter)")
-    r.add_argument("--topk", default="1024",
-                   help="comma-separated budgets: tokens kept (GemFilter) or KV budget (SnapKV, H2O); default 1024")
-    r.add_argument("--ratio", type=float, default=None,
-                   help="instead of --topk: keep this fraction (0-1] of each prompt's tokens")
-    r.add_argument("--layer", type=int, default=None,
-                   help="0-based filter layer (default: the model's, 11 for the embedded model)")
+    add_method_options(r, topk="list")
     add_attn_argument(r)
     add_engine_argument(r)
     r.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
@@ -206,7 +202,7 @@ def _prepare(args) -> int:
 
 
 def _run(args) -> int:
-    from gemfilter.options import parse_positive_ints, split_names
+    from gemfilter.options import method_specs_of, parse_topks
 
     from .report import write_report
     from .runner import RunConfig, method_specs, run
@@ -214,7 +210,10 @@ def _run(args) -> int:
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
-    specs = method_specs(split_names(args.methods), parse_positive_ints(args.topk, "--topk"), args.ratio)
+    texts = tuple(s.text for s in method_specs_of(args))
+    # one run per --topk budget for the specs that set none; without --topk, the runner's default budgets
+    budgets = {} if args.topk is None else {"topks": parse_topks(args.topk)}
+    specs = method_specs(texts, ratio=args.ratio, **budgets)
     config = RunConfig(model=args.model, methods=specs, tasks=tuple(t.name for t in parse_tasks(args.tasks)),
                        lengths=parse_lengths(args.lengths), num_samples=args.num_samples, layer=args.layer,
                        seed=args.seed, haystack_dir=args.haystack_dir, data_dir=args.data_dir, splitter=args.splitter, attn=args.attn,

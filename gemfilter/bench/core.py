@@ -75,11 +75,12 @@ def device_name(device, cuda=None) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def warmup_tokens(device, n: int, topk: int) -> int:
+def warmup_tokens(device, n: int, topk: int | None) -> int:
     """Prompt length of the untimed warm-up run. On CUDA it is long enough (k + 256) for the method's
     own path to run (SnapKV/H2O skip prompts shorter than k), so kernel selection, cuBLAS handles and
-    allocator growth happen before timing; on CPU a 300-token run covers the first-call overheads."""
-    return min(n, topk + 256) if device.type == "cuda" else min(n, 300)
+    allocator growth happen before timing; on CPU a 300-token run covers the first-call overheads.
+    topk: the method's budget (None for full, which has no path to warm but the model's: 1024 + 256)."""
+    return min(n, (1024 if topk is None else topk) + 256) if device.type == "cuda" else min(n, 300)
 
 
 def _load(model_name, attn, layers, dtype, device, test_shrink, length, seed):
@@ -109,19 +110,21 @@ def _load(model_name, attn, layers, dtype, device, test_shrink, length, seed):
     return model, tok, enc, dict(weights="pretrained", changes=list(getattr(model.config, "gemfilter_changes", [])))
 
 
-def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: int, layer, threads: int = 0,
+def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: int | None, layer, threads: int = 0,
             attn: str | None = None, layers: int | None = None, dtype: str | None = None, device: str | None = None,
             test_shrink: bool = False, seed: int = 0) -> dict:
     """One measurement, in this process. Returns times in seconds and peaks in MiB.
 
     attn: attention kernel (None: the model's default). ``mask_s`` is the time spent building masks
-    during the measured prompt phase and generation. layers, dtype, device, test_shrink, seed: see
+    during the measured prompt phase and generation. method_name: a method spec (``snapkv:k=512``); topk, layer:
+    the command line's defaults for it (None: the method's own). layers, dtype, device, test_shrink, seed: see
     :func:`gemfilter.bench.archs.build_model` (layers and test_shrink only for ``config:<arch>`` models).
     """
     import torch
 
     import gemfilter
     from gemfilter.apply import budget_fields, resolve
+    from gemfilter.methods import parse_spec
 
     if threads:
         torch.set_num_threads(threads)
@@ -130,8 +133,8 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     device = next(model.parameters()).device
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     masks = _MaskTimer(kernel, sync)
-    method = resolve(model, gemfilter.get_method(method_name, layer=layer, topk=topk))
     n = enc["input_ids"].shape[1]
+    method = resolve(model, parse_spec(method_name).method(n, topk=topk, layer=layer))
     from gemfilter.bench.paper import h2o_exclusion
 
     reason = h2o_exclusion(method, model, n, device)
@@ -140,7 +143,7 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
                 "device_name": device_name(device)}
     kw = forced_kwargs(gen_tokens)
     # Untimed warm-up: first-call overheads (CUDA context, kernel choice, allocator) are not what we measure.
-    w = warmup_tokens(device, n, topk)
+    w = warmup_tokens(device, n, getattr(method, "topk", None))
     gemfilter.generate(model, {k: v[:, -w:] for k, v in enc.items()}, method=method, tokenizer=tok, **forced_kwargs(2))
     sync()
     memory = PeakMemory(device)

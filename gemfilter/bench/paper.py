@@ -116,8 +116,9 @@ def paper_table(rows: list, meta: dict, excluded: list = ()) -> str:
         "",
         f"Model: {meta['model']} ({first.get('weights', '?')} weights; changes from the published config: {changes}); "
         f"dtype {first.get('dtype', '?')}; device: {first.get('device', '?')} ({first.get('device_name', '?')}); "
-        f"attention: {first.get('attn', '?')}; k={meta['topk']}; {meta['gen_tokens']} generated tokens, forced for every "
-        f"method; untimed warm-up of {first.get('warmup_tokens', '?')} tokens before each timed run.",
+        f"attention: {first.get('attn', '?')}; k={meta['topk'] or 'per method'}; {meta['gen_tokens']} generated "
+        f"tokens, forced for every method; untimed warm-up of {first.get('warmup_tokens', '?')} tokens before each "
+        "timed run.",
         "Peak memory is the whole run's absolute peak, weights included "
         + ("(torch.cuda.max_memory_allocated)." if str(first.get("device", "")).startswith("cuda")
            else "(process peak RSS, VmHWM: also counts Python and torch themselves)."),

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from ..io import append_jsonl, check_out_dir, read_jsonl, save_png, write_json_atomic, write_text_atomic
-from ..options import check_against_model, parse_lengths
+from ..options import add_method_options, check_against_model, parse_lengths
 from ..entry import ErrorExit, command
 
 DEFAULT_METHODS = "full,gemfilter,snapkv,h2o"
@@ -118,8 +118,9 @@ def _span(values) -> str:
 def markdown(summary: dict, meta: dict) -> str:
     ref = summary.get("ref_kernel")
     lines = [
-        f"Model: {meta['model']}; device: {meta['device']}; threads: {meta['threads']}; top-k: {meta['topk']}; "
-        f"generated tokens: {meta['gen_tokens']}; medians of {meta['repeats']} run(s) per cell, each in a fresh process.",
+        f"Model: {meta['model']}; device: {meta['device']}; threads: {meta['threads']}; "
+        f"top-k: {meta['topk'] or 'per method'}; generated tokens: {meta['gen_tokens']}; medians of {meta['repeats']} "
+        "run(s) per cell, each in a fresh process.",
         "",
         "Ratios ×full and ×snapkv compare with that method on the same kernel"
         + (f"; ×{ref} full compares with `full` on {ref}." if ref else "."),
@@ -204,13 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test-shrink", action="store_true",
                    help="TESTS ONLY: shrink config:<arch> widths/heads by 8 and the vocabulary to 1024; the timings "
                    "then describe no published architecture")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated registry names (default {DEFAULT_METHODS})")
+    add_method_options(p, default=DEFAULT_METHODS)
     p.add_argument("--lengths", default=DEFAULT_LENGTHS,
                    help=f"context lengths in tokens, k = thousands, e.g. 2k,4k (default {DEFAULT_LENGTHS})")
     p.add_argument("--gen-tokens", type=int, default=50, help="tokens generated per run, forced (min = max) for every method (default 50, as in the paper)")
     p.add_argument("--repeats", type=int, default=1, help="runs per cell; medians are reported (default 1)")
-    p.add_argument("--topk", type=int, default=1024, help="k for GemFilter / cache budget per layer for SnapKV, H2O, FastKV (default 1024)")
-    p.add_argument("--layer", type=int, default=None, help="filter layer, or FastKV's TSP layer (default: the model's default; for fastkv its own rule)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads in each worker (default: torch's choice)")
     add_attn_argument(p, multiple=True)
     p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
@@ -255,29 +254,26 @@ OUTPUTS = ("bench.jsonl", "bench.json", "bench.md", "bench.png")
 
 def check_args(args) -> tuple:
     """Every check that needs no measurement, before the first worker starts: (methods, lengths, kernels, out)."""
-    from ..options import check_int
-    from ..methods import check_names
+    from ..options import check_int, method_specs_of
     from ..models import ATTN_CHOICES, load_config
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    check_names(methods)
+    specs = method_specs_of(args)
+    methods = [s.label for s in specs]
     lengths = parse_lengths(args.lengths, "--lengths")
     kernels = [a.strip() for a in args.attn.split(",") if a.strip()] if args.attn else [None]
     bad = [a for a in kernels if a is not None and a not in ATTN_CHOICES]
     if bad or len(set(kernels)) != len(kernels):
         raise ValueError(f"--attn {args.attn!r}: give distinct kernels from {', '.join(ATTN_CHOICES)}")
     for flag, value, low in (("--repeats", args.repeats, 1), ("--gen-tokens", args.gen_tokens, 1),
-                             ("--topk", args.topk, 1), ("--threads", args.threads, 0)):
+                             ("--threads", args.threads, 0)):
         check_int(value, flag, low)
-    if args.layer is not None:
-        check_int(args.layer, "--layer", 0)
     if not args.timeout > 0:
         raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
     out = check_out_dir(args.out, files=OUTPUTS)
     from .archs import is_config_name
 
     if not is_config_name(args.model):  # config:<arch> models are checked by _check_arch_args
-        check_against_model(load_config(args.model), layer=args.layer, lengths=lengths)
+        check_against_model(load_config(args.model), layer=args.layer, lengths=lengths, specs=specs)
         from ..haystack import check_lengths
         from ..models import load_tokenizer
 
@@ -353,7 +349,8 @@ def _main(args) -> int:
             table += "\n" + paper_table([r for r in rows if r.get("attn_arg") == kernel],
                                          dict(meta, preset=args.preset, methods=",".join(methods)), excluded)
     write_text_atomic(out / "bench.md", table)
-    plot(summary, out / "bench.png", f"{meta['model']} on {meta['device']}, k={args.topk}, t={args.gen_tokens}")
+    plot(summary, out / "bench.png",
+         f"{meta['model']} on {meta['device']}, k={args.topk or 'per method'}, t={args.gen_tokens}")
     print(table)
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)
     return 0

@@ -184,6 +184,7 @@ def _cmd_calibrate(args) -> int:
 
 def add_subcommands(sub) -> None:
     from ..models import add_attn_argument
+    from ..options import add_method_options
 
     p = sub.add_parser("inspect", help="per-layer needle distance, last-row attention map, kept positions (PNG)",
                        description="Trace one NIAH prompt through every layer, storing only last rows, and plot "
@@ -193,7 +194,9 @@ def add_subcommands(sub) -> None:
     add_attn_argument(p)
     p.add_argument("--length", default="2000", help="context length in tokens, k = thousands, e.g. 2k (default 2000)")
     p.add_argument("--depth", type=float, default=50, help="needle depth in percent (default 50)")
-    p.add_argument("--topk", type=int, default=256, help="k for the kept sets (default 256)")
+    # k of the traced kept sets, not a method's budget: no method is built, so no --method and its own default
+    add_method_options(p, methods=None, layer=False, topk_default=256,
+                       topk_help="k of the kept sets drawn at every layer, GemFilter's and SnapKV's (default 256)")
     p.add_argument("--haystack-dir", default=None, help="folder of .txt files (default: the PG essays)")
     p.add_argument("--print-selection", type=int, default=None, metavar="LAYER",
                    help="also print GemFilter's kept text at this layer")

@@ -218,8 +218,8 @@ class FastKV(CacheMethod):
     float32; the same in an fp32 model).
 
     TSP fires when the prompt has more than ``tsp_len`` tokens and at least ``topk`` (as officially);
-    otherwise every layer just keeps ``topk`` rows. The command line and the evals set ``topk`` with
-    ``--topk`` (their default 1024) and the TSP layer with ``--layer``.
+    otherwise every layer just keeps ``topk`` rows. On a command line: ``fastkv:k=512,tsp_len=2048,layer=11``,
+    or ``--topk`` / ``--layer`` for every method whose spec sets none.
     """
 
     layer: int | None = None

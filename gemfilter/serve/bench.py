@@ -138,7 +138,7 @@ def markdown(summary: list, meta: dict) -> str:
         return "n/a" if a is None or not b else f"{a / b:.2f}x"
 
     m = meta["method"]
-    lines = [f"# Through the engine: full vs {m} (k={meta['topk']}, layer {meta['layer']})", "",
+    lines = [f"# Through the engine: full vs {m} (k={meta['topk'] or 'its own'}, layer {meta['layer']})", "",
              f"engine {meta['engine']}; {meta['gen_tokens']} new tokens, streamed; medians of {meta['repeats']} "
              f"run(s); selector on {meta['selector_device']}.", "",
              f"| length | prompt tokens | kept | TTFT full (s) | TTFT {m} (s) | TTFT full / {m} | total full (s) | "
@@ -158,16 +158,17 @@ def run(args) -> int:
 
     from ..haystack import build_case, check_lengths, make_haystack
     from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
-    from ..options import check_int, parse_lengths
+    from ..options import check_int, method_specs_of, parse_lengths
     from .cli import connect
     from .proxy import ProxyServer, request_options
 
-    named = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
-    method = named[-1] if named else "gemfilter"
-    if len(named) > 1:  # the help says so; a run with several must say it too, or a user reads b's table as a's
+    specs = method_specs_of(args)
+    spec = specs[-1]
+    method = spec.text
+    if len(specs) > 1:  # the help says so; a run with several must say it too, or a user reads b's table as a's
         print(f"note: --engine measures full against one prompt method, the last of --methods: {method} "
-              f"(not {', '.join(named[:-1])})", file=sys.stderr)
-    if method == "full":
+              f"(not {', '.join(s.text for s in specs[:-1])})", file=sys.stderr)
+    if spec.kind == "full":
         raise ValueError("--engine compares full with a prompt method: give one, e.g. --methods gemfilter")
     request_options({}, {"method": method, "topk": args.topk})
     lengths = parse_lengths(args.lengths, "--lengths")
@@ -175,7 +176,8 @@ def run(args) -> int:
                              ("--threads", args.threads, 0)):
         check_int(value, flag, low)
     out = check_out_dir(args.out, files=OUTPUTS)
-    upstream, selector, _ = connect(args.engine, timeout=args.timeout, model=args.model, layer=args.layer,
+    layer = dict(spec.params).get("layer", args.layer)  # the spec's layer wins, as for every default
+    upstream, selector, _ = connect(args.engine, timeout=args.timeout, model=args.model, layer=layer,
                                     attn=args.attn, threads=args.threads)
     model_id, tok, layer = upstream.default_model(), selector.tokenizer, selector.layer
     check_lengths(tok, lengths)  # before the warm-up: a length too short for the needle is one line
@@ -200,7 +202,7 @@ def run(args) -> int:
             for route, url, m in routes:
                 try:
                     stream_timed(url, {"model": model_id, "prompt": warm, "max_tokens": 2, "temperature": 0,
-                                       **({"gemfilter": {"method": m, "topk": args.topk}} if url == proxy else {})},
+                                       **({"gemfilter": {"method": m}} if url == proxy else {})},
                                  args.timeout)
                 except BrokenStream as err:
                     raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
@@ -211,7 +213,7 @@ def run(args) -> int:
             ids = tok(f"Run {uuid.uuid4().hex[:8]}.\n" + case.prompt, add_special_tokens=case.add_special_tokens)[
                 "input_ids"]
             body = {"model": model_id, "prompt": ids, "max_tokens": args.gen_tokens, "min_tokens": args.gen_tokens,
-                    "ignore_eos": True, "temperature": 0, "gemfilter": {"method": m, "topk": args.topk}}
+                    "ignore_eos": True, "temperature": 0, "gemfilter": {"method": m}}  # the server's --topk
             if url != proxy:
                 del body["gemfilter"]
             where = dict(meta, length=n, route=route, repeat=i)

@@ -9,6 +9,8 @@ answer's ``usage.prompt_tokens`` is set back to the client's prompt length (the 
 
 from __future__ import annotations
 
+import dataclasses
+
 MAX_BODY = 64 * 2**20
 OPTIONS = ("method", "topk")
 #: Chat fields the engine's completions endpoint cannot serve for a rewritten chat prompt.
@@ -25,25 +27,48 @@ class BadRequest(ValueError):
     """The client's request is wrong (HTTP 400)."""
 
 
-def request_options(body: dict, defaults: dict) -> dict:
-    """The request's method and topk: the ``gemfilter`` field over the server's defaults, checked."""
+def request_options(body: dict, defaults: dict, layer: int | None = None) -> dict:
+    """The request's method and topk: the ``gemfilter`` field over the server's defaults, checked.
+
+    body: the request; defaults: ``{"method": spec text, "topk": int or None}`` (``--method``, ``--topk``);
+    layer: the selector's filter layer (a spec may name only that one). Returns ``{"method": Spec, "topk":
+    default budget or None}``: a ``topk`` in the request replaces the method's budget, a server's ``--topk``
+    applies where the spec sets none.
+    """
+    from ..methods import parse_spec
     from .selector import prompt_methods
 
     given = body.get("gemfilter", {})
     if not isinstance(given, dict):
-        raise BadRequest(f"'gemfilter' must be an object such as {{\"method\": \"gemfilter\", \"topk\": 1024}}, "
-                         f"got {type(given).__name__}")
+        raise BadRequest(f"'gemfilter' must be an object such as {{\"method\": \"gemfilter-span:k=512\"}} or "
+                         f"{{\"topk\": 1024}}, got {type(given).__name__}")
     unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
         raise BadRequest(f"unknown gemfilter option(s) {', '.join(unknown)}; allowed: {', '.join(OPTIONS)}")
-    opts = {**defaults, **given}
-    if opts["method"] not in prompt_methods():
-        raise BadRequest(f"method {opts['method']!r} cannot run in front of an engine; allowed: "
+    try:
+        spec = parse_spec(given.get("method", defaults["method"]))
+    except (ValueError, AttributeError) as err:  # AttributeError: a method that is not a string
+        raise BadRequest(str(err) if isinstance(err, ValueError) else
+                         f"method must be a string such as \"gemfilter-span:k=512\", got {given['method']!r}") from None
+    if spec.kind not in ("prompt", "full"):
+        raise BadRequest(f"method {spec.text!r} cannot run in front of an engine; allowed: "
                          f"{', '.join(prompt_methods())} (KV-cache methods such as snapkv evict inside the engine)")
-    topk = opts["topk"]
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise BadRequest(f"topk must be an int >= 1, got {topk!r}")
-    return opts
+    topk = defaults.get("topk")
+    if given.get("topk") is not None:
+        if "method" in given and (spec.ratio is not None or "topk" in dict(spec.params)):
+            raise BadRequest(f"give the budget once: method {spec.text!r} sets it, and so does topk")
+        # the request's topk replaces the budget of whichever spec it runs with
+        spec = dataclasses.replace(spec, params=tuple(p for p in spec.params if p[0] != "topk"), ratio=None)
+        topk = given["topk"]
+    own = dict(spec.params).get("layer")
+    if own is not None and layer is not None and own != layer:
+        raise BadRequest(f"{spec.text}: layer={own}, but this proxy's selector holds layers 0..{layer}: it filters "
+                         f"at layer {layer} only")
+    try:
+        spec.method(1, topk=topk)  # the budget is checked by the method, with its own message
+    except (ValueError, TypeError) as err:
+        raise BadRequest(str(err)) from None
+    return {"method": spec, "topk": topk}
 
 
 def check_types(body: dict) -> None:

@@ -4,6 +4,7 @@ Example (vLLM serving the same model, then the proxy in front of it)::
 
     vllm serve ~/.cache/gemfilter/gemma3-270m-dequantized --port 8000
     gemfilter serve --upstream http://127.0.0.1:8000/v1 --port 8100 --topk 1024
+    gemfilter serve --upstream http://127.0.0.1:8000/v1 --method gemfilter-span:k=512
     curl http://127.0.0.1:8100/v1/completions -H 'Content-Type: application/json' \\
          -d '{"prompt": "...long context... Question: ...", "max_tokens": 50, "temperature": 0}'
 """
@@ -18,8 +19,10 @@ import sys
 
 EPILOG = """Each request runs the selection on a local model that holds only layers 0..r (embeddings,
 those layers and the final norm; no LM head) and sends the kept token ids to the engine's
-/v1/completions. Prompts of at most --topk tokens, and method "full", pass through unchanged.
-Override per request with {"gemfilter": {"method": "gemfilter-span", "topk": 512}} in the body.
+/v1/completions. Prompts of at most the method's topk tokens, and method "full", pass through
+unchanged. Override per request with {"gemfilter": {"method": "gemfilter-span:k=512"}} in the body
+(a method spec, as --method), or {"gemfilter": {"topk": 512}} (replaces the method's budget).
+A spec's layer must be the selector's: layers 0..r are all it holds.
 The embedded model's chats use Gemma 3's chat template (its tokenizer has none).
 
 Errors are JSON: 400 for the client's faults (naming the field), 408 for a client that stops sending,
@@ -54,6 +57,7 @@ def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, thre
 
 def add_parser(sub) -> None:
     from ..models import add_attn_argument
+    from ..options import add_method_options
 
     p = sub.add_parser("serve", help="OpenAI-compatible proxy: select on layers 0..r, generate on an engine (vLLM)",
                        description="Serve /v1/completions, /v1/chat/completions (streaming included) and /v1/models "
@@ -66,10 +70,9 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None,
                    help="selector model: Hugging Face id or local path, the engine's model or one with its tokenizer "
                         "(default: the embedded Gemma 3 270M)")
-    p.add_argument("--method", default="gemfilter", help="default method: full, gemfilter (paper), gemfilter-span, "
-                   "middle-row, largest-row (default gemfilter)")
-    p.add_argument("--topk", type=int, default=1024, help="default number of prompt tokens kept (default 1024)")
-    p.add_argument("--layer", type=int, default=None, help="filter layer r (default: the model's default)")
+    add_method_options(p, methods="one", default="gemfilter",
+                       default_help="gemfilter (paper); full or a prompt method (kind 'prompt' in 'gemfilter "
+                       "methods'); the selector holds layers 0..r of its layer")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8100,
                    help="port to listen on, 0..65535 (default 8100; 0 picks a free one)")
@@ -99,11 +102,13 @@ def add_parser(sub) -> None:
 
 
 def cmd_serve(args) -> int:
-    from ..options import check_int
+    from ..models import load_config
+    from ..options import check_against_model, check_int, method_specs_of
     from .proxy import ProxyServer, check_limits, check_seconds, request_options, serve
 
     # Every option is checked here, before the engine is asked or the selector loads.
-    check_int(args.topk, "--topk", 1)
+    (spec,) = method_specs_of(args)
+    request_options({}, {"method": spec.text, "topk": args.topk})
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be a whole number in [0, 65535], got {args.port}")
     check_int(args.threads, "--threads", 0)
@@ -112,11 +117,12 @@ def cmd_serve(args) -> int:
     if not 0 <= args.selector_cache_gb <= 1024:  # nan fails this too
         raise ValueError(f"--selector-cache-gb must be a number of GB in [0, 1024] (0: off), "
                          f"got {args.selector_cache_gb}")
-    request_options({}, {"method": args.method, "topk": args.topk})
-    upstream, selector, models = connect(args.upstream, timeout=args.timeout, model=args.model, layer=args.layer,
+    check_against_model(load_config(args.model), layer=args.layer, specs=(spec,))
+    layer = dict(spec.params).get("layer", args.layer)  # the spec's layer wins, as for every default
+    upstream, selector, models = connect(args.upstream, timeout=args.timeout, model=args.model, layer=layer,
                                          attn=args.attn, threads=args.threads, check=not args.skip_tokenizer_check,
                                          cache_bytes=int(args.selector_cache_gb * 2**30))
-    server = ProxyServer((args.host, args.port), selector, upstream, method=args.method, topk=args.topk,
+    server = ProxyServer((args.host, args.port), selector, upstream, method=spec.text, topk=args.topk,
                          quiet=args.quiet, backlog=args.backlog, max_concurrency=args.max_concurrency,
                          client_timeout=args.client_timeout)
     layer = selector.layer
@@ -124,8 +130,8 @@ def cmd_serve(args) -> int:
     host, port = server.server_address[:2]
     print(f"gemfilter serve: http://{host}:{port}/v1 -> {upstream.url} ({', '.join(models) or 'no model listed'}); "
           f"selector: layers 0..{layer} of {args.model or 'the embedded Gemma 3 270M'} ({params:.1f}M parameters); "
-          f"default {args.method}, topk {args.topk}; prefix cache {args.selector_cache_gb:g} GB", file=sys.stderr,
-          flush=True)
+          f"default {spec.text}, topk {args.topk or 'its own'}; prefix cache {args.selector_cache_gb:g} GB",
+          file=sys.stderr, flush=True)
     serve(server)
     # Leave without the interpreter's teardown: torch's thread pools, used from the request threads, can abort
     # it ("terminate called without an active exception"), which would turn a clean stop into status -6.

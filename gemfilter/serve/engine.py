@@ -15,8 +15,13 @@ from .selector import prompt_methods
 
 
 def check_engine_methods(engine: str | None, names) -> None:
-    """Refuse, before anything loads, methods that cannot run in front of ``engine`` (nothing to check without one)."""
-    bad = [n for n in names if engine is not None and n not in prompt_methods()]
+    """Refuse, before anything loads, methods that cannot run in front of ``engine`` (nothing to check without one).
+
+    names: method specs (``gemfilter-span:k=256``) or names; a spec that does not parse is refused by its parse.
+    """
+    from ..methods import parse_spec
+
+    bad = [n for n in names if engine is not None and parse_spec(n).kind not in ("prompt", "full")]
     if bad:
         raise ValueError(f"--engine runs the selection here and the generation on the engine, so it takes methods "
                          f"that pick prompt tokens: {', '.join(prompt_methods())}; not {', '.join(bad)} (KV-cache "
@@ -52,8 +57,10 @@ def engine_generate(upstream, model, inputs, *, method, tokenizer=None, max_new_
     if ids.shape[0] != 1:
         raise ValueError(f"--engine sends one prompt per request; got a batch of {ids.shape[0]}")
     check_engine_methods(upstream.url, [method.name])
+    from ..methods import FullMethod
+
     selection = None
-    if method.name == "full":
+    if isinstance(method, FullMethod):
         kept = ids[0]
     else:
         selection = method.select(model, ids, tokenizer=tokenizer)

@@ -9,7 +9,8 @@ chat completion, streamed or not. A prompt of at most k tokens, and ``method: "f
 unchanged to the endpoint they were sent to (a chat on a model whose template the proxy supplies goes
 to ``/v1/completions`` as templated ids).
 
-Per request, ``{"gemfilter": {"method": ..., "topk": ...}}`` in the body overrides the defaults. Every
+Per request, ``{"gemfilter": {"method": SPEC, "topk": K}}`` in the body overrides the defaults: a method spec
+such as ``gemfilter-span:k=512`` (:mod:`gemfilter.methods.spec`), and a budget that replaces its own. Every
 answer carries ``"gemfilter": {method, topk, layer, prompt_tokens, kept_tokens, passthrough,
 selection_seconds}`` (the first chunk, when streamed) and the header ``X-GemFilter``.
 
@@ -58,7 +59,7 @@ def error_body(status: int, message: str, kind: str) -> dict:
 
 
 class ProxyServer(ThreadingHTTPServer):
-    """The HTTP server: a selector, an upstream engine, the default method and topk, and its limits.
+    """The HTTP server: a selector, an upstream engine, the default method (a spec) and topk, and its limits.
 
     backlog: the listen queue (bursts wait there while every handler is busy; the kernel caps it at
     net.core.somaxconn). max_concurrency: requests handled at once, each on its own thread.
@@ -68,10 +69,10 @@ class ProxyServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address, selector, upstream, *, method: str = "gemfilter", topk: int = 1024,
+    def __init__(self, address, selector, upstream, *, method: str = "gemfilter", topk: int | None = None,
                  quiet: bool = False, backlog: int = 1024, max_concurrency: int = 64,
                  client_timeout: float = 60.0):
-        request_options({}, {"method": method, "topk": topk})  # the defaults obey the same rules
+        request_options({}, {"method": method, "topk": topk}, selector.layer)  # the defaults obey the same rules
         check_limits(backlog, max_concurrency, client_timeout)
         self.selector, self.upstream, self.quiet = selector, upstream, quiet
         self.defaults = {"method": method, "topk": topk}
@@ -181,9 +182,9 @@ class Handler(BaseHTTPRequestHandler):
         sel = self.server.selector
         try:
             body = read_body(self.headers, self.rfile)
-            opts = request_options(body, self.server.defaults)
+            opts = request_options(body, self.server.defaults, sel.layer)
             ids = prompt_ids(body, sel.tokenizer, chat, template=sel.chat_template, vocab=sel.vocab_size)
-            passthrough = sel.passes_through(len(ids), opts["method"], opts["topk"])
+            passthrough = sel.passes_through(len(ids), sel.method_for(len(ids), opts["method"], opts["topk"]))
             # A chat whose template the proxy supplies goes as ids too: the engine has no template for it.
             rewrite = not passthrough or (chat and sel.chat_template is not None)
             if rewrite:

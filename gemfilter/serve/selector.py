@@ -16,7 +16,9 @@ from dataclasses import dataclass
 def is_prompt_method(method) -> bool:
     """Whether ``method`` (a class or an object) can run in front of an engine: ``full``, or a method that
     picks prompt tokens. KV-cache methods evict inside the model, which an engine does not expose."""
-    return method.kind in ("full", "prompt")
+    from ..methods import FullMethod, PromptMethod
+
+    return issubclass(method if isinstance(method, type) else type(method), (PromptMethod, FullMethod))
 
 
 def prompt_methods() -> tuple:
@@ -82,7 +84,7 @@ class Choice:
 
     ids: list
     method: str
-    topk: int
+    topk: int | None
     prompt_tokens: int
     kept_tokens: int
     passthrough: bool
@@ -113,32 +115,48 @@ class Selector:
         self.prefix_cache = PrefixCache(cache_bytes) if cache_bytes > 0 else None
         self._lock = threading.Lock()
 
+    def method_for(self, n: int, method, topk: int | None = None):
+        """The method object for a prompt of ``n`` tokens: ``method`` a spec (text or
+        :class:`~gemfilter.methods.Spec`), ``topk`` the budget where the spec sets none (None: its own)."""
+        from ..methods import parse_spec
+
+        spec = parse_spec(method) if isinstance(method, str) else method
+        m = spec.method(n, topk=topk, layer=self.layer)
+        if getattr(m, "layer", self.layer) != self.layer:
+            raise ValueError(f"{spec.text}: this selector holds layers 0..{self.layer}; it cannot filter at layer "
+                             f"{m.layer}")
+        return m
+
     @staticmethod
-    def passes_through(n: int, method: str, topk: int) -> bool:
-        """Whether a prompt of ``n`` tokens is sent unchanged: ``full``, or at most ``topk`` tokens."""
-        return method == "full" or n <= topk
+    def passes_through(n: int, method) -> bool:
+        """Whether a prompt of ``n`` tokens is sent unchanged by ``method`` (an object, :meth:`method_for`):
+        ``full``, or a prompt of at most the method's ``topk`` tokens."""
+        from ..methods import FullMethod
 
-    def choose(self, ids: list, method: str, topk: int) -> Choice:
-        """Select from prompt ``ids`` with a prompt method; prompts of at most ``topk`` tokens pass unchanged."""
+        return isinstance(method, FullMethod) or n <= method.topk
+
+    def choose(self, ids: list, method, topk: int | None = None) -> Choice:
+        """Select from prompt ``ids`` with a prompt method (a spec, as for :meth:`method_for`); prompts of at most
+        its ``topk`` tokens pass unchanged."""
         import torch
-
-        from ..methods import get_method
 
         n = len(ids)
         if self.max_tokens is not None and n > self.max_tokens:
             raise ValueError(f"the prompt has {n} tokens; the selector's model takes at most {self.max_tokens} "
                              "(max_position_embeddings)")
         start = time.perf_counter()
-        if self.passes_through(n, method, topk):
-            return Choice(list(ids), method, topk, n, n, True, time.perf_counter() - start)
-        m = get_method(method, layer=self.layer, topk=topk)
+        m = self.method_for(n, method, topk)
+        label = method if isinstance(method, str) else method.label
+        k = getattr(m, "topk", None)
+        if self.passes_through(n, m):
+            return Choice(list(ids), label, k, n, n, True, time.perf_counter() - start)
         with self._lock, torch.no_grad():
             if self.prefix_cache is not None and getattr(m, "scores_last_row", False):
                 selection = self._select_cached(m, ids)
             else:
                 selection = m.select(self.model, torch.tensor([ids]), tokenizer=self.tokenizer)
         kept = selection.kept_ids[0].tolist()
-        return Choice(kept, method, topk, n, len(kept), False, time.perf_counter() - start)
+        return Choice(kept, label, k, n, len(kept), False, time.perf_counter() - start)
 
     def _select_cached(self, method, ids: list):
         """The selection with the prefix cache: copy the longest stored prefix's layers 0..r, run the rest of the
