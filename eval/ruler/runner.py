@@ -75,12 +75,14 @@ class MethodSpec:
         return resolve(model, self.method(layer, prompt_tokens))
 
 
-def method_specs(names, topks=(1024,), ratio: float | None = None, layer: int | None = None) -> tuple:
+def method_specs(names, topks=None, ratio: float | None = None, layer: int | None = None) -> tuple:
     """One :class:`MethodSpec` per (spec, budget): specs without a budget parameter (full), or setting their own
     (``gemfilter:k=256``, ``snapkv:ratio=0.1``), appear once; the others once per ``--topk`` (or with ``--ratio``).
 
+    topks: the budgets of ``--topk`` (None: each method's own default, labelled by the spec alone);
     layer: the command line's ``--layer``, checked with each spec.
     """
+    topks = topks or ()
     from gemfilter.methods import parse_specs
 
     specs = parse_specs(",".join(names), layer=layer)
@@ -92,7 +94,7 @@ def method_specs(names, topks=(1024,), ratio: float | None = None, layer: int | 
     out = []
     for spec in specs:
         own = spec.ratio is not None or "topk" in dict(spec.params)
-        if spec.kind == "full" or own:
+        if spec.kind == "full" or own or (ratio is None and not topks):
             out.append(MethodSpec(spec.text))
         elif ratio is not None:
             out.append(MethodSpec(spec.text, ratio=ratio))

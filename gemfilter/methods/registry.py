@@ -19,25 +19,15 @@ def register(cls):
 def get_method(name: str, **params):
     """Build a registered method by name.
 
-    Parameters a method does not have (say ``layer`` for ``snapkv``) are ignored, so one set of
-    command-line options can drive every method; ``None`` values keep the method's default.
+    Parameters a method does not have (say ``layer`` for ``snapkv``) are ignored and ``None`` values keep the
+    method's default, so one set of settings can build every method. Commands build methods from specs
+    (:func:`gemfilter.methods.parse_spec`), which refuse a parameter the method lacks.
     """
     if name not in REGISTRY:
         raise ValueError(f"unknown method {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
     cls = REGISTRY[name]
     fields = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in params.items() if k in fields and v is not None})
-
-
-def check_names(names) -> None:
-    """Raise ValueError unless ``names`` is a non-empty list of distinct registered method names."""
-    if not names:
-        raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
-    bad = [m for m in names if m not in REGISTRY]
-    if bad:
-        raise ValueError(f"unknown method(s) {', '.join(bad)}; allowed: {', '.join(sorted(REGISTRY))}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"--methods lists a method twice: {','.join(names)}")
 
 
 def describe() -> list:
