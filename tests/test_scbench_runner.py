@@ -101,3 +101,32 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, change, msg):
     with pytest.raises(ValueError, match=msg):
         run(RunConfig(**{**BASE, **change}), tmp_path / "out", model_and_tokenizer=(None, None))
     assert not (tmp_path / "out").exists()
+
+
+def test_report_scores_the_rows_again(tiny, tmp_path, capsys):
+    from eval.scbench.cli import main
+    from eval.scbench.scoring import score_one
+
+    out = tmp_path / "out"
+    merged = run(RunConfig(**{**BASE, "methods": ("full", "snapkv:k=64")}), out, model_and_tokenizer=tiny,
+                 progress=False)
+    import json
+
+    for path in out.glob("*/*/*/*.jsonl"):  # a stored score is never trusted: the report scores again
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        for row in rows:
+            for turn in row["turns"]:
+                turn["score"] = -1.0
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = merged["multi-turn/2048/snapkv:k=64/scbench_mf.jsonl"]  # what the table must show, by hand
+    want = [sum(score_one("scbench_mf", r["turns"][t]["prediction"], r["turns"][t]["ground_truth"]) for r in rows)
+            / len(rows) for t in range(3)]
+    assert main(["report", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("| snapkv:k=64 | Math.Find |"))
+    assert line == f"| snapkv:k=64 | Math.Find | 2 | {' | '.join(f'{100 * w:.1f}' for w in want)} | " \
+                   f"{100 * sum(want) / 3:.1f} |"
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "(1.00x)" in text  # full's time to first token against itself
+    assert main(["run", "--methods", "gemfilter:k=0", "--out", str(tmp_path / "bad")]) == 2
+    assert capsys.readouterr().err.strip().endswith("error: gemfilter: topk=0 must be >= 1")

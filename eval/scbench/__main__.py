@@ -1,0 +1,7 @@
+"""``python -m eval.scbench``: SCBench run / report (see ``eval.scbench.cli``)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,120 @@
+"""``gemfilter-scbench`` / ``python -m eval.scbench``: SCBench's shared-context protocol on offline synthetic tasks.
+
+Subcommands: ``run`` computes every missing conversation (and writes the report), ``report`` scores any
+run folder again. See docs/scbench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gemfilter.entry import command
+
+EPILOG = """modes (SCBench, Li et al. 2024, microsoft/MInference scbench/):
+  multi-turn     one conversation: turn 1 is context + question; each later turn appends a follow-up that
+                 starts with the previous turn's gold answer; the model's own answer is dropped
+  multi-request  the context is prefilled once; each question is answered over it alone
+
+protocols (what a method keeps between turns; gemfilter.Conversation):
+  full      the baseline: the whole cache of the history, extended (prefix reuse)
+  reuse     turn 1's compressed cache goes on (cache methods always; prompt methods with --protocols reuse)
+  reselect  prompt methods select again each turn from the history's layers 0..r (the default for them)
+  A prompt method's label is its spec with @reselect or @reuse.
+
+tasks (offline generators; docs/scbench.md says what each transcribes):
+  scbench_kv (Retr.KV), scbench_prefix_suffix (Retr.Prefix-Suffix), scbench_vt (Retr.MultiHop),
+  scbench_mf (Math.Find)
+
+layout of --out:
+  <mode>/<L>/<label>/<task>.jsonl   one row per sample: _id (its seed), turns [{turn_idx, prediction,
+                                    ground_truth, score, ttft_s, total_s, kept, history_tokens}], prefill_s
+  config.json, report.md, report.png
+
+Rerunning the same command skips finished conversations, so an interrupted run resumes.
+
+examples:
+  gemfilter-scbench run --methods full,gemfilter:k=1024,snapkv:k=1024 --lengths 4k --num-samples 20 \\
+      --modes multi-turn,multi-request --out results/scbench
+  gemfilter-scbench report results/scbench"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gemfilter.models import add_attn_argument
+    from gemfilter.options import add_method_options
+
+    parser = argparse.ArgumentParser(prog="gemfilter-scbench", description=__doc__.split("\n\n")[0],
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="compute the missing conversations and write the report", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M)")
+    add_method_options(r, default="full,gemfilter")
+    r.add_argument("--protocols", default="reselect",
+                   help="protocols for prompt methods, comma-separated: reselect, reuse (default reselect)")
+    r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")
+    r.add_argument("--tasks", default="scbench_kv,scbench_prefix_suffix,scbench_vt,scbench_mf",
+                   help="comma-separated task names (default: the four offline ones)")
+    r.add_argument("--lengths", default="4k", help="window each sample is sized to, e.g. 4k,8k (default 4k)")
+    r.add_argument("--num-samples", type=int, default=20, help="samples per task, seeds 0..n-1 (default 20)")
+    r.add_argument("--turns", type=int, default=5, help="queries per context (default 5, run_scbench.py's)")
+    r.add_argument("--max-units", type=int, default=None,
+                   help="compute at most this many conversations now; the rest on a later run")
+    r.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    r.add_argument("--dtype", default=None, help="model dtype on an accelerator (default: the loader's)")
+    add_attn_argument(r)
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--out", required=True, help="run folder (created; a rerun resumes it)")
+    s = sub.add_parser("report", help="score a run folder again: report.md and report.png")
+    s.add_argument("dir", help="a gemfilter-scbench run folder")
+    s.add_argument("--no-plot", action="store_true", help="the table only")
+    return parser
+
+
+@command("plots", name="gemfilter-scbench")
+def main(argv=None) -> int:
+    """Entry point of ``gemfilter-scbench``; returns the exit status."""
+    from gemfilter.options import cli_exit
+
+    args = build_parser().parse_args(argv)
+    return cli_exit(lambda: {"run": _run, "report": _report}[args.command](args))
+
+
+def _run(args) -> int:
+    from gemfilter.options import method_specs_of, parse_lengths, split_names
+
+    from eval.rundir import print_report
+
+    from .report import write_report
+    from .runner import RunConfig, run
+
+    if args.threads < 0:
+        raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
+    if args.max_units is not None and args.max_units < 1:
+        raise ValueError(f"--max-units must be >= 1, got {args.max_units}")
+    config = RunConfig(model=args.model, methods=tuple(s.text for s in method_specs_of(args)), topk=args.topk,
+                       layer=args.layer, protocols=split_names(args.protocols), modes=split_names(args.modes),
+                       tasks=split_names(args.tasks), lengths=parse_lengths(args.lengths),
+                       num_samples=args.num_samples, turns=args.turns, attn=args.attn, dtype=args.dtype,
+                       extra={"attn": args.attn or "model default"})
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if run(config, args.out, progress=not args.no_progress, max_units=args.max_units) is None:
+        return 0  # not the main process
+    settings = (f"Model {args.model or 'embedded:gemma3-270m'}; layer {args.layer or 'model default'}; "
+                f"{args.turns} turns; samples = seeds 0..n-1 of each task's generator.")
+    return print_report(write_report(args.out, settings))
+
+
+def _report(args) -> int:
+    from eval.rundir import print_report
+
+    from .report import write_report
+
+    return print_report(write_report(args.dir, plot=not args.no_plot))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

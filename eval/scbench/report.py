@@ -1,0 +1,133 @@
+"""SCBench tables and figure from a run folder: accuracy per turn and per task, time to first token per turn.
+
+Scores are the official ones (``eval.scbench.scoring``), recomputed from each row's prediction and
+ground truth, not read from the row's ``score``. Multi-turn accuracy is one mean per turn
+(``compute_scores``); multi-request pools every (sample, query), and is shown per query position too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eval.rundir import rows_to_score
+
+from .scoring import score_one
+from .tasks import get_task
+
+REPORT = "report.md"
+FIGURE = "report.png"
+
+
+def read_rows(path: Path) -> list:
+    """Every row of one result file and its unmerged shards, each sample once."""
+    def read(p):
+        return [json.loads(line) for line in Path(p).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows_to_score(path, read, lambda r: r.get("_id"), required=("_id", "turns"))
+
+
+def collect(out) -> dict:
+    """{(mode, length, label, task): rows} over ``out/<mode>/<L>/<label>/<task>.jsonl``."""
+    found = {}
+    for path in sorted(Path(out).glob("*/*/*/*.jsonl*")):
+        if not (path.name.endswith(".jsonl") or ".jsonl.rank" in path.name):
+            continue
+        mode, length, label = path.parts[-4:-1]
+        task = path.name.split(".jsonl")[0]
+        key = (mode, int(length), label, task)
+        if key not in found:
+            found[key] = read_rows(path.parent / f"{task}.jsonl")
+    return found
+
+
+def score_table(found: dict) -> dict:
+    """{(mode, length, label, task): {"acc": [per turn], "ttft": [mean s per turn], "n": samples}}."""
+    table = {}
+    for key, rows in found.items():
+        task = key[3]
+        get_task(task)
+        turns = max(len(r["turns"]) for r in rows)
+        acc = [[score_one(task, t["prediction"], t["ground_truth"]) for r in rows for t in r["turns"]
+                if t["turn_idx"] == i] for i in range(turns)]
+        ttft = [[t["ttft_s"] for r in rows for t in r["turns"] if t["turn_idx"] == i] for i in range(turns)]
+        table[key] = {"acc": [sum(a) / len(a) for a in acc], "ttft": [sum(x) / len(x) for x in ttft], "n": len(rows)}
+    return table
+
+
+def _fmt(values, scale=100.0, digits=1) -> str:
+    return " | ".join(f"{v * scale:.{digits}f}" for v in values)
+
+
+def markdown(table: dict, settings: str = "") -> str:
+    """Per (mode, length): accuracy per turn for each method and task, their mean over tasks, and each
+    method's mean time to first token per turn with its ratio to ``full``."""
+    lines = ["# SCBench (offline synthetic tasks)", ""] + ([settings, ""] if settings else [])
+    for mode, length in sorted({(k[0], k[1]) for k in table}):
+        cells = {k: v for k, v in table.items() if k[:2] == (mode, length)}
+        turns = max(len(v["acc"]) for v in cells.values())
+        head = " | ".join(f"turn {i + 1}" for i in range(turns))
+        lines += [f"## {mode}, {length} tokens", "", "Accuracy (%) per turn. n: samples per task.", "",
+                  f"| method | task | n | {head} | mean |", "|---|---|---|" + "---|" * (turns + 1)]
+        labels = list(dict.fromkeys(k[2] for k in sorted(cells)))
+        means = {}
+        for label in labels:
+            rows = [(k[3], v) for k, v in sorted(cells.items()) if k[2] == label]
+            for task, v in rows:
+                lines.append(f"| {label} | {get_task(task).label} | {v['n']} | {_fmt(v['acc'])} | "
+                             f"{100 * sum(v['acc']) / len(v['acc']):.1f} |")
+            per_turn = [sum(v["acc"][i] for _, v in rows) / len(rows) for i in range(turns)]
+            means[label] = per_turn
+            lines.append(f"| **{label}** | all tasks | | {_fmt(per_turn)} | {100 * sum(per_turn) / turns:.1f} |")
+        ttft = {label: [sum(v["ttft"][i] for k, v in cells.items() if k[2] == label) /
+                        sum(1 for k in cells if k[2] == label) for i in range(turns)] for label in labels}
+        base = ttft.get("full")
+        lines += ["", "Time to first token (s, mean over tasks and samples) per turn"
+                  + ("; in brackets, the ratio to full in the same run" if base else "") + ".", "",
+                  f"| method | {head} |", "|---|" + "---|" * turns]
+        for label in labels:
+            cells_ = [f"{t:.2f}" + (f" ({t / b:.2f}x)" if base and b > 0 else "") for t, b in
+                      zip(ttft[label], base or [0] * turns)]
+            lines.append(f"| {label} | {' | '.join(cells_)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def figure(table: dict, path) -> None:
+    """Accuracy (mean over tasks) against turn, one line per method, one panel per (mode, length); a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    from gemfilter.io import save_png
+    panels = sorted({(k[0], k[1]) for k in table})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, (mode, length) in zip(axes[0], panels):
+        cells = {k: v for k, v in table.items() if k[:2] == (mode, length)}
+        for label in dict.fromkeys(k[2] for k in sorted(cells)):
+            rows = [v["acc"] for k, v in cells.items() if k[2] == label]
+            turns = len(rows[0])
+            ax.plot(range(1, turns + 1), [100 * sum(r[i] for r in rows) / len(rows) for i in range(turns)],
+                    marker="o", label=label)
+        ax.set(title=f"{mode}, {length} tokens", xlabel="turn", ylabel="accuracy (%)", ylim=(-2, 102))
+        ax.set_xticks(range(1, turns + 1))
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="best")
+    save_png(fig, path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(out, settings: str = "", plot: bool = True) -> list:
+    """Write ``report.md`` (and ``report.png``) into ``out``; return the paths written."""
+    out = Path(out)
+    table = score_table(collect(out))
+    if not table:
+        raise ValueError(f"{out} holds no SCBench rows (<mode>/<L>/<method>/<task>.jsonl)")
+    from gemfilter.io import write_text_atomic
+
+    paths = [out / REPORT]
+    write_text_atomic(paths[0], markdown(table, settings))
+    if plot:
+        figure(table, out / FIGURE)
+        paths.append(out / FIGURE)
+    return paths
