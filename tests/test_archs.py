@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import gemfilter
-from gemfilter.bench import archs
-from gemfilter.bench.core import device_name, forced_kwargs, warmup_tokens
+from gemfilter.lab.bench import archs
+from gemfilter.lab.bench.core import device_name, forced_kwargs, warmup_tokens
 from gemfilter.measure import PeakMemory
 
 # Written from the published config.json files (see gemfilter/configs/SOURCES.md), not read from them.
@@ -181,7 +181,7 @@ def test_warmup_is_long_enough_on_cuda_for_the_method_path():
 
 
 def test_measure_warms_up_before_the_timed_run(monkeypatch):
-    from gemfilter.bench import core as bench
+    from gemfilter.lab.bench import core as bench
 
     calls = []
     real = gemfilter.generate

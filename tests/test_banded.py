@@ -12,7 +12,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM
 import gemfilter
 from gemfilter.compat import cache_kwargs
 from gemfilter.banded import BandedMask, banded_mask
-from gemfilter.inspection.core import trace
+from gemfilter.lab.inspection.core import trace
 from gemfilter.methods import REGISTRY, get_method
 from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from gemfilter.bench import report as bench_report
-from gemfilter.bench.report import growth_exponent, summarize
+from gemfilter.lab.bench import report as bench_report
+from gemfilter.lab.bench.report import growth_exponent, summarize
 
 
 def test_growth_exponent_recovers_power_laws():
@@ -60,7 +60,7 @@ def test_bench_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch, caps
     def boom(*a, **k):
         raise AssertionError("a finished cell was measured again")
 
-    monkeypatch.setattr("gemfilter.bench.core.run_worker", boom)
+    monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", boom)
     assert bench_report.main(args) == 0  # everything is in bench.jsonl: nothing reruns
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gemfilter.bench import paper as bench_paper
-from gemfilter.bench import report as bench_report
+from gemfilter.lab.bench import paper as bench_paper
+from gemfilter.lab.bench import report as bench_report
 
 # Synthetic measurements: seconds and MiB per method, prompt time scaling with n.
 PROMPT = {"full": 10.0, "snapkv": 10.5, "gemfilter": 4.5}
@@ -31,7 +31,7 @@ def _fake_worker(specs):
 
 def test_preset_paper_settings_and_table(monkeypatch, tmp_path, capsys):
     specs = []
-    monkeypatch.setattr("gemfilter.bench.core.run_worker", _fake_worker(specs))
+    monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", _fake_worker(specs))
     assert bench_report.main(["--model", "config:llama-3.1-8b", "--preset", "paper", "--out", str(tmp_path)]) == 0
     assert sorted({s["length"] for s in specs}) == [4096, 8192, 16384, 32768, 65536, 122880]
     assert {s["method_name"] for s in specs} == {"full", "snapkv", "gemfilter"}  # no H2O, as in the paper
@@ -48,7 +48,7 @@ def test_preset_paper_settings_and_table(monkeypatch, tmp_path, capsys):
 
 def test_preset_layer_follows_the_architecture_and_explicit_options_win(monkeypatch, tmp_path):
     specs = []
-    monkeypatch.setattr("gemfilter.bench.core.run_worker", _fake_worker(specs))
+    monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", _fake_worker(specs))
     args = ["--model", "config:phi-3.5-mini", "--preset", "paper", "--lengths", "2048", "--gen-tokens", "7",
             "--out", str(tmp_path)]
     assert bench_report.main(args) == 0
@@ -59,7 +59,7 @@ def test_scaled_model_needs_a_layer_inside_it_before_anything_runs(monkeypatch, 
     def boom(*a, **k):
         raise AssertionError("a cell ran before the arguments were checked")
 
-    monkeypatch.setattr("gemfilter.bench.core.run_worker", boom)
+    monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", boom)
     base = ["--model", "config:llama-3.1-8b", "--out", str(tmp_path)]
     with pytest.raises(SystemExit, match="layer 13 is outside.*--layers 8 --layer 3"):
         bench_report.main(base + ["--preset", "paper", "--layers", "8"])
@@ -75,7 +75,7 @@ def test_scaled_model_needs_a_layer_inside_it_before_anything_runs(monkeypatch, 
 
 def test_h2o_is_excluded_with_its_reason_where_it_cannot_fit(monkeypatch):
     from gemfilter import get_method
-    from gemfilter.bench import archs
+    from gemfilter.lab.bench import archs
 
     model = archs.build_model("config:llama-3.1-8b", device="meta")
     h2o, snap = get_method("h2o"), get_method("snapkv")
@@ -97,7 +97,7 @@ def test_excluded_cells_are_reported_not_measured(monkeypatch, tmp_path):
                         device="cpu", device_name="x")
         return fake(spec, timeout)
 
-    monkeypatch.setattr("gemfilter.bench.core.run_worker", run)
+    monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", run)
     args = ["--model", "config:llama-3.1-8b", "--methods", "full,snapkv,gemfilter,h2o", "--lengths", "4096",
             "--layer", "13", "--out", str(tmp_path)]
     assert bench_report.main(args) == 0
@@ -124,7 +124,7 @@ def test_end_to_end_scaled_phi_generates_the_forced_tokens(tmp_path):
 
 
 def test_pretrained_models_take_dtype_and_device_but_not_layers(tiny_model_dir):
-    from gemfilter.bench import core as bench
+    from gemfilter.lab.bench import core as bench
 
     row = bench.measure(str(tiny_model_dir), "gemfilter", 350, 2, 64, 2, dtype="fp32", device="cpu")
     assert row["weights"] == "pretrained" and row["changes"] == [] and row["new_tokens"] == 2

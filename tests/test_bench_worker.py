@@ -1,5 +1,5 @@
 """Issue 43, item 12: a ``gemfilter bench`` worker dies with its parent. SIGKILL or SIGTERM to the process that
-runs :func:`gemfilter.bench.core.run_worker` leaves no worker computing (it would skew a resumed run's timings)."""
+runs :func:`gemfilter.lab.bench.core.run_worker` leaves no worker computing (it would skew a resumed run's timings)."""
 
 import json
 import os
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PARENT = """
 import json, sys
-from gemfilter.bench.core import run_worker
+from gemfilter.lab.bench.core import run_worker
 run_worker(json.loads(sys.argv[1]))
 """
 

@@ -38,7 +38,7 @@ def test_label_flip_theory_fig_that_is_a_folder_is_refused_before_work(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("module", ["gemfilter.io", "icl_probes.io"])
+@pytest.mark.parametrize("module", ["gemfilter.lab.io", "icl_probes.io"])
 def test_a_figure_cut_short_by_a_full_disk_leaves_the_old_one(tmp_path, monkeypatch, module):
     """save_png (the plugin's and the probes'), which every figure of the tree is written through: a failing
     write keeps the old PNG and leaves no temp file."""
@@ -76,7 +76,7 @@ def test_every_figure_in_the_tree_is_written_through_save_png():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    writers = {Path("gemfilter/io.py"), Path("icl_probes/io.py")}
+    writers = {Path("gemfilter/lab/io.py"), Path("icl_probes/io.py")}
     calls = [f"{p.relative_to(root)}:{i}" for folder in ("gemfilter", "eval", "icl_probes", "feature_probes")
              for p in (root / folder).rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
              if re.search(r"\.savefig\(", line) and p.relative_to(root) not in writers]
@@ -86,7 +86,7 @@ def test_every_figure_in_the_tree_is_written_through_save_png():
 def test_niah_length_too_short_fails_before_the_model_loads_and_before_config_json(tmp_path, capsys, monkeypatch):
     import gemfilter
     from eval.niah.cli import main as niah_main
-    from gemfilter.haystack import NEEDLE
+    from gemfilter.lab.haystack import NEEDLE
     from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
 
     def no_load(*args, **kwargs):
@@ -107,8 +107,8 @@ def test_niah_length_too_short_fails_before_the_model_loads_and_before_config_js
 
 
 def test_bench_length_too_short_fails_before_any_worker(tmp_path, capsys, monkeypatch, tiny_model_dir):
-    from gemfilter.bench import core
-    from gemfilter.bench.report import main as bench_main
+    from gemfilter.lab.bench import core
+    from gemfilter.lab.bench.report import main as bench_main
 
     def no_worker(*args, **kwargs):
         raise AssertionError("a worker started")

@@ -2,7 +2,7 @@
 
 import re
 
-from gemfilter.cli import main
+from gemfilter.lab.cli import main
 from gemfilter.methods import REGISTRY
 
 

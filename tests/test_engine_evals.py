@@ -12,7 +12,7 @@ import gemfilter
 from eval.longbench.runner import RunConfig as LongBenchConfig, run as run_longbench
 from eval.niah.runner import RunConfig as NiahConfig, run as run_niah
 from eval.ruler.runner import RunConfig as RulerConfig, method_specs, run as run_ruler
-from gemfilter.serve.upstream import PROBE
+from gemfilter.lab.serve.upstream import PROBE
 from niah_fixtures import word_tokenizer, write_haystack
 from serve_fixtures import StubEngine
 from test_ruler_runner import TASKS, write_samples

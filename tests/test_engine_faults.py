@@ -9,9 +9,9 @@ import pytest
 
 from engine_faults import FaultyEngine
 from eval.niah.cli import main as niah_main
-from gemfilter.bench import report as bench_report
-from gemfilter.io import read_jsonl
-from gemfilter.serve.upstream import PROBE
+from gemfilter.lab.bench import report as bench_report
+from gemfilter.lab.io import read_jsonl
+from gemfilter.lab.serve.upstream import PROBE
 from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
 
 pytestmark = pytest.mark.usefixtures("quiet")
@@ -128,7 +128,7 @@ def test_ruler_and_longbench_engine_faults_are_an_error_and_no_row(tiny_model_di
     import gemfilter
     from eval.longbench.runner import RunConfig as LongBenchConfig, run as run_longbench
     from eval.ruler.runner import RunConfig as RulerConfig, method_specs, run as run_ruler
-    from gemfilter.serve.upstream import UpstreamError
+    from gemfilter.lab.serve.upstream import UpstreamError
     from longbench_fixtures import write_words
     from test_ruler_runner import TASKS, write_samples
 

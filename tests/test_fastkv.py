@@ -261,7 +261,7 @@ def test_gemfilter_orig_pos_padded_batch_equals_single_rows():
 def test_default_tsp_layer_is_the_official_choice():
     from transformers import AutoConfig
 
-    from gemfilter.bench.archs import arch_config
+    from gemfilter.lab.bench.archs import arch_config
     for name, layer in [("llama-3.1-8b", 15), ("mistral-nemo-12b", 19)]:
         assert tsp_default_layer(arch_config(f"config:{name}")) == layer
     gemma = BUILDERS["gemma3"]().config  # 4 layers, full attention at 1 and 3: m/2 - 1 = 1
@@ -307,7 +307,7 @@ def test_replace_keeps_validation():
 
 
 def test_methods_command_documents_every_default(capsys):
-    from gemfilter.cli import main
+    from gemfilter.lab.cli import main
 
     assert main(["methods", "fastkv"]) == 0
     out = capsys.readouterr().out

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import gemfilter
-from gemfilter.inspection.calibrate import calibrate, coverage_table, format_table, recommend
-from gemfilter.inspection.core import CAPTURE_NAMES, needle_distances, trace
+from gemfilter.lab.inspection.calibrate import calibrate, coverage_table, format_table, recommend
+from gemfilter.lab.inspection.core import CAPTURE_NAMES, needle_distances, trace
 from reference import qk_at_layer, reference_indices
 from tiny_models import BUILDERS
 

@@ -13,7 +13,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from gemfilter import entry
+from gemfilter.lab import entry
 from tiny_models import load_toml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def test_installed_torch_is_the_locked_release():
 
 
 def test_extras_match_the_modules_commands_check():
-    """pyproject's extras and gemfilter.entry.EXTRAS name the same extras, each module's distribution is in
+    """pyproject's extras and gemfilter.extras.EXTRAS name the same extras, each module's distribution is in
     its extra, and ``all`` carries every extra."""
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert set(extras) - META_EXTRAS == set(entry.EXTRAS)
@@ -69,7 +69,7 @@ def test_extras_match_the_modules_commands_check():
 
 
 def test_import_gemfilter_loads_no_extra():
-    code = ("import sys, gemfilter, gemfilter.cli, gemfilter.serve.cli; "
+    code = ("import sys, gemfilter, gemfilter.lab.cli, gemfilter.lab.serve.cli; "
             "print(','.join(m for m in ('matplotlib', 'nltk', 'lm_eval', 'datasets', 'sklearn', 'rouge_score', "
             "'wonderwords', 'gguf', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

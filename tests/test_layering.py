@@ -108,24 +108,33 @@ def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path):
         "gemfilter.methods", "gemfilter.selection"}
 
 
-#: The plugin's core: what apply(), generate, select_tokens, score, the methods, the kernels and the conversation
-#: API are made of. The rest of ``gemfilter`` (cli, options, bench, inspection, serve, haystack) is lab code.
-CORE = ("gemfilter.apply", "gemfilter.attention", "gemfilter.banded", "gemfilter.selection", "gemfilter.score",
-        "gemfilter.compat", "gemfilter.conversation", "gemfilter.measure", "gemfilter.entry", "gemfilter.models",
-        "gemfilter.methods")
+#: The lab: command lines, benchmarks, inspection, serving, result files. Everything else in ``gemfilter`` is the
+#: plugin's core (apply, attention, banded, methods, selection, score, models, compat, layers, conversation,
+#: measure, extras), which imports nothing of the lab.
+LAB = ("gemfilter.lab",)
 #: command-line modules: what parses arguments and prints for a person
-CLI = ("gemfilter.cli", "gemfilter.options", "gemfilter.serve.cli", "gemfilter.serve.bench", "gemfilter.serve.burst",
-       "gemfilter.bench.report", "gemfilter.inspection.report")
+CLI = ("gemfilter.lab.cli", "gemfilter.lab.options", "gemfilter.lab.serve.cli", "gemfilter.lab.serve.bench", "gemfilter.lab.serve.burst",
+       "gemfilter.lab.bench.report", "gemfilter.lab.inspection.report")
 
 
 def in_group(name: str, group) -> bool:
     return any(name == g or name.startswith(g + ".") for g in group)
 
 
-def test_the_core_imports_no_command_line_module():
-    found = {(src, dst) for src, targets in graph().items() if in_group(src, CORE)
-             for dst in targets if in_group(dst, CLI)}
-    assert not found, f"core modules import command-line modules: {sorted(found)}"
+def core_modules(edges) -> list:
+    return [name for name in edges if name != PACKAGE and not in_group(name, LAB)]
+
+
+def test_the_core_imports_nothing_of_the_lab():
+    edges = graph()
+    assert len(core_modules(edges)) >= 12
+    found = {(src, dst) for src in core_modules(edges) for dst in edges[src] if in_group(dst, LAB)}
+    assert not found, f"core modules import the lab: {sorted(found)}"
+
+
+def test_the_package_s_public_api_is_the_core_s():
+    """``import gemfilter`` loads the core only: the package ``__init__`` imports no lab module."""
+    assert not [d for d in graph()[PACKAGE] if in_group(d, LAB)]
 
 
 def test_only_command_modules_import_command_modules():
@@ -147,20 +156,20 @@ def test_no_benchmark_imports_another_benchmark_s_report():
 
 
 def probe_modules() -> dict:
-    """The probes' modules, plus the plugin's so that ``from gemfilter import io`` resolves to ``gemfilter.io``."""
+    """The probes' modules, plus the plugin's so that ``from gemfilter.lab import io`` resolves to ``gemfilter.lab.io``."""
     return {**module_files(), **module_files("icl_probes"), **module_files("feature_probes")}
 
 
 def test_no_probe_imports_the_plugin_s_file_module():
-    """The probes write their files through ``icl_probes.io``; ``gemfilter.io`` serves the plugin and the evals."""
+    """The probes write their files through ``icl_probes.io``; ``gemfilter.lab.io`` serves the plugin and the evals."""
     modules = probe_modules()
-    found = sorted(f"{name} imports gemfilter.io" for name, path in modules.items() if not in_group(name, (PACKAGE,))
-                   if "gemfilter.io" in imports_of(name, path, modules))
+    found = sorted(f"{name} imports gemfilter.lab.io" for name, path in modules.items() if not in_group(name, (PACKAGE,))
+                   if "gemfilter.lab.io" in imports_of(name, path, modules))
     assert found == []
 
 
 def test_the_probe_check_sees_every_spelling_of_the_import(tmp_path):
     modules = probe_modules()
-    for source in ("from gemfilter import io\n", "import gemfilter.io\n", "def f():\n    from gemfilter.io import x\n"):
+    for source in ("from gemfilter.lab import io\n", "import gemfilter.lab.io\n", "def f():\n    from gemfilter.lab.io import x\n"):
         (tmp_path / "m.py").write_text(source)
-        assert "gemfilter.io" in imports_of("icl_probes.m", tmp_path / "m.py", modules), source
+        assert "gemfilter.lab.io" in imports_of("icl_probes.m", tmp_path / "m.py", modules), source

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gemfilter.io import read_jsonl
+from gemfilter.lab.io import read_jsonl
 from longbench_fixtures import TASKS, write_words
 from test_niah_accelerate import free_port
 

@@ -11,7 +11,7 @@ import pytest
 from eval.longbench.cli import main
 from eval.longbench.pipeline import generation_kwargs, truncate_middle
 from eval.longbench.tasks import BY_NAME
-from gemfilter.io import read_jsonl
+from gemfilter.lab.io import read_jsonl
 from longbench_fixtures import TASKS, write_english
 
 pytestmark = pytest.mark.slow

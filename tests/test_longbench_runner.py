@@ -9,7 +9,7 @@ from eval.longbench import report
 from eval.longbench.cli import main
 from eval.longbench.runner import RunConfig, run
 from eval.longbench.tasks import PAPER_TASKS
-from gemfilter.io import read_jsonl
+from gemfilter.lab.io import read_jsonl
 from longbench_fixtures import TASKS, word_records, write_words
 
 FAST = ["--topk", "8", "--layer", "2", "--max-length", "64", "--threads", "1", "--no-progress"]

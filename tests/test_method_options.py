@@ -1,7 +1,7 @@
 """One method spec on every command line: the shared options, the same message for a bad spec everywhere.
 
 Every command (gemfilter generate, bench, serve; gemfilter-niah, gemfilter-longbench, gemfilter-ruler) and the
-lm-eval adapter parse methods with :func:`gemfilter.options.method_specs_of`; a bad spec is refused with
+lm-eval adapter parse methods with :func:`gemfilter.lab.options.method_specs_of`; a bad spec is refused with
 :func:`gemfilter.methods.parse_spec`'s message before any model loads or any engine is asked.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gemfilter.methods import REGISTRY, parse_method, parse_spec, parse_specs, split_specs
-from gemfilter.options import add_method_options, method_specs_of
+from gemfilter.lab.options import add_method_options, method_specs_of
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD = {
@@ -29,7 +29,7 @@ def _commands(spec: str, model: str, out: Path) -> dict:
     from eval.longbench.cli import main as longbench
     from eval.niah.cli import main as niah
     from eval.ruler.cli import main as ruler
-    from gemfilter.cli import main as gemfilter
+    from gemfilter.lab.cli import main as gemfilter
 
     prompt = out / "prompt.txt"
     prompt.write_text("w4 w5 w6")
@@ -53,8 +53,8 @@ def nothing_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model loaded, or the engine was asked, before the spec was checked")
 
-    for target in ("gemfilter.load_model", "gemfilter.models.load_model", "gemfilter.serve.cli.connect",
-                   "gemfilter.bench.core.run_worker"):
+    for target in ("gemfilter.load_model", "gemfilter.models.load_model", "gemfilter.lab.serve.cli.connect",
+                   "gemfilter.lab.bench.core.run_worker"):
         monkeypatch.setattr(target, refuse)
 
 
@@ -78,12 +78,12 @@ def test_a_bad_spec_gets_the_same_one_line_message_from_every_command_and_the_ad
 
 
 def test_the_method_options_are_defined_in_one_place():
-    """--topk, --layer, --methods and --method: one add_argument each, in gemfilter/options.py."""
+    """--topk, --layer, --methods and --method: one add_argument each, in gemfilter/lab/options.py."""
     where = {}
     for path in [*ROOT.glob("gemfilter/**/*.py"), *ROOT.glob("eval/**/*.py")]:
         for flag in re.findall(r"add_argument\(\s*\"(--topk|--layer|--methods|--method|--ratio)\"", path.read_text()):
             where.setdefault(flag, []).append(str(path.relative_to(ROOT)))
-    assert where == {flag: ["gemfilter/options.py"] for flag in ("--topk", "--layer", "--methods", "--method",
+    assert where == {flag: ["gemfilter/lab/options.py"] for flag in ("--topk", "--layer", "--methods", "--method",
                                                                  "--ratio")}
 
 
@@ -169,7 +169,7 @@ def test_the_adapter_takes_a_spec_and_method_parameters_as_their_own_model_args(
 
 
 def test_gemfilter_methods_teaches_the_spec(capsys):
-    from gemfilter.cli import main
+    from gemfilter.lab.cli import main
 
     assert main(["methods"]) == 0
     out = capsys.readouterr().out

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gemfilter.io import read_jsonl
+from gemfilter.lab.io import read_jsonl
 from niah_fixtures import save_tiny_model, write_haystack
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from eval.niah.cli import main
 from eval.niah.grid import PRESETS, parse_depths, parse_lengths, resolve_grid
 from eval.niah.runner import RunConfig, run
 from eval.niah.scoring import score_all
-from gemfilter.io import read_jsonl
+from gemfilter.lab.io import read_jsonl
 from niah_fixtures import word_tokenizer, write_haystack
 from tiny_models import BUILDERS
 

@@ -12,8 +12,8 @@ import torch
 
 import gemfilter
 from gemfilter import GemFilter, apply
-from gemfilter.bench import report as bench_report
-from gemfilter.cli import main as gf_main
+from gemfilter.lab.bench import report as bench_report
+from gemfilter.lab.cli import main as gf_main
 from tiny_models import BUILDERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,13 +149,13 @@ def _never(*a, **k):
     (["--timeout", "0"], "--timeout must be > 0"),
 ])
 def test_bench_checks_options_before_measuring(tiny_model_dir, tmp_path, monkeypatch, extra, msg):
-    monkeypatch.setattr("gemfilter.bench.core.run_worker", _never)
+    monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", _never)
     with pytest.raises(SystemExit, match=msg.replace("(", r"\(").replace(")", r"\)")):
         bench_report.main(_bench_args(tiny_model_dir, tmp_path / "out", *extra))
 
 
 def test_bench_checks_out_before_measuring(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr("gemfilter.bench.core.run_worker", _never)
+    monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", _never)
     (tmp_path / "file").write_text("x")
     with pytest.raises(SystemExit, match="is a file, not a folder"):
         bench_report.main(_bench_args(tiny_model_dir, tmp_path / "file"))
@@ -172,7 +172,7 @@ def _row(model_dir, prompt_s, repeat=0, method="full", length=300):
 
 
 def test_bench_counts_a_duplicated_row_once(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr("gemfilter.bench.core.run_worker", _never)
+    monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", _never)
     out = tmp_path / "out"
     out.mkdir()
     other_setup = {**_row(tiny_model_dir, 5.0), "topk": 99}  # the same cell, measured with another --topk
@@ -195,7 +195,7 @@ def test_bench_resumes_past_a_torn_last_line(tiny_model_dir, tmp_path, monkeypat
         measured.append((spec["method_name"], spec["length"]))
         return {k: v for k, v in _row(tiny_model_dir, 2.0, length=spec["length"]).items() if k not in ("repeat",)}
 
-    monkeypatch.setattr("gemfilter.bench.core.run_worker", fake_worker)
+    monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", fake_worker)
     with pytest.warns(UserWarning, match=r"bench.jsonl:2: skipping an incomplete row"):
         assert bench_report.main(_bench_args(tiny_model_dir, out, "--lengths", "300,400")) == 0
     assert measured == [("full", 400)]
@@ -219,7 +219,7 @@ sys.path.insert(0, sys.argv[2])
 from eval.niah.runner import RunConfig
 from eval.rundir import check_config
 from eval.longbench.report import score_folder
-from gemfilter.inspection.calibrate import calibrate
+from gemfilter.lab.inspection.calibrate import calibrate
 from icl_probes.io import write_json
 from niah_fixtures import word_tokenizer, write_haystack
 from tiny_models import BUILDERS

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gemfilter.io import read_jsonl
+from gemfilter.lab.io import read_jsonl
 from test_niah_accelerate import free_port
 from test_ruler_runner import TASKS, write_samples
 

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from gemfilter.io import read_jsonl
+from gemfilter.lab.io import read_jsonl
 from eval.ruler.cli import main
 from eval.ruler.prepare import data_file, write_rows
 from eval.ruler.runner import MethodSpec, RunConfig, method_specs, run

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import gemfilter
-from gemfilter.serve.upstream import PROBE, check_tokenizer
-from gemfilter.serve.proxy import ProxyServer
-from gemfilter.serve.selector import Selector, cut_config
-from gemfilter.serve.upstream import Upstream
+from gemfilter.lab.serve.upstream import PROBE, check_tokenizer
+from gemfilter.lab.serve.proxy import ProxyServer
+from gemfilter.lab.serve.selector import Selector, cut_config
+from gemfilter.lab.serve.upstream import Upstream
 from serve_fixtures import LAYER, PROMPT, CharTokenizer, StubEngine, make_proxy, model, post, proxy, stub  # noqa: F401
 
 
@@ -182,8 +182,8 @@ def test_a_failure_inside_the_proxy_is_a_500_with_its_message(proxy, monkeypatch
 
 
 def test_serve_and_bench_report_an_unreachable_engine_without_a_traceback(capsys, tmp_path):
-    from gemfilter.bench.report import main as bench_main
-    from gemfilter.cli import main
+    from gemfilter.lab.bench.report import main as bench_main
+    from gemfilter.lab.cli import main
 
     stub = StubEngine()
     url = stub.url

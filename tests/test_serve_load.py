@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gemfilter.serve.proxy import ProxyServer
-from gemfilter.serve.selector import Selector
-from gemfilter.serve.upstream import Upstream
+from gemfilter.lab.serve.proxy import ProxyServer
+from gemfilter.lab.serve.selector import Selector
+from gemfilter.lab.serve.upstream import Upstream
 from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
 
@@ -197,9 +197,9 @@ def test_the_server_s_own_errors_are_json_not_html(make_proxy):
 
 
 def test_the_burst_tool_counts_every_answer_through_the_proxy_and_direct(make_proxy, stub, capsys, tmp_path):
-    """python -m gemfilter.serve.burst against the stub directly and through the proxy: every request answered;
+    """python -m gemfilter.lab.serve.burst against the stub directly and through the proxy: every request answered;
     against a closed port every request is counted as failed, by kind, and the exit status says so."""
-    from gemfilter.serve.burst import main
+    from gemfilter.lab.serve.burst import main
 
     proxy = make_proxy(timeout=30)
     out = tmp_path / "burst.json"

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import gemfilter
-from gemfilter.serve.chat_template import GEMMA3, fallback_template
-from gemfilter.serve.selector import Selector
+from gemfilter.lab.serve.chat_template import GEMMA3, fallback_template
+from gemfilter.lab.serve.selector import Selector
 from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
 TOK = CharTokenizer()
@@ -172,8 +172,8 @@ def test_client_faults_are_400s_naming_the_field(proxy, stub, route, body, messa
     (["--selector-cache-gb", "nan"], "--selector-cache-gb must be a number of GB in [0, 1024] (0: off), got nan"),
 ])
 def test_bad_serve_options_get_one_error_line_before_anything_loads(monkeypatch, capsys, argv, message):
-    from gemfilter.cli import main
-    from gemfilter.serve import selector, upstream
+    from gemfilter.lab.cli import main
+    from gemfilter.lab.serve import selector, upstream
 
     def never(*args, **kwargs):
         raise AssertionError("reached the engine or loaded the selector before checking the options")

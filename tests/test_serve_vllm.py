@@ -103,7 +103,7 @@ def servers(tmp_path_factory):
         wait_until_up(engine + "/models", procs[0], 600, engine_log)
         with open(proxy_log, "w") as log:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "gemfilter.cli", "serve", "--upstream", engine, "--port", str(proxy_port),
+                [sys.executable, "-m", "gemfilter.lab.cli", "serve", "--upstream", engine, "--port", str(proxy_port),
                  "--topk", "128", "--threads", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
         proxy = f"http://127.0.0.1:{proxy_port}"
         wait_until_up(proxy + "/health", procs[1], 300, proxy_log)
@@ -170,7 +170,7 @@ def test_a_2k_niah_cell_through_the_proxy_finds_the_needle_where_hf_does(servers
 
 
 def test_a_chat_as_parts_equals_the_chat_as_text_and_runs_past_16_tokens(servers, embedded):
-    from gemfilter.serve.chat_template import GEMMA3
+    from gemfilter.lab.serve.chat_template import GEMMA3
 
     _, proxy, _ = servers
     _, tok = embedded

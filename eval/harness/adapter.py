@@ -85,7 +85,7 @@ def check_model_args(pretrained, method, topk, ratio, layer, attn, kwargs: dict)
     from gemfilter.models import ATTN_CHOICES, load_config
     from gemfilter.methods import check_for_model, parse_spec
     from gemfilter.methods.spec import parameters
-    from gemfilter.options import check_against_model
+    from gemfilter.lab.options import check_against_model
 
     known = set(OWN_ARGS) | {n for n, p in inspect.signature(HFLM.__init__).parameters.items()
                              if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD} - {"self"}

@@ -9,7 +9,7 @@ Everything after the command is the harness's (``--tasks``, ``--limit``, ``--out
 from __future__ import annotations
 
 import sys
-from gemfilter.entry import command, require
+from gemfilter.lab.entry import command, require
 
 USAGE = """gemfilter-lm-eval: lm-evaluation-harness with every gemfilter method (model class 'gemfilter').
 

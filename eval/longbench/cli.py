@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from gemfilter.entry import command
+from gemfilter.lab.entry import command
 
 RUN_EPILOG = """tasks (config: category, metric, max_new_tokens; * = has a LongBench-E variant):
 {tasks}
@@ -64,8 +64,8 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
-    from gemfilter.options import add_method_options
-    from gemfilter.serve.engine import add_engine_argument
+    from gemfilter.lab.options import add_method_options
+    from gemfilter.lab.serve.engine import add_engine_argument
 
     from .presets import PRESETS
     from .tasks import TASKS
@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 @command("eval", name="gemfilter-longbench")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-longbench`` and ``python -m eval.longbench``; returns the exit status."""
-    from gemfilter.options import cli_exit
+    from gemfilter.lab.options import cli_exit
 
     args = build_parser().parse_args(argv)
     return cli_exit(lambda: _run(args) if args.command == "run" else _score(args))
@@ -152,7 +152,7 @@ def _run(args) -> int:
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
-    from gemfilter.options import method_specs_of, parse_length
+    from gemfilter.lab.options import method_specs_of, parse_length
 
     from .presets import PRESETS, paper_max_length, parse_method_lengths
 

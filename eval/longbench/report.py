@@ -18,7 +18,7 @@ import math
 import warnings
 from pathlib import Path
 
-from gemfilter.io import CorruptFileError, read_json_object, read_jsonl, write_text_atomic
+from gemfilter.lab.io import CorruptFileError, read_json_object, read_jsonl, write_text_atomic
 
 from eval.rundir import rows_to_score, task_names
 

@@ -14,7 +14,7 @@ Files in ``--out``:
 - ``pred[_e]/<method>/<task>.jsonl.rank{i}``: rows appended (flushed, fsynced) by process i;
 - ``pred[_e]/<method>/<task>.jsonl``: the merged rows in dataset order, written atomically by the
   main process after every process finished; the shards are then removed. Appends and merges take
-  the folder's lock (``gemfilter.io``), so two runs sharing one ``--out`` lose no row.
+  the folder's lock (``gemfilter.lab.io``), so two runs sharing one ``--out`` lose no row.
 
 A rerun computes only the samples whose ``_id`` has no row yet. Under ``accelerate launch`` /
 ``torchrun`` the missing samples are dealt round-robin over the processes (accelerate's PartialState).
@@ -28,7 +28,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemfilter.options import check_against_model
+from gemfilter.lab.options import check_against_model
 
 from eval.rundir import check_layers
 from eval.runner import Benchmark, Unit, run as run_units
@@ -132,7 +132,7 @@ class LongBench(Benchmark):
 
     def check(self, model_config) -> None:
         from gemfilter.methods import check_for_model
-        from gemfilter.serve.engine import check_engine_methods
+        from gemfilter.lab.serve.engine import check_engine_methods
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=(config.max_length or 1,),
@@ -170,7 +170,7 @@ class LongBench(Benchmark):
 
     def start(self, model, tok, done: dict):
         from gemfilter.apply import resolve
-        from gemfilter.serve.engine import engine_field, generator
+        from gemfilter.lab.serve.engine import engine_field, generator
 
         config = self.config
         methods = {label: resolve(model, spec.method(config.max_length_of(label, self.window_length), topk=config.topk,

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from .grid import PRESET_SETTINGS, PRESETS
-from gemfilter.entry import command
+from gemfilter.lab.entry import command
 
 EPILOG = """presets (--lengths / --depths replace the preset's axis; explicit options win):
 {presets}
@@ -48,8 +48,8 @@ The default model is the embedded Gemma 3 270M (offline; first load about 75 s, 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
-    from gemfilter.options import add_method_options
-    from gemfilter.serve.engine import add_engine_argument
+    from gemfilter.lab.options import add_method_options
+    from gemfilter.lab.serve.engine import add_engine_argument
 
     from .grid import PRESET_SETTINGS
 
@@ -111,7 +111,7 @@ def _settings(settings: dict, lengths, depths) -> str:
 @command("eval", name="gemfilter-niah")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-niah`` and ``python -m eval.niah``; returns the exit status."""
-    from gemfilter.options import cli_exit
+    from gemfilter.lab.options import cli_exit
 
     args = build_parser().parse_args(argv)
     return cli_exit(lambda: _main(args))
@@ -128,7 +128,7 @@ def _main(args) -> int:
 
     lengths, depths = resolve_grid(args.preset, args.lengths, args.depths)
     preset = preset_settings(args.preset)
-    from gemfilter.options import method_specs_of
+    from gemfilter.lab.options import method_specs_of
 
     specs = method_specs_of(args, default=",".join(preset["methods"]))
     config = RunConfig(model=args.model, methods=tuple(s.text for s in specs), lengths=lengths, depths=depths,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gemfilter.io import save_png, write_text_atomic
+from gemfilter.lab.io import save_png, write_text_atomic
 
 from eval.palette import COLORS
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from gemfilter.entry import command
+from gemfilter.lab.entry import command
 
 TASKS_HELP = """tasks (synthetic.yaml; generator, tokens_to_generate, metric):
 {tasks}
@@ -93,8 +93,8 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
-    from gemfilter.options import add_method_options
-    from gemfilter.serve.engine import add_engine_argument
+    from gemfilter.lab.options import add_method_options
+    from gemfilter.lab.serve.engine import add_engine_argument
 
     from .sources import DEFAULT_SPLITTER, SPLITTERS
     from .tasks import TASKS
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 @command("eval", name="gemfilter-ruler")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-ruler`` and ``python -m eval.ruler``; returns the exit status."""
-    from gemfilter.options import cli_exit
+    from gemfilter.lab.options import cli_exit
 
     args = build_parser().parse_args(argv)
     commands = {"prepare": _prepare, "run": _run, "score": _score, "failures": _failures}
@@ -202,7 +202,7 @@ def _prepare(args) -> int:
 
 
 def _run(args) -> int:
-    from gemfilter.options import method_specs_of, parse_topks
+    from gemfilter.lab.options import method_specs_of, parse_topks
 
     from .report import write_report
     from .runner import RunConfig, method_specs, run

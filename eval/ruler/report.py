@@ -15,7 +15,7 @@ import re
 import warnings
 from pathlib import Path
 
-from gemfilter.io import read_json_object, read_jsonl, save_png, write_text_atomic
+from gemfilter.lab.io import read_json_object, read_jsonl, save_png, write_text_atomic
 
 from eval.rundir import rows_to_score, task_names
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemfilter.options import check_against_model
+from gemfilter.lab.options import check_against_model
 
 from eval.rundir import check_layers
 from eval.runner import Benchmark, Unit, run as run_units
@@ -172,7 +172,7 @@ def load_tokenizer(model: str | None):
 def predict(model, tokenizer, method, row: dict, task, generate=None) -> dict:
     """Greedy answer to ``input + answer_prefix`` with ``method``: pred, kept, prompt_tokens, seconds, answers_kept.
 
-    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.serve.engine.generator``)."""
+    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.lab.serve.engine.generator``)."""
     import gemfilter
 
     generate = generate or gemfilter.generate
@@ -222,7 +222,7 @@ class Ruler(Benchmark):
 
     def check(self, model_config) -> None:
         from gemfilter.methods import check_for_model
-        from gemfilter.serve.engine import check_engine_methods
+        from gemfilter.lab.serve.engine import check_engine_methods
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
@@ -250,7 +250,7 @@ class Ruler(Benchmark):
         return [u for u in todo if id(u.data) in mine]
 
     def start(self, model, tok, done: dict):
-        from gemfilter.serve.engine import engine_field, generator
+        from gemfilter.lab.serve.engine import engine_field, generator
 
         config = self.config
         generate = generator(config.engine, tok)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gemfilter.entry import command
+from gemfilter.lab.entry import command
 
 EPILOG = """modes (SCBench, Li et al. 2024, microsoft/MInference scbench/):
   multi-turn     one conversation: turn 1 is context + question; each later turn appends a follow-up that
@@ -41,7 +41,7 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter.models import add_attn_argument
-    from gemfilter.options import add_method_options
+    from gemfilter.lab.options import add_method_options
 
     parser = argparse.ArgumentParser(prog="gemfilter-scbench", description=__doc__.split("\n\n")[0],
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,14 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
 @command("plots", name="gemfilter-scbench")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-scbench``; returns the exit status."""
-    from gemfilter.options import cli_exit
+    from gemfilter.lab.options import cli_exit
 
     args = build_parser().parse_args(argv)
     return cli_exit(lambda: {"run": _run, "report": _report}[args.command](args))
 
 
 def _run(args) -> int:
-    from gemfilter.options import method_specs_of, parse_lengths, split_names
+    from gemfilter.lab.options import method_specs_of, parse_lengths, split_names
 
     from eval.rundir import print_report
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gemfilter.options import check_against_model
+from gemfilter.lab.options import check_against_model
 
 from eval.runner import Benchmark, Unit, run as run_units
 

@@ -20,7 +20,7 @@ from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.midpoint_mixup.experiments import (IMAGES_PRESETS, SWEEPS, SYNTHETIC_PRESETS, run_images,
                                                        run_synthetic, run_units)
 from feature_probes.midpoint_mixup.model import METHODS
-from gemfilter.entry import command
+from gemfilter.lab.entry import command
 
 PRESETS = {"synthetic": SYNTHETIC_PRESETS, "images": IMAGES_PRESETS}
 PAPER_TABLE1_FMNIST = {"erm": "16.55 ± 2", "midpoint": "14.84 ± 1", "uniform": "9.66"}

@@ -16,7 +16,7 @@ from icl_probes.common import pyplot
 from icl_probes.io import save_png, write_json, write_text
 from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.mrp.experiments import PRESETS, run_units
-from gemfilter.entry import command
+from gemfilter.lab.entry import command
 
 EPILOG = """examples:
   python -m feature_probes.mrp run --out results/mrp --fig-dir feature_probes/figures        # ~2 min

@@ -17,7 +17,7 @@ from icl_probes.io import save_png, write_json, write_text
 from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.parity.data import ParitySpec
 from feature_probes.parity.experiments import PRESETS, run_table
-from gemfilter.entry import command
+from gemfilter.lab.entry import command
 
 METHODS = ("network", "network_adam", "ntk", "ntk_ridge", "rf", "one_step", "two_step")
 NAMES = {"network": "Network, stage 3 thm_a20 (GD, Thm A.20's η)", "network_adam": "Network, stage 3 adam",

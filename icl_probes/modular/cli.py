@@ -21,7 +21,7 @@ from icl_probes.common import as_stored, resolve_device
 from icl_probes.io import check_out_dir, read_json, remove_jsonl_rows, write_json, write_text
 from icl_probes.modular import plots, report
 from icl_probes.modular.experiments import GROK_PRESETS, MLP_PRESETS, TRANSFORMER_PRESETS, run_grokking, run_mlp, run_transformer
-from gemfilter.entry import command
+from gemfilter.lab.entry import command
 
 PRESETS = {"mlp": MLP_PRESETS, "transformer": TRANSFORMER_PRESETS, "grok": GROK_PRESETS}
 

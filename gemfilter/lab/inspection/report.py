@@ -82,7 +82,7 @@ def plot_kept(kept: dict, n, span, layers, path, title):
 
 
 def _num_layers(config) -> int:
-    from ..compat import text_config
+    from ...compat import text_config
 
     return int(text_config(config).num_hidden_layers)
 
@@ -91,7 +91,7 @@ def _check_inspect(args) -> Path:
     """Option checks that need no weights (only the model's config); returns the checked --out."""
     from ..io import check_out_dir
     from ..options import check_against_model, check_int, parse_length
-    from ..models import load_config
+    from ...models import load_config
 
     args.length = parse_length(args.length, "--length")
     check_int(args.topk, "--topk", 1)
@@ -110,8 +110,8 @@ def _check_calibrate(args) -> tuple:
     """(lengths, depths, ks), every check that needs no weights, and the calibration folder writable."""
     from ..io import check_out_dir
     from ..options import check_against_model, parse_depths, parse_lengths, parse_positive_ints
-    from ..models import load_config
-    from ..layers import calibration_path
+    from ...models import load_config
+    from ...layers import calibration_path
 
     lengths = parse_lengths(args.lengths, "--lengths")
     depths = parse_depths(args.depths, "--depths")
@@ -128,7 +128,7 @@ def _cmd_inspect(args) -> int:
     from ..haystack import NEEDLE, build_case
 
     from ..io import write_json_atomic
-    from ..models import load_model
+    from ...models import load_model
 
     out = _check_inspect(args)
     require("plots", "gemfilter inspect")
@@ -165,7 +165,7 @@ def _cmd_inspect(args) -> int:
 def _cmd_calibrate(args) -> int:
     from tqdm import tqdm
 
-    from ..models import load_model
+    from ...models import load_model
     from .calibrate import calibrate, format_table
 
     lengths, depths, ks = _check_calibrate(args)
@@ -183,7 +183,7 @@ def _cmd_calibrate(args) -> int:
 
 
 def add_subcommands(sub) -> None:
-    from ..models import add_attn_argument
+    from ...models import add_attn_argument
     from ..options import add_method_options
 
     p = sub.add_parser("inspect", help="per-layer needle distance, last-row attention map, kept positions (PNG)",

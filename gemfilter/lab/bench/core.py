@@ -3,7 +3,7 @@
 Paper: Shi et al. 2024, Fig. 9.3 and Theorem 9.3. GemFilter's prompt phase costs about (r+1)/m of a
 full prefill; SnapKV and H2O pay the full prefill and then save on the cache.
 
-Every (method, length, repeat) runs in a fresh subprocess (``python -m gemfilter.bench.core --worker``),
+Every (method, length, repeat) runs in a fresh subprocess (``python -m gemfilter.lab.bench.core --worker``),
 so one measurement's allocations cannot leak into the next. Time is split by a streamer: the prompt
 phase ends when the first new token arrives (filter pass + k-token prefill for GemFilter, the full
 prefill for the others), and the generation phase is the rest. Memory on CPU is the peak RSS of a
@@ -12,7 +12,7 @@ phase start through /proc/self/clear_refs. On CUDA it is torch.cuda.max_memory_a
 relative to the loaded model, with synchronised timers; the absolute peaks (weights included, the
 quantity Fig. 9.3 plots) are recorded too.
 
-``config:<arch>`` models (see :mod:`gemfilter.bench.archs`) are the paper's architectures with random
+``config:<arch>`` models (see :mod:`gemfilter.lab.bench.archs`) are the paper's architectures with random
 weights: the prompt is random token ids, and every method generates exactly ``gen_tokens`` tokens
 (min = max), since random weights would stop at a random EOS.
 """
@@ -25,14 +25,14 @@ import subprocess
 import sys
 import time
 
-from ..measure import FirstTokenClock, PeakMemory
+from ...measure import FirstTokenClock, PeakMemory
 
 
 class _MaskTimer:
     """Wraps the model's mask builder (this worker process only) to add up the seconds spent building masks."""
 
     def __init__(self, name: str, sync):
-        from ..compat import mask_functions, register_mask
+        from ...compat import mask_functions, register_mask
 
         self.seconds, self.sync = 0.0, sync
         inner = mask_functions()[name]
@@ -88,7 +88,7 @@ def _load(model_name, attn, layers, dtype, device, test_shrink, length, seed):
     import torch
 
     import gemfilter
-    from gemfilter.bench import archs
+    from gemfilter.lab.bench import archs
 
     if archs.is_config_name(model_name):
         model = archs.build_model(model_name, layers=layers, dtype=dtype, device=device, test_shrink=test_shrink,
@@ -118,7 +118,7 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     attn: attention kernel (None: the model's default). ``mask_s`` is the time spent building masks
     during the measured prompt phase and generation. method_name: a method spec (``snapkv:k=512``); topk, layer:
     the command line's defaults for it (None: the method's own). layers, dtype, device, test_shrink, seed: see
-    :func:`gemfilter.bench.archs.build_model` (layers and test_shrink only for ``config:<arch>`` models).
+    :func:`gemfilter.lab.bench.archs.build_model` (layers and test_shrink only for ``config:<arch>`` models).
     """
     import torch
 
@@ -135,7 +135,7 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     masks = _MaskTimer(kernel, sync)
     n = enc["input_ids"].shape[1]
     method = resolve(model, parse_spec(method_name).method(n, topk=topk, layer=layer))
-    from gemfilter.bench.paper import h2o_exclusion
+    from gemfilter.lab.bench.paper import h2o_exclusion
 
     reason = h2o_exclusion(method, model, n, device)
     if reason is not None:
@@ -226,7 +226,7 @@ def run_worker(spec: dict, timeout: float | None = None) -> dict:
     import signal
     import threading
 
-    cmd = [sys.executable, "-m", "gemfilter.bench.core", "--worker", json.dumps(spec)]
+    cmd = [sys.executable, "-m", "gemfilter.lab.bench.core", "--worker", json.dumps(spec)]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", **{PARENT_ENV: str(os.getpid())})
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main else None
@@ -254,9 +254,9 @@ def _worker_entry(spec_json: str) -> int:
 
 
 if __name__ == "__main__":
-    # Worker entry only: the command is ``gemfilter bench`` (gemfilter.bench.report), which imports
+    # Worker entry only: the command is ``gemfilter bench`` (gemfilter.lab.bench.report), which imports
     # this module, so this one must not import it back.
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         sys.exit(_worker_entry(sys.argv[2]))
-    sys.exit("python -m gemfilter.bench.core is the benchmark's internal worker (--worker SPEC_JSON); "
+    sys.exit("python -m gemfilter.lab.bench.core is the benchmark's internal worker (--worker SPEC_JSON); "
              "run 'gemfilter bench --help'")

@@ -35,8 +35,8 @@ that parameter is named in a note. In Python: gemfilter.methods.parse_method('fa
 def _cmd_methods(args) -> int:
     import inspect
 
-    from .methods import REGISTRY, describe
-    from .methods.spec import parameters
+    from ..methods import REGISTRY, describe
+    from ..methods.spec import parameters
 
     if args.name is not None:  # one method in full: its kind, docstring and every parameter's default
         if args.name not in REGISTRY:
@@ -64,7 +64,7 @@ def check_generate_args(args):
     """Every option check that needs no weights (the config is enough), so a typo costs no model load; returns
     the method's :class:`~gemfilter.methods.spec.Spec`."""
     from .options import check_against_model, check_int, method_specs_of
-    from .models import load_config
+    from ..models import load_config
 
     check_int(args.threads, "--threads", 0)
     check_int(args.max_new_tokens, "--max-new-tokens", 1)
@@ -76,8 +76,8 @@ def check_generate_args(args):
 def _cmd_generate(args) -> int:
     import torch
 
-    from . import generate, load_model
-    from .apply import resolve
+    from .. import generate, load_model
+    from ..apply import resolve
     from .io import read_text
 
     path = Path(args.prompt_file)
@@ -115,7 +115,7 @@ def _cmd_generate(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .models import add_attn_argument
+    from ..models import add_attn_argument
     from .options import add_method_options
 
     parser = argparse.ArgumentParser(
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 @command(name="gemfilter")
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # its own parser: python -m gemfilter.bench.report --help
+    if argv[:1] == ["bench"]:  # its own parser: python -m gemfilter.lab.bench.report --help
         from .bench.report import main as bench_main
 
         return bench_main(argv[1:])

@@ -109,7 +109,7 @@ def arch_config(name: str, layers: int | None = None, test_shrink: bool = False)
     """
     from transformers import AutoConfig
 
-    from ..models import drop_unreachable_window
+    from ...models import drop_unreachable_window
 
     values = published_config(name)
     changes = []
@@ -163,7 +163,7 @@ def build_model(name: str, *, layers: int | None = None, dtype=None, device=None
     """
     from transformers import AutoModelForCausalLM
 
-    from ..compat import no_init_weights
+    from ...compat import no_init_weights
 
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -184,7 +184,7 @@ def build_model(name: str, *, layers: int | None = None, dtype=None, device=None
             if isinstance(module, torch.nn.Linear) and module.bias is not None:
                 module.bias.zero_()
     if attn == "banded":
-        from ..models import set_attention
+        from ...models import set_attention
 
         set_attention(model, attn)
     return model.eval()

@@ -56,7 +56,7 @@ def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, thre
 
 
 def add_parser(sub) -> None:
-    from ..models import add_attn_argument
+    from ...models import add_attn_argument
     from ..options import add_method_options
 
     p = sub.add_parser("serve", help="OpenAI-compatible proxy: select on layers 0..r, generate on an engine (vLLM)",
@@ -102,7 +102,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_serve(args) -> int:
-    from ..models import load_config
+    from ...models import load_config
     from ..options import check_against_model, check_int, method_specs_of
     from .proxy import ProxyServer, check_limits, check_seconds, request_options, serve
 

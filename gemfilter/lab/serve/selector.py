@@ -16,14 +16,14 @@ from dataclasses import dataclass
 def is_prompt_method(method) -> bool:
     """Whether ``method`` (a class or an object) can run in front of an engine: ``full``, or a method that
     picks prompt tokens. KV-cache methods evict inside the model, which an engine does not expose."""
-    from ..methods import FullMethod, PromptMethod
+    from ...methods import FullMethod, PromptMethod
 
     return issubclass(method if isinstance(method, type) else type(method), (PromptMethod, FullMethod))
 
 
 def prompt_methods() -> tuple:
     """Names of the registered methods that can run in front of an engine (``full`` sends the whole prompt)."""
-    from ..methods import REGISTRY
+    from ...methods import REGISTRY
 
     return tuple(sorted(name for name, cls in REGISTRY.items() if is_prompt_method(cls)))
 
@@ -49,8 +49,8 @@ def load_selector(name: str | None = None, *, layer: int | None = None, attn: st
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from ..layers import default_layer
-    from ..models import _check_attn, is_embedded, load_config, model_path
+    from ...layers import default_layer
+    from ...models import _check_attn, is_embedded, load_config, model_path
 
     config = load_config(name)
     full_layers = int(config.get_text_config().num_hidden_layers)
@@ -100,7 +100,7 @@ class Selector:
     """A loaded selector and its tokenizer; :meth:`choose` is safe to call from several threads (one runs at a time).
 
     chat_template: a template the proxy supplies because the tokenizer has none
-    (:func:`gemfilter.serve.chat_template.fallback_template`); chats are then always sent as token ids.
+    (:func:`gemfilter.lab.serve.chat_template.fallback_template`); chats are then always sent as token ids.
     """
 
     def __init__(self, model, tokenizer, layer: int, max_tokens: int | None = None, chat_template: str | None = None,
@@ -118,7 +118,7 @@ class Selector:
     def method_for(self, n: int, method, topk: int | None = None):
         """The method object for a prompt of ``n`` tokens: ``method`` a spec (text or
         :class:`~gemfilter.methods.Spec`), ``topk`` the budget where the spec sets none (None: its own)."""
-        from ..methods import parse_spec
+        from ...methods import parse_spec
 
         spec = parse_spec(method) if isinstance(method, str) else method
         m = spec.method(n, topk=topk, layer=self.layer)
@@ -131,7 +131,7 @@ class Selector:
     def passes_through(n: int, method) -> bool:
         """Whether a prompt of ``n`` tokens is sent unchanged by ``method`` (an object, :meth:`method_for`):
         ``full``, or a prompt of at most the method's ``topk`` tokens."""
-        from ..methods import FullMethod
+        from ...methods import FullMethod
 
         return isinstance(method, FullMethod) or n <= method.topk
 
@@ -163,8 +163,8 @@ class Selector:
         prompt's whole blocks and store them as a new entry, then run the last tokens and select."""
         import torch
 
-        from ..compat import dynamic_cache
-        from ..selection import filter_pass, select_cached
+        from ...compat import dynamic_cache
+        from ...selection import filter_pass, select_cached
 
         cached, cache = self.prefix_cache.lookup(ids)
         cache = cache if cache is not None else dynamic_cache(self.model.config)

@@ -177,7 +177,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..models import add_attn_argument
+    from ...models import add_attn_argument
     from .archs import ARCHS
     from .paper import PRESETS
 
@@ -255,7 +255,7 @@ OUTPUTS = ("bench.jsonl", "bench.json", "bench.md", "bench.png")
 def check_args(args) -> tuple:
     """Every check that needs no measurement, before the first worker starts: (methods, lengths, kernels, out)."""
     from ..options import check_int, method_specs_of
-    from ..models import ATTN_CHOICES, load_config
+    from ...models import ATTN_CHOICES, load_config
 
     specs = method_specs_of(args)
     methods = [s.label for s in specs]
@@ -275,7 +275,7 @@ def check_args(args) -> tuple:
     if not is_config_name(args.model):  # config:<arch> models are checked by _check_arch_args
         check_against_model(load_config(args.model), layer=args.layer, lengths=lengths, specs=specs)
         from ..haystack import check_lengths
-        from ..models import load_tokenizer
+        from ...models import load_tokenizer
 
         check_lengths(load_tokenizer(args.model), lengths)  # the prompt is a needle case: not in a worker, later
     return methods, lengths, kernels, out

@@ -1,4 +1,4 @@
-"""``python -m gemfilter.serve.burst``: concurrent bursts through ``gemfilter serve`` and straight to its engine.
+"""``python -m gemfilter.lab.serve.burst``: concurrent bursts through ``gemfilter serve`` and straight to its engine.
 
 Each burst sends N requests at once (one thread each, released together by a barrier) to
 ``/v1/completions``, non-streamed, and counts the answers that are complete (HTTP 200 with a choice that
@@ -8,7 +8,7 @@ table: answered / sent, p50 and p95 latency, and the burst's wall time.
 
 Example (a vLLM on :8000 and ``gemfilter serve --engine http://127.0.0.1:8000/v1 --port 8100``)::
 
-    python -m gemfilter.serve.burst --target direct=http://127.0.0.1:8000/v1 \\
+    python -m gemfilter.lab.serve.burst --target direct=http://127.0.0.1:8000/v1 \\
         --target proxy=http://127.0.0.1:8100/v1 --bursts small=100x16,large=20x1000
 """
 
@@ -101,7 +101,7 @@ def parse_bursts(text: str) -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gemfilter.serve.burst", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m gemfilter.lab.serve.burst", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", action="append", required=True, metavar="NAME=URL",
                    help="an OpenAI-compatible base URL ending in /v1, named (repeat: e.g. direct=... and proxy=...)")
@@ -119,7 +119,7 @@ def first_model(url: str, timeout: float) -> str:
         return json.loads(resp.read())["data"][0]["id"]
 
 
-@command(name="python -m gemfilter.serve.burst")
+@command(name="python -m gemfilter.lab.serve.burst")
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:

@@ -19,7 +19,7 @@ def check_engine_methods(engine: str | None, names) -> None:
 
     names: method specs (``gemfilter-span:k=256``) or names; a spec that does not parse is refused by its parse.
     """
-    from ..methods import parse_spec
+    from ...methods import parse_spec
 
     bad = [n for n in names if engine is not None and parse_spec(n).kind not in ("prompt", "full")]
     if bad:
@@ -46,7 +46,7 @@ class EngineOutput:
 
 def engine_generate(upstream, model, inputs, *, method, tokenizer=None, max_new_tokens: int = 50,
                     min_new_tokens: int | None = None, eos_token_id=None, **unused) -> EngineOutput:
-    """Greedy generation on ``upstream`` (an :class:`~gemfilter.serve.upstream.Upstream`) from ``method``'s kept tokens.
+    """Greedy generation on ``upstream`` (an :class:`~gemfilter.lab.serve.upstream.Upstream`) from ``method``'s kept tokens.
 
     inputs: a tokenizer output with ``input_ids`` (1, n); model: the local model the selection runs on;
     eos_token_id: extra stop ids (sent as vLLM's ``stop_token_ids``); min_new_tokens: vLLM's ``min_tokens``.
@@ -57,7 +57,7 @@ def engine_generate(upstream, model, inputs, *, method, tokenizer=None, max_new_
     if ids.shape[0] != 1:
         raise ValueError(f"--engine sends one prompt per request; got a batch of {ids.shape[0]}")
     check_engine_methods(upstream.url, [method.name])
-    from ..methods import FullMethod
+    from ...methods import FullMethod
 
     selection = None
     if isinstance(method, FullMethod):
@@ -90,7 +90,7 @@ def generator(engine: str | None, tokenizer=None, timeout: float = 600.0):
     With an engine and a tokenizer, the engine's tokenizer is checked against it first.
     """
     if engine is None:
-        from ..apply import generate
+        from ...apply import generate
 
         return generate
     from .upstream import Upstream, check_tokenizer

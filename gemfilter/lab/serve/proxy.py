@@ -3,7 +3,7 @@
 Paper: Shi et al. 2024, Algorithm 2. The second stage of GemFilter is an ordinary generation from the k
 kept tokens at positions 0..k-1, so any engine can run it when it is handed the kept token ids as the
 prompt. For each request the proxy tokenizes the prompt (after the chat template, for chat requests),
-runs the selection on a local model that holds only layers 0..r (:mod:`gemfilter.serve.selector`), and
+runs the selection on a local model that holds only layers 0..r (:mod:`gemfilter.lab.serve.selector`), and
 sends the kept ids to the engine's ``/v1/completions``; a chat request's answer is turned back into a
 chat completion, streamed or not. A prompt of at most k tokens, and ``method: "full"``, pass through
 unchanged to the endpoint they were sent to (a chat on a model whose template the proxy supplies goes

@@ -13,7 +13,7 @@ revision) and a hash of its config.json, so a relative ``--model m`` in another 
 from __future__ import annotations
 
 from ..io import write_json_atomic
-from ..layers import calibration_path, model_identity, model_key
+from ...layers import calibration_path, model_identity, model_key
 from .core import needle_distances, needle_token_span, trace
 
 
