@@ -113,3 +113,17 @@ def test_python_m_eval_harness_runs_the_harness_with_the_class_registered(tiny_m
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(list(out.rglob("results_*.json"))) == 1
+
+
+def test_what_was_kept_is_measured_into_the_results(tiny_model_dir, tasks):  # noqa: F811
+    """The results' config says what the method kept, read from the caches (not from topk): at k=12 every
+    generate prefill of the 4-layer Llama caches 12 rows per layer and runs 12 positions through the last layer."""
+    out = evaluate("gemfilter", f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter:k=12,layer=2", tasks,
+                   task_names=("gf_local_gen",), batch_size=1)
+    kept = out["config"]["gemfilter_kept"]
+    docs = len(out["samples"]["gf_local_gen"])
+    assert kept["generate_prefills"] == docs and kept["loglikelihood_rows"] == 0
+    assert kept["kv_rows_per_layer"] == [[12, 12]] * 4 and kept["propagated"] == [12, 12]
+    mc = evaluate("gemfilter", f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter:k=12,layer=2", tasks,
+                  task_names=("gf_local_mc",))["config"]["gemfilter_kept"]
+    assert mc["generate_prefills"] == 0 and mc["loglikelihood_rows"] > 0 and mc["kept"][1] <= 12

@@ -137,6 +137,11 @@ class GemFilterLM(HFLM):
         if attn is not None:
             gemfilter.set_attention(self.model, attn)
         self.spec, self.topk, self.layer = spec, topk, layer
+        self._splits: dict = {}  # while a loglikelihood run lasts: row tokens -> context length
+        self._lengths: list = []  # their distinct lengths, longest first
+        self.budgets: list = []  # what each generate prefill kept (gemfilter.apply.Budget), as measured
+        self.kept: list = []  # prompt tokens each loglikelihood row's continuation was scored from
+        self.method_for(1)  # resolved against the loaded model: what the config alone could not check
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict, additional_config=None):
@@ -166,8 +171,19 @@ class GemFilterLM(HFLM):
         method = self.method_for(1)
         info.update(gemfilter_method=self.spec.text,
                     gemfilter_topk=None if self.spec.ratio is not None else getattr(method, "topk", None),
-                    gemfilter_ratio=self.spec.ratio, gemfilter_layer=getattr(method, "layer", None))
+                    gemfilter_ratio=self.spec.ratio, gemfilter_layer=getattr(method, "layer", None),
+                    gemfilter_kept=self.measured())
         return info
+
+    def measured(self) -> dict:
+        """What the method kept over the run, as measured: generate prefills (KV rows per layer, min and max;
+        prompt positions through the last layer, min and max) and loglikelihood rows (tokens kept, min and max)."""
+        span = lambda xs: [min(xs), max(xs)] if xs else None  # noqa: E731
+        rows = [b.kv_rows for b in self.budgets]
+        return {"generate_prefills": len(self.budgets),
+                "kv_rows_per_layer": [span(layer) for layer in zip(*rows)] if rows else None,
+                "propagated": span([b.propagated for b in self.budgets]),
+                "loglikelihood_rows": len(self.kept), "kept": span(self.kept)}
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         if not isinstance(self.method_for(1), FullMethod):
@@ -177,9 +193,6 @@ class GemFilterLM(HFLM):
                              "would compress nothing and report the uncompressed score under its name; run them "
                              "with method=full")
         return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
-        self._splits: dict = {}  # while a loglikelihood run lasts: row tokens -> context length
-        self._lengths: list = []  # their distinct lengths, longest first
-        self.method_for(1)  # resolved against the loaded model: what the config alone could not check
 
     def method_for(self, prompt_tokens: int):
         """The resolved method for a prompt of ``prompt_tokens`` tokens (a ``ratio`` budget scales with it)."""
@@ -189,16 +202,19 @@ class GemFilterLM(HFLM):
         mask = generation_kwargs.get("attention_mask")
         lengths = [context.shape[1]] * context.shape[0] if mask is None else [int(n) for n in mask.sum(1)]
         if self.spec.ratio is None or len(set(lengths)) == 1:
-            with gemfilter.apply(self.model, self.method_for(lengths[0]), tokenizer=self.tokenizer):
-                return super()._model_generate(context, max_length, stop, **generation_kwargs)
+            with gemfilter.apply(self.model, self.method_for(lengths[0]), tokenizer=self.tokenizer) as handle:
+                out = super()._model_generate(context, max_length, stop, **generation_kwargs)
+            self.budgets += handle.budgets
+            return out
         # ratio on a left-padded batch of unequal rows: each row's budget is ratio x its own tokens, so the rows
         # run one at a time and come back as the harness expects (its padded context, then new tokens, padded)
         rows = []
         for i, n in enumerate(lengths):
             pad = context.shape[1] - n
             kwargs = {**generation_kwargs, "attention_mask": mask[i:i + 1, pad:]}
-            with gemfilter.apply(self.model, self.method_for(n), tokenizer=self.tokenizer):
+            with gemfilter.apply(self.model, self.method_for(n), tokenizer=self.tokenizer) as handle:
                 out = super()._model_generate(context[i:i + 1, pad:], max_length - pad, stop, **kwargs)
+            self.budgets += handle.budgets
             rows.append(torch.cat([context[i, :pad], out[0]]))
         width = max(len(r) for r in rows)
         return torch.stack([torch.cat([r, r.new_full((width - len(r),), self.tokenizer.pad_token_id)]) for r in rows])
@@ -238,8 +254,9 @@ class GemFilterLM(HFLM):
                 logits = super()._model_call(tokens[None].to(inps.device))[0]
             else:
                 method = self.method_for(ctx_len)
-                logits, _, _ = continuation_logits(self.model, tokens[:ctx_len], tokens[ctx_len:], method,
-                                                   self.tokenizer)
+                logits, kept, _ = continuation_logits(self.model, tokens[:ctx_len], tokens[ctx_len:], method,
+                                                      self.tokenizer)
+                self.kept.append(int(kept))
             if out is None:
                 out = logits.new_zeros(inps.shape + (logits.shape[-1],))
             out[i, len(ids) - len(logits):len(ids)] = logits  # the harness reads positions ctx_len - 1 .. n - 1
