@@ -36,7 +36,7 @@ The price of the seam: layers 0..TSP run again on the kept tokens (pass 2), a pr
 Scores follow the official casts by default (``score_dtype="model"``): logits in the model's dtype, the
 softmax in fp32 cast back, the window sum, pooling and GQA/head sums in the model's dtype. In fp16/bf16 that
 decides ties and near-ties differently from an all-fp32 computation, which ``score_dtype="fp32"`` keeps as a
-named choice (this project's first version; the two agree in fp32). Other differences from the official code:
+named choice (the two agree in fp32). Other differences from the official code:
 the temperature is the model's own attention scaling (official: 1/sqrt(head_dim), the same on
 Llama/Mistral/Qwen/Gemma 3), and left-padded batches are refused when TSP fires.
 """

@@ -5,7 +5,7 @@ Phi 3.5 Mini Instruct). Time and memory do not depend on the values of the weigh
 the real architecture and random weights measures what those figures measure, without a download.
 
 ``gemfilter/configs/*.json`` hold the config values of the public ``config.json`` files (no weights;
-``configs/SOURCES.md`` says where each copy came from). A model is named ``config:<arch>``, e.g.
+``gemfilter/configs/SOURCES.md`` says where each copy came from). A model is named ``config:<arch>``, e.g.
 ``config:llama-3.1-8b``.
 
 Building is fast: the modules are created directly on the target device in the target dtype with

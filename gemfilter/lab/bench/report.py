@@ -40,7 +40,7 @@ def load_rows(path: Path, meta: dict | None = None) -> list:
         if not row.get("excluded") and any(f not in row for f in MEASURED):
             warnings.warn(f"{path}: skipping an incomplete row for {key_of(row)}; that cell will be measured again")
             continue
-        if "threads_arg" not in row:  # rows written before threads_arg existed kept --threads in "threads"
+        if "threads_arg" not in row:  # a row without threads_arg holds --threads in "threads"
             row = {**row, "threads_arg": row.get("threads"), "threads": None}
         if meta is None or all(row.get(k) == v for k, v in meta.items()):
             rows.setdefault(key_of(row), row)

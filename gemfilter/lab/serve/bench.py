@@ -111,7 +111,7 @@ def complete(row: dict) -> bool:
 
 
 def summarize(rows: list, method: str) -> list:
-    """One dict per length: medians of each route and the ratios the README reports."""
+    """One dict per length: medians of each route and the ratios docs/serving.md reports."""
     out = []
     for n in sorted({r["length"] for r in rows}):
         def med(route, key):
@@ -189,7 +189,7 @@ def run(args) -> int:
                 layer=layer, gen_tokens=args.gen_tokens, selector_device=str(device))
     jsonl = out / "bench-engine.jsonl"
     rows = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
-    rows = [r for r in rows if complete(r)]  # error rows, and rows written before the proof existed, run again
+    rows = [r for r in rows if complete(r)]  # error rows, and rows without the stream proof, run again
     done = {(r["length"], r["route"], r["repeat"]) for r in rows}
     routes = (("full, direct", args.engine.rstrip("/") + "/completions", "full"), ("full, proxy", proxy, "full"),
               (f"{method}, proxy", proxy, method))
