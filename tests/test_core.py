@@ -163,11 +163,13 @@ def llama():
     return BUILDERS["llama"]()
 
 
-@pytest.mark.parametrize("layer", [-1, 4, 100])
-def test_e_layer_out_of_range(llama, layer):
-    with pytest.raises(ValueError, match=r"outside \[0, 4\)"):
+@pytest.mark.parametrize("layer, msg", [(-1, "layer=-1 must be >= 0"), (4, r"outside \[0, 4\)"),
+                                        (100, r"outside \[0, 4\)")])
+def test_e_layer_out_of_range(llama, layer, msg):
+    # a negative layer is refused where the method is built; one past the model's layers, against the model
+    with pytest.raises(ValueError, match=msg):
         gemfilter.select_tokens(llama, prompt(), layer=layer, topk=4)
-    with pytest.raises(ValueError, match=r"outside \[0, 4\)"):
+    with pytest.raises(ValueError, match=msg):
         gemfilter.generate(llama, prompt(), layer=layer, topk=4, max_new_tokens=2)
 
 
