@@ -124,9 +124,9 @@ class SCBench(Benchmark):
         config, tok = self.config, self.tokenizer()
         samples = {(L, t, i): make_sample(t, tok, L, config.turns, seed=i)
                    for L in config.lengths for t in config.tasks for i in range(config.num_samples)}
-        # sample-major, so a run cut off leaves every method on the same samples
+        # sample-major, so a run cut off leaves every mode, task and method on the same samples
         return [Unit(f"{mode}/{L}/{label}/{t}.jsonl", str(i), (mode, L, label, t, samples[L, t, i]))
-                for mode in config.modes for L in config.lengths for i in range(config.num_samples)
+                for L in config.lengths for i in range(config.num_samples) for mode in config.modes
                 for t in config.tasks for label in labelled(config)]
 
     def row_key(self, row: dict) -> str:
