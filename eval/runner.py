@@ -54,7 +54,8 @@ class Benchmark:
     required: fields a stored row must hold (else it is skipped with a warning and recomputed);
     legacy: settings added after folders were written without them, with the value a missing key means;
     ensure_ascii: as ``json.dumps``'s for the rows written; record_process: add ``process`` (the shard that
-    computed the row, not part of the result) to each row; config: the benchmark's run config.
+    computed the row, not part of the result) to each row; config: the benchmark's run config; tokenizer: a
+    callable giving the tokenizer alone (seconds, no weights), for data preparation and :meth:`before_load`.
     """
 
     name: str = "benchmark"
@@ -64,8 +65,8 @@ class Benchmark:
     ensure_ascii: bool = False
     record_process: bool = False
 
-    def __init__(self, config):
-        self.config = config
+    def __init__(self, config, tokenizer=None):
+        self.config, self.tokenizer = config, tokenizer
 
     # -- supplied by every benchmark -------------------------------------------------------------------
     def validate(self) -> None:
@@ -135,14 +136,13 @@ def merge(benchmark: Benchmark, out: Path, units: list) -> dict:
 
 
 def run(benchmark: Benchmark, out, *, state=None, model_and_tokenizer=None, progress: bool = True,
-        max_units: int | None = None, tokenizer=None) -> dict | None:
+        max_units: int | None = None) -> dict | None:
     """Compute the missing units of ``benchmark`` into ``out``; return {file: merged rows} (None off the main process).
 
     state: an accelerate PartialState (default: ``eval.rundir.make_state``, gloo on CPU);
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: loaded from the config, only if
     there is something to compute); progress: the bar and the summary line on the main process;
-    max_units: compute at most this many missing units this time (the rest on a later run);
-    tokenizer: a callable giving the tokenizer alone, for :meth:`Benchmark.before_load` and data preparation.
+    max_units: compute at most this many missing units this time (the rest on a later run).
     """
     from tqdm.auto import tqdm
 
@@ -161,8 +161,8 @@ def run(benchmark: Benchmark, out, *, state=None, model_and_tokenizer=None, prog
     later = 0
     if max_units is not None:
         later, todo = max(0, len(todo) - max_units), todo[:max_units]
-    if todo and tokenizer is not None:
-        benchmark.before_load(todo, model_and_tokenizer[1] if model_and_tokenizer is not None else tokenizer())
+    if todo and benchmark.tokenizer is not None:
+        benchmark.before_load(todo, model_and_tokenizer[1] if model_and_tokenizer is not None else benchmark.tokenizer())
     # Everyone has read the finished rows before anyone appends, so all agree on the same list.
     state.wait_for_everyone()
     mine = benchmark.share(todo, state.process_index, state.num_processes)

@@ -221,6 +221,6 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     """
     from gemfilter.models import load_tokenizer
 
-    merged = run_units(Niah(config), out, state=state, model_and_tokenizer=model_and_tokenizer, progress=progress,
-                       max_units=max_cells, tokenizer=lambda: load_tokenizer(config.model))
+    merged = run_units(Niah(config, lambda: load_tokenizer(config.model)), out, state=state,
+                       model_and_tokenizer=model_and_tokenizer, progress=progress, max_units=max_cells)
     return None if merged is None else merged.get(RESULTS, [])

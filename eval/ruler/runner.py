@@ -207,15 +207,10 @@ def load_samples(config: RunConfig, out, tokenizer_fn, progress=None) -> dict:
 
 class Ruler(Benchmark):
     """RULER on :func:`eval.runner.run`: one unit per (length, method, task, sample), in
-    ``<L>/pred/<label>/<task>.jsonl``, computed sample-major (:func:`plan`) and dealt by :func:`share`.
-
-    tokenizer: a callable giving the tokenizer alone, to prepare missing data."""
+    ``<L>/pred/<label>/<task>.jsonl``, computed sample-major (:func:`plan`) and dealt by :func:`share`; its
+    tokenizer prepares missing data."""
 
     name, noun, required = "RULER", "prediction", ROW_FIELDS
-
-    def __init__(self, config, tokenizer):
-        super().__init__(config)
-        self.tokenizer = tokenizer
 
     def validate(self) -> None:
         validate(self.config)

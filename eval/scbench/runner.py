@@ -104,10 +104,6 @@ class SCBench(Benchmark):
 
     name, noun, required = "SCBench", "conversation", ROW_FIELDS
 
-    def __init__(self, config, tokenizer):
-        super().__init__(config)
-        self.tokenizer = tokenizer
-
     def validate(self) -> None:
         validate(self.config)
 
