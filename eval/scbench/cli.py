@@ -34,7 +34,7 @@ layout of --out:
 Rerunning the same command skips finished conversations, so an interrupted run resumes.
 
 examples:
-  gemfilter-scbench run --methods full,gemfilter:k=1024,snapkv:k=1024 --lengths 4k --num-samples 20 \\
+  gemfilter-scbench run --methods full,gemfilter:k=1024,snapkv:k=1024 --lengths 4096 --num-samples 20 \\
       --modes multi-turn,multi-request --out results/scbench
   gemfilter-scbench report results/scbench"""
 
@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")
     r.add_argument("--tasks", default="scbench_kv,scbench_prefix_suffix,scbench_vt,scbench_mf",
                    help="comma-separated task names (default: the four offline ones)")
-    r.add_argument("--lengths", default="4k", help="window each sample is sized to, e.g. 4k,8k (default 4k)")
+    r.add_argument("--lengths", default="4096", help="window each sample is sized to, in tokens, e.g. 4096,8192 "
+                   "(k means 1000: 4k is 4000) (default 4096)")
     r.add_argument("--num-samples", type=int, default=20, help="samples per task, seeds 0..n-1 (default 20)")
     r.add_argument("--turns", type=int, default=5, help="queries per context (default 5, run_scbench.py's)")
     r.add_argument("--max-units", type=int, default=None,
