@@ -173,15 +173,20 @@ def check_params(model, layer, topk, kernel=5) -> int:
 
 
 class _SelectState:
-    """Per-call state of one filter pass: stops the forward inside ``layer``."""
+    """Per-call state of one filter pass: stops the forward inside ``layer``; ``observe(layer_idx, query, key)``,
+    if given, sees every earlier layer's q and k before its kernel runs (for scores over several layers)."""
 
-    def __init__(self, layer: int, score_fn):
+    def __init__(self, layer: int, score_fn, observe=None):
         self.layer = layer
         self.score_fn = score_fn
+        self.observe = observe
 
     def attention(self, module, query, key, value, attention_mask, kernel, **kwargs):
-        if getattr(module, "layer_idx", None) == self.layer:
+        idx = getattr(module, "layer_idx", None)
+        if idx == self.layer:
             raise FilterLayerReached(self.score_fn(query, key))
+        if self.observe is not None:
+            self.observe(idx, query, key)
         return kernel(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -226,13 +231,14 @@ def decode_mask(kept_mask: torch.Tensor, past: int, q: int) -> torch.Tensor:
     return torch.cat([kept_mask, kept_mask.new_ones((b, past + q - k))], dim=1)
 
 
-def filter_pass(model, input_ids, mask, layer, score_fn, cache=None):
+def filter_pass(model, input_ids, mask, layer, score_fn, cache=None, observe=None):
     """Run ``model`` up to ``layer``'s attention and return ``score_fn(query, key)`` there.
 
     input_ids, mask: (b, n) on the model's device. Layers after ``layer`` never run, and layer ``layer``
     stops before its attention kernel. With no ``cache`` none is made (use_cache=False). With a KV cache
     (one row, no padding) that holds layers 0..layer of the tokens before these, the new tokens run at the
     positions after them, layers 0..layer append their K/V to it, and ``key`` holds every token's.
+    observe: optional ``(layer_idx, query, key) -> None``, called in each layer before ``layer``.
     """
     if cache is None:
         extra = dict(attention_mask=None if bool(mask.all()) else mask, position_ids=positions_from_mask(mask),
@@ -243,7 +249,7 @@ def filter_pass(model, input_ids, mask, layer, score_fn, cache=None):
         extra = dict(position_ids=positions, use_cache=True, **cache_kwargs(cache))
     with wrapped_attention(model), torch.no_grad():
         try:
-            model.base_model(input_ids=input_ids, **extra, **{STATE_KWARG: _SelectState(layer, score_fn)})
+            model.base_model(input_ids=input_ids, **extra, **{STATE_KWARG: _SelectState(layer, score_fn, observe)})
         except FilterLayerReached as stop:
             return stop.payload
     raise TypeError(
@@ -292,7 +298,9 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
     kernel: odd avg-pool width (paper: 5).
     method: optional selection method with ``score(query (b,h,n,d), key (b,h_kv,n,d), valid (b,n)) -> (b,n)``
         and ``pick(raw, valid, input_ids, tokenizer) -> (indices, scores)``; default: paper-faithful
-        last-row q.k, avg-pool, top-k (then ``topk``/``kernel`` are used).
+        last-row q.k, avg-pool, top-k (then ``topk``/``kernel`` are used). A method that scores from several
+        layers defines ``score_pass(model, input_ids (b,n), mask (b,n), layer, valid (b,n)) -> raw (b,n)``,
+        which then runs instead of the one-layer :func:`filter_pass`.
     tokenizer: needed only by methods that read token text (e.g. sentence spans).
 
     Returns a :class:`Selection`.
@@ -308,6 +316,9 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
     if method is None:  # Algorithm 2 itself (what the ``gemfilter`` method runs)
         raw = filter_pass(model, input_ids, mask, layer, last_row_scores)
         indices, scores = paper_pick(raw.float(), valid, topk, kernel)
+    elif hasattr(method, "score_pass"):
+        raw = method.score_pass(model, input_ids, mask, layer, valid)
+        indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
     else:
         raw = filter_pass(model, input_ids, mask, layer, lambda q, k: method.score(q, k, valid))
         indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)

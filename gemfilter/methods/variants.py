@@ -1,0 +1,130 @@
+"""Selection variants of GemFilter: other scores at the filter layer, the same regeneration.
+
+Each is a prompt method built on :class:`gemfilter.methods.prompt._FilterMethod`, so it runs through
+``select_tokens``, ``apply()`` and ``gemfilter serve`` as ``gemfilter`` does, and generates from its kept
+tokens at positions 0..k-1 (Shi et al. 2024, Algorithm 2 step 5). Only the scores change:
+
+- ``gemfilter-qwin``: every row of the last ``window`` queries votes (SnapKV's observation window, Li et al.
+  2024, applied to GemFilter's layer-r selection) instead of the last row alone.
+- ``gemfilter-claa``: the last row's softmax scores averaged over the ``layers`` layers ending at r (CLAA,
+  McDanel, Li, Khaitan 2026, arXiv 2602.16054: rankings from one layer are unstable across layers).
+- ``gemfilter-span-qwin``: ``gemfilter-span``'s sentence spans ranked by the window scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..selection import filter_pass, sliding_window_of
+from .prompt import GemFilter, GemFilterSpan, softmax_last_row
+from .registry import register
+
+
+def window_scores(query, key, valid, window: int):
+    """Softmax votes of the last ``window`` query rows, summed over those rows and all heads: (b, n).
+
+    query: (b, h, n, d) post-RoPE; key: (b, h_kv, n, d) post-RoPE, h = g * h_kv (GQA: each query head reads
+    its group's key head); valid: (b, n) bool, False on left padding. Row i of the window sits at position
+    n - w + i and sees keys 0..n - w + i (causal), so the window's own tokens are scored too. Logits are
+    fp32 and scaled by 1/sqrt(d), as ``gemfilter-span``'s last-row softmax. A padding row (a prompt shorter
+    than the window) casts no vote; padding keys get zero weight.
+    """
+    b, h, n, d = query.shape
+    h_kv = key.shape[1]
+    w = min(window, n)
+    q = query[:, :, n - w:, :].float().reshape(b, h_kv, h // h_kv, w, d)
+    logits = torch.einsum("bkgwd,bknd->bkgwn", q, key.float()) / d ** 0.5
+    rows = torch.arange(n - w, n, device=query.device)[:, None]
+    allowed = (torch.arange(n, device=query.device)[None, :] <= rows)[None] & valid[:, None, :]  # (b, w, n)
+    logits = logits.masked_fill(~allowed[:, None, None], float("-inf"))
+    # a padding row allows no key, so its softmax is NaN: masked_fill (not a product) clears it
+    probs = logits.softmax(-1).masked_fill(~valid[:, None, None, n - w:, None], 0.0)
+    return probs.sum(dim=(1, 2, 3))
+
+
+@register
+@dataclass(frozen=True)
+class GemFilterQWin(GemFilter):
+    """Question-window GemFilter: layer r's softmax over the prefix from each of the last ``window`` query
+    rows (the question), summed over rows and heads, avg-pooled, top-k kept in their original order.
+
+    Paper: Shi et al. 2024 (Algorithm 2) with SnapKV's observation window (Li et al. 2024) as the scorer.
+    layer: 0-based filter layer (None: the model's default); topk: tokens kept; kernel: odd avg-pool width
+    (1: none); window: query rows that vote (the last ``window`` tokens, capped at the prompt's length).
+    """
+
+    window: int = 16
+    name: ClassVar[str] = "gemfilter-qwin"
+    description: ClassVar[str] = ("variant: softmax votes of the last 16 query rows (SnapKV-style window) at the "
+                                  "filter layer, summed over rows and heads, avg-pool 5, top-k, regenerate")
+    # it reads rows before the last, which a cache of the earlier turns does not hold (Conversation reselect)
+    scores_last_row: ClassVar[bool] = False
+
+    def score(self, query, key, valid):
+        return window_scores(query, key, valid, self.window)
+
+
+def claa_layers(model, layer: int, count: int) -> list:
+    """The layers whose scores ``gemfilter-claa`` averages: the ``count`` layers ending at ``layer`` (clamped
+    at 0), less the sliding-window ones before ``layer`` (their q.k beyond the window is no learned signal;
+    the filter layer itself always counts, as in ``gemfilter``)."""
+    return [i for i in range(max(0, layer - count + 1), layer + 1)
+            if i == layer or sliding_window_of(model, i) is None]
+
+
+@register
+@dataclass(frozen=True)
+class GemFilterCLAA(GemFilter):
+    """Cross-layer GemFilter: the last query row's softmax (per head over the prefix, summed over heads) at
+    each of the ``layers`` layers ending at r, averaged over those layers, avg-pooled, top-k in order.
+
+    Paper: McDanel, Li, Khaitan 2026, "CLAA: Cross-Layer Attention Aggregation for Accelerating LLM Prefill"
+    (arXiv 2602.16054): rankings from a single layer degrade sharply at some layers; aggregating scores across
+    layers fixes it. Only its abstract was readable here, so the aggregation is the plain mean of per-layer
+    normalised scores (softmax: every layer's row sums to h, so no layer dominates by its logit scale).
+    layer: the last layer averaged, where the pass stops (None: the model's default); layers: how many layers
+    end at it (1: ``gemfilter`` with softmax scores); topk, kernel: as ``gemfilter``.
+    """
+
+    layers: int = 4
+    name: ClassVar[str] = "gemfilter-claa"
+    description: ClassVar[str] = ("variant (CLAA): last-row softmax averaged over the 4 layers ending at the filter "
+                                  "layer (sliding ones skipped), avg-pool 5, top-k, regenerate")
+    # select_cached runs only the filter layer's score; this one needs the pass below
+    scores_last_row: ClassVar[bool] = False
+
+    def score(self, query, key, valid):
+        return softmax_last_row(query, key, valid)
+
+    def score_pass(self, model, input_ids, mask, layer, valid):
+        """One filter pass to layer r; the last-row softmax of each averaged layer, meaned: (b, n)."""
+        wanted = set(claa_layers(model, layer, self.layers))
+        seen = []
+
+        def observe(idx, query, key):
+            if idx in wanted:
+                seen.append(softmax_last_row(query, key, valid))
+
+        last = filter_pass(model, input_ids, mask, layer, lambda q, k: softmax_last_row(q, k, valid),
+                           observe=observe)
+        return torch.stack(seen + [last]).mean(0)
+
+
+@register
+@dataclass(frozen=True)
+class GemFilterSpanQWin(GemFilterSpan):
+    """``gemfilter-span`` with the question-window scores: sentences ranked by their best token's summed
+    softmax votes from the last ``window`` query rows (see :func:`window_scores`); sink and tail kept as
+    ``gemfilter-span``. Parameters as ``gemfilter-span``, plus ``window``."""
+
+    window: int = 16
+    name: ClassVar[str] = "gemfilter-span-qwin"
+    description: ClassVar[str] = ("variant: gemfilter-span's whole sentences, ranked by the votes of the last 16 "
+                                  "query rows instead of the last row")
+    scores_last_row: ClassVar[bool] = False
+
+    def score(self, query, key, valid):
+        return window_scores(query, key, valid, self.window)
