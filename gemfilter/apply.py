@@ -29,6 +29,7 @@ import torch
 
 from .attention import wrapped_attention
 from .compat import cache_in, first_position, generation_modes_limited
+from .draft import check_selector, drafted_begin
 from .layers import default_layer
 from .selection import Selection, as_batch, check_causal_decoder, check_params, check_prompt
 
@@ -134,7 +135,7 @@ class Consumed:
         return kwargs
 
 
-def _make_hooks(model, handle: Applied, tokenizer):
+def _make_hooks(model, handle: Applied, tokenizer, begin):
     method = handle.method
 
     def pre_hook(module, args, kwargs):
@@ -161,7 +162,7 @@ def _make_hooks(model, handle: Applied, tokenizer):
         if past == 0:  # prefill of a new generate call (or the first forward on an empty cache inside the block)
             input_ids = kwargs["input_ids"]
             valid = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
-            call = method.begin(model, input_ids, valid, tokenizer)
+            call = begin(model, input_ids, valid, tokenizer)
             handle.calls.append(call)
             handle._by_cache[cache] = call
             handle._prefilling[cache] = call
@@ -220,7 +221,7 @@ def resolve(model, method):
 
 
 @contextmanager
-def apply(model, method, tokenizer=None):
+def apply(model, method, tokenizer=None, selector=None):
     """Inside the block, a plain ``model.generate(...)`` runs ``method`` (GemFilter, SnapKV, ...).
 
     Parameters
@@ -228,15 +229,21 @@ def apply(model, method, tokenizer=None):
     model: a transformers causal LM whose attention dispatches through AttentionInterface.
     method: a registered method object, e.g. ``GemFilter(layer=13, topk=1024)``.
     tokenizer: needed by methods that read token text (``gemfilter-span``).
+    selector: optional draft model with ``model``'s tokenizer (e.g. a smaller one of its family): a prompt
+        filter then selects on the selector's layers 0..r (its layer resolved against the selector) and
+        ``model`` generates from the kept tokens (see :mod:`gemfilter.draft`).
 
     Yields an :class:`Applied` handle (``handle.selection``, ``handle.calls``). The model's attention
     implementation and hooks are restored on exit, exceptions included.
     """
-    handle = Applied(method=resolve(model, method))
+    if selector is not None:
+        check_selector(selector, model)
+    handle = Applied(method=resolve(model if selector is None else selector, method))
+    begin = handle.method.begin if selector is None else drafted_begin(handle.method, selector)
     check_causal_decoder(model, need_generate=True)
     _check_not_nested(model)
     with wrapped_attention(model), generation_modes_limited(model):
-        pre, post = _make_hooks(model, handle, tokenizer)
+        pre, post = _make_hooks(model, handle, tokenizer, begin)
         hooks = [model.register_forward_pre_hook(pre, with_kwargs=True),
                  model.register_forward_hook(post, with_kwargs=True)]
         try:
@@ -268,7 +275,7 @@ class GemFilterOutput:
 
 
 def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kernel: int = 5, tokenizer=None,
-             method=None, **generate_kwargs) -> GemFilterOutput:
+             method=None, selector=None, **generate_kwargs) -> GemFilterOutput:
     """GemFilter generation (Algorithm 2): filter with the first ``layer`` layers, then generate from top-k.
 
     Parameters
@@ -278,6 +285,7 @@ def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kerne
     topk: tokens kept per row.
     tokenizer: if given, ``kept_text`` holds the decoded kept tokens.
     method: a method object instead of (layer, topk, kernel).
+    selector: optional draft model with ``model``'s tokenizer that makes the selection (see :func:`apply`).
     generate_kwargs: passed to ``model.generate``. Decoding is greedy unless you say otherwise.
     """
     from .methods import GemFilter
@@ -292,7 +300,7 @@ def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kerne
     method = method or GemFilter(layer=layer, topk=topk, kernel=kernel)
     generate_kwargs.setdefault("do_sample", False)
     generate_kwargs.setdefault("num_beams", 1)
-    with apply(model, method, tokenizer=tokenizer) as handle:
+    with apply(model, method, tokenizer=tokenizer, selector=selector) as handle:
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
     if not handle.calls:
         raise RuntimeError("gemfilter.generate: model.generate made no prefill forward on an empty KV cache, so "

@@ -285,7 +285,7 @@ def select_cached(model, method, input_ids, cache, tokenizer=None) -> Selection:
 
 
 def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: int, kernel: int = 5, method=None,
-                  tokenizer=None):
+                  tokenizer=None, selector=None):
     """GemFilter selection (Algorithm 2, steps 1-4).
 
     Parameters
@@ -302,9 +302,18 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
         layers defines ``score_pass(model, input_ids (b,n), mask (b,n), layer, valid (b,n)) -> raw (b,n)``,
         which then runs instead of the one-layer :func:`filter_pass`.
     tokenizer: needed only by methods that read token text (e.g. sentence spans).
+    selector: optional draft model with ``model``'s tokenizer: the pass runs on its layers 0..``layer``
+        instead (``layer`` is the selector's), and the result lies on ``model``'s device, ready for it.
 
     Returns a :class:`Selection`.
     """
+    if selector is not None:
+        from .draft import check_selector, to_device
+
+        check_selector(selector, model)
+        sel = select_tokens(selector, input_ids, attention_mask, layer=layer, topk=topk, kernel=kernel,
+                            method=method, tokenizer=tokenizer)
+        return to_device(sel, next(model.parameters()).device)
     input_ids, attention_mask = as_batch(input_ids, attention_mask)
     check_prompt(input_ids, attention_mask)
     check_causal_decoder(model)
