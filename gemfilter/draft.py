@@ -10,6 +10,8 @@ one size may still differ, which no config shows).
 
 from __future__ import annotations
 
+import dataclasses
+
 from .compat import text_config
 from .selection import Selection, check_causal_decoder
 
@@ -34,8 +36,8 @@ def check_selector(selector, model) -> None:
 
 def to_device(selection: Selection, device) -> Selection:
     """``selection`` with its tensors on ``device`` (the target's, when the draft sits elsewhere)."""
-    return Selection(indices=[i.to(device) for i in selection.indices], scores=selection.scores.to(device),
-                     layer=selection.layer, kept_ids=[k.to(device) for k in selection.kept_ids])
+    return dataclasses.replace(selection, indices=[i.to(device) for i in selection.indices],
+                               scores=selection.scores.to(device), kept_ids=[k.to(device) for k in selection.kept_ids])
 
 
 def drafted_begin(method, selector):

@@ -25,12 +25,15 @@ class Selection:
     scores: (b, n) float32 pooled scores; padding positions are -inf.
     layer: the filter layer used.
     kept_ids: one LongTensor of kept token ids per row.
+    layers: per row, the layer that row selected at, for methods that choose it per prompt (``gemfilter-asl``;
+        ``layer`` is then the deepest); None for the others.
     """
 
     indices: list
     scores: torch.Tensor
     layer: int
     kept_ids: list
+    layers: list | None = None
 
     def kept_text(self, tokenizer) -> list:
         return [tokenizer.decode(ids, skip_special_tokens=False) for ids in self.kept_ids]
@@ -300,7 +303,8 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
         and ``pick(raw, valid, input_ids, tokenizer) -> (indices, scores)``; default: paper-faithful
         last-row q.k, avg-pool, top-k (then ``topk``/``kernel`` are used). A method that scores from several
         layers defines ``score_pass(model, input_ids (b,n), mask (b,n), layer, valid (b,n)) -> raw (b,n)``,
-        which then runs instead of the one-layer :func:`filter_pass`.
+        which then runs instead of the one-layer :func:`filter_pass`; it may return ``(raw, layers)``, each
+        row's own layer, when it chooses the layer per prompt.
     tokenizer: needed only by methods that read token text (e.g. sentence spans).
     selector: optional draft model with ``model``'s tokenizer: the pass runs on its layers 0..``layer``
         instead (``layer`` is the selector's), and the result lies on ``model``'s device, ready for it.
@@ -327,7 +331,11 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
         indices, scores = paper_pick(raw.float(), valid, topk, kernel)
     elif hasattr(method, "score_pass"):
         raw = method.score_pass(model, input_ids, mask, layer, valid)
+        raw, rows = raw if isinstance(raw, tuple) else (raw, None)
         indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
+        if rows is not None:
+            return Selection(indices=indices, scores=scores, layer=max(rows), layers=list(rows),
+                             kept_ids=[row[idx] for row, idx in zip(input_ids, indices)])
     else:
         raw = filter_pass(model, input_ids, mask, layer, lambda q, k: method.score(q, k, valid))
         indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)

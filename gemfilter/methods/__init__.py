@@ -10,14 +10,15 @@ from __future__ import annotations
 from .registry import REGISTRY, check_for_model, describe, get_method, register  # noqa: F401
 from .spec import (CacheMethod, FullMethod, Method, PromptMethod, Spec, parse_method, parse_spec, parse_specs,  # noqa: E402
                    spec_of, split_specs)
-from . import cache, fastkv, full, prompt, variants  # noqa: E402,F401  (registers the built-in methods)
+from . import asl, cache, fastkv, full, prompt, variants  # noqa: E402,F401  (registers the built-in methods)
 from .cache import H2O, H2OPerHead, OneRun, SnapKV, SnapKVPerHead  # noqa: E402
 from .fastkv import FastKV  # noqa: E402
 from .full import Full  # noqa: E402
 from .prompt import GemFilter, GemFilterOrigPos, GemFilterSpan, LargestRow, MiddleRow  # noqa: E402
 from .variants import GemFilterCLAA, GemFilterQWin, GemFilterSpanQWin  # noqa: E402
+from .asl import GemFilterASL  # noqa: E402
 
 __all__ = ["REGISTRY", "register", "get_method", "check_for_model", "describe", "Full", "GemFilter",
-           "GemFilterSpan", "GemFilterOrigPos", "GemFilterQWin", "GemFilterCLAA", "GemFilterSpanQWin", "MiddleRow", "LargestRow", "SnapKV", "SnapKVPerHead", "H2O", "H2OPerHead", "OneRun", "FastKV",
+           "GemFilterSpan", "GemFilterOrigPos", "GemFilterQWin", "GemFilterCLAA", "GemFilterSpanQWin", "GemFilterASL", "MiddleRow", "LargestRow", "SnapKV", "SnapKVPerHead", "H2O", "H2OPerHead", "OneRun", "FastKV",
            "Method", "PromptMethod", "CacheMethod", "FullMethod", "parse_method", "spec_of", "Spec", "parse_spec",
            "parse_specs", "split_specs"]
