@@ -91,7 +91,8 @@ def test_the_target_generates_from_the_kept_tokens_and_k_ge_n_is_plain_generate(
     model, ids = deep(), prompt(seed=2)
     out = gemfilter.generate(model, ids, method=method(0.9), max_new_tokens=5)
     kept = ids[0, out.selection.indices[0]]
-    assert out.new_tokens[0].tolist() == model.generate(kept[None], max_new_tokens=5, do_sample=False)[0, TOPK:].tolist()
+    plain = model.generate(kept[None], max_new_tokens=5, do_sample=False)
+    assert out.new_tokens[0].tolist() == plain[0, TOPK:].tolist()
     full = gemfilter.generate(model, ids, method=get_method("gemfilter-asl", layer=L_MIN, topk=N, window=W),
                               max_new_tokens=5)
     assert torch.equal(full.sequences, model.generate(ids, max_new_tokens=5, do_sample=False))

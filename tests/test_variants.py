@@ -1,5 +1,6 @@
-"""Selection variants (gemfilter-qwin, gemfilter-claa, gemfilter-span-qwin) against hand references built
-from each layer's q and k, re-derived from the hidden states of a plain forward (tests/reference.py)."""
+"""Selection variants (gemfilter-qwin, gemfilter-claa, gemfilter-span-qwin, gemfilter-span-claa) against hand
+references built from each layer's q and k, re-derived from the hidden states of a plain forward
+(tests/reference.py)."""
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from reference import qk_at_layer
 from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 N = 48
-VARIANTS = ["gemfilter-qwin", "gemfilter-claa", "gemfilter-span-qwin"]
+VARIANTS = ["gemfilter-qwin", "gemfilter-claa", "gemfilter-span-qwin", "gemfilter-span-claa"]
 
 pytestmark = pytest.mark.usefixtures("quiet_sliding_filter_layer")
 
@@ -84,6 +85,14 @@ def test_span_qwin_ranks_sentences_by_the_window_votes():
     assert len(kept) <= 40 and kept[:4] == [0, 1, 2, 3] and kept[-8:] == list(range(88, 96))
 
 
+def test_span_claa_ranks_sentences_by_the_layer_mean():
+    model, ids = BUILDERS["llama"](), prompt(n=96, seed=7)
+    raw = sum(_softmax_rows(model, ids, i, [95]) for i in (1, 2, 3)) / 3
+    sel = run(model, get_method("gemfilter-span-claa", topk=40, layer=3, layers=3, tail=8), ids).selection
+    torch.testing.assert_close(sel.scores[0].double(), raw, rtol=1e-4, atol=1e-6)
+    assert sel.indices[0].tolist()[-8:] == list(range(88, 96))
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3", "mistral-sliding"])
 @pytest.mark.parametrize("name", VARIANTS)
 def test_budget_ge_n_equals_plain_generate(family, name):
@@ -100,7 +109,7 @@ def test_left_padded_batch_equals_rows_alone(name):
     ids, mask = torch.zeros((2, N), dtype=torch.long), torch.zeros((2, N), dtype=torch.long)
     ids[0, N - 40:], mask[0, N - 40:] = short, 1
     ids[1], mask[1] = long, 1
-    method = get_method(name, topk=36, layer=2, window=44) if name != "gemfilter-claa" else \
+    method = get_method(name, topk=36, layer=2, window=44) if "claa" not in name else \
         get_method(name, topk=36, layer=3, layers=3)
     both = run(model, method, {"input_ids": ids, "attention_mask": mask})
     alone = [run(model, method, r[None]) for r in (short, long)]

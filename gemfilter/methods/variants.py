@@ -8,7 +8,7 @@ tokens at positions 0..k-1 (Shi et al. 2024, Algorithm 2 step 5). Only the score
   2024, applied to GemFilter's layer-r selection) instead of the last row alone.
 - ``gemfilter-claa``: the last row's softmax scores averaged over the ``layers`` layers ending at r (CLAA,
   McDanel, Li, Khaitan 2026, arXiv 2602.16054: rankings from one layer are unstable across layers).
-- ``gemfilter-span-qwin``: ``gemfilter-span``'s sentence spans ranked by the window scores.
+- ``gemfilter-span-qwin``, ``gemfilter-span-claa``: ``gemfilter-span``'s sentence spans ranked by those scores.
 """
 
 from __future__ import annotations
@@ -100,17 +100,21 @@ class GemFilterCLAA(GemFilter):
         return softmax_last_row(query, key, valid)
 
     def score_pass(self, model, input_ids, mask, layer, valid):
-        """One filter pass to layer r; the last-row softmax of each averaged layer, meaned: (b, n)."""
-        wanted = set(claa_layers(model, layer, self.layers))
-        seen = []
+        return claa_scores(model, input_ids, mask, layer, valid, self.layers)
 
-        def observe(idx, query, key):
-            if idx in wanted:
-                seen.append(softmax_last_row(query, key, valid))
 
-        last = filter_pass(model, input_ids, mask, layer, lambda q, k: softmax_last_row(q, k, valid),
-                           observe=observe)
-        return torch.stack(seen + [last]).mean(0)
+def claa_scores(model, input_ids, mask, layer, valid, count):
+    """One filter pass to ``layer`` r; the last-row softmax (summed over heads) of each of :func:`claa_layers`,
+    meaned over them: (b, n). input_ids, mask: (b, n); valid: (b, n) bool."""
+    wanted = set(claa_layers(model, layer, count))
+    seen = []
+
+    def observe(idx, query, key):
+        if idx in wanted:
+            seen.append(softmax_last_row(query, key, valid))
+
+    last = filter_pass(model, input_ids, mask, layer, lambda q, k: softmax_last_row(q, k, valid), observe=observe)
+    return torch.stack(seen + [last]).mean(0)
 
 
 @register
@@ -128,3 +132,20 @@ class GemFilterSpanQWin(GemFilterSpan):
 
     def score(self, query, key, valid):
         return window_scores(query, key, valid, self.window)
+
+
+@register
+@dataclass(frozen=True)
+class GemFilterSpanCLAA(GemFilterSpan):
+    """``gemfilter-span`` with CLAA's scores: sentences ranked by their best token's last-row softmax averaged
+    over the ``layers`` layers ending at r (see :class:`GemFilterCLAA`). Parameters as ``gemfilter-span``,
+    plus ``layers``."""
+
+    layers: int = 4
+    name: ClassVar[str] = "gemfilter-span-claa"
+    description: ClassVar[str] = ("variant: gemfilter-span's whole sentences, ranked by the last-row softmax "
+                                  "averaged over the 4 layers ending at the filter layer")
+    scores_last_row: ClassVar[bool] = False
+
+    def score_pass(self, model, input_ids, mask, layer, valid):
+        return claa_scores(model, input_ids, mask, layer, valid, self.layers)
