@@ -1,7 +1,7 @@
 """One method spec on every command line: the shared options, the same message for a bad spec everywhere.
 
-Every command (gemfilter generate, bench, serve; gemfilter-niah, gemfilter-longbench, gemfilter-ruler) and the
-lm-eval adapter parse methods with :func:`gemfilter.lab.options.method_specs_of`; a bad spec is refused with
+Every command (gemfilter generate, bench, serve; gemfilter-niah, gemfilter-longbench, gemfilter-ruler,
+gemfilter-scbench) and the lm-eval adapter parse methods with :func:`gemfilter.lab.options.method_specs_of`; a bad spec is refused with
 :func:`gemfilter.methods.parse_spec`'s message before any model loads or any engine is asked.
 """
 
@@ -29,6 +29,7 @@ def _commands(spec: str, model: str, out: Path) -> dict:
     from eval.longbench.cli import main as longbench
     from eval.niah.cli import main as niah
     from eval.ruler.cli import main as ruler
+    from eval.scbench.cli import main as scbench
     from gemfilter.lab.cli import main as gemfilter
 
     prompt = out / "prompt.txt"
@@ -44,6 +45,8 @@ def _commands(spec: str, model: str, out: Path) -> dict:
         "gemfilter-longbench run": (longbench, ["run", "--model", model, "--methods", spec, "--tasks", "hotpotqa",
                                                 "--out", str(out / "lb")]),
         "gemfilter-ruler run": (ruler, ["run", "--model", model, "--methods", spec, "--out", str(out / "ruler")]),
+        "gemfilter-scbench run": (scbench, ["run", "--model", model, "--methods", f"full,{spec}",
+                                            "--out", str(out / "scbench")]),
     }
 
 
