@@ -124,11 +124,11 @@ def finished(benchmark: Benchmark, out: Path, files) -> dict:
 
 
 def merge(benchmark: Benchmark, out: Path, units: list) -> dict:
-    """{file: merged rows} for every result file of ``units`` that has rows; shards are removed."""
+    """{file: merged rows} for every result file of ``units`` that exists or has shards; shards are removed."""
     merged = {}
     for file in dict.fromkeys(u.file for u in units):
         target = out / file
-        if target.parent.is_dir():
+        if target.is_file() or (target.parent.is_dir() and any(target.parent.glob(benchmark.shard_name(file, "*")))):
             merged[file] = merge_jsonl(target, benchmark.shard_name(file, "*"), benchmark.row_key,
                                        sort_key=benchmark.sort_key(file, units), required=benchmark.required,
                                        ensure_ascii=benchmark.ensure_ascii)

@@ -44,6 +44,8 @@ def score_table(found: dict) -> dict:
     """{(mode, length, label, task): {"acc": [per turn], "ttft": [mean s per turn], "n": samples}}."""
     table = {}
     for key, rows in found.items():
+        if not rows:  # a file with no rows yet says nothing
+            continue
         task = key[3]
         get_task(task)
         turns = max(len(r["turns"]) for r in rows)
