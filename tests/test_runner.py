@@ -126,3 +126,9 @@ def test_a_torn_row_is_recomputed(tmp_path):
     with pytest.warns(UserWarning, match="that conversation will be rerun"):
         merged = run(again, out, model_and_tokenizer=MODEL, progress=False)
     assert again.calls == [3] and merged["pred/odd.jsonl"][1]["turns"] == expected(3)
+
+
+def test_a_file_no_unit_has_reached_is_not_written(tmp_path):
+    merged = run(Toy(ToyConfig(items=(1, 2))), tmp_path / "out", model_and_tokenizer=MODEL, progress=False,
+                 max_units=1)
+    assert list(merged) == ["pred/odd.jsonl"] and not (tmp_path / "out/pred/even.jsonl").exists()
