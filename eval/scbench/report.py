@@ -41,7 +41,8 @@ def collect(out) -> dict:
 
 
 def score_table(found: dict) -> dict:
-    """{(mode, length, label, task): {"acc": [per turn], "ttft": [mean s per turn], "n": samples}}."""
+    """{(mode, length, label, task): {"acc": [per turn], "ttft": [mean s per turn], "n": samples, "prefill": mean
+    s of the shared context's prefill (multi-request; None in multi-turn, where turn 1 holds it)}}."""
     table = {}
     for key, rows in found.items():
         if not rows:  # a file with no rows yet says nothing
@@ -52,7 +53,9 @@ def score_table(found: dict) -> dict:
         acc = [[score_one(task, t["prediction"], t["ground_truth"]) for r in rows for t in r["turns"]
                 if t["turn_idx"] == i] for i in range(turns)]
         ttft = [[t["ttft_s"] for r in rows for t in r["turns"] if t["turn_idx"] == i] for i in range(turns)]
-        table[key] = {"acc": [sum(a) / len(a) for a in acc], "ttft": [sum(x) / len(x) for x in ttft], "n": len(rows)}
+        prefill = [r["prefill_s"] for r in rows if r.get("prefill_s") is not None]
+        table[key] = {"acc": [sum(a) / len(a) for a in acc], "ttft": [sum(x) / len(x) for x in ttft], "n": len(rows),
+                      "prefill": sum(prefill) / len(prefill) if prefill else None}
     return table
 
 
@@ -83,12 +86,19 @@ def markdown(table: dict, settings: str = "") -> str:
         ttft = {label: [sum(v["ttft"][i] for k, v in cells.items() if k[2] == label) /
                         sum(1 for k in cells if k[2] == label) for i in range(turns)] for label in labels}
         base = ttft.get("full")
+        pre = {label: [v["prefill"] for k, v in cells.items() if k[2] == label and v["prefill"] is not None]
+               for label in labels}
+        shared = mode == "multi-request"
         lines += ["", "Time to first token (s, mean over tasks and samples) per turn"
-                  + ("; in brackets, the ratio to full in the same run" if base else "") + ".", "",
-                  f"| method | {head} |", "|---|" + "---|" * turns]
+                  + ("; in brackets, the ratio to full in the same run" if base else "")
+                  + ("; a turn's time starts after the shared context's prefill, shown apart" if shared else "")
+                  + ".", "", f"| method | {'context prefill | ' if shared else ''}{head} |",
+                  "|---|" + "---|" * (turns + shared)]
         for label in labels:
             cells_ = [f"{t:.2f}" + (f" ({t / b:.2f}x)" if base and b > 0 else "") for t, b in
                       zip(ttft[label], base or [0] * turns)]
+            if shared:
+                cells_.insert(0, f"{sum(pre[label]) / len(pre[label]):.2f}" if pre[label] else "-")
             lines.append(f"| {label} | {' | '.join(cells_)} |")
         lines.append("")
     return "\n".join(lines)
