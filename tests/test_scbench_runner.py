@@ -130,3 +130,16 @@ def test_report_scores_the_rows_again(tiny, tmp_path, capsys):
     assert "(1.00x)" in text  # full's time to first token against itself
     assert main(["run", "--methods", "gemfilter:k=0", "--out", str(tmp_path / "bad")]) == 2
     assert capsys.readouterr().err.strip().endswith("error: gemfilter: topk=0 must be >= 1")
+
+
+def test_multi_request_report_shows_the_context_prefill_apart(tiny, tmp_path):
+    from eval.scbench.report import collect, markdown, score_table
+
+    out = tmp_path / "out"
+    merged = run(RunConfig(**{**BASE, "methods": ("full",), "tasks": ("scbench_mf",), "modes": ("multi-request",)}),
+                 out, model_and_tokenizer=tiny, progress=False)
+    rows = merged["multi-request/2048/full/scbench_mf.jsonl"]
+    prefill = sum(r["prefill_s"] for r in rows) / len(rows)
+    text = markdown(score_table(collect(out)))
+    assert "| method | context prefill | turn 1 | turn 2 | turn 3 |" in text
+    assert f"| full | {prefill:.2f} | " in text
