@@ -10,34 +10,7 @@ one size may still differ, which no config shows).
 
 from __future__ import annotations
 
-import dataclasses
-
-from .compat import text_config
-from .selection import Selection, check_causal_decoder
-
-
-def vocab_size(model) -> int:
-    """The token vocabulary of ``model``: its (text) config's ``vocab_size``."""
-    return int(text_config(model).vocab_size)
-
-
-def check_selector(selector, model) -> None:
-    """Refuse a draft selector whose token ids would mean other tokens to ``model`` (ValueError), or one that
-    is not a causal decoder (TypeError)."""
-    if getattr(selector, "config", None) is None:
-        raise TypeError(f"selector must be a transformers causal LM, got {type(selector).__name__}")
-    check_causal_decoder(selector)
-    if vocab_size(selector) != vocab_size(model):
-        raise ValueError(
-            f"selector vocabulary ({vocab_size(selector)} tokens) differs from the model's ({vocab_size(model)}): "
-            "the kept token ids go to the model unchanged, so the selector must use the model's tokenizer "
-            "(e.g. Llama 3.2 1B selecting for Llama 3.1 8B)")
-
-
-def to_device(selection: Selection, device) -> Selection:
-    """``selection`` with its tensors on ``device`` (the target's, when the draft sits elsewhere)."""
-    return dataclasses.replace(selection, indices=[i.to(device) for i in selection.indices],
-                               scores=selection.scores.to(device), kept_ids=[k.to(device) for k in selection.kept_ids])
+from .selection import check_selector, to_device, vocab_size  # noqa: F401 (the draft's checks live with the selection)
 
 
 def drafted_begin(method, selector):

@@ -7,6 +7,7 @@ cache: layers r+1..m-1 and layer r's own attention kernel never run.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
@@ -312,8 +313,6 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
     Returns a :class:`Selection`.
     """
     if selector is not None:
-        from .draft import check_selector, to_device
-
         check_selector(selector, model)
         sel = select_tokens(selector, input_ids, attention_mask, layer=layer, topk=topk, kernel=kernel,
                             method=method, tokenizer=tokenizer)
@@ -341,3 +340,27 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
         indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
     kept_ids = [row[idx] for row, idx in zip(input_ids, indices)]
     return Selection(indices=indices, scores=scores, layer=layer, kept_ids=kept_ids)
+
+
+def vocab_size(model) -> int:
+    """The token vocabulary of ``model``: its (text) config's ``vocab_size``."""
+    return int(text_config(model).vocab_size)
+
+
+def check_selector(selector, model) -> None:
+    """Refuse a draft selector whose token ids would mean other tokens to ``model`` (ValueError), or one that
+    is not a causal decoder (TypeError)."""
+    if getattr(selector, "config", None) is None:
+        raise TypeError(f"selector must be a transformers causal LM, got {type(selector).__name__}")
+    check_causal_decoder(selector)
+    if vocab_size(selector) != vocab_size(model):
+        raise ValueError(
+            f"selector vocabulary ({vocab_size(selector)} tokens) differs from the model's ({vocab_size(model)}): "
+            "the kept token ids go to the model unchanged, so the selector must use the model's tokenizer "
+            "(e.g. Llama 3.2 1B selecting for Llama 3.1 8B)")
+
+
+def to_device(selection: Selection, device) -> Selection:
+    """``selection`` with its tensors on ``device`` (the target's, when the draft sits elsewhere)."""
+    return dataclasses.replace(selection, indices=[i.to(device) for i in selection.indices],
+                               scores=selection.scores.to(device), kept_ids=[k.to(device) for k in selection.kept_ids])
