@@ -116,6 +116,14 @@ class Benchmark:
         return {}
 
 
+def config_specs(config) -> dict:
+    """{label: Spec} of a run config's ``methods`` (spec texts), each parsed and checked once with the config's
+    ``topk`` / ``layer`` as the defaults of the specs that set none."""
+    from gemfilter.methods import parse_specs
+
+    return {s.label: s for s in parse_specs(",".join(config.methods), topk=config.topk, layer=config.layer)}
+
+
 def finished(benchmark: Benchmark, out: Path, files) -> dict:
     """{file: {key: row}} over each result file and its shards (first one wins), under the folder lock."""
     note = f"that {benchmark.noun} will be rerun"

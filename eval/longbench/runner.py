@@ -31,7 +31,7 @@ from pathlib import Path
 from gemfilter.lab.options import check_against_model
 
 from eval.rundir import check_layers
-from eval.runner import Benchmark, Unit, run as run_units
+from eval.runner import Benchmark, Unit, config_specs, run as run_units
 
 from .data import HUB_REPO, load_records
 from .pipeline import check_max_length, default_max_length, predict as predict_one
@@ -97,7 +97,7 @@ def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad setting and what is allowed."""
     from gemfilter.methods import parse_spec
 
-    method_specs(config)  # every spec and the --topk / --layer defaults, checked once where methods are built
+    config_specs(config)  # every spec and the --topk / --layer defaults, checked once where methods are built
     if not config.tasks:
         raise ValueError(f"no tasks given; allowed: {', '.join(BY_NAME)}")
     for name in config.tasks:
@@ -114,21 +114,24 @@ def validate(config: RunConfig) -> None:
         raise ValueError(f"--limit must be an int >= 1 (or omitted for every sample), got {config.limit!r}")
 
 
-def method_specs(config: RunConfig) -> dict:
-    """{label: Spec} of the config's methods, parsed (and so checked) once."""
-    from gemfilter.methods import parse_specs
-
-    return {s.label: s for s in parse_specs(",".join(config.methods), topk=config.topk, layer=config.layer)}
-
-
 class LongBench(Benchmark):
     """LongBench on :func:`eval.runner.run`: one unit per (method, task, sample), in ``pred[_e]/<method>/<task>.jsonl``."""
 
-    name, noun, required, legacy = "LongBench", "sample", ROW_FIELDS, LEGACY_IDENTITY
+    noun, required, legacy = "sample", ROW_FIELDS, LEGACY_IDENTITY
+
+    @property
+    def name(self) -> str:
+        return "LongBench-E" if self.config.e else "LongBench"
 
     def validate(self) -> None:
         validate(self.config)
-        self.name = "LongBench-E" if self.config.e else "LongBench"
+
+    def max_length(self, model_config) -> int | None:
+        """--max-length, else the model's window minus 500; the window is read only if some method has neither
+        its own length nor --max-length."""
+        config = self.config
+        needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
+        return default_max_length(model_config) if needs_window else config.max_length
 
     def check(self, model_config) -> None:
         from gemfilter.methods import check_for_model
@@ -137,13 +140,11 @@ class LongBench(Benchmark):
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=(config.max_length or 1,),
                             length_flag="--max-length")
-        # The model's window is needed only by methods with neither their own length nor --max-length.
-        needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
-        self.window_length = default_max_length(model_config) if needs_window else config.max_length
-        specs = method_specs(config)
+        window = self.max_length(model_config)
+        specs = config_specs(config)
         check_engine_methods(config.engine, [s.name for s in specs.values()])
         for label, spec in specs.items():  # e.g. SnapKV on a model whose every layer is windowed; prompts are cut to this
-            length = config.max_length_of(label, self.window_length)
+            length = config.max_length_of(label, window)
             check_for_model(spec.method(length, topk=config.topk, layer=config.layer), model_config, length)
 
     def units(self, out, state, say) -> list:
@@ -157,8 +158,7 @@ class LongBench(Benchmark):
             if short:
                 warnings.warn("LongBench v1 sizes differ, so scores are not comparable with published ones: "
                               + ", ".join(short))
-        root = "pred_e" if config.e else "pred"
-        return [Unit(f"{root}/{m}/{t.config}.jsonl", r["_id"], (m, t, r))
+        return [Unit(str(config.pred_dir(".", m) / f"{t.config}.jsonl"), r["_id"], (m, t, r))
                 for m in config.methods for t in tasks for r in records[t.config]]
 
     def row_key(self, row: dict):
@@ -173,16 +173,17 @@ class LongBench(Benchmark):
         from gemfilter.lab.serve.engine import engine_field, generator
 
         config = self.config
-        methods = {label: resolve(model, spec.method(config.max_length_of(label, self.window_length), topk=config.topk,
+        window = self.max_length(model.config)
+        methods = {label: resolve(model, spec.method(config.max_length_of(label, window), topk=config.topk,
                                                      layer=config.layer))
-                   for label, spec in method_specs(config).items()}
+                   for label, spec in config_specs(config).items()}
         check_layers([{"method": Path(file).parent.name, "layer": row.get("layer")}
                       for file, rows in done.items() for row in rows.values()], methods)
         generate = generator(config.engine, tok)
 
         def predict(unit: Unit) -> dict:
             name, task, record = unit.data
-            res = predict_one(model, tok, methods[name], task, record, config.max_length_of(name, self.window_length),
+            res = predict_one(model, tok, methods[name], task, record, config.max_length_of(name, window),
                               config.chat_template, generate)
             return {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
                     "length": record["length"], "_id": record["_id"], "kept": res["kept"],

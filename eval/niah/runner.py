@@ -32,7 +32,7 @@ from pathlib import Path
 from gemfilter.lab.options import check_against_model
 
 from eval.rundir import check_layers
-from eval.runner import Benchmark, Unit, finished, merge as merge_units, run as run_units
+from eval.runner import Benchmark, Unit, config_specs, finished, merge as merge_units, run as run_units
 
 from .grid import PRESETS, normalize_depth
 from .haystack import PROTOCOLS, TEMPLATES, build_case, make_haystack, read_haystack
@@ -88,7 +88,7 @@ class RunConfig:
 
 def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad setting and what is allowed."""
-    method_specs(config)  # every spec and the --topk / --layer defaults, checked once where methods are built
+    config_specs(config)  # every spec and the --topk / --layer defaults, checked once where methods are built
     if config.prompt not in TEMPLATES:
         raise ValueError(f"unknown --prompt {config.prompt!r}; allowed: {', '.join(TEMPLATES)}")
     if config.protocol not in PROTOCOLS:
@@ -121,13 +121,6 @@ def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None)
             "seconds": time.perf_counter() - start, **budget_fields(out)}
 
 
-def method_specs(config: RunConfig) -> dict:
-    """{label: Spec} of the config's methods, parsed (and so checked) once."""
-    from gemfilter.methods import parse_specs
-
-    return {s.label: s for s in parse_specs(",".join(config.methods), topk=config.topk, layer=config.layer)}
-
-
 class Niah(Benchmark):
     """The NIAH grid on :func:`eval.runner.run`: one unit per (method, length, depth) cell, in results.jsonl."""
 
@@ -144,7 +137,7 @@ class Niah(Benchmark):
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
-        specs = method_specs(config)
+        specs = config_specs(config)
         check_engine_methods(config.engine, [s.name for s in specs.values()])
         for spec in specs.values():  # e.g. SnapKV on a model whose every layer is windowed
             check_for_model(spec.method(max(config.lengths), topk=config.topk, layer=config.layer), model_config,
@@ -179,7 +172,7 @@ class Niah(Benchmark):
         hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
         generate = generator(config.engine, tok)
         methods = {label: resolve(model, spec.method(None, topk=config.topk, layer=config.layer))
-                   for label, spec in method_specs(config).items()}
+                   for label, spec in config_specs(config).items()}
         check_layers(done[RESULTS].values(), methods)
         fixed = {"model": config.model or EMBEDDED_NAME, "prompt": config.prompt, "protocol": config.protocol,
                  "dtype": str(model.dtype).replace("torch.", ""), "max_new_tokens": config.max_new_tokens,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from gemfilter.lab.options import check_against_model
 
-from eval.runner import Benchmark, Unit, run as run_units
+from eval.runner import Benchmark, Unit, config_specs, run as run_units
 
 from .generate import MAX_TURNS, make_sample
 from .prompts import MODES, build_prompts, max_input_length, truncate_middle
@@ -71,10 +71,8 @@ class RunConfig:
 
 def labelled(config: RunConfig) -> dict:
     """{label: (Spec, protocol)} for every method under every protocol it runs (see the module docstring)."""
-    from gemfilter.methods import parse_specs
-
     out = {}
-    for spec in parse_specs(",".join(config.methods), topk=config.topk, layer=config.layer):
+    for spec in config_specs(config).values():
         if spec.kind == "full":
             out[spec.label] = (spec, "full")
         elif spec.kind == "cache":
@@ -120,10 +118,11 @@ class SCBench(Benchmark):
         config, tok = self.config, self.tokenizer()
         samples = {(L, t, i): make_sample(t, tok, L, config.turns, seed=i)
                    for L in config.lengths for t in config.tasks for i in range(config.num_samples)}
+        labels = list(labelled(config))
         # sample-major, so a run cut off leaves every mode, task and method on the same samples
         return [Unit(f"{mode}/{L}/{label}/{t}.jsonl", str(i), (mode, L, label, t, samples[L, t, i]))
                 for L in config.lengths for i in range(config.num_samples) for mode in config.modes
-                for t in config.tasks for label in labelled(config)]
+                for t in config.tasks for label in labels]
 
     def row_key(self, row: dict) -> str:
         return row["_id"]
