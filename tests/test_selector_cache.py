@@ -118,8 +118,9 @@ def test_scores_from_the_cached_prefix_equal_a_fresh_pass(family):
     method = get_method("gemfilter", layer=layer, topk=24)
     for t, ids in enumerate(conversation()):
         with torch.no_grad():
-            got = sel._select_cached(method, ids)
+            got, reused = sel._select_cached(method, ids)
             want = method.select(model, torch.tensor([ids]))
+        assert reused == (0 if t == 0 else (len(conversation()[t - 1]) - 1) // 16 * 16), t  # the last turn's blocks
         assert torch.allclose(got.scores, want.scores, rtol=1e-5, atol=1e-5), t
         assert torch.equal(got.indices[0], want.indices[0]), t
 
@@ -142,3 +143,22 @@ def test_through_the_proxy_a_conversation_sends_the_same_ids_with_and_without_th
         messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
     assert sent["cache"] == sent["plain"]
     assert cached.prefix_cache.hits == 4  # turns 2..5 started from the stored prefix of the one before
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_questions_over_one_document_start_from_the_document_once_a_second_question_shows_it(family):
+    """Multi-request: each prompt is the document (100 tokens: 6 whole blocks) and a 30-token question of its own.
+    The first question's entry reaches into its question; the second finds where it leaves the first and stores
+    the document's 96 tokens; every later question starts there. The kept ids equal the uncached selection's."""
+    model, layer = selector_model(family)
+    plain = Selector(model, CharTokenizer(), layer)
+    cached = Selector(model, CharTokenizer(), layer, cache_bytes=2**30)
+    gen = torch.Generator().manual_seed(3)
+    doc = torch.randint(3, 96, (100,), generator=gen).tolist()
+    reused = []
+    for q in range(4):
+        ids = doc + [3 + q] + torch.randint(3, 96, (29,), generator=gen).tolist()
+        got = cached.choose(ids, "gemfilter", 24)
+        assert got.ids == plain.choose(ids, "gemfilter", 24).ids, q
+        reused.append(got.reused)
+    assert reused == [0, 0, 96, 96]

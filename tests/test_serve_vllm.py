@@ -8,6 +8,8 @@ port, then ``gemfilter serve`` in front of it, and stops both at the end, on fai
 - a 2K NIAH cell through the proxy finds the needle wherever the HF path (``gemfilter.generate``) does;
 - a chat on the embedded model (Gemma 3's template, supplied by the proxy) given as content parts equals the same
   chat given as one string, and without max_tokens it is not cut at the completions default of 16 tokens;
+- over 5 turns of a conversation, the proxy with its prefix cache sends vLLM the uncached selection's ids;
+- 4 questions over one document sent at once get the kept ids and answers they get one at a time;
 - a non-streamed client that leaves ends vLLM's request (its running-requests gauge falls to 0).
 """
 
@@ -192,6 +194,58 @@ def test_a_chat_as_parts_equals_the_chat_as_text_and_runs_past_16_tokens(servers
     assert as_parts["usage"]["completion_tokens"] > 16
     short = post(proxy + "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5})
     assert short["gemfilter"]["passthrough"] and short["object"] == "chat.completion"
+
+
+def test_over_five_turns_the_cached_proxy_sends_the_uncached_selection(servers, embedded):
+    """The proxy's prefix cache (on by default): each turn of a conversation resends the history plus the engine's
+    answer and a question; vLLM receives, every turn, the kept ids of ``gemfilter.select_tokens`` on the whole
+    prompt (no cache), and from turn 2 on the selector ran only the tokens after the last turn's blocks."""
+    _, proxy, _ = servers
+    model, tok = embedded
+    history = [tok.bos_token_id] + tok("Five turns.\n", add_special_tokens=False)["input_ids"] + make_haystack(
+        tok, 900).ids[:900]  # a first line no other test sends: turn 1 finds nothing in the cache
+    method = gemfilter.get_method("gemfilter", layer=11, topk=128)
+    last = None
+    for turn in range(5):
+        prompt = history + tok(f"\nQuestion {turn + 1}: what is this text about?\nAnswer:",
+                               add_special_tokens=False)["input_ids"]
+        answer = post(proxy + "/v1/completions", {"prompt": prompt, "max_tokens": 6, "min_tokens": 6,
+                                                  "ignore_eos": True, "temperature": 0, "return_token_ids": True,
+                                                  "gemfilter": {"method": "gemfilter", "topk": 128}})
+        ref = gemfilter.select_tokens(model, torch.tensor([prompt]), layer=11, topk=128, method=method, tokenizer=tok)
+        choice = answer["choices"][0]
+        assert choice["prompt_token_ids"] == ref.kept_ids[0].tolist(), turn
+        reused = answer["gemfilter"]["selector_cached_tokens"]
+        assert reused == (0 if turn == 0 else (len(last) - 1) // 16 * 16), turn  # the last turn's whole blocks
+        history, last = prompt + choice["token_ids"], prompt
+
+
+def test_questions_sent_at_once_over_one_document_get_the_answers_sent_one_by_one(servers, embedded):
+    """Four questions over one shared document (its prefix in the selector's cache and in vLLM's), sent at once
+    and then one at a time: the same kept ids reach vLLM and the same answers come back."""
+    import threading
+
+    _, proxy, _ = servers
+    _, tok = embedded
+    doc = [tok.bos_token_id] + make_haystack(tok, 1500).ids[600:1400]
+    prompts = [doc + tok(f"\nQuestion: what does paragraph {i} say?\nAnswer:", add_special_tokens=False)["input_ids"]
+               for i in range(4)]
+
+    def ask(prompt):
+        return post(proxy + "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                                "return_token_ids": True, "gemfilter": {"topk": 128}})
+
+    at_once = [None] * 4
+    threads = [threading.Thread(target=lambda i=i: at_once.__setitem__(i, ask(prompts[i]))) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    one_by_one = [ask(p) for p in prompts]
+    for a, b in zip(at_once, one_by_one):
+        assert a["choices"][0]["prompt_token_ids"] == b["choices"][0]["prompt_token_ids"]
+        assert a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"]
+    assert all(b["gemfilter"]["selector_cached_tokens"] > 0 for b in one_by_one)
 
 
 def test_a_client_that_leaves_ends_vllm_s_request(servers):

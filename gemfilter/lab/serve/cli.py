@@ -33,7 +33,7 @@ Paper: Shi et al. 2024, "Discovering the Gems in Early Layers" (GemFilter)."""
 
 
 def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, threads: int = 0,
-            check: bool = True, cache_bytes: int = 0) -> tuple:
+            check: bool = True, cache_bytes: int = 0, workers: int = 1) -> tuple:
     """(upstream, selector, the engine's model ids) for the engine at ``url``: reach it first (a clear error now,
     not at the first request), then load the selector (layers 0..r of ``model``; Gemma 3's chat template for
     the embedded model, whose tokenizer has none) and, if ``check``, refuse an engine whose tokenizer differs
@@ -49,7 +49,8 @@ def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, thre
     if threads:
         torch.set_num_threads(threads)
     sel_model, tok, layer = load_selector(model, layer=layer, attn=attn)
-    selector = Selector(sel_model, tok, layer, chat_template=fallback_template(model, tok), cache_bytes=cache_bytes)
+    selector = Selector(sel_model, tok, layer, chat_template=fallback_template(model, tok), cache_bytes=cache_bytes,
+                        workers=workers)
     if check:
         check_tokenizer(upstream, selector.tokenizer, models[0] if models else "")
     return upstream, selector, models
@@ -94,6 +95,11 @@ def add_parser(sub) -> None:
                         "keyed by 16-token blocks, least recently used evicted first): a request that starts with a "
                         "cached prefix, such as a conversation's next turn, runs only its new tokens; the kept ids "
                         "are the same. 0 turns it off (default 1.0)")
+    p.add_argument("--selector-workers", type=int, default=1,
+                   help="selections that run at once on the one selector model, 1..64: 1 runs them one at a time in "
+                        "arrival order; more run concurrent requests' selections side by side, sharing the --threads "
+                        "(or the GPU). Each response's gemfilter.selector_wait_seconds says how long it waited "
+                        "(default 1)")
     p.add_argument("--skip-tokenizer-check", action="store_true",
                    help="start even if the engine's tokenizer cannot be compared (it has no POST /tokenize)")
     p.add_argument("--quiet", action="store_true", help="do not log each request")
@@ -112,6 +118,9 @@ def cmd_serve(args) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be a whole number in [0, 65535], got {args.port}")
     check_int(args.threads, "--threads", 0)
+    check_int(args.selector_workers, "--selector-workers", 1)
+    if args.selector_workers > 64:
+        raise ValueError(f"--selector-workers must be a whole number in [1, 64], got {args.selector_workers}")
     check_seconds(args.timeout, "--timeout")
     check_limits(args.backlog, args.max_concurrency, args.client_timeout)
     if not 0 <= args.selector_cache_gb <= 1024:  # nan fails this too
@@ -121,7 +130,8 @@ def cmd_serve(args) -> int:
     layer = dict(spec.params).get("layer", args.layer)  # the spec's layer wins, as for every default
     upstream, selector, models = connect(args.upstream, timeout=args.timeout, model=args.model, layer=layer,
                                          attn=args.attn, threads=args.threads, check=not args.skip_tokenizer_check,
-                                         cache_bytes=int(args.selector_cache_gb * 2**30))
+                                         cache_bytes=int(args.selector_cache_gb * 2**30),
+                                         workers=args.selector_workers)
     server = ProxyServer((args.host, args.port), selector, upstream, method=spec.text, topk=args.topk,
                          quiet=args.quiet, backlog=args.backlog, max_concurrency=args.max_concurrency,
                          client_timeout=args.client_timeout)

@@ -5,6 +5,12 @@ side of a repeated prefix nearly free, so the selector keeps its own: entries ar
 token prefixes (as vLLM's are), each holding the K/V of layers 0..r for exactly that prefix. A request
 that starts with a stored prefix copies its entry and runs only the tokens after it through layers 0..r.
 
+Questions over one shared document (SCBench's multi-request) share the document but not the question, so the
+entry a prompt leaves (its whole blocks, into its question) is no prefix of the next one. The cache therefore
+remembers the block keys of the prompts it has run (keys only, no K/V): a prompt that shares blocks with an
+earlier one beyond any stored entry stores an entry at that branch point too, as a radix tree would, and every
+later question over that document starts from it.
+
 Entries are evicted least recently used first while the K/V they hold exceed the budget in bytes; one
 larger than the whole budget is not stored. Not thread-safe by itself: the selector calls it under its
 lock.
@@ -17,6 +23,7 @@ import hashlib
 from collections import OrderedDict
 
 BLOCK = 16  # tokens per block, as vLLM's default block size
+SEEN = 1 << 18  # block keys remembered (16 bytes each, about 4M tokens of prompts), least recently seen dropped
 
 
 def block_keys(ids, block: int) -> list:
@@ -48,6 +55,7 @@ class PrefixCache:
             raise ValueError(f"prefix cache: budget {budget} must be >= 0 bytes and block {block} >= 1 tokens")
         self.budget, self.block = int(budget), block
         self._entries: OrderedDict = OrderedDict()  # key -> (prefix length, cache, bytes)
+        self._seen: OrderedDict = OrderedDict()  # block keys of the prompts run, least recently seen first
         self.used = 0
         self.hits = self.misses = 0
 
@@ -69,6 +77,20 @@ class PrefixCache:
                 return (i + 1) * self.block, copy.deepcopy(self._entries[keys[i]][1])
         self.misses += 1
         return 0, None
+
+    def shared(self, ids) -> int:
+        """The longest block-aligned prefix of ``ids`` (leaving at least one token) that an earlier prompt given
+        to :meth:`remember` also began with; 0 if none."""
+        keys = block_keys(ids[:self.aligned(len(ids))], self.block)
+        return next(((i + 1) * self.block for i in range(len(keys) - 1, -1, -1) if keys[i] in self._seen), 0)
+
+    def remember(self, ids) -> None:
+        """Note the block keys of ``ids`` (no K/V), so that a later prompt can find where it branches from it."""
+        for key in block_keys(ids, self.block):
+            self._seen[key] = None
+            self._seen.move_to_end(key)
+        while len(self._seen) > SEEN:
+            self._seen.popitem(last=False)
 
     def store(self, ids, cache) -> bool:
         """Keep a copy of ``cache`` (layers 0..r of exactly ``ids``, a block-aligned prefix); False if it is

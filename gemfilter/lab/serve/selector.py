@@ -88,24 +88,32 @@ class Choice:
     prompt_tokens: int
     kept_tokens: int
     passthrough: bool
-    seconds: float
+    seconds: float  # from the request's arrival at the selector to its kept ids, the wait included
+    waited: float = 0.0  # of which spent waiting for a free selector (other requests' selections)
+    reused: int = 0  # prompt tokens whose layers 0..r came from the prefix cache
 
     def meta(self, layer: int) -> dict:
         return {"method": self.method, "topk": self.topk, "layer": layer, "prompt_tokens": self.prompt_tokens,
                 "kept_tokens": self.kept_tokens, "passthrough": self.passthrough,
-                "selection_seconds": round(self.seconds, 4)}
+                "selection_seconds": round(self.seconds, 4), "selector_wait_seconds": round(self.waited, 4),
+                "selector_cached_tokens": self.reused}
 
 
 class Selector:
-    """A loaded selector and its tokenizer; :meth:`choose` is safe to call from several threads (one runs at a time).
+    """A loaded selector and its tokenizer; :meth:`choose` is safe to call from several threads.
 
     chat_template: a template the proxy supplies because the tokenizer has none
     (:func:`gemfilter.lab.serve.chat_template.fallback_template`); chats are then always sent as token ids.
+    cache_bytes: the prefix cache's budget (0: no cache). workers: selections that run at once on the one
+    model (1: one at a time, in arrival order; more share the CPU threads or the GPU between them).
     """
 
     def __init__(self, model, tokenizer, layer: int, max_tokens: int | None = None, chat_template: str | None = None,
-                 cache_bytes: int = 0):
+                 cache_bytes: int = 0, workers: int = 1):
         from .prefix_cache import PrefixCache
+
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"selector workers must be a whole number >= 1, got {workers!r}")
 
         self.model, self.tokenizer, self.layer, self.chat_template = model, tokenizer, layer, chat_template
         cfg = model.config.get_text_config()
@@ -113,7 +121,9 @@ class Selector:
         self.vocab_size = int(getattr(cfg, "vocab_size", 0) or 0) or None
         # layers 0..r of prompts already seen (``--selector-cache-gb``); None: every prompt runs whole
         self.prefix_cache = PrefixCache(cache_bytes) if cache_bytes > 0 else None
-        self._lock = threading.Lock()
+        self.workers = workers
+        self._slots = threading.BoundedSemaphore(workers)
+        self._cache_lock = threading.Lock()  # the prefix cache's LRU order and budget: one caller at a time
 
     def method_for(self, n: int, method, topk: int | None = None):
         """The method object for a prompt of ``n`` tokens: ``method`` a spec (text or
@@ -150,29 +160,40 @@ class Selector:
         k = getattr(m, "topk", None)
         if self.passes_through(n, m):
             return Choice(list(ids), label, k, n, n, True, time.perf_counter() - start)
-        with self._lock, torch.no_grad():
+        reused = 0
+        with self._slots, torch.no_grad():
+            waited = time.perf_counter() - start
             if self.prefix_cache is not None and getattr(m, "scores_last_row", False):
-                selection = self._select_cached(m, ids)
+                selection, reused = self._select_cached(m, ids)
             else:
                 selection = m.select(self.model, torch.tensor([ids]), tokenizer=self.tokenizer)
         kept = selection.kept_ids[0].tolist()
-        return Choice(kept, label, k, n, len(kept), False, time.perf_counter() - start)
+        return Choice(kept, label, k, n, len(kept), False, time.perf_counter() - start, waited, reused)
 
     def _select_cached(self, method, ids: list):
-        """The selection with the prefix cache: copy the longest stored prefix's layers 0..r, run the rest of the
-        prompt's whole blocks and store them as a new entry, then run the last tokens and select."""
+        """(the selection, the prompt tokens served from the cache) with the prefix cache: copy the longest stored
+        prefix's layers 0..r, run the rest of the prompt's whole blocks and store them as a new entry (and one at
+        the point where the prompt leaves an earlier one, if that lies beyond the stored prefix), then run the
+        last tokens and select."""
         import torch
 
         from ...compat import dynamic_cache
         from ...selection import filter_pass, select_cached
 
-        cached, cache = self.prefix_cache.lookup(ids)
+        aligned = self.prefix_cache.aligned(len(ids))
+        with self._cache_lock:
+            reused, cache = self.prefix_cache.lookup(ids)
+            branch = self.prefix_cache.shared(ids)  # where it leaves an earlier prompt (a shared document's end)
+            self.prefix_cache.remember(ids[:aligned])
         cache = cache if cache is not None else dynamic_cache(self.model.config)
         device = next(self.model.parameters()).device
         prompt = torch.tensor([ids], device=device)
-        aligned = self.prefix_cache.aligned(len(ids))
-        if aligned > cached:  # the prompt's whole blocks beyond the stored prefix: run, then keep for next time
-            block = prompt[:, cached:aligned]
-            filter_pass(self.model, block, torch.ones_like(block), self.layer, lambda q, k: None, cache=cache)
-            self.prefix_cache.store(ids[:aligned], cache)
-        return select_cached(self.model, method, prompt, cache, self.tokenizer)
+        done = reused
+        for stop in sorted({branch, aligned}):  # whole blocks beyond the stored prefix: run, keep for next time
+            if stop > done:
+                block = prompt[:, done:stop]
+                filter_pass(self.model, block, torch.ones_like(block), self.layer, lambda q, k: None, cache=cache)
+                with self._cache_lock:
+                    self.prefix_cache.store(ids[:stop], cache)
+                done = stop
+        return select_cached(self.model, method, prompt, cache, self.tokenizer), reused
