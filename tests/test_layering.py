@@ -113,7 +113,8 @@ def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path):
 #: measure, extras), which imports nothing of the lab.
 LAB = ("gemfilter.lab",)
 #: command-line modules: what parses arguments and prints for a person
-CLI = ("gemfilter.lab.cli", "gemfilter.lab.options", "gemfilter.lab.serve.cli", "gemfilter.lab.serve.bench", "gemfilter.lab.serve.burst",
+CLI = ("gemfilter.lab.cli", "gemfilter.lab.options", "gemfilter.lab.serve.cli", "gemfilter.lab.serve.bench", "gemfilter.lab.serve.turns",
+       "gemfilter.lab.serve.burst",
        "gemfilter.lab.bench.report", "gemfilter.lab.inspection.report")
 
 

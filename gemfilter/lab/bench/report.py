@@ -220,6 +220,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "in-process 'gemfilter serve', and the proxy's own overhead; writes OUT/bench-engine.md. A row is "
                    "kept only with proof its stream completed (finish_reason, tokens, [DONE]); a broken answer is an "
                    "error row, retried by a rerun, and ends the run with one error line (exit 2)")
+    g = p.add_argument_group("conversations through the engine (--engine URL --turns T; writes OUT/bench-turns.md)")
+    g.add_argument("--turns", type=int, default=0,
+                   help="questions per conversation, one fact of its document each (default 0: the single-request "
+                   "benchmark above). Routes: full straight to the engine (its prefix caching as deployed), and the "
+                   "last of --methods through in-process proxies with the selector's prefix cache (cached) and "
+                   "without it (uncached)")
+    g.add_argument("--mode", default="multi-turn",
+                   help="multi-turn (each question follows the history: document, questions, the engine's answers), "
+                   "multi-request (each question over the document alone), or both, comma-separated "
+                   "(SCBench's two modes; default multi-turn)")
+    g.add_argument("--concurrency", default="1",
+                   help="conversations at once, each over a document of its own, e.g. 1,4,8 (default 1)")
+    g.add_argument("--routes", default="full,cached,uncached", help="which routes to time (default all three)")
+    g.add_argument("--selector-cache-gb", type=float, default=1.0,
+                   help="the cached route's prefix cache, GB of K/V (default 1.0, as gemfilter serve's)")
+    g.add_argument("--selector-workers", type=int, default=1,
+                   help="selections at once on the selector model (default 1, as gemfilter serve's)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the documents and their facts (default 0)")
     return p
 
 
@@ -293,6 +311,12 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
     _check_arch_args(args)
     try:
+        if args.turns and not args.engine:
+            raise ValueError("--turns times conversations through a serving engine: give --engine URL too")
+        if args.engine and args.turns:
+            from ..serve.turns import run
+
+            return run(args)
         if args.engine:
             from ..serve.bench import run
 
