@@ -95,7 +95,7 @@ def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
     ({"tasks": ("scbench_qa_eng",)}, "--tasks: scbench_qa_eng; allowed: scbench_kv"),
     ({"methods": ("gemfilter:k=0",)}, "gemfilter: topk=0 must be >= 1"),
     ({"turns": 0}, "--turns must be a whole number >= 1"),
-    ({"engine": "http://x"}, "--engine: SCBench runs every turn on this machine"),
+    ({"engine": "http://x"}, "--engine runs full .* not gemfilter:k=48,layer=2@reuse, snapkv:k=64"),
 ])
 def test_bad_settings_are_refused_before_any_work(tmp_path, change, msg):
     with pytest.raises(ValueError, match=msg):

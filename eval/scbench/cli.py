@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     r.add_argument("--dtype", default=None, help="model dtype on an accelerator (default: the loader's)")
     add_attn_argument(r)
+    from gemfilter.lab.serve.engine import add_engine_argument
+
+    add_engine_argument(r)
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--out", required=True, help="run folder (created; a rerun resumes it)")
     s = sub.add_parser("report", help="score a run folder again: report.md and report.png")
@@ -97,7 +100,7 @@ def _run(args) -> int:
                        layer=args.layer, protocols=split_names(args.protocols), modes=split_names(args.modes),
                        tasks=split_names(args.tasks), lengths=parse_lengths(args.lengths),
                        num_samples=args.num_samples, turns=args.turns, attn=args.attn, dtype=args.dtype,
-                       extra={"attn": args.attn or "model default"})
+                       engine=args.engine, extra={"attn": args.attn or "model default"})
     if args.threads:
         import torch
 

@@ -15,6 +15,9 @@ gemfilter-span) run under each protocol the config names (``reselect``: select a
 history's layers 0..r; ``reuse``: turn 1's kept tokens go on). A method's label is its spec, with
 ``@reuse`` / ``@reselect`` for prompt methods.
 
+With ``engine`` (a URL), each turn is answered by an OpenAI-compatible engine (:mod:`eval.scbench.engine`):
+full and prompt methods under ``reselect`` only; rows record ``engine``, and it is part of the folder's identity.
+
 Files: ``OUT/<mode>/<L>/<label>/<task>.jsonl``, one row per sample: ``_id`` (the sample's seed),
 ``turns`` ([{turn_idx, prediction, ground_truth, score, ttft_s, total_s, kept, history_tokens}]),
 ``prefill_s`` (multi-request: the context's prefill), ``protocol``, ``method``, ``layer``, ``topk``.
@@ -28,6 +31,7 @@ from gemfilter.lab.options import check_against_model
 
 from eval.runner import Benchmark, Unit, config_specs, run as run_units
 
+from .engine import converse_engine
 from .generate import MAX_TURNS, make_sample
 from .prompts import MODES, build_prompts, max_input_length, truncate_middle
 from .scoring import score_one
@@ -65,8 +69,9 @@ class RunConfig:
     extra: dict = field(default_factory=dict)
 
     def identity(self) -> dict:
+        engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
         return {"model": self.model, "topk": self.topk, "layer": self.layer, "turns": self.turns,
-                "dtype": self.dtype}
+                "dtype": self.dtype, **engine}
 
 
 def labelled(config: RunConfig) -> dict:
@@ -94,7 +99,9 @@ def validate(config: RunConfig) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if config.engine is not None:
-        raise ValueError("--engine: SCBench runs every turn on this machine (a conversation's cache lives here)")
+        from .engine import check_engine_labels
+
+        check_engine_labels(labelled(config))
 
 
 class SCBench(Benchmark):
@@ -137,13 +144,22 @@ class SCBench(Benchmark):
 
         methods = {label: (None if proto == "full" else resolve(model, spec.method()), proto)
                    for label, (spec, proto) in labelled(self.config).items()}
+        engine = None
+        if self.config.engine is not None:
+            from .engine import EngineTurns
+
+            engine = EngineTurns(self.config.engine, model, tok)
 
         def predict(unit: Unit) -> dict:
             mode, length, label, task, sample = unit.data
             method, protocol = methods[label]
-            return converse(model, tok, method, protocol, mode, length, task, sample) | {
-                "_id": unit.key, "method": label, "protocol": protocol,
-                "layer": getattr(method, "layer", None), "topk": getattr(method, "topk", None)}
+            if engine is None:
+                row = converse(model, tok, method, protocol, mode, length, task, sample)
+            else:
+                row = converse_engine(engine, labelled(self.config)[label][0], protocol, mode, length, task, sample)
+                row["engine"] = self.config.engine
+            return row | {"_id": unit.key, "method": label, "protocol": protocol,
+                          "layer": getattr(method, "layer", None), "topk": getattr(method, "topk", None)}
 
         return predict
 
