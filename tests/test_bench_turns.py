@@ -184,3 +184,27 @@ def test_engine_metrics_read_vllm_s_prometheus_text(monkeypatch):
     assert turns.prefix_caching("http://x/v1") is True
     monkeypatch.setattr(turns, "metrics_text", lambda base, timeout=5.0: "")
     assert turns.engine_metrics("http://x/v1") == {} and turns.prefix_caching("http://x/v1") is None
+
+
+def test_no_cell_meets_another_cell_s_document(tiny_dir, tmp_path, monkeypatch):
+    """The same document bodies on every route, but a first line per route, mode, N and run: no engine or selector
+    cache can serve one cell (or one run) from another."""
+    from serve_fixtures import CharTokenizer
+
+    tok, hay = CharTokenizer(), list(range(3, 96)) * 20
+    tok.bos_token_id = 1
+    a, facts = turns.make_document(tok, hay, 400, 3, seed=5, salt="full/multi-turn/1/x")
+    b, same = turns.make_document(tok, hay, 400, 3, seed=5, salt="full/multi-request/1/x")
+    head = len(tok("Document 0123456789ab.\n", add_special_tokens=False)["input_ids"]) + 1
+    assert a[:head] != b[:head] and a[head:] == b[head:] and facts == same
+    salts, make = [], turns.make_document
+    monkeypatch.setattr(turns, "make_document", lambda *a, **k: salts.append(a[5] if len(a) > 5 else "") or make(*a, **k))
+    engine = FaultyEngine(tokens=word_tokenizer()(PROBE)["input_ids"])
+    try:
+        for out in ("a", "b"):
+            assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path / out, "--routes", "full,cached",
+                                              "--mode", "multi-turn,multi-request")) == 0
+    finally:
+        engine.close()
+    cells = [s for s in salts if s != "warm-up"]
+    assert len(cells) == 2 * 4 and len(set(cells)) == 8  # 2 runs x 2 modes x 2 routes, each its own first line

@@ -74,7 +74,8 @@ def engine_metrics(base: str, timeout: float = 5.0) -> dict:
 def make_document(tok, hay_ids: list, length: int, turns: int, seed: int, salt: str = "") -> tuple:
     """(document ids, [(name, number)] * turns): ``length`` tokens of the haystack from an offset of its own
     (``seed``), one fact per turn at depths (t + 0.5) / turns, each at a sentence's end, and a first line of
-    its own (``seed`` and ``salt``: the same document under two salts shares no prefix in any cache)."""
+    its own (``seed`` and ``salt``: the same document under two salts shares no prefix in any cache; the
+    runner's salt holds the route, the mode, N and a nonce per run, so no cell meets another's document)."""
     rng = random.Random(seed)
     tag = uuid.uuid5(uuid.NAMESPACE_OID, f"{seed}/{salt}").hex[:12]
     header = tok(f"Document {tag}.\n", add_special_tokens=False)["input_ids"]
@@ -118,7 +119,8 @@ def converse(url: str, body: dict, doc: list, facts: list, mode: str, tok, timeo
         info = res["meta"] or {}
         row = dict(turn=t + 1, ttft=res["ttft"], total=res["total"], began=begun, prompt_tokens=len(prompt),
                    kept_tokens=info.get("kept_tokens", len(prompt)), selection_seconds=info.get("selection_seconds"),
-                   selector_wait_seconds=info.get("selector_wait_seconds"), hit=str(number) in res["text"],
+                   selector_wait_seconds=info.get("selector_wait_seconds"),
+                   selector_cached_tokens=info.get("selector_cached_tokens"), hit=str(number) in res["text"],
                    tokens=res["tokens"], finish_reason=res["finish_reason"], done=res["done"])
         if "prompt_tokens_cached_total" in before and "prompt_tokens_cached_total" in after:
             row["engine_cached_tokens"] = after["prompt_tokens_cached_total"] - before["prompt_tokens_cached_total"]
@@ -151,9 +153,11 @@ class Sampler:
 
 
 def run_cell(route: dict, n: int, mode: str, length: int, turns: int, tok, hay_ids: list, timeout: float,
-             engine: str, seed: int) -> tuple:
-    """(request rows, the cell's row) for N conversations at once on one route."""
-    docs = [make_document(tok, hay_ids, length, turns, seed * 1000 + i, route["name"]) for i in range(n)]
+             engine: str, seed: int, nonce: str = "") -> tuple:
+    """(request rows, the cell's row) for N conversations at once on one route. The documents' bodies and facts
+    depend on ``seed`` only (the same on every route); their first lines on the route, mode, N and ``nonce``."""
+    salt = f"{route['name']}/{mode}/{n}/{nonce}"
+    docs = [make_document(tok, hay_ids, length, turns, seed * 1000 + i, salt) for i in range(n)]
     barrier = threading.Barrier(n + 1)
     results, errors = [None] * n, []
     counters = (lambda: engine_metrics(engine)) if n == 1 else None
@@ -220,6 +224,7 @@ def summarize(rows: list, cells: list) -> dict:
                                  prompt_tokens=_q([r["prompt_tokens"] for r in at], 50),
                                  kept_tokens=_q([r["kept_tokens"] for r in at], 50),
                                  selection_p50=_q([r["selection_seconds"] for r in at], 50),
+                                 selector_cached=_q([r.get("selector_cached_tokens") for r in at], 50),
                                  engine_cached=_q([r.get("engine_cached_tokens") for r in at], 50),
                                  accuracy=100 * sum(r["hit"] for r in at) / len(at)))
     return {"turns": per_turn, "cells": per_cell}
@@ -244,7 +249,8 @@ def markdown(summary: dict, meta: dict) -> str:
         picked = [r for r in names if r != "full"]
         ratios = [f"full / {r}" for r in picked] if "full" in names else []
         heads = (["turn", "prompt tokens", "kept"] + [f"TTFT {r}" for r in names] + ratios
-                 + [f"selection {r} (s)" for r in picked] + [f"engine cached tokens {r}" for r in names])
+                 + [f"selection {r} (s)" for r in picked] + [f"selector cached tokens {r}" for r in picked]
+                 + [f"engine cached tokens {r}" for r in names])
         lines += [f"## {mode}, {length} tokens, N = {n}: time to first token per turn (s, median over conversations)",
                   "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
         for t in sorted({k[1] for k in at}):
@@ -255,6 +261,7 @@ def markdown(summary: dict, meta: dict) -> str:
                      + [f(get[r].get("ttft_p50")) for r in names]
                      + [ratio(get["full"].get("ttft_p50"), get[r].get("ttft_p50")) for r in picked if ratios]
                      + [f(get[r].get("selection_p50")) for r in picked]
+                     + [f(get[r].get("selector_cached"), ".0f") for r in picked]
                      + [f(get[r].get("engine_cached"), ".0f") for r in names])
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -340,6 +347,7 @@ def run(args) -> int:
     todo = [(mode, n_tok, n, route) for mode in modes for n_tok in lengths for n in concurrency for route in routes
             if (mode, n_tok, n, route) not in done]
     meta["engine_prefix_caching"] = prefix_caching(args.engine)
+    nonce = uuid.uuid4().hex  # this run's documents are new to the engine's and the selector's caches
     try:
         if todo:
             hay = make_haystack(tok, max(lengths) + 4096).ids
@@ -352,7 +360,8 @@ def run(args) -> int:
                     raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
         for mode, n_tok, n, route in tqdm(todo, desc="conversation cells", unit="cell"):
             seed = args.seed * 7919 + n_tok * 31 + n  # the same documents on every route, headers apart
-            got, cell = run_cell(table[route], n, mode, n_tok, args.turns, tok, hay, args.timeout, args.engine, seed)
+            got, cell = run_cell(table[route], n, mode, n_tok, args.turns, tok, hay, args.timeout, args.engine, seed,
+                                 nonce)
             where = dict(meta, mode=mode, length=n_tok, concurrency=n, route=route, cell=uuid.uuid4().hex)
             for r in got:
                 append_jsonl(jsonl, dict(where, kind="request", **r))
