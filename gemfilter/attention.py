@@ -14,13 +14,19 @@ implements ``attention(module, query, key, value, attention_mask, base, **kwargs
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
+import weakref
 from contextlib import contextmanager
 
 from .compat import attention_functions, mask_functions, register_attention
 
 STATE_KWARG = "gemfilter_state"
 _PREFIX = "gemfilter_"
+# Models switched to the wrapper by wrapped_attention: model -> [base kernel name, blocks inside]. Threads that
+# share a model (a serving selector's workers) share its switch; the last block to leave restores the kernel.
+_SWITCHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SWITCH_LOCK = threading.Lock()
 
 
 class FilterLayerReached(Exception):
@@ -82,17 +88,31 @@ def check_dispatch(model) -> None:
 
 @contextmanager
 def wrapped_attention(model):
-    """Switch ``model`` to the wrapper around its current kernel; restore it on exit, errors included."""
+    """Switch ``model`` to the wrapper around its current kernel; restore it on exit, errors included.
+
+    Nested and concurrent blocks on one model (threads that share it) share one switch: the first to enter
+    switches, the last to leave restores, so no block runs a layer on the restored kernel."""
     check_dispatch(model)
-    base = model.config._attn_implementation
-    if base.startswith(_PREFIX):  # nested use: already wrapped
-        yield base
-        return
-    name = register(base)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.set_attn_implementation(name)
+    with _SWITCH_LOCK:
+        held = _SWITCHED.get(model)
+        if held is None:
+            base = model.config._attn_implementation
+            if base.startswith(_PREFIX):  # switched by its owner outside this manager: leave it as it is
+                held = None
+            else:
+                name = register(base)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    model.set_attn_implementation(name)
+                held = _SWITCHED[model] = [base, 0]
+        if held is not None:
+            held[1] += 1
     try:
-        yield name
+        yield model.config._attn_implementation
     finally:
-        model.set_attn_implementation(base)
+        if held is not None:
+            with _SWITCH_LOCK:
+                held[1] -= 1
+                if held[1] == 0:
+                    del _SWITCHED[model]
+                    model.set_attn_implementation(held[0])

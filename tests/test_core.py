@@ -156,6 +156,37 @@ def test_wrapper_without_state_is_exact_for_eager_and_sdpa():
             assert torch.equal(model(ids).logits, ref)
 
 
+def test_selections_in_threads_that_share_a_model_each_reach_their_layer(family):
+    """Two threads selecting on one model at once (a serving selector's workers) share the kernel switch: neither
+    block restores the model while the other runs, and each selection equals the one made alone."""
+    import threading
+
+    name, model = family
+    before = model.config._attn_implementation
+    method = gemfilter.GemFilter(layer=FILTER_LAYER[name], topk=5)
+    prompts = [prompt(seed=s) for s in range(6)]
+    alone = [gemfilter.select_tokens(model, ids, layer=method.layer, topk=5, method=method).kept_ids for ids in prompts]
+    got, errors, start = {}, [], threading.Barrier(2)
+
+    def work(part):
+        start.wait()
+        try:
+            for i in range(part, len(prompts), 2):
+                for _ in range(3):
+                    got[i] = gemfilter.select_tokens(model, prompts[i], layer=method.layer, topk=5, method=method).kept_ids
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[0]
+    assert all([r.tolist() for r in got[i]] == [r.tolist() for r in alone[i]] for i in range(len(prompts)))
+    assert model.config._attn_implementation == before
+
+
 # ---- (e) bad input ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
