@@ -279,6 +279,21 @@ def markdown(summary: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rebuild(folder) -> str:
+    """OUT/bench-turns.md again, from the folder's rows (those of the run its bench-turns.json describes)."""
+    from pathlib import Path
+
+    from ..io import read_json_object, read_jsonl
+
+    folder = Path(folder)
+    meta = read_json_object(folder / "bench-turns.json")["meta"]
+    rows = [r for r in read_jsonl(folder / "bench-turns.jsonl")
+            if all(r.get(k) == v for k, v in meta.items() if k != "routes")]
+    cells = [r for r in rows if r.get("kind") == "cell"]
+    done = {c["cell"] for c in cells}
+    return markdown(summarize([r for r in rows if r.get("kind") == "request" and r["cell"] in done], cells), meta)
+
+
 def routes_of(text: str, method: str) -> list:
     names = [r.strip() for r in str(text).split(",") if r.strip()]
     bad = [r for r in names if r not in ("full", "cached", "uncached")]
