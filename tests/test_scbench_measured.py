@@ -21,3 +21,31 @@ def test_docs_tables_are_the_scores_of_the_committed_rows():
     assert len(lines) > 10
     missing = [x for x in lines if x not in text]
     assert not missing, f"docs/scbench.md lacks {len(missing)} scored line(s), e.g. {missing[0]}"
+
+
+ENGINE = REPO / "measured" / "scbench-engine"
+
+
+def test_engine_rows_are_scored_again_and_equal_the_local_rows_they_share():
+    """measured/scbench-engine (answers by vLLM): its tables in the docs are its scores, and every turn of the
+    samples measured/scbench also holds has the local rows' prediction, score, kept tokens and history."""
+    import json
+
+    table = score_table(collect(ENGINE))
+    text = (REPO / "docs" / "scbench.md").read_text(encoding="utf-8")
+    block = text[text.index("<!-- scbench-engine-measured"):text.index("<!-- /scbench-engine-measured -->")]
+    lines = [x for x in markdown(table).splitlines() if x.startswith("| ") and not x.startswith("| method")]
+    shown = [x for x in block.splitlines() if x.startswith("| ") and not x.startswith("| method")]
+    assert len(shown) >= 8 and all(x in lines for x in shown), [x for x in shown if x not in lines][:1]
+    compared = 0
+    for path in ENGINE.glob("*/4096/*/*.jsonl"):
+        local = {json.loads(x)["_id"]: json.loads(x) for x in (ROOT / path.relative_to(ENGINE)).open()}
+        for line in path.open():
+            row = json.loads(line)
+            assert row["engine"].startswith("http")
+            if row["_id"] in local:
+                for a, b in zip(local[row["_id"]]["turns"], row["turns"], strict=True):
+                    assert (a["prediction"], a["score"], a["kept"], a["history_tokens"]) == (
+                        b["prediction"], b["score"], b["kept"], b["history_tokens"]), (path, row["_id"])
+                    compared += 1
+    assert compared == 60
