@@ -3,8 +3,10 @@ sigma~^2 = 25), the smoothed activation against Monte Carlo, steps 1 and 2 of Th
 closed forms, the NTK predictor and NTK features against autograd, the NTK ridge solver against the closed form
 on every parameter, the Adam third stage's first step by hand, and the CLI."""
 
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +18,8 @@ from feature_probes.parity.model import (FixedFeatureHead, LinearisedNet, NTKFea
                                         hinge, ntk_predict, ntk_ridge, regulariser, smoothed_clip_relu)
 
 SPEC = ParitySpec()  # the simulation's d = 500, D = 100, k = 5, p_o = 1/2
+
+MEASURED = Path(__file__).resolve().parents[1] / "measured" / "feature_probes"
 
 
 def test_labels_by_hand():
@@ -232,3 +236,23 @@ def test_linear_ceiling_is_54_of_64_by_hand_and_by_sampling():
     s, y = phi[:, problem.A].sum(dim=1), parity_labels(phi, problem.A)
     best = max(float(((s >= t).float() * 2 - 1 == y).float().mean()) for t in range(7))
     assert best == pytest.approx(54 / 64, abs=0.005)
+
+
+def test_report_writes_the_summary_again_and_refuses_a_folder_without_a_result(tmp_path, capsys):
+    argv = ["table", "--preset", "tiny", "--out", str(tmp_path), "--quiet"]
+    assert cli.main(argv) == 0
+    summary = (tmp_path / "parity_summary.md").read_text()
+    (tmp_path / "parity_summary.md").unlink()
+    assert cli.main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "parity_summary.md").read_text() == summary
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["report", str(tmp_path / "nothing")])
+    assert exc.value.code == 2 and "parity_result.json does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in MEASURED.glob("parity*/parity_result.json")))
+def test_committed_parity_summaries_are_their_results_tables(folder):
+    """Each committed table under measured/feature_probes/parity* is what its committed result gives."""
+    result = json.loads((MEASURED / folder / "parity_result.json").read_text())
+    assert cli.markdown(result["runs"], result["config"], result["command"]) == (
+        MEASURED / folder / "parity_summary.md").read_text()

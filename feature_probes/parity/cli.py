@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from feature_probes.parity.experiments import PRESETS, run_table
 from gemfilter.lab.entry import command
 
 METHODS = ("network", "network_adam", "ntk", "ntk_ridge", "rf", "one_step", "two_step")
-NAMES = {"network": "Network, stage 3 thm_a20 (GD, Thm A.20's η)", "network_adam": "Network, stage 3 adam",
+NAMES = {"network": "Network, stage 3 thm_a20 (minibatch GD, Eq. 2.4)", "network_adam": "Network, stage 3 adam",
          "ntk": "NTK, Adam", "ntk_ridge": "NTK, ridge", "rf": "RF", "one_step": "One Step", "two_step": "Two Step"}
 PAPER = {  # Table A.1: (train acc, test acc, cos similarity); "w/o structure" is the network's column
     "network": (100.0, 100.0, 0.997), "network_adam": (100.0, 100.0, 0.997), "ntk": (84.0, 86.4, None),
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Gradient feature learning on parities (Z. Shi 2024, Ch. 2, App. A.7.1): the two-layer network "
                     "trained by Thm A.20's process against NTK and random features, with and without input structure.",
         epilog="run '<subcommand> --help' for its options", formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{table,presets}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{table,report,presets}")
     text = "Table A.1 (network, NTK, RF, One/Two Step; with and without structure), Figs. A.1 and A.2"
     sp = sub.add_parser("table", help=text, description=text, epilog=EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--stage3", help="comma-separated stage-3 settings: thm_a20, adam (default: both)")
     sp.add_argument("--laws", choices=["both", "structured", "unstructured"], default="both",
                     help="which data laws to run (default both)")
+    rp = sub.add_parser("report", help="write a run folder's parity_summary.md again from its parity_result.json")
+    rp.add_argument("dir", type=Path, help="a folder written by 'table' (its --out)")
+    parser.subcommands["report"] = rp
     sub.add_parser("presets", help="print every preset's settings as JSON")
     return parser
 
@@ -77,6 +81,17 @@ def make_config(args):
     return cfg
 
 
+def read_result(folder) -> dict:
+    """A run folder's parity_result.json ({config, command, runs}); a clear error if it is missing or not one."""
+    path = Path(folder) / "parity_result.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: give a folder written by 'table' (its --out)")
+    result = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(result, dict) or not {"config", "command", "runs"} <= set(result):
+        raise ValueError(f"{path} is not a parity result (it needs config, command and runs)")
+    return result
+
+
 def _fmt(values, scale=100.0, digits=1):
     values = [v for v in values if v is not None]
     if not values:
@@ -86,9 +101,12 @@ def _fmt(values, scale=100.0, digits=1):
 
 
 def markdown(rows: list[dict], cfg: dict, command: str) -> str:
+    k, m, steps = cfg["spec"]["k"], cfg["m"], cfg["steps"]
+    eta3 = cfg["lr3"] or k ** 2 / (steps * m ** (1 / 3))
     lines = [f"Parity simulation (Table A.1): `{command}`", "",
-             f"d={cfg['spec']['d']}, D={cfg['spec']['D']}, k={cfg['spec']['k']}, p_o={cfg['spec']['p_o']}, m={cfg['m']}, "
-             f"T={cfg['steps']}, n_train={cfg['n_train']}, n_test={cfg['n_test']}, step 1: {cfg['step1']}", "",
+             f"d={cfg['spec']['d']}, D={cfg['spec']['D']}, k={k}, p_o={cfg['spec']['p_o']}, m={m}, "
+             f"T={steps}, n_train={cfg['n_train']}, n_test={cfg['n_test']}, step 1: {cfg['step1']}; stage 3 GD: "
+             f"η = {eta3:.4g} ({'--lr3' if cfg['lr3'] else 'Thm A.20'}), λ = {cfg['lam3']:g}", "",
              "| law | method | train acc (%) | test acc (%) | cos similarity | paper train / test / cos |",
              "|---|---|---|---|---|---|"]
     for structured in (True, False):
@@ -154,6 +172,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "presets":
         print(json.dumps({k: asdict(v) for k, v in PRESETS.items()}, indent=2))
+        return 0
+    if args.command == "report":
+        try:
+            result = read_result(args.dir)
+        except (OSError, ValueError) as err:
+            parser.subcommands["report"].error(str(err))  # exit 2, with the subcommand's usage
+        md = markdown(result["runs"], result["config"], result["command"])
+        write_text(args.dir / "parity_summary.md", md)
+        print(md)
         return 0
     cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.parity", make_config,
                                                "parity_runs.jsonl")
