@@ -256,3 +256,22 @@ def test_committed_parity_summaries_are_their_results_tables(folder):
     result = json.loads((MEASURED / folder / "parity_result.json").read_text())
     assert cli.markdown(result["runs"], result["config"], result["command"]) == (
         MEASURED / folder / "parity_summary.md").read_text()
+
+
+def test_docs_gd_sweep_rows_are_the_committed_results():
+    """docs/feature-probes.md's table of stage-3 step sizes: each row's T and accuracies are its run's result."""
+    import re
+
+    text = (MEASURED.parents[1] / "docs" / "feature-probes.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- parity-gd-sweep -->(.*?)<!-- /parity-gd-sweep -->", text, re.S).group(1)
+    rows = [line.split(" | ") for line in block.strip().splitlines()[2:]]
+    assert len(rows) >= 5
+    for cells in rows:
+        folder = cells[0].strip("|` ")
+        result = json.loads((MEASURED / folder / "parity_result.json").read_text())
+        net = next(u for u in result["runs"] if u["structured"])["methods"]["network"]
+        want = [str(result["config"]["steps"]), f"{100 * net['train_acc']:.1f}", f"{100 * net['test_acc']:.1f}",
+                f"{net['cos']:.3f}"]
+        assert [c.strip("| ") for c in cells[2:]] == want, folder
+    paper = re.search(r"<!-- parity-paper -->(.*?)<!-- /parity-paper -->", text, re.S).group(1).strip()
+    assert paper in (MEASURED / "parity-paper" / "parity_summary.md").read_text()
