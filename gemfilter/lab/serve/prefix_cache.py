@@ -12,8 +12,8 @@ earlier one beyond any stored entry stores an entry at that branch point too, as
 later question over that document starts from it.
 
 Entries are evicted least recently used first while the K/V they hold exceed the budget in bytes; one
-larger than the whole budget is not stored. Not thread-safe by itself: the selector calls it under its
-lock.
+larger than the whole budget is not stored. Not thread-safe by itself: the selector calls it under a lock
+of its own.
 """
 
 from __future__ import annotations
@@ -66,31 +66,26 @@ class PrefixCache:
         """The longest block-aligned prefix of an n-token prompt that leaves at least one token to run."""
         return ((n - 1) // self.block) * self.block
 
-    def lookup(self, ids):
-        """(length p, a copy of the entry's cache) for the longest stored block-aligned prefix of ``ids`` that
-        leaves at least one token; (0, None) when none is stored."""
+    def lookup(self, ids) -> tuple:
+        """(p, a copy of the entry's cache, b) for a prompt ``ids``: p the longest stored block-aligned prefix that
+        leaves at least one token ((0, None) when none is stored), b the longest such prefix an earlier prompt
+        also began with (0 if none). Notes the prompt's block keys (no K/V) for the prompts after it."""
         keys = block_keys(ids[:self.aligned(len(ids))], self.block)
+        p, cache = 0, None
         for i in range(len(keys) - 1, -1, -1):
             if keys[i] in self._entries:
                 self._entries.move_to_end(keys[i])
-                self.hits += 1
-                return (i + 1) * self.block, copy.deepcopy(self._entries[keys[i]][1])
-        self.misses += 1
-        return 0, None
-
-    def shared(self, ids) -> int:
-        """The longest block-aligned prefix of ``ids`` (leaving at least one token) that an earlier prompt given
-        to :meth:`remember` also began with; 0 if none."""
-        keys = block_keys(ids[:self.aligned(len(ids))], self.block)
-        return next(((i + 1) * self.block for i in range(len(keys) - 1, -1, -1) if keys[i] in self._seen), 0)
-
-    def remember(self, ids) -> None:
-        """Note the block keys of ``ids`` (no K/V), so that a later prompt can find where it branches from it."""
-        for key in block_keys(ids, self.block):
+                p, cache = (i + 1) * self.block, copy.deepcopy(self._entries[keys[i]][1])
+                break
+        self.hits += cache is not None
+        self.misses += cache is None
+        branch = next(((i + 1) * self.block for i in range(len(keys) - 1, -1, -1) if keys[i] in self._seen), 0)
+        for key in keys:
             self._seen[key] = None
             self._seen.move_to_end(key)
         while len(self._seen) > SEEN:
             self._seen.popitem(last=False)
+        return p, cache, branch
 
     def store(self, ids, cache) -> bool:
         """Keep a copy of ``cache`` (layers 0..r of exactly ``ids``, a block-aligned prefix); False if it is

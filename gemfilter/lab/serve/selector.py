@@ -121,7 +121,6 @@ class Selector:
         self.vocab_size = int(getattr(cfg, "vocab_size", 0) or 0) or None
         # layers 0..r of prompts already seen (``--selector-cache-gb``); None: every prompt runs whole
         self.prefix_cache = PrefixCache(cache_bytes) if cache_bytes > 0 else None
-        self.workers = workers
         self._slots = threading.BoundedSemaphore(workers)
         self._cache_lock = threading.Lock()  # the prefix cache's LRU order and budget: one caller at a time
 
@@ -181,10 +180,8 @@ class Selector:
         from ...selection import filter_pass, select_cached
 
         aligned = self.prefix_cache.aligned(len(ids))
-        with self._cache_lock:
-            reused, cache = self.prefix_cache.lookup(ids)
-            branch = self.prefix_cache.shared(ids)  # where it leaves an earlier prompt (a shared document's end)
-            self.prefix_cache.remember(ids[:aligned])
+        with self._cache_lock:  # branch: where it leaves an earlier prompt (a shared document's end)
+            reused, cache, branch = self.prefix_cache.lookup(ids)
         cache = cache if cache is not None else dynamic_cache(self.model.config)
         device = next(self.model.parameters()).device
         prompt = torch.tensor([ids], device=device)
