@@ -95,16 +95,14 @@ def wrapped_attention(model):
     check_dispatch(model)
     with _SWITCH_LOCK:
         held = _SWITCHED.get(model)
-        if held is None:
-            base = model.config._attn_implementation
-            if base.startswith(_PREFIX):  # switched by its owner outside this manager: leave it as it is
-                held = None
-            else:
-                name = register(base)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    model.set_attn_implementation(name)
-                held = _SWITCHED[model] = [base, 0]
+        base = model.config._attn_implementation
+        # a model its owner switched outside this manager (base already wrapped) is left as it is: held None
+        if held is None and not base.startswith(_PREFIX):
+            name = register(base)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model.set_attn_implementation(name)
+            held = _SWITCHED[model] = [base, 0]
         if held is not None:
             held[1] += 1
     try:
