@@ -142,8 +142,9 @@ class SCBench(Benchmark):
     def start(self, model, tok, done: dict):
         from gemfilter.apply import resolve
 
+        labels = labelled(self.config)
         methods = {label: (None if proto == "full" else resolve(model, spec.method()), proto)
-                   for label, (spec, proto) in labelled(self.config).items()}
+                   for label, (spec, proto) in labels.items()}
         engine = None
         if self.config.engine is not None:
             from .engine import EngineTurns
@@ -156,7 +157,7 @@ class SCBench(Benchmark):
             if engine is None:
                 row = converse(model, tok, method, protocol, mode, length, task, sample)
             else:
-                row = converse_engine(engine, labelled(self.config)[label][0], protocol, mode, length, task, sample)
+                row = converse_engine(engine, labels[label][0], protocol, mode, length, task, sample)
                 row["engine"] = self.config.engine
             return row | {"_id": unit.key, "method": label, "protocol": protocol,
                           "layer": getattr(method, "layer", None), "topk": getattr(method, "topk", None)}

@@ -279,6 +279,13 @@ def markdown(summary: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def finished_rows(rows: list) -> tuple:
+    """(request rows, cell rows) of the cells stored whole: a cell's row is written after all its requests'."""
+    cells = [r for r in rows if r.get("kind") == "cell"]
+    done = {c["cell"] for c in cells}
+    return [r for r in rows if r.get("kind") == "request" and r["cell"] in done], cells
+
+
 def rebuild(folder) -> str:
     """OUT/bench-turns.md again, from the folder's rows (those of the run its bench-turns.json describes)."""
     from pathlib import Path
@@ -289,9 +296,7 @@ def rebuild(folder) -> str:
     meta = read_json_object(folder / "bench-turns.json")["meta"]
     rows = [r for r in read_jsonl(folder / "bench-turns.jsonl")
             if all(r.get(k) == v for k, v in meta.items() if k != "routes")]
-    cells = [r for r in rows if r.get("kind") == "cell"]
-    done = {c["cell"] for c in cells}
-    return markdown(summarize([r for r in rows if r.get("kind") == "request" and r["cell"] in done], cells), meta)
+    return markdown(summarize(*finished_rows(rows)), meta)
 
 
 def routes_of(text: str, method: str) -> list:
@@ -355,9 +360,7 @@ def run(args) -> int:
                 selector_device=str(next(plain.model.parameters()).device))
     jsonl = out / "bench-turns.jsonl"
     stored = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
-    cells = [r for r in stored if r.get("kind") == "cell"]
-    finished = {c["cell"] for c in cells}
-    rows = [r for r in stored if r.get("kind") == "request" and r["cell"] in finished]
+    rows, cells = finished_rows(stored)
     done = {(c["mode"], c["length"], c["concurrency"], c["route"]) for c in cells}
     todo = [(mode, n_tok, n, route) for mode in modes for n_tok in lengths for n in concurrency for route in routes
             if (mode, n_tok, n, route) not in done]
@@ -378,11 +381,10 @@ def run(args) -> int:
             got, cell = run_cell(table[route], n, mode, n_tok, args.turns, tok, hay, args.timeout, args.engine, seed,
                                  nonce)
             where = dict(meta, mode=mode, length=n_tok, concurrency=n, route=route, cell=uuid.uuid4().hex)
-            for r in got:
-                append_jsonl(jsonl, dict(where, kind="request", **r))
-            append_jsonl(jsonl, dict(where, **cell))  # last: the cell counts only once every row is stored
-            rows += [dict(where, kind="request", **r) for r in got]
-            cells.append(dict(where, **cell))
+            new = [dict(where, kind="request", **r) for r in got] + [dict(where, **cell)]
+            for row in new:  # the cell's row last: it counts once every row is stored
+                append_jsonl(jsonl, row)
+            rows, cells = rows + new[:-1], cells + new[-1:]
     finally:
         for server in servers.values():
             server.shutdown()
