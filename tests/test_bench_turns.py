@@ -25,6 +25,14 @@ def tiny_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("tiny-word"))
 
 
+@pytest.fixture
+def engine():
+    """A healthy stub engine whose tokenizer check passes (set ``fault`` / ``after`` to make it fail); closed after."""
+    stub = FaultyEngine(tokens=word_tokenizer()(PROBE)["input_ids"])
+    yield stub
+    stub.close()
+
+
 def args_for(model_dir, url, out, *extra):
     return ["--engine", url, "--model", str(model_dir), "--methods", "gemfilter", "--lengths", "300", "--topk", "16",
             "--layer", "2", "--gen-tokens", "3", "--turns", "3", "--timeout", "5", "--out", str(out), *extra]
@@ -34,13 +42,9 @@ def requests_of(rows, **match):
     return [r for r in rows if r.get("kind") == "request" and all(r[k] == v for k, v in match.items())]
 
 
-def test_each_route_mode_and_concurrency_is_a_cell_of_n_conversations(tiny_dir, tmp_path):
-    engine = FaultyEngine(tokens=word_tokenizer()(PROBE)["input_ids"])
-    try:
-        assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path, "--mode", "multi-turn,multi-request",
-                                          "--concurrency", "1,2")) == 0
-    finally:
-        engine.close()
+def test_each_route_mode_and_concurrency_is_a_cell_of_n_conversations(tiny_dir, tmp_path, engine):
+    assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path, "--mode", "multi-turn,multi-request",
+                                      "--concurrency", "1,2")) == 0
     rows = read_jsonl(tmp_path / "bench-turns.jsonl")
     routes = ("full", "gemfilter, cached", "gemfilter, uncached")
     cells = [r for r in rows if r["kind"] == "cell"]
@@ -59,13 +63,9 @@ def test_each_route_mode_and_concurrency_is_a_cell_of_n_conversations(tiny_dir, 
     assert "## multi-turn, 300 tokens, N = 2" in text and "| multi-request | 300 | 2 | gemfilter, cached | 6 |" in text
 
 
-def test_multi_turn_sends_the_history_and_multi_request_the_document_alone(tiny_dir, tmp_path):
-    engine = FaultyEngine(tokens=word_tokenizer()(PROBE)["input_ids"])
-    try:
-        assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path, "--routes", "full",
-                                          "--mode", "multi-turn,multi-request")) == 0
-    finally:
-        engine.close()
+def test_multi_turn_sends_the_history_and_multi_request_the_document_alone(tiny_dir, tmp_path, engine):
+    assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path, "--routes", "full",
+                                      "--mode", "multi-turn,multi-request")) == 0
     sent = [b["prompt"] for b in engine.bodies if b.get("max_tokens") == 3]  # not the warm-up's (2 tokens)
     tok = word_tokenizer()
     answer = tok("x" * 3, add_special_tokens=False)["input_ids"]  # the stub's answer: 3 chunks "x"
@@ -77,23 +77,21 @@ def test_multi_turn_sends_the_history_and_multi_request_the_document_alone(tiny_
     assert all(p[:len(doc)] == doc for p in request) and len({len(p) for p in request}) == 1
 
 
-def test_a_failed_cell_stores_nothing_and_a_rerun_runs_only_the_cells_not_finished(tiny_dir, tmp_path, capsys):
-    engine = FaultyEngine("500", after=3 + 3 + 2, tokens=word_tokenizer()(PROBE)["input_ids"])
-    try:  # warm-up (3), the full cell (3), then the cached cell fails at its third turn
-        with pytest.raises(SystemExit) as exit_:
-            bench_report.main(args_for(tiny_dir, engine.url, tmp_path))
-        assert exit_.value.code == 2 and "gemfilter, cached, multi-turn, N=1, conversation 0" in str(exit_.value)
-        rows = read_jsonl(tmp_path / "bench-turns.jsonl")
-        assert [c["route"] for c in rows if c["kind"] == "cell"] == ["full"]
-        assert not (tmp_path / "bench-turns.md").exists()
-        engine.fault, before = None, engine.completions
-        assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path)) == 0
-        assert engine.completions - before == 3 + 2 * 3  # warm-up, then the two proxy cells, not full again
-        before = engine.completions
-        assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path)) == 0
-        assert engine.completions == before  # everything stored: the tables are written from the rows
-    finally:
-        engine.close()
+def test_a_failed_cell_stores_nothing_and_a_rerun_runs_only_the_cells_not_finished(tiny_dir, tmp_path, capsys, engine):
+    # warm-up (3), the full cell (3), then the cached cell fails at its third turn
+    engine.fault, engine.after = "500", 3 + 3 + 2
+    with pytest.raises(SystemExit) as exit_:
+        bench_report.main(args_for(tiny_dir, engine.url, tmp_path))
+    assert exit_.value.code == 2 and "gemfilter, cached, multi-turn, N=1, conversation 0" in str(exit_.value)
+    rows = read_jsonl(tmp_path / "bench-turns.jsonl")
+    assert [c["route"] for c in rows if c["kind"] == "cell"] == ["full"]
+    assert not (tmp_path / "bench-turns.md").exists()
+    engine.fault, before = None, engine.completions
+    assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path)) == 0
+    assert engine.completions - before == 3 + 2 * 3  # warm-up, then the two proxy cells, not full again
+    before = engine.completions
+    assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path)) == 0
+    assert engine.completions == before  # everything stored: the tables are written from the rows
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -102,13 +100,9 @@ def test_a_failed_cell_stores_nothing_and_a_rerun_runs_only_the_cells_not_finish
     (["--concurrency", "0"], "--concurrency"),
     (["--methods", "full"], "--turns compares full with a prompt method"),
 ])
-def test_bad_options_are_one_error_line(tiny_dir, tmp_path, extra, message):
-    engine = FaultyEngine(tokens=word_tokenizer()(PROBE)["input_ids"])
-    try:
-        with pytest.raises(SystemExit, match="error: " + message.replace("(", r"\(")):
-            bench_report.main(args_for(tiny_dir, engine.url, tmp_path) + extra)
-    finally:
-        engine.close()
+def test_bad_options_are_one_error_line(tiny_dir, tmp_path, extra, message, engine):
+    with pytest.raises(SystemExit, match="error: " + message.replace("(", r"\(")):
+        bench_report.main(args_for(tiny_dir, engine.url, tmp_path) + extra)
     assert engine.completions == 0
 
 
@@ -186,7 +180,7 @@ def test_engine_metrics_read_vllm_s_prometheus_text(monkeypatch):
     assert turns.engine_metrics("http://x/v1") == {} and turns.prefix_caching("http://x/v1") is None
 
 
-def test_no_cell_meets_another_cell_s_document(tiny_dir, tmp_path, monkeypatch):
+def test_no_cell_meets_another_cell_s_document(tiny_dir, tmp_path, monkeypatch, engine):
     """The same document bodies on every route, but a first line per route, mode, N and run: no engine or selector
     cache can serve one cell (or one run) from another."""
     from serve_fixtures import CharTokenizer
@@ -199,12 +193,8 @@ def test_no_cell_meets_another_cell_s_document(tiny_dir, tmp_path, monkeypatch):
     assert a[:head] != b[:head] and a[head:] == b[head:] and facts == same
     salts, make = [], turns.make_document
     monkeypatch.setattr(turns, "make_document", lambda *a, **k: salts.append(a[5] if len(a) > 5 else "") or make(*a, **k))
-    engine = FaultyEngine(tokens=word_tokenizer()(PROBE)["input_ids"])
-    try:
-        for out in ("a", "b"):
-            assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path / out, "--routes", "full,cached",
-                                              "--mode", "multi-turn,multi-request")) == 0
-    finally:
-        engine.close()
+    for out in ("a", "b"):
+        assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path / out, "--routes", "full,cached",
+                                          "--mode", "multi-turn,multi-request")) == 0
     cells = [s for s in salts if s != "warm-up"]
     assert len(cells) == 2 * 4 and len(set(cells)) == 8  # 2 runs x 2 modes x 2 routes, each its own first line

@@ -1,27 +1,38 @@
-"""RULER at 4K for fastkv and gemfilter-orig-pos (issue 33), beside the other methods on the same samples.
+"""RULER at 4K for methods measured apart from the main table, beside its methods on the same samples:
+fastkv and gemfilter-orig-pos (issue 33, measured/ruler-fastkv) and the selection variants of issue 48 (a probe
+on samples 0-3, measured/ruler-variants).
 
-measured/ruler-fastkv holds the new methods' prediction rows; measured/ruler the others'. Both are scored
-again here with RULER's metric over the sample count docs/ruler.md names in its ``ruler-fastkv-measured``
-marker, and every row of that table must be in docs/ruler.md.
+Each folder holds the new methods' prediction rows; measured/ruler the others'. Both are scored again here with
+RULER's metric over the sample count docs/ruler.md names in the folder's marker, and every row of that table
+must be in docs/ruler.md after the marker.
 """
 
 import re
 from pathlib import Path
 
+import pytest
+
 from eval.ruler.report import collect, parse_scope, table
 
 REPO = Path(__file__).resolve().parents[1]
-NEW = {f"{m}_k{k}" for m in ("fastkv", "gemfilter-orig-pos") for k in (256, 1024)}
+#: (folder and marker name, the methods it holds, the main table's methods shown beside them; None: all)
+CASES = [
+    ("ruler-fastkv", {f"{m}_k{k}" for m in ("fastkv", "gemfilter-orig-pos") for k in (256, 1024)}, None),
+    ("ruler-variants", {"gemfilter-span-qwin_k256", "gemfilter-span-claa_k256", "gemfilter-span-claa:layers=7_k256"},
+     {"full", "gemfilter_k256", "gemfilter-span_k256"}),
+]
 
 
-def test_fastkv_rows_in_the_docs_are_the_score_of_the_committed_predictions():
+@pytest.mark.parametrize("name, new_methods, beside", CASES, ids=[c[0] for c in CASES])
+def test_rows_in_the_docs_are_the_score_of_the_committed_predictions(name, new_methods, beside):
     text = (REPO / "docs" / "ruler.md").read_text(encoding="utf-8")
-    marker = re.search(r"<!-- ruler-fastkv-measured: --num-samples (\S+) -->", text)
-    assert marker, "docs/ruler.md has no <!-- ruler-fastkv-measured: --num-samples 4096=N --> marker"
+    marker = re.search(rf"<!-- {name}-measured: --num-samples (\S+) -->", text)
+    assert marker, f"docs/ruler.md has no <!-- {name}-measured: --num-samples 4096=N --> marker"
     scope = parse_scope(marker[1])
-    new = collect(REPO / "measured" / "ruler-fastkv", scope)
-    assert {m for _, m in new} == NEW
-    old = {k: v for k, v in collect(REPO / "measured" / "ruler", scope).items() if k[0] in scope}
+    new = collect(REPO / "measured" / name, scope)
+    assert {m for _, m in new} == new_methods
+    old = {k: v for k, v in collect(REPO / "measured" / "ruler", scope).items()
+           if k[0] in scope and (beside is None or k[1] in beside)}
     _, rows, _ = table({**old, **new})
     section = text.split(marker[0], 1)[1]
     for row in rows:
