@@ -1,10 +1,23 @@
-"""Shared fixtures: a tiny Llama saved on disk with an offline word-level tokenizer; warning filters."""
+"""Shared fixtures: a tiny Llama saved on disk with an offline word-level tokenizer; warning filters; the devices
+that device-aware tests run on."""
 
 import warnings
 
 import pytest
+import torch
 
 from tiny_models import BUILDERS
+
+#: The devices a device-aware test runs on: "cpu" everywhere; "cuda" marked ``cuda`` (``pytest -m cuda`` picks
+#: them, as scripts/gpu_check.sh does) and skipped where torch sees no GPU.
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu_check.sh runs these on a GPU)")])]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """The torch.device a device-aware test runs on (see DEVICES)."""
+    return torch.device(request.param)
 
 
 @pytest.fixture(scope="session")

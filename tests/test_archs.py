@@ -180,7 +180,7 @@ def test_warmup_is_long_enough_on_cuda_for_the_method_path():
     assert warmup_tokens(torch.device("cpu"), n=4096, topk=1024) == 300
 
 
-def test_measure_warms_up_before_the_timed_run(monkeypatch):
+def test_measure_warms_up_before_the_timed_run(monkeypatch, device):
     from gemfilter.lab.bench import core as bench
 
     calls = []
@@ -191,10 +191,12 @@ def test_measure_warms_up_before_the_timed_run(monkeypatch):
         return real(model, inputs, **kw)
 
     monkeypatch.setattr(gemfilter, "generate", spy)
-    row = bench.measure("config:llama-3.1-8b", "gemfilter", 400, 3, 64, 1, layers=2, dtype="fp32", device="cpu",
+    row = bench.measure("config:llama-3.1-8b", "gemfilter", 400, 3, 64, 1, layers=2, dtype="fp32", device=str(device),
                         test_shrink=True)
-    assert calls == [(300, False, 2), (400, True, 3)]  # untimed warm-up first, then the timed, streamed run
-    assert row["new_tokens"] == 3 and row["warmup_tokens"] == 300 and row["weights"] == "random"
+    w = warmup_tokens(device, 400, 64)  # 300 on CPU; k + 256 = 320 on CUDA
+    assert calls == [(w, False, 2), (400, True, 3)]  # untimed warm-up first, then the timed, streamed run
+    assert row["new_tokens"] == 3 and row["warmup_tokens"] == w and row["weights"] == "random"
+    assert row["device"].startswith(device.type)
     assert row["prompt_peak_abs_mib"] >= row["prompt_peak_mib"] and row["device_name"]
     assert row["dtype"] == "float32" and row["layer"] == 1 and row["m"] == 2
 

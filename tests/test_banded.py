@@ -14,7 +14,7 @@ from gemfilter.compat import cache_kwargs
 from gemfilter.banded import BandedMask, banded_mask
 from gemfilter.lab.inspection.core import trace
 from gemfilter.methods import REGISTRY, get_method
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer, on
 
 FAMILIES = ["mistral-sliding", "gemma3"]
 WINDOW = {"mistral-sliding": 16, "gemma3": 8}
@@ -47,11 +47,11 @@ def logits_on(model, kernel, **inputs):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("base", ["sdpa", "eager"])
-def test_prefill_logits_match_stock_kernels(models, family, base):
-    model, w = models[family], WINDOW[family]
+def test_prefill_logits_match_stock_kernels(models, family, base, device):
+    model, w = on(models[family], device), WINDOW[family]
     for n in (w // 2, w, w + 1, 2 * w, 2 * w + 1, 5 * w + 3):
         for rows, pad in ((1, 0), (3, min(5, n - 1))):
-            ids, mask = batch(n, pad, rows, seed=n)
+            ids, mask = (t.to(device) for t in batch(n, pad, rows, seed=n))
             ref = logits_on(model, base, input_ids=ids, attention_mask=mask)
             got = logits_on(model, "banded", input_ids=ids, attention_mask=mask)
             real = mask.bool()  # a padding row's logits are never read
@@ -92,16 +92,16 @@ def _generate(model, kernel, name, ids, mask, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_every_method_generates_the_same_on_banded(models, family, name):
+def test_every_method_generates_the_same_on_banded(models, family, name, device):
     """Prefill + 20 decode steps: per-step logits within 1e-4 and identical greedy tokens, one row and a
     left-padded batch (cache methods refuse padded batches on sliding models, and any batch on a model
     whose every layer is windowed, on both kernels alike)."""
     import re
 
-    model = models[family]
+    model = on(models[family], device)
     refused = "left-padded|every layer of this model has a sliding window"
     for rows, pad in ((1, 0), (2, 6)):
-        ids, mask = batch(72, pad, rows, seed=3)
+        ids, mask = (t.to(device) for t in batch(72, pad, rows, seed=3))
         try:
             ref = _generate(model, "sdpa", name, ids, mask, family)
         except ValueError as err:

@@ -69,3 +69,36 @@ def test_bench_rejects_unknown_methods(tmp_path):
         bench_report.main(["--methods", "full,warp", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="must be a positive whole number of tokens"):
         bench_report.main(["--lengths", "2.5", "--out", str(tmp_path)])
+
+
+def test_keep_going_reports_the_cells_that_ran_and_a_rerun_measures_only_the_failed_one(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """--keep-going (the GPU script's mode): a failed cell is one error line, the report covers the others, exit 2;
+    without it the first failure ends the run."""
+    from gemfilter.lab.bench import core
+
+    args = ["--model", "config:llama-3.1-8b", "--layers", "2", "--test-shrink", "--dtype", "fp32", "--device", "cpu",
+            "--methods", "full,gemfilter", "--lengths", "300", "--gen-tokens", "2", "--topk", "64", "--layer", "1",
+            "--out", str(tmp_path)]
+    real, ran = core.run_worker, []
+
+    def fails_for_full(spec, timeout=None):
+        ran.append(spec["method_name"])
+        if spec["method_name"] == "full":
+            raise RuntimeError("benchmark worker failed: CUDA out of memory (injected)")
+        return real(spec, timeout)
+
+    monkeypatch.setattr(core, "run_worker", fails_for_full)
+    with pytest.raises(SystemExit, match="CUDA out of memory"):
+        bench_report.main(args)  # default: stop at the first failure
+    assert ran == ["full"] and not (tmp_path / "bench.jsonl").exists()
+    assert bench_report.main(args + ["--keep-going"]) == 2
+    err = capsys.readouterr().err
+    assert "error: full at 300 tokens: benchmark worker failed: CUDA out of memory" in err
+    assert "1 cell(s) failed and are not in the report: full at 300 tokens" in err
+    rows = [json.loads(x) for x in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in rows] == ["gemfilter"] and "| gemfilter |" in (tmp_path / "bench.md").read_text()
+    ran.clear()
+    monkeypatch.setattr(core, "run_worker", lambda spec, timeout=None: ran.append(spec["method_name"]) or real(spec, timeout))
+    assert bench_report.main(args + ["--keep-going"]) == 0
+    assert ran == ["full"]  # only the failed cell

@@ -10,7 +10,7 @@ from transformers import LlamaConfig, PreTrainedModel
 import gemfilter
 from gemfilter.compat import cache_in
 from reference import reference_indices
-from tiny_models import BUILDERS, FILTER_LAYER
+from tiny_models import BUILDERS, FILTER_LAYER, on
 
 N = 48
 FAMILIES = sorted(BUILDERS)
@@ -33,9 +33,9 @@ def _quiet_sliding_warning():
         yield
 
 
-def test_a_topk_ge_n_matches_plain_generate(family):
+def test_a_topk_ge_n_matches_plain_generate(family, device):
     name, model = family
-    ids = prompt()
+    model, ids = on(model, device), prompt().to(device)
     plain = model.generate(ids, max_new_tokens=10, do_sample=False)
     for k in (N, N + 50):
         out = gemfilter.generate(model, ids, layer=FILTER_LAYER[name], topk=k, max_new_tokens=10)
@@ -49,15 +49,15 @@ def test_a_topk_ge_n_matches_plain_generate(family):
 
 
 @pytest.mark.parametrize("topk", [4, 11])
-def test_b_selection_matches_hand_reference(family, topk):
+def test_b_selection_matches_hand_reference(family, topk, device):
     name, model = family
-    layer = FILTER_LAYER[name]
+    model, layer = on(model, device), FILTER_LAYER[name]
     for seed in (1, 2):
-        ids = prompt(seed=seed)
+        ids = prompt(seed=seed).to(device)
         sel = gemfilter.select_tokens(model, ids, layer=layer, topk=topk)
         ref, pooled = reference_indices(model, ids, layer, topk)
         assert sel.indices[0].tolist() == ref
-        assert torch.allclose(sel.scores[0], torch.tensor(pooled), rtol=1e-4, atol=1e-4)
+        assert torch.allclose(sel.scores[0].cpu(), torch.tensor(pooled), rtol=1e-4, atol=1e-4)
 
 
 def test_b_other_layers_differ_and_still_match(family):
@@ -68,10 +68,10 @@ def test_b_other_layers_differ_and_still_match(family):
     assert sel0.indices[0].tolist() == reference_indices(model, ids, 0, 6)[0]
 
 
-def test_generation_from_kept_tokens_equals_generate_on_them(family):
+def test_generation_from_kept_tokens_equals_generate_on_them(family, device):
     """Step 5: after selection, the output equals plain generate on the kept tokens at new positions."""
     name, model = family
-    ids = prompt(seed=4)
+    model, ids = on(model, device), prompt(seed=4).to(device)
     out = gemfilter.generate(model, ids, layer=FILTER_LAYER[name], topk=12, max_new_tokens=8)
     kept = ids[0, out.selection.indices[0]].unsqueeze(0)
     direct = model.generate(kept, max_new_tokens=8, do_sample=False)

@@ -23,7 +23,7 @@ import gemfilter
 from gemfilter.compat import output_cache
 from gemfilter.methods import FastKV, get_method
 from gemfilter.methods.fastkv import tsp_default_layer
-from tiny_models import BUILDERS, FILTER_LAYER
+from tiny_models import BUILDERS, FILTER_LAYER, on
 
 N = 48
 pytestmark = pytest.mark.usefixtures("quiet_sliding_filter_layer")
@@ -198,9 +198,9 @@ def test_kept_kv_rows_equal_the_official_code_path():
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "mistral-sliding"])
-def test_budgets_at_least_n_equal_plain_generate(family):
-    model = BUILDERS[family]()
-    ids = prompt()
+def test_budgets_at_least_n_equal_plain_generate(family, device):
+    model = on(BUILDERS[family](), device)
+    ids = prompt().to(device)
     full = model.generate(ids, max_new_tokens=8, do_sample=False)
     for topk, tsp_len in [(N, N), (N + 16, 2048), (1024, N)]:
         out = gemfilter.generate(model, ids, method=FastKV(layer=FILTER_LAYER[family], topk=topk, tsp_len=tsp_len),
@@ -328,7 +328,7 @@ def official_update_kv_casts(query, key, window, kernel, pooling, capacity, tsp_
     key_states_temp = key[:, :, None].expand(-1, -1, groups, -1, -1).reshape(bsz, -1, q_len, head_dim)
     attn_weights = torch.matmul(query[..., -window:, :], key_states_temp.transpose(2, 3)) / math.sqrt(head_dim)
     mask = torch.full((window, window), torch.finfo(attn_weights.dtype).min, device=attn_weights.device)
-    mask_cond = torch.arange(mask.size(-1))
+    mask_cond = torch.arange(mask.size(-1), device=mask.device)
     mask.masked_fill_(mask_cond < (mask_cond + 1).view(mask.size(-1), 1), 0)
     attn_weights[:, :, -window:, -window:] += mask[None, None, :, :]
     attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -337,15 +337,15 @@ def official_update_kv_casts(query, key, window, kernel, pooling, capacity, tsp_
     attn_cache = pool(attn_weights_sum, kernel_size=kernel, padding=kernel // 2, stride=1)
     attn_cache = attn_cache.view(bsz, -1, groups, q_len - window).sum(dim=-2)
     indices = attn_cache.topk(capacity - window, dim=-1).indices
-    tail = torch.arange(q_len - window, q_len).expand(1, indices.shape[1], window)
+    tail = torch.arange(q_len - window, q_len, device=indices.device).expand(1, indices.shape[1], window)
     kept = torch.cat([indices, tail], dim=-1)[0].sort(-1).values
     tsp = attn_cache.sum(dim=-2).topk(tsp_len - window, dim=-1).indices
-    tsp = torch.cat([tsp, torch.arange(q_len - window, q_len)[None]], dim=-1).sort(dim=1).values[0]
+    tsp = torch.cat([tsp, torch.arange(q_len - window, q_len, device=tsp.device)[None]], dim=-1).sort(dim=1).values[0]
     return kept, tsp
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_half_precision_kept_rows_follow_the_official_casts(dtype):
+def test_half_precision_kept_rows_follow_the_official_casts(dtype, device):
     """The default score_dtype='model' keeps exactly the official rows and TSP tokens in fp16/bf16/fp32;
     the all-fp32 option differs from them somewhere in half precision (so the choice is real)."""
     differs = 0
@@ -353,9 +353,9 @@ def test_half_precision_kept_rows_follow_the_official_casts(dtype):
         gen = torch.Generator().manual_seed(case)
         h, h_kv, n, d = (4, 1, 64, 16) if case % 2 else (8, 2, 96, 32)
         scale = 3.0 if case % 3 else 1.0  # peaked and flat attention
-        query = (torch.randn(1, h, n, d, generator=gen) * scale).to(dtype)
-        key = (torch.randn(1, h_kv, n, d, generator=gen) * scale).to(dtype)
-        valid = torch.ones(1, n, dtype=torch.bool)
+        query = (torch.randn(1, h, n, d, generator=gen) * scale).to(device, dtype)
+        key = (torch.randn(1, h_kv, n, d, generator=gen) * scale).to(device, dtype)
+        valid = torch.ones(1, n, dtype=torch.bool, device=device)
         topk, tsp_len = (24, 40) if case % 4 < 2 else (16, 20)
         want_rows, want_tsp = official_update_kv_casts(query, key, 8, 7, "avg", topk, tsp_len, h // h_kv)
         method = FastKV(layer=0, topk=topk, tsp_len=tsp_len)

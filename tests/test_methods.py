@@ -8,7 +8,7 @@ from gemfilter.compat import cache_kwargs, output_cache
 from gemfilter.methods import REGISTRY, get_method
 from gemfilter.methods.cache import column_sums
 from reference import qk_at_layer
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer, on
 
 N = 48
 
@@ -36,9 +36,9 @@ def test_registry_lists_every_method_with_a_description():
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral-sliding", "gemma3"])
-def test_budget_ge_n_every_method_equals_full(family):
-    model = BUILDERS[family]()
-    ids = prompt()
+def test_budget_ge_n_every_method_equals_full(family, device):
+    model = on(BUILDERS[family](), device)
+    ids = prompt().to(device)
     full = model.generate(ids, max_new_tokens=8, do_sample=False)
     for name in sorted(REGISTRY):
         params = {"topk": N, "layer": FILTER_LAYER[family]}
@@ -49,12 +49,12 @@ def test_budget_ge_n_every_method_equals_full(family):
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("name", ["snapkv", "h2o", "gemfilter-one-run"])
-def test_cache_holds_exactly_the_budget_after_prefill(family, name):
-    model = BUILDERS[family]()
+def test_cache_holds_exactly_the_budget_after_prefill(family, name, device):
+    model = on(BUILDERS[family](), device)
     budget = 40
     method = get_method(name, topk=budget, layer=FILTER_LAYER[family])
     with gemfilter.apply(model, method):
-        out = model.generate(prompt(n=64), max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
+        out = model.generate(prompt(n=64).to(device), max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
     evicted = 0
     for layer in output_cache(out).layers:
         if getattr(layer, "sliding_window", None) is None:

@@ -33,6 +33,13 @@ BUILDERS = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
     ),
 }
+def on(model, device):
+    """``model`` on ``device``: itself on CPU, a copy elsewhere (a module-scoped CPU model stays where it is)."""
+    import copy
+
+    return model if torch.device(device).type == "cpu" else copy.deepcopy(model).to(device)
+
+
 #: A full-attention filter layer for each family (Mistral has only sliding layers).
 FILTER_LAYER = {"llama": 2, "mistral-sliding": 2, "qwen2": 2, "phi3": 2, "gemma3": 1}
 

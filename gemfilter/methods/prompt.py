@@ -185,7 +185,7 @@ def row_scores(query, key, rows):
     """Raw q.k of one chosen query row per batch row, summed over heads. rows: (b,) long -> (b, n)."""
     b, h, _, d = query.shape
     h_kv = key.shape[1]
-    q = query[torch.arange(b), :, rows].float().reshape(b, h_kv, h // h_kv, d).sum(2)
+    q = query[torch.arange(b, device=query.device), :, rows].float().reshape(b, h_kv, h // h_kv, d).sum(2)
     return torch.einsum("bkd,bknd->bn", q, key.float())
 
 

@@ -214,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_attn_argument(p, multiple=True)
     p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a worker is killed (default 1800)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="a cell that fails (out of memory, past --timeout) prints one 'error:' line and the run goes "
+                   "on with the next cell; the report covers the cells that ran and the exit status is 2. A rerun "
+                   "measures only the failed and missing cells (default: stop at the first failure)")
     p.add_argument("--engine", default=None, metavar="URL",
                    help="time a serving engine instead (its OpenAI base URL, e.g. http://127.0.0.1:8000/v1): time to "
                    "first token and total time of full against the last of --methods (a prompt method) through an "
@@ -343,11 +347,19 @@ def _main(args) -> int:
             if (a, m, n, i) not in done]
     from .core import run_worker
 
+    failed = []
     for attn, method, length, rep in tqdm(todo, desc="bench cells", unit="run"):
         spec = dict(model_name=args.model, method_name=method, length=length, gen_tokens=args.gen_tokens,
                     topk=args.topk, layer=args.layer, threads=args.threads, attn=attn, layers=args.layers,
                     dtype=args.dtype, device=args.device, test_shrink=args.test_shrink)
-        row = run_worker(spec, timeout=args.timeout)
+        try:
+            row = run_worker(spec, timeout=args.timeout)
+        except RuntimeError as err:
+            if not args.keep_going:
+                raise
+            failed.append(f"{method} at {length} tokens" + (f" ({attn})" if attn else ""))
+            tqdm.write(f"error: {method} at {length} tokens: {str(err)[-1500:]}", file=sys.stderr)
+            continue
         row.update(meta, repeat=rep, attn_arg=attn)
         append_jsonl(jsonl, row)
         rows.append(row)
@@ -355,8 +367,8 @@ def _main(args) -> int:
     excluded = [r for r in rows if r.get("excluded")]
     rows = [r for r in rows if not r.get("excluded")]
     if not rows:
-        raise ErrorExit("no cell could run: " + "; ".join(f"{r['method']} at {r['length']}: {r['excluded']}"
-                                                                  for r in excluded))
+        raise ErrorExit("no cell could run: " + "; ".join([f"{r['method']} at {r['length']}: {r['excluded']}"
+                                                                   for r in excluded] + [f"{f}: failed" for f in failed]))
     summary = summarize(rows, kernels if len(kernels) > 1 else None)
     cells = summary["cells"]
     device = _span(r["device"] + (f" ({r['device_name']})" if r.get("device_name") else "") for r in rows)
@@ -377,6 +389,10 @@ def _main(args) -> int:
          f"{meta['model']} on {meta['device']}, k={args.topk or 'per method'}, t={args.gen_tokens}")
     print(table)
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)
+    if failed:
+        print(f"error: {len(failed)} cell(s) failed and are not in the report: {'; '.join(failed)}. A rerun "
+              "measures only those", file=sys.stderr)
+        return 2
     return 0
 
 
