@@ -30,6 +30,7 @@ import torch
 from .attention import wrapped_attention
 from .compat import cache_in, first_position, generation_modes_limited
 from .draft import check_selector, drafted_begin
+from .dropped import check_switch, fed_top, give_back
 from .layers import default_layer
 from .selection import Selection, as_batch, check_causal_decoder, check_params, check_prompt
 
@@ -65,7 +66,7 @@ class Applied:
         forked = copy.deepcopy(cache)
         consumed = self._consumed[cache]
         self._by_cache[forked] = twin
-        self._consumed[forked] = Consumed(consumed.ids.clone(), consumed.real.clone())
+        self._consumed[forked] = Consumed(consumed.ids.clone(), consumed.real.clone(), consumed.top)
         return forked
 
 
@@ -101,8 +102,9 @@ def budget_fields(out) -> dict:
 class Consumed:
     """The original tokens a cache has consumed inside apply(): ids (b, c), padding included; real (b,) counts."""
 
-    def __init__(self, ids, real):
+    def __init__(self, ids, real, top=None):
         self.ids, self.real = ids, real
+        self.top = top  # the largest position fed to the model so far (gemfilter.dropped.check_switch)
 
     def only_new(self, kwargs, name: str) -> dict:
         """Drop from a decode forward's input the tokens this cache consumed already, and record the rest.
@@ -144,6 +146,8 @@ def _make_hooks(model, handle: Applied, tokenizer, begin):
         if kwargs.get("inputs_embeds") is not None:
             raise ValueError(f"apply(): {method.name} needs input_ids, not inputs_embeds")
         _, cache = cache_in(kwargs)
+        if cache is None:  # Phi-3's LongRoPE step passes none on long sequences: see gemfilter.dropped
+            cache, kwargs = give_back(model, handle._consumed, kwargs)
         if cache is None:
             raise ValueError(
                 f"apply(): {method.name} needs generate's KV cache (use_cache=True). For one forward pass, "
@@ -169,6 +173,7 @@ def _make_hooks(model, handle: Applied, tokenizer, begin):
             handle._consumed[cache] = Consumed(input_ids, valid.sum(1))
             kwargs = call.prefill(kwargs, cache)
             call.fed = kwargs["input_ids"].shape[1]  # what the prefill forward runs through the last layer
+            handle._consumed[cache].top = fed_top(kwargs, 0)
             return args, kwargs
         call = handle._by_cache.get(cache)
         if call is None:
@@ -177,8 +182,9 @@ def _make_hooks(model, handle: Applied, tokenizer, begin):
                 f"apply() block, so {method.name} never saw those tokens and would run as plain full generation. "
                 "Inside apply(), pass no cache or an empty one (a prefix cache built outside the block cannot be "
                 "filtered)")
-        kwargs = handle._consumed[cache].only_new(kwargs, method.name)
-        return args, call.decode(kwargs, cache, past)
+        kwargs = call.decode(handle._consumed[cache].only_new(kwargs, method.name), cache, past)
+        check_switch(model, handle._consumed[cache], kwargs, past, method.name)
+        return args, kwargs
 
     def post_hook(module, args, kwargs, output):
         _, cache = cache_in(kwargs)
