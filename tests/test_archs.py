@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import gemfilter
+from gemfilter.methods import get_method
 from gemfilter.lab.bench import archs
 from gemfilter.lab.bench.core import device_name, forced_kwargs, warmup_tokens
 from gemfilter.measure import PeakMemory
@@ -176,6 +177,13 @@ def test_cuda_memory_is_synchronised_max_memory_allocated_per_phase():
 
 def test_warmup_is_long_enough_on_cuda_for_the_method_path():
     assert warmup_tokens(torch.device("cuda"), n=120 * 1024, topk=1024) == 1024 + 256
+    # FastKV's TSP fires only past tsp_len: the warm-up must run it (the H200 run's 4K FastKV cell did not)
+    from gemfilter.lab.bench.core import warmup_budget
+    from gemfilter.methods import FastKV, GemFilter
+
+    assert warmup_budget(FastKV(topk=1024, tsp_len=2048)) == 2048 and warmup_budget(GemFilter(topk=512)) == 512
+    assert warmup_tokens(torch.device("cuda"), n=4096, topk=warmup_budget(FastKV(topk=1024, tsp_len=2048))) > 2048
+    assert warmup_budget(get_method("full")) is None
     assert warmup_tokens(torch.device("cuda"), n=500, topk=1024) == 500
     assert warmup_tokens(torch.device("cpu"), n=4096, topk=1024) == 300
 

@@ -98,7 +98,19 @@ def test_keep_going_reports_the_cells_that_ran_and_a_rerun_measures_only_the_fai
     assert "1 cell(s) failed and are not in the report: full at 300 tokens" in err
     rows = [json.loads(x) for x in (tmp_path / "bench.jsonl").read_text().splitlines()]
     assert [r["method"] for r in rows] == ["gemfilter"] and "| gemfilter |" in (tmp_path / "bench.md").read_text()
+    assert rows[0]["dtype"] == "float32" and rows[0]["dtype_arg"] == "fp32"  # the resolved dtype and the option
     ran.clear()
     monkeypatch.setattr(core, "run_worker", lambda spec, timeout=None: ran.append(spec["method_name"]) or real(spec, timeout))
     assert bench_report.main(args + ["--keep-going"]) == 0
     assert ran == ["full"]  # only the failed cell
+
+
+def test_rows_that_kept_only_the_dtype_option_are_read_with_the_dtype_they_ran_in(tmp_path):
+    """Rows written before dtype_arg held --dtype in "dtype" (None for auto): auto on CUDA is bf16."""
+    base = dict(method="full", length=4096, repeat=0, n=4096, kept=4096, prompt_s=1.0, gen_s=1.0, total_s=2.0,
+                prompt_peak_mib=1.0, gen_peak_mib=1.0, threads_arg=0)
+    rows = [dict(base, dtype=None, device="cuda:0"), dict(base, length=8192, dtype="fp16", device="cpu"),
+            dict(base, length=16384, dtype=None, device="cpu")]
+    (tmp_path / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = {r["length"]: (r["dtype"], r["dtype_arg"]) for r in bench_report.load_rows(tmp_path / "bench.jsonl")}
+    assert got == {4096: ("bfloat16", None), 8192: ("float16", "fp16"), 16384: (None, None)}

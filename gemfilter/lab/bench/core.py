@@ -75,11 +75,19 @@ def device_name(device, cuda=None) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def warmup_budget(method) -> int | None:
+    """The longest budget on ``method``'s path: its topk, or FastKV's tsp_len where longer (TSP fires only on
+    prompts longer than tsp_len, so a shorter warm-up never runs it). None for a method without one (full)."""
+    budgets = [b for b in (getattr(method, "topk", None), getattr(method, "tsp_len", None)) if b is not None]
+    return max(budgets) if budgets else None
+
+
 def warmup_tokens(device, n: int, topk: int | None) -> int:
     """Prompt length of the untimed warm-up run. On CUDA it is long enough (k + 256) for the method's
     own path to run (SnapKV/H2O skip prompts shorter than k), so kernel selection, cuBLAS handles and
     allocator growth happen before timing; on CPU a 300-token run covers the first-call overheads.
-    topk: the method's budget (None for full, which has no path to warm but the model's: 1024 + 256)."""
+    topk: the method's longest budget, :func:`warmup_budget` (None for full, which has no path to warm but the
+    model's: 1024 + 256)."""
     return min(n, (1024 if topk is None else topk) + 256) if device.type == "cuda" else min(n, 300)
 
 
@@ -143,7 +151,7 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
                 "device_name": device_name(device)}
     kw = forced_kwargs(gen_tokens)
     # Untimed warm-up: first-call overheads (CUDA context, kernel choice, allocator) are not what we measure.
-    w = warmup_tokens(device, n, getattr(method, "topk", None))
+    w = warmup_tokens(device, n, warmup_budget(method))
     gemfilter.generate(model, {k: v[:, -w:] for k, v in enc.items()}, method=method, tokenizer=tok, **forced_kwargs(2))
     sync()
     memory = PeakMemory(device)

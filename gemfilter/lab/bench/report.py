@@ -42,9 +42,22 @@ def load_rows(path: Path, meta: dict | None = None) -> list:
             continue
         if "threads_arg" not in row:  # a row without threads_arg holds --threads in "threads"
             row = {**row, "threads_arg": row.get("threads"), "threads": None}
+        if "dtype_arg" not in row:  # a row without dtype_arg holds --dtype in "dtype"
+            row = {**row, "dtype_arg": row.get("dtype"), "dtype": _dtype_of(row)}
         if meta is None or all(row.get(k) == v for k, v in meta.items()):
             rows.setdefault(key_of(row), row)
     return list(rows.values())
+
+
+def _dtype_of(row: dict):
+    """The dtype a row's worker ran in, for a row that kept only --dtype: resolve_dtype's rule where it does not
+    depend on the machine (an explicit dtype; auto on CUDA is bf16), else None (auto on a CPU)."""
+    from .archs import resolve_dtype
+
+    arg, device = row.get("dtype"), str(row.get("device", ""))
+    if arg in (None, "auto") and not device.startswith("cuda"):
+        return None
+    return str(resolve_dtype(arg, "cuda")).replace("torch.", "")
 
 
 def growth_exponent(ns, ts) -> float | None:
@@ -338,7 +351,7 @@ def _main(args) -> int:
     # layer_arg, not layer: each row keeps the layer its method actually resolved to; threads_arg, not
     # threads: each row keeps the thread count its worker actually used
     meta = dict(model=args.model or "embedded:gemma3-270m", topk=args.topk, gen_tokens=args.gen_tokens,
-                layer_arg=args.layer, threads_arg=args.threads, layers=args.layers, dtype=args.dtype,
+                layer_arg=args.layer, threads_arg=args.threads, layers=args.layers, dtype_arg=args.dtype,
                 device_arg=args.device, test_shrink=args.test_shrink)
     rows = load_rows(jsonl, meta)
     # attn_arg is the kernel asked for (None: the model's default); attn the kernel it resolved to.
