@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA check and Fig. 9.3 at the paper's scale, in one command on a bare GPU machine with no network.
 #
-#   scripts/gpu_check.sh [OUT]            (default OUT: results/gpu-check)
+# Usage: scripts/gpu_check.sh [OUT]     (default OUT: results/gpu-check; --help prints this)
 #
 # Paper: Shi et al. 2024, Fig. 9.3 (Llama 3.1 8B, one H100, bf16, 4K..120K tokens, k=1024, 50 new tokens)
 # and Fig. 9.6 (Mistral Nemo 12B, Phi 3.5 Mini). Steps, each bounded by the time left:
@@ -21,6 +21,7 @@
 # GPU_CHECK_SMOKE=1: a CPU dry run of this script (shrunk 2-layer models, short prompts): it checks the
 # script, and its timings describe nothing.
 set -u
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then sed -n '2,/^$/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0; fi
 cd "$(dirname "$0")/.."
 out=${1:-results/gpu-check}
 work=${WORK:-/tmp/gpu-check}
