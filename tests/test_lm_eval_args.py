@@ -41,7 +41,7 @@ def no_load(monkeypatch):
     monkeypatch.setattr(HFLM, "__init__", refuse)
 
 
-@pytest.mark.parametrize("args, msg", [
+BAD_ARGS = [
     ("layer=9", r"layer=9 is outside \[0, 4\)"),
     ("layer=-1", r"layer=-1 must be a 0-based whole number >= 0"),
     ("attn=warp", "attn='warp' is not a kernel; allowed: banded, sdpa"),
@@ -50,9 +50,24 @@ def no_load(monkeypatch):
     ("colour=blue", "unknown key\\(s\\) colour; allowed: pretrained, method, topk, ratio, layer, attn and the harness"),
     ("batch_size=4", "batch_size is the harness's own option; give it as --batch_size"),
     ("method=snapkv,topk=16", "snapkv: topk=16 must exceed the window of 32"),
-])
-def test_every_bad_model_arg_is_one_error_line_before_the_model_loads(tiny_model_dir, tasks, capsys, no_load,  # noqa: F811
-                                                                       args, msg):
+]
+
+
+@pytest.mark.parametrize("args, msg", BAD_ARGS)
+def test_every_bad_model_arg_is_refused_before_the_model_loads(tiny_model_dir, no_load, args, msg):
+    """How the harness builds the model from --model_args (its CLI passes these three options itself)."""
+    from eval.harness.adapter import GemFilterLM
+
+    with pytest.raises(ValueError, match=msg):
+        GemFilterLM.create_from_arg_string(f"pretrained={tiny_model_dir},{args}",
+                                           {"batch_size": 1, "max_batch_size": None, "device": "cpu"})
+
+
+# Through the command line, once per kind of check (each run indexes the harness's task folders, ~4 s): a
+# value checked against the model's config, and a key the harness passes itself.
+@pytest.mark.parametrize("args, msg", [BAD_ARGS[0], BAD_ARGS[6]])
+def test_a_bad_model_arg_is_one_error_line_of_the_command(tiny_model_dir, tasks, capsys, no_load,  # noqa: F811
+                                                          args, msg):
     from eval.harness.cli import main
 
     rc = main(["run", "--model", "gemfilter", "--model_args", f"pretrained={tiny_model_dir},{args}",
