@@ -8,18 +8,20 @@ method has shrunk the cache below the sequence, so this fires on a long prompt's
 decode step after it, although nothing switches:
 
 - prefill (the cache is empty): nothing is lost; the call gets a fresh cache;
-- decode: the call gets back the cache this block filled (the one whose consumed tokens begin its input),
+- decode: the call gets back the cache this block filled: the one whose consumed tokens begin its input
+  (releases from 5.24 pass the whole sequence) or end where its new tokens start (5.17 passes only those),
   whose keys were computed with the factors this step uses;
 - a decode step that crosses the switch starts over on a fresh cache where the cache holds every token
-  (``full``, or a budget that kept all), as the model does; with a compressed cache it is refused: the model
-  would recompute tokens the method dropped.
+  (``full``, or a budget that kept all) and the input is the whole sequence, as the model does; otherwise it
+  is refused: the model would recompute tokens the method dropped (or, given only the new tokens, has none to
+  recompute from).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .compat import cache_kwargs, dynamic_cache, text_config
+from .compat import cache_kwargs, dynamic_cache, first_position, text_config
 
 
 def switch_length(model) -> int | None:
@@ -35,20 +37,34 @@ def give_back(model, consumed: dict, kwargs: dict):
     """
     if kwargs.get("use_cache") is False or switch_length(model) is None or kwargs.get("input_ids") is None:
         return None, kwargs
-    ids = kwargs["input_ids"]
-    live = [cache for cache, done in list(consumed.items())
-            if done.ids.shape[0] == ids.shape[0] and done.ids.shape[1] < ids.shape[1]
-            and torch.equal(done.ids.to(ids.device), ids[:, :done.ids.shape[1]])]
+    ids, first = kwargs["input_ids"], first_position(kwargs)
+    whole = [cache for cache, done in list(consumed.items()) if _begins(done, ids)]
+    live = whole or [cache for cache, done in list(consumed.items()) if _follows(done, ids, first)]
     if len(live) > 1:
         raise ValueError(
             f"apply(): the model passed no KV cache to this step (its RoPE switch at original_max_position_embeddings="
             f"{switch_length(model)}), and {len(live)} caches of this block consumed the same tokens, so the one to "
             "continue is unknown: continue each fork in a block of its own")
     cache = live[0] if live else None
-    if cache is not None and _recompute(model, consumed[cache], cache, ids.shape[1]):
+    if cache is not None and whole and _recompute(model, consumed[cache], cache, ids.shape[1]):
         cache = None  # a cache that holds every token is rebuilt across the switch, as the model itself does
     cache = dynamic_cache(model.config) if cache is None else cache
     return cache, {**kwargs, **cache_kwargs(cache)}
+
+
+def _begins(done, ids) -> bool:
+    """The input is the whole sequence (what releases from 5.24 pass): this cache's consumed tokens, then more."""
+    c = done.ids.shape[1]
+    return done.ids.shape[0] == ids.shape[0] and c < ids.shape[1] and torch.equal(done.ids.to(ids.device), ids[:, :c])
+
+
+def _follows(done, ids, first) -> bool:
+    """The input is only the new tokens (what 5.17 passes, cut at its cache_position), and they start where this
+    cache's consumed tokens end: positions count real tokens (position_ids) or every slot (cache_position)."""
+    if first is None or done.ids.shape[0] != ids.shape[0]:
+        return False
+    first = first.to(done.real.device)
+    return bool((first == done.real).all()) or bool((first == done.ids.shape[1]).all())
 
 
 def _recompute(model, done, cache, length: int) -> bool:
