@@ -259,19 +259,21 @@ def test_committed_parity_summaries_are_their_results_tables(folder):
 
 
 def test_docs_gd_sweep_rows_are_the_committed_results():
-    """docs/feature-probes.md's table of stage-3 step sizes: each row's T and accuracies are its run's result."""
+    """docs/feature-probes.md's tables of stage-3 step sizes (with and without structure): each row's T and
+    accuracies are its run's result."""
     import re
 
     text = (MEASURED.parents[1] / "docs" / "feature-probes.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- parity-gd-sweep -->(.*?)<!-- /parity-gd-sweep -->", text, re.S).group(1)
-    rows = [line.split(" | ") for line in block.strip().splitlines()[2:]]
-    assert len(rows) >= 5
-    for cells in rows:
-        folder = cells[0].strip("|` ")
-        result = json.loads((MEASURED / folder / "parity_result.json").read_text())
-        net = next(u for u in result["runs"] if u["structured"])["methods"]["network"]
-        want = [str(result["config"]["steps"]), f"{100 * net['train_acc']:.1f}", f"{100 * net['test_acc']:.1f}",
-                f"{net['cos']:.3f}"]
-        assert [c.strip("| ") for c in cells[2:]] == want, folder
+    for marker, structured, least in (("parity-gd-sweep", True, 5), ("parity-nostruct-gd", False, 3)):
+        block = re.search(rf"<!-- {marker} -->(.*?)<!-- /{marker} -->", text, re.S).group(1)
+        rows = [line.split(" | ") for line in block.strip().splitlines()[2:]]
+        assert len(rows) >= least, marker
+        for cells in rows:
+            folder = cells[0].strip("|` ")
+            result = json.loads((MEASURED / folder / "parity_result.json").read_text())
+            net = next(u for u in result["runs"] if u["structured"] == structured)["methods"]["network"]
+            want = [str(result["config"]["steps"]), f"{100 * net['train_acc']:.1f}", f"{100 * net['test_acc']:.1f}",
+                    f"{net['cos']:.3f}"]
+            assert [c.strip("| ") for c in cells[2:]] == want, (marker, folder)
     paper = re.search(r"<!-- parity-paper -->(.*?)<!-- /parity-paper -->", text, re.S).group(1).strip()
     assert paper in (MEASURED / "parity-paper" / "parity_summary.md").read_text()
