@@ -30,7 +30,7 @@ import torch
 from .attention import wrapped_attention
 from .compat import cache_in, first_position, generation_modes_limited
 from .draft import check_selector, drafted_begin
-from .dropped import check_switch, fed_top, give_back
+from .dropped import check_switch, give_back
 from .layers import default_layer
 from .selection import Selection, as_batch, check_causal_decoder, check_params, check_prompt
 
@@ -173,7 +173,7 @@ def _make_hooks(model, handle: Applied, tokenizer, begin):
             handle._consumed[cache] = Consumed(input_ids, valid.sum(1))
             kwargs = call.prefill(kwargs, cache)
             call.fed = kwargs["input_ids"].shape[1]  # what the prefill forward runs through the last layer
-            handle._consumed[cache].top = fed_top(kwargs, 0)
+            check_switch(model, handle._consumed[cache], kwargs, 0, method.name)  # records the prefill's top
             return args, kwargs
         call = handle._by_cache.get(cache)
         if call is None:

@@ -70,7 +70,7 @@ def _follows(done, ids, first) -> bool:
 def _recompute(model, done, cache, length: int) -> bool:
     """True when this step crosses the switch and ``cache`` holds every token it consumed (nothing dropped):
     then the call starts over on a fresh cache (a prefill of the whole sequence), which is the model's own way."""
-    limit, top = switch_length(model), getattr(done, "top", None)
+    limit, top = switch_length(model), done.top
     crosses = top is not None and (top + 1 > limit) != (length > limit)
     return crosses and cache.get_seq_length() == done.ids.shape[1]
 
@@ -84,13 +84,17 @@ def fed_top(kwargs: dict, past: int) -> int:
 
 
 def check_switch(model, done, kwargs: dict, past: int, name: str) -> None:
-    """Refuse a decode step whose positions cross the model's RoPE switch; record its top position in ``done``.
+    """Record the top position a forward feeds in ``done`` (at prefill: past 0), and refuse a decode step whose
+    positions cross the model's RoPE switch. A model without one is left alone: reading the top position of a
+    GPU tensor would wait for the device at every decode step.
 
-    done: the cache's Consumed record (``top``: the largest position fed so far, set at prefill)."""
-    top, limit = fed_top(kwargs, past), switch_length(model)
-    previous = getattr(done, "top", None)
+    done: the cache's Consumed record (``top``: the largest position fed so far, None before its prefill)."""
+    limit = switch_length(model)
+    if limit is None:
+        return
+    top, previous = fed_top(kwargs, past), done.top
     done.top = top
-    if limit is None or previous is None or (previous + 1 > limit) == (top + 1 > limit):
+    if previous is None or (previous + 1 > limit) == (top + 1 > limit):
         return
     raise ValueError(
         f"apply(): {name}: this step goes from position {previous} to {top}, across the model's RoPE switch at "

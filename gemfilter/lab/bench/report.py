@@ -333,7 +333,7 @@ def _main(args) -> int:
             if not args.keep_going:
                 raise
             failed.append(f"{method} at {length} tokens" + (f" ({attn})" if attn else ""))
-            tqdm.write(f"error: {method} at {length} tokens: {str(err)[-1500:]}", file=sys.stderr)
+            tqdm.write(f"error: {failed[-1]}: {str(err)[-1500:]}", file=sys.stderr)
             continue
         row.update(meta, repeat=rep, attn_arg=attn)
         append_jsonl(jsonl, row)
