@@ -1,6 +1,7 @@
 """Command line of the parity simulation: ``python -m feature_probes.parity <subcommand>``.
 
-Subcommands: ``table`` (Table A.1 with Figs. A.1 and A.2), ``presets``. One JSONL row per finished
+Subcommands: ``table`` (Table A.1 with Figs. A.1 and A.2), ``step1`` and ``ntk`` (measured causes of the One
+Step cosine and NTK gaps, ``studies``), ``report``, ``presets``. One JSONL row per finished
 (law, seed), so an interrupted table resumes; a results JSON, a markdown table (also printed) and PNGs.
 """
 
@@ -48,19 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Gradient feature learning on parities (Z. Shi 2024, Ch. 2, App. A.7.1): the two-layer network "
                     "trained by Thm A.20's process against NTK and random features, with and without input structure.",
         epilog="run '<subcommand> --help' for its options", formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{table,report,presets}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{table,step1,ntk,report,presets}")
     text = "Table A.1 (network, NTK, RF, One/Two Step; with and without structure), Figs. A.1 and A.2"
     sp = sub.add_parser("table", help=text, description=text, epilog=EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.subcommands = {"table": sp}
     add_run_args(sp, PRESETS)
     sp.add_argument("--steps", type=int, help="override T (paper: 600)")
+    sp.add_argument("--n-train", type=int, help="override the training-set size (paper: 50000)")
     sp.add_argument("--step1", choices=["thm_a20", "lemma_a17"], help="step-1 size and smoothing (default thm_a20)")
     sp.add_argument("--lr3", type=float, help="step size of steps 3..T (0 = Thm A.20's k^2/(T m^(1/3)))")
     sp.add_argument("--lam3", type=float, help="lambda_a = lambda_w in steps 3..T")
     sp.add_argument("--stage3", help="comma-separated stage-3 settings: thm_a20, adam (default: both)")
     sp.add_argument("--laws", choices=["both", "structured", "unstructured"], default="both",
                     help="which data laws to run (default both)")
+    _add_studies(sub, parser)
     rp = sub.add_parser("report", help="write a run folder's parity_summary.md again from its parity_result.json")
     rp.add_argument("dir", type=Path, help="a folder written by 'table' (its --out)")
     parser.subcommands["report"] = rp
@@ -68,9 +71,73 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STUDIES_EPILOG = """examples:
+  python -m feature_probes.parity step1 --out results/parity-step1              # ~2 min, seeds 0-4
+  python -m feature_probes.parity ntk --out results/parity-ntk                  # ~10 min, seeds 0-2
+  python -m feature_probes.parity ntk --n-train 50000 --seeds 0 --out results/parity-ntk0
+outputs (in --out): <study>_rows.jsonl (one row per finished unit; a rerun resumes), <study>_summary.md"""
+
+
+def _add_studies(sub, parser) -> None:
+    from feature_probes.parity.studies import STEP1_VARIANTS
+
+    text = ("One Step / Two Step cosines after steps 1 and 2 under the spec and under changes that could lower "
+            "One Step's towards the paper's 0.848: " + "; ".join(v.name for v in STEP1_VARIANTS))
+    sp = sub.add_parser("step1", help="cosines after steps 1-2 under step-1 variants (structured law)",
+                        description=text, epilog=STUDIES_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(sp, PRESETS)
+    parser.subcommands["step1"] = sp
+    text = ("NTK ridge (penalty chosen on a held-out 20%) at several training-set sizes, scored on --n-test fresh "
+            "points and on their disjoint subsets of --subset points: how far test accuracy strays above train "
+            "accuracy by sampling alone (Table A.1: NTK 84.0 train, 86.4 test)")
+    sp = sub.add_parser("ntk", help="NTK ridge accuracy against training-set size, and its test-subset spread",
+                        description=text, epilog=STUDIES_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(sp, PRESETS)
+    sp.add_argument("--n-train", help="comma-separated training-set sizes (default 12500,25000,50000,100000)")
+    sp.add_argument("--n-test", type=int, default=100000, help="fresh test points (default 100000)")
+    sp.add_argument("--subset", type=int, default=1000, help="test-subset size for the spread (default 1000)")
+    parser.subcommands["ntk"] = sp
+
+
+def _study_config(args):
+    from feature_probes.parity.studies import NTKStudy, Step1Study
+
+    run = PRESETS[args.preset]
+    seeds = {"seeds": args.seeds} if args.seeds else {}
+    if args.command == "step1":
+        return Step1Study(run=run, **seeds)
+    extra = {}
+    if args.n_train:
+        try:
+            extra["n_trains"] = tuple(int(v) for v in args.n_train.split(",") if v.strip())
+        except ValueError:
+            raise ValueError(f"--n-train {args.n_train!r}: expected integers separated by commas, e.g. 25000,50000")
+    study = NTKStudy(run=run, n_test=args.n_test, subset=args.subset, **seeds, **extra)
+    study.check()
+    return study
+
+
+def _run_study(parser, args, argv) -> int:
+    from feature_probes.parity import studies
+
+    study, command, out, _, jsonl = start_run(parser, args, argv, "feature_probes.parity", _study_config,
+                                              f"{args.command}_rows.jsonl")
+    if args.command == "step1":
+        rows = studies.run_step1(study, jsonl, force=args.force, progress=not args.quiet)
+        md = studies.step1_markdown(rows)
+    else:
+        rows = studies.run_ntk(study, jsonl, force=args.force, progress=not args.quiet)
+        md = studies.ntk_markdown(rows)
+    md = f"`{command}`\n\n" + md
+    write_text(out / f"{args.command}_summary.md", md)
+    print(md)
+    return 0
+
+
 def make_config(args):
     cfg = PRESETS[args.preset]
-    over = {key: getattr(args, key) for key in ("seeds", "steps", "step1", "lr3", "lam3") if getattr(args, key) is not None}
+    over = {key: getattr(args, key) for key in ("seeds", "steps", "step1", "lr3", "lam3", "n_train")
+            if getattr(args, key) is not None}
     over["laws"] = {"both": (True, False), "structured": (True,), "unstructured": (False,)}[args.laws]
     if args.stage3 is not None:
         over["stage3"] = tuple(x.strip() for x in args.stage3.split(",") if x.strip())
@@ -146,7 +213,9 @@ def plot_curves(rows: list[dict], path):
         ax.set(xlabel="step", title="with input structure" if structured else "without structure (D^(0) only)")
         ax.axhline(50, color="k", lw=0.6, ls=":")
     axes[0].set_ylabel("test accuracy (%)")
-    axes[0].legend()
+    for ax in axes:  # a run of one law leaves the other panel empty
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     return save_png(fig, path)
 
 
@@ -173,6 +242,8 @@ def main(argv=None) -> int:
     if args.command == "presets":
         print(json.dumps({k: asdict(v) for k, v in PRESETS.items()}, indent=2))
         return 0
+    if args.command in ("step1", "ntk"):
+        return _run_study(parser, args, argv)
     if args.command == "report":
         try:
             result = read_result(args.dir)

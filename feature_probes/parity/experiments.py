@@ -189,7 +189,7 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
     net_seconds = time.time() - t0
     # Baselines: the same initial network (w0, b0, a0), the same batches (steps 3..T) plus two more.
     base_batches = _batches(cfg.n_train, cfg.batch, cfg.steps, torch.Generator().manual_seed(seed + 1))
-    init = _init_copy(cfg, spec, h, seed)
+    init = init_copy(cfg, spec, h, seed)
     methods["ntk_ridge"] = _ntk_ridge(cfg, init, x, y, xt, yt)
     ntk = LinearisedNet(init)
     for name, model, params, w in (("ntk", ntk, list(ntk.parameters()), None),
@@ -219,7 +219,16 @@ def _stage3(mode: str, net: TwoLayerNet, cfg: ParityRun, h: dict):
 
 def _ntk_ridge(cfg: ParityRun, init: TwoLayerNet, x, y, xt, yt) -> dict:
     """Ridge regression on the NTK features of the initial network (labels +-1), the penalty chosen on a
-    held-out share of the training set, then refit on all of it. Warm starts from the previous penalty."""
+    held-out share of the training set, then refit on all of it (``ntk_ridge_fit``)."""
+    feats, theta, best, iters, scores = ntk_ridge_fit(cfg, init, x, y)
+    return dict(train_acc=accuracy(ntk_predict(feats, theta, x), y), test_acc=accuracy(ntk_predict(feats, theta, xt), yt),
+                cos=None, lam=best, cg_iters=iters, search=scores, curve=[])
+
+
+def ntk_ridge_fit(cfg: ParityRun, init: TwoLayerNet, x, y) -> tuple:
+    """The NTK ridge fit on (x (n, d), y (n,)): the penalty of cfg.ntk_lams best on the last cfg.ntk_holdout
+    share of x, then refit on all of x. Warm starts from the previous penalty.
+    Returns (features, theta, penalty, CG iterations, the search's rows)."""
     feats = NTKFeatures(init, x)
     cut = int(len(x) * (1 - cfg.ntk_holdout))
     fit = RidgeSystem(feats, x[:cut], y[:cut])  # one set of normal equations for every penalty tried
@@ -229,11 +238,10 @@ def _ntk_ridge(cfg: ParityRun, init: TwoLayerNet, x, y, xt, yt) -> dict:
         scores.append(dict(lam=lam, heldout_acc=accuracy(ntk_predict(feats, theta, x[cut:]), y[cut:]), cg_iters=iters))
     best = max(scores, key=lambda r: r["heldout_acc"])["lam"]
     theta, iters = ntk_ridge(feats, x, y, best)
-    return dict(train_acc=accuracy(ntk_predict(feats, theta, x), y), test_acc=accuracy(ntk_predict(feats, theta, xt), yt),
-                cos=None, lam=best, cg_iters=iters, search=scores, curve=[])
+    return feats, theta, best, iters, scores
 
 
-def _init_copy(cfg, spec, h, seed) -> TwoLayerNet:
+def init_copy(cfg, spec, h, seed) -> TwoLayerNet:
     """The initial network of run_parity rebuilt from the seed (same generator stream: problem, data, net)."""
     gen = seed_everything(seed)
     problem = make_problem(spec, gen)
