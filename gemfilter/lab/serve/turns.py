@@ -16,10 +16,9 @@ one route after another, each with documents no other route has sent:
 
 Rows go to OUT/bench-turns.jsonl as each conversation ends (a cell, route x N, counts once all its
 conversations are stored; an interrupted run reruns the cells it had not finished). A row is one request:
-time to first token, total, tokens kept, the selection's seconds and its wait for the selector, whether
-the answer holds the fact's number, and (N = 1) the engine's cached prompt tokens for it (vLLM's
-``prompt_tokens_cached`` counter). Each cell's row adds its wall time and the engine's peak KV-cache usage,
-sampled from its ``/metrics`` during the cell. OUT/bench-turns.md has the tables.
+time to first token, total, tokens kept, the selection's seconds and its wait for the selector, whether the
+answer holds the fact's number, and (N = 1) the engine's cached prompt tokens (vLLM's ``prompt_tokens_cached``).
+A cell's row adds its wall time and the engine's peak KV-cache use (its ``/metrics``); OUT/bench-turns.md: tables.
 """
 
 from __future__ import annotations
