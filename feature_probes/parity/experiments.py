@@ -8,6 +8,7 @@ step 1 / 2). ``run_table`` runs it for every (structure, seed) and appends one J
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field, replace
 
@@ -153,12 +154,9 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
     cfg.check()
     spec = replace(cfg.spec, structured=structured)
     h = hyper(cfg)
-    gen = seed_everything(seed)
-    problem = make_problem(spec, gen)
-    x, y, _ = make_split(spec, problem, cfg.n_train, gen)
-    xt, yt, _ = make_split(spec, problem, cfg.n_test, gen)
+    problem, (x, y), (xt, yt), net, gen = draw(cfg, spec, h, seed)
     star = problem.star()
-    net = TwoLayerNet(spec.d, cfg.m, h["sigma_w"], h["sigma_b"], h["sigma_a"], gen)
+    init = copy.deepcopy(net)  # the baselines' initial network
     w0, b0 = net.w.detach().clone(), net.b.detach().clone()
     batches = _batches(cfg.n_train, cfg.batch, cfg.steps - 2, gen)
     t0 = time.time()
@@ -189,7 +187,6 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
     net_seconds = time.time() - t0
     # Baselines: the same initial network (w0, b0, a0), the same batches (steps 3..T) plus two more.
     base_batches = _batches(cfg.n_train, cfg.batch, cfg.steps, torch.Generator().manual_seed(seed + 1))
-    init = init_copy(cfg, spec, h, seed)
     methods["ntk_ridge"] = _ntk_ridge(cfg, init, x, y, xt, yt)
     ntk = LinearisedNet(init)
     for name, model, params, w in (("ntk", ntk, list(ntk.parameters()), None),
@@ -241,13 +238,16 @@ def ntk_ridge_fit(cfg: ParityRun, init: TwoLayerNet, x, y) -> tuple:
     return feats, theta, best, iters, scores
 
 
-def init_copy(cfg, spec, h, seed) -> TwoLayerNet:
-    """The initial network of run_parity rebuilt from the seed (same generator stream: problem, data, net)."""
+def draw(cfg: ParityRun, spec: ParitySpec, h: dict, seed: int) -> tuple:
+    """What seed draws, in run_parity's generator order: the problem (M, A), the training split (x (n_train, d),
+    y (n_train,)), the test split, the initial network (hyper-parameters h), and the generator after them
+    (run_parity draws its minibatch order from it). Returns (problem, (x, y), (xt, yt), net, gen)."""
     gen = seed_everything(seed)
     problem = make_problem(spec, gen)
-    make_split(spec, problem, cfg.n_train, gen)
-    make_split(spec, problem, cfg.n_test, gen)
-    return TwoLayerNet(spec.d, cfg.m, h["sigma_w"], h["sigma_b"], h["sigma_a"], gen)
+    x, y, _ = make_split(spec, problem, cfg.n_train, gen)
+    xt, yt, _ = make_split(spec, problem, cfg.n_test, gen)
+    net = TwoLayerNet(spec.d, cfg.m, h["sigma_w"], h["sigma_b"], h["sigma_a"], gen)
+    return problem, (x, y), (xt, yt), net, gen
 
 
 def _bar(progress: bool, total: int, desc: str):

@@ -16,10 +16,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from icl_probes.common import seed_everything
-from feature_probes.parity.data import make_problem, make_split
-from feature_probes.parity.experiments import ParityRun, accuracy, cos_to_star, hyper, init_copy, ntk_ridge_fit
-from feature_probes.parity.model import TwoLayerNet, gd_step, hinge, ntk_predict
+from feature_probes.parity.experiments import ParityRun, accuracy, cos_to_star, draw, hyper, ntk_ridge_fit
+from feature_probes.parity.model import gd_step, hinge, ntk_predict
 
 
 @dataclass(frozen=True)
@@ -59,12 +57,8 @@ def step1_cosines(cfg: ParityRun, seed: int, variants=STEP1_VARIANTS) -> list[di
     Each variant starts from the same problem, data and initial network (those of ``run_parity`` for seed);
     variants asking for more points than cfg.n_train are left out."""
     spec = replace(cfg.spec, structured=True)
-    gen = seed_everything(seed)
-    problem = make_problem(spec, gen)
-    x, y, _ = make_split(spec, problem, cfg.n_train, gen)
-    make_split(spec, problem, cfg.n_test, gen)  # run_parity's test draw, so the network below is its init
+    problem, (x, y), _, net, _ = draw(cfg, spec, hyper(cfg), seed)
     star = problem.star()
-    net = TwoLayerNet(spec.d, cfg.m, **{k: hyper(cfg)[k] for k in ("sigma_w", "sigma_b", "sigma_a")}, gen=gen)
     start = {k: v.detach().clone() for k, v in net.state_dict().items()}
     rows = []
     for v in [v for v in variants if v.n <= cfg.n_train]:
@@ -97,12 +91,8 @@ def ntk_spread(cfg: ParityRun, seed: int, n_train: int, n_test: int, subset: int
     percentile, max) with the share at or above paper_test."""
     spec = replace(cfg.spec, structured=True)
     run = replace(cfg, n_train=n_train, n_test=n_test)
-    h = hyper(run)
-    gen = seed_everything(seed)
-    problem = make_problem(spec, gen)
-    x, y, _ = make_split(spec, problem, n_train, gen)
-    xt, yt, _ = make_split(spec, problem, n_test, gen)
-    feats, theta, lam, iters, _ = ntk_ridge_fit(run, init_copy(run, spec, h, seed), x, y)
+    _, (x, y), (xt, yt), init, _ = draw(run, spec, hyper(run), seed)
+    feats, theta, lam, iters, _ = ntk_ridge_fit(run, init, x, y)
     right = ((ntk_predict(feats, theta, xt) > 0).float() * 2 - 1 == yt).float()
     parts = right[: n_test // subset * subset].view(-1, subset).mean(dim=1).sort().values
     q = lambda p: float(parts[min(len(parts) - 1, int(p * len(parts)))])  # noqa: E731
