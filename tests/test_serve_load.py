@@ -215,3 +215,17 @@ def test_the_burst_tool_counts_every_answer_through_the_proxy_and_direct(make_pr
     assert "| one (3 x 4 words) | gone | 0/3 | ConnectionRefusedError 3 |" in capsys.readouterr().out
     assert main(["--target", "nourl", "--bursts", "a=1x1"]) == 2
     assert "error: --target takes NAME=URL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 19, 20, 21, 100])
+def test_every_lab_table_takes_percentiles_by_numpy_s_nearest_rank(n):
+    """The burst tool and the conversation tables share one rule: p50 the median, p95 numpy's ``nearest`` rank
+    (for 20 values the 19th, not the slowest); ``None`` entries are dropped and an empty list gives ``None``."""
+    import numpy as np
+
+    from gemfilter.lab.serve.bench import quantile
+
+    values = list(np.random.default_rng(n).permutation(np.arange(n, dtype=float) ** 1.5))
+    assert quantile(values + [None], 95) == np.percentile(values, 95, method="nearest")
+    assert quantile(values, 50) == np.median(values)
+    assert quantile([None], 95) is None and quantile([], 50) is None

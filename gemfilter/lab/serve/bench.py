@@ -32,6 +32,18 @@ import uuid
 OUTPUTS = ("bench-engine.jsonl", "bench-engine.md", "bench-engine.json")
 
 
+def quantile(values, p: float):
+    """The p-th percentile of ``values`` (``None`` entries dropped; ``None`` when nothing is left).
+
+    p = 50 is the median; any other p is the sorted value at rank round(p/100 * (n - 1)), numpy's
+    ``method="nearest"``. Every lab table (bursts, conversations) uses this one rank rule.
+    """
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    return statistics.median(values) if p == 50 else values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+
 class BrokenStream(RuntimeError):
     """An engine's answer that is not a complete stream: never stored as a timing."""
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ import urllib.error
 import urllib.request
 
 from ..entry import command
+from .bench import quantile
 
 WORDS = ("the quick brown fox jumps over the lazy dog while seven wise owls count stars above a quiet "
          "harbour town").split()
@@ -78,8 +78,7 @@ def burst(url: str, model: str, count: int, tokens: int, max_tokens: int, timeou
     ok = sorted(s for outcome, s in results if outcome == "ok")
     return {"sent": count, "answered": outcomes.get("ok", 0), "failures": {k: v for k, v in outcomes.items()
                                                                            if k != "ok"},
-            "p50_s": statistics.median(ok) if ok else None,
-            "p95_s": ok[min(len(ok) - 1, int(0.95 * len(ok)))] if ok else None, "wall_s": wall}
+            "p50_s": quantile(ok, 50), "p95_s": quantile(ok, 95), "wall_s": wall}
 
 
 def parse_bursts(text: str) -> list:

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import random
 import re
-import statistics
 import threading
 import time
 import urllib.request
 import uuid
 
-from .bench import BrokenStream, stream_timed
+from .bench import BrokenStream, quantile as _q, stream_timed
 
 OUTPUTS = ("bench-turns.jsonl", "bench-turns.md", "bench-turns.json")
 MODES = ("multi-turn", "multi-request")
@@ -194,13 +193,6 @@ def run_cell(route: dict, n: int, mode: str, length: int, turns: int, tok, hay_i
                                                                  "prefix_cache_hits_total", "prefix_cache_queries_total")
                    if k in after and k in before})
     return rows, cell
-
-
-def _q(values, p):
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    return statistics.median(values) if p == 50 else values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
 
 
 def summarize(rows: list, cells: list) -> dict:
