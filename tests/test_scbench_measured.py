@@ -23,6 +23,15 @@ def test_docs_tables_are_the_scores_of_the_committed_rows():
     assert not missing, f"docs/scbench.md lacks {len(missing)} scored line(s), e.g. {missing[0]}"
 
 
+def test_every_task_mode_and_method_holds_samples_0_to_19_of_five_turns():
+    """The issue's floor at 4K: at least 20 samples per task, 5 turns, both modes, for every committed label."""
+    found = {key: rows for key, rows in collect(ROOT).items() if key[1] == 4096}
+    assert len(found) == 2 * 4 * 4  # modes x labels x tasks
+    for key, rows in found.items():
+        assert sorted(int(r["_id"]) for r in rows) == list(range(20)), key
+        assert all(len(r["turns"]) == 5 for r in rows), key
+
+
 ENGINE = REPO / "measured" / "scbench-engine"
 
 
