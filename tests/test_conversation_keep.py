@@ -45,7 +45,7 @@ def reuse_reference(model, method, prompts, last):
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("protocol,name,topk", [("full", None, None), ("reselect", "gemfilter", 12),
                                                 ("reuse", "gemfilter", 12), ("reuse", "snapkv", 36),
-                                                ("reuse", "fastkv", 36)])
+                                                ("reuse", "fastkv", 36), ("reuse", "h2o", 36)])
 def test_keep_questions_drops_every_answer(family, protocol, name, topk):
     model = gemfilter.set_attention(BUILDERS[family](), "banded")
     method = None if name is None else get_method(name, layer=FILTER_LAYER[family], topk=topk)
