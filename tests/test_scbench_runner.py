@@ -143,3 +143,31 @@ def test_multi_request_report_shows_the_context_prefill_apart(tiny, tmp_path):
     text = markdown(score_table(collect(out)))
     assert "| method | context prefill | turn 1 | turn 2 | turn 3 |" in text
     assert f"| full | {prefill:.2f} | " in text
+
+
+def test_every_method_the_issue_names_runs_in_both_modes(tiny, tmp_path):
+    """full, gemfilter, gemfilter-span, snapkv, fastkv (TSP firing) and h2o, both protocols and both modes:
+    every conversation has its turns, and gemfilter-span@reselect answers as a fresh gemfilter.generate."""
+    from eval.scbench.generate import make_sample
+
+    model, tok = tiny
+    methods = ("full", "gemfilter:k=48,layer=2", "gemfilter-span:k=48,layer=2", "snapkv:k=64",
+               "fastkv:k=64,layer=1,tsp_len=256", "h2o:k=64")
+    config = RunConfig(**{**BASE, "methods": methods, "tasks": ("scbench_mf",), "num_samples": 1,
+                          "modes": ("multi-turn", "multi-request")})
+    merged = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
+    labels = list(labelled(config))
+    assert len(labels) == 8 and len(merged) == 2 * len(labels)
+    for key, rows in merged.items():
+        turns = rows[0]["turns"]
+        assert len(turns) == 3 and all(0 < t["kept"] <= t["history_tokens"] for t in turns), key
+        if "/full/" not in key:  # every method but full keeps fewer tokens than the history
+            assert turns[0]["kept"] < turns[0]["history_tokens"], key
+    span = gemfilter.get_method("gemfilter-span", topk=48, layer=2)
+    prompts = build_prompts(make_sample("scbench_mf", tok, 2048, 3, seed=0), "scbench_mf", "multi-turn")
+    row = merged["multi-turn/2048/gemfilter-span:k=48,layer=2@reselect/scbench_mf.jsonl"][0]
+    for t in range(3):
+        ids = torch.tensor([turn_input_ids(prompts, tok, t, max_length=max_input_length("scbench_mf", 2048, 3,
+                                                                                           "multi-turn"))])
+        fresh = gemfilter.generate(model, ids, method=span, tokenizer=tok, max_new_tokens=5, do_sample=False)
+        assert row["turns"][t]["prediction"] == tok.decode(fresh.new_tokens[0], skip_special_tokens=True), t
