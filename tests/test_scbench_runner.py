@@ -165,9 +165,9 @@ def test_every_method_the_issue_names_runs_in_both_modes(tiny, tmp_path):
             assert turns[0]["kept"] < turns[0]["history_tokens"], key
     span = gemfilter.get_method("gemfilter-span", topk=48, layer=2)
     prompts = build_prompts(make_sample("scbench_mf", tok, 2048, 3, seed=0), "scbench_mf", "multi-turn")
+    limit, new = max_input_length("scbench_mf", 2048, 3, "multi-turn"), get_task("scbench_mf").max_new_tokens
     row = merged["multi-turn/2048/gemfilter-span:k=48,layer=2@reselect/scbench_mf.jsonl"][0]
     for t in range(3):
-        ids = torch.tensor([turn_input_ids(prompts, tok, t, max_length=max_input_length("scbench_mf", 2048, 3,
-                                                                                           "multi-turn"))])
-        fresh = gemfilter.generate(model, ids, method=span, tokenizer=tok, max_new_tokens=5, do_sample=False)
+        ids = torch.tensor([turn_input_ids(prompts, tok, t, max_length=limit)])
+        fresh = gemfilter.generate(model, ids, method=span, tokenizer=tok, max_new_tokens=new, do_sample=False)
         assert row["turns"][t]["prediction"] == tok.decode(fresh.new_tokens[0], skip_special_tokens=True), t
