@@ -12,6 +12,10 @@ The one rename inside the range (``pyproject.toml``'s ``transformers`` bounds, e
   (renamed by ``deprecate_kwarg`` inside ``forward``) until 5.40. A forward pre-hook sees the keywords
   as the caller spelled them, before that rename, so the hooks accept both (:func:`cache_in`).
 
+One release boundary is not an API but a converter: transformers below 5.23 turn the embedded model's GGUF
+tokenizer into a wrong one (5.17: character pieces; 5.18 to 5.22: no ``<bos>``). The copy a newer release
+wrote loads right under every release, so only the first conversion needs 5.23 (:data:`GGUF_GEMMA3_TOKENIZER`).
+
 transformers is imported on first use, never when gemfilter is imported.
 """
 
@@ -23,6 +27,9 @@ from contextlib import contextmanager
 # Both spellings of the forward keyword, the current one first.
 CACHE_KWARGS = ("cache", "past_key_values")
 _RENAMED_IN = (5, 24)  # first release whose forward and generate use ``cache``
+#: First release whose GGUF converter gives the embedded Gemma 3 its trained tokenizer (pieces and <bos>); read
+#: off the package's GGUF with 5.17.0 to 5.24.0 on 2026-11-27 (gemfilter.models.TOKENIZER_PROBE).
+GGUF_GEMMA3_TOKENIZER = (5, 23)
 
 
 def _version() -> tuple[int, int]:
@@ -30,6 +37,11 @@ def _version() -> tuple[int, int]:
 
     major, minor = transformers.__version__.split(".")[:2]
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def gguf_tokenizer_converts_right() -> bool:
+    """Whether this release converts the embedded model's GGUF tokenizer right (see the module docstring)."""
+    return _version() >= GGUF_GEMMA3_TOKENIZER
 
 
 @functools.cache

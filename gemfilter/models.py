@@ -38,11 +38,74 @@ def cache_dir() -> Path:
     return Path(base) / "gemfilter"
 
 
+#: A sentence and the ids the embedded model's tokenizer must give it: <bos> (2) and its trained pieces.
+TOKENIZER_PROBE = ("Hello world, the grass is green.", (2, 9259, 1902, 236764, 506, 9917, 563, 3826, 236761))
+#: Written into the cache folder once its tokenizer gave :data:`TOKENIZER_PROBE`'s ids.
+CHECKED_MARK = "gemfilter-tokenizer-checked"
+
+
+class EmbeddedTokenizerError(OSError):
+    """The embedded model's tokenizer (converted from its GGUF by transformers) does not tokenize as trained; an
+    OSError, as a missing model is, so commands print it as one line."""
+
+
+def check_tokenizer(tok, where) -> None:
+    """Raise :class:`EmbeddedTokenizerError` unless ``tok`` gives :data:`TOKENIZER_PROBE`'s ids.
+
+    tok: a tokenizer; where: the folder (or file) it came from, for the message.
+    """
+    from . import compat
+
+    text, want = TOKENIZER_PROBE
+    got = tuple(tok(text)["input_ids"])
+    if got == want:
+        return
+    why = "it adds no <bos>" if got == want[1:] else f"it gives {len(got)} ids, not {len(want)}"
+    hint = _convert_hint() if not compat.gguf_tokenizer_converts_right() else "delete the folder and load again"
+    raise EmbeddedTokenizerError(f"the embedded model's tokenizer in {where} is wrong: {text!r} should give "
+                                 f"{list(want)}, {why} ({list(got)[:12]}). {hint}")
+
+
 def embedded_model_dir() -> Path:
-    """Folder holding the dequantized safetensors copy of the embedded model, created on demand."""
+    """Folder holding the dequantized safetensors copy of the embedded model, created on demand.
+
+    A copy whose tokenizer fails :func:`check_tokenizer` (one an older transformers wrote) is made again where
+    this transformers converts right, and refused with :class:`EmbeddedTokenizerError` otherwise.
+    """
+    from transformers import AutoTokenizer
+
+    from . import compat
+
     target = cache_dir() / EMBEDDED_DIR_NAME
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
-        return target
+        if (target / CHECKED_MARK).exists():
+            return target
+        try:
+            check_tokenizer(AutoTokenizer.from_pretrained(str(target)), target)
+        except EmbeddedTokenizerError:
+            if not compat.gguf_tokenizer_converts_right():
+                raise
+        else:
+            (target / CHECKED_MARK).write_text("ok\n", encoding="utf-8")
+            return target
+    if not compat.gguf_tokenizer_converts_right():  # refused before tens of seconds of dequantizing
+        raise EmbeddedTokenizerError(
+            f"no usable copy of the embedded model in {target}, and this transformers cannot make one: "
+            f"{_convert_hint()}")
+    _convert(target)
+    return target
+
+
+def _convert_hint() -> str:
+    import transformers
+
+    return (f"transformers {transformers.__version__} converts its GGUF tokenizer wrongly (character pieces in "
+            "5.17, no <bos> in 5.18-5.22); pip install 'transformers>=5.23' once: the copy it writes then loads "
+            "right with any supported release")
+
+
+def _convert(target: Path) -> None:
+    """Dequantize the GGUF into ``target`` (plain safetensors and the tokenizer), checked, renamed in last."""
     from .extras import require
 
     require("embedded", f"the embedded model (no cached copy in {target})")
@@ -60,13 +123,14 @@ def embedded_model_dir() -> Path:
     tmp = target.with_name(target.name + ".tmp")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    check_tokenizer(AutoTokenizer.from_pretrained(str(tmp)), tmp)  # what later loads read, not the object in hand
+    (tmp / CHECKED_MARK).write_text("ok\n", encoding="utf-8")
     # Rename last, so an interrupted first load never leaves a half-written cache behind.
     if target.exists():
         import shutil
 
         shutil.rmtree(target)
     tmp.rename(target)
-    return target
 
 
 #: Attention kernels a command line offers: ours first, then the stock ones transformers ships.
