@@ -67,6 +67,7 @@ fi
 log "device-aware tests (pytest -m cuda)"
 timeout $(( $(left) > 30 ? $(left) / 3 : 10 )) "$py" -m pytest -q -m cuda -p no:cacheprovider -o addopts="" \
   tests/test_core.py tests/test_banded.py tests/test_methods.py tests/test_fastkv.py tests/test_archs.py \
+  tests/test_variants.py tests/test_asl.py \
   2>&1 | tail -n 60 > "$out/cuda-tests.log"
 log "tests: $(tail -n 1 "$out/cuda-tests.log")"
 

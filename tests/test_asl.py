@@ -73,8 +73,8 @@ def method(threshold):
 
 
 @pytest.mark.parametrize("threshold", [1e-9, 0.9, 0.95, 50.0])
-def test_the_layer_and_the_kept_tokens_follow_the_official_rule(threshold):
-    model, ids = deep(), prompt(seed=6)
+def test_the_layer_and_the_kept_tokens_follow_the_official_rule(threshold, device):
+    model, ids = deep().to(device), prompt(seed=6).to(device)
     want_layer, want_kept = hand_asl(model, ids, threshold)
     sel = gemfilter.select_tokens(model, ids, layer=L_MIN, topk=TOPK, method=method(threshold))
     assert (sel.layer, sel.layers) == (want_layer, [want_layer])
@@ -87,8 +87,8 @@ def test_thresholds_reach_different_layers():
     assert layers == [4, 5, 6, 7]  # 50: the first layer after L_min; 1e-9: none triggers, the last selects
 
 
-def test_the_target_generates_from_the_kept_tokens_and_k_ge_n_is_plain_generate():
-    model, ids = deep(), prompt(seed=2)
+def test_the_target_generates_from_the_kept_tokens_and_k_ge_n_is_plain_generate(device):
+    model, ids = deep().to(device), prompt(seed=2).to(device)
     out = gemfilter.generate(model, ids, method=method(0.9), max_new_tokens=5)
     kept = ids[0, out.selection.indices[0]]
     plain = model.generate(kept[None], max_new_tokens=5, do_sample=False)

@@ -60,3 +60,9 @@ def test_the_cuda_test_count_is_the_logs():
     passed = int(re.search(r"(\d+) passed", log).group(1))
     assert "failed" not in log and f"all\n{passed} passed" in DOC
     assert json.loads((RUN / "llama-3.1-8b" / "bench.json").read_text())["meta"]["device"].endswith("(NVIDIA H200)")
+
+
+def test_the_variants_cuda_test_count_is_their_logs():
+    log = (REPO / "measured" / "gpu-h200-variants" / "cuda-tests.log").read_text()
+    passed = int(re.search(r"(\d+) passed", log).group(1))
+    assert "failed" not in log and "NVIDIA H200" in log and f"all\n{passed} passed" in DOC

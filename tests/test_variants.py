@@ -48,8 +48,8 @@ def _pooled_topk(raw, topk, kernel=5):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
 @pytest.mark.parametrize("window", [1, 8, 16])
-def test_qwin_keeps_the_top_k_of_the_window_votes(family, window):
-    model, ids, layer = BUILDERS[family](), prompt(seed=3), FILTER_LAYER[family]
+def test_qwin_keeps_the_top_k_of_the_window_votes(family, window, device):
+    model, ids, layer = BUILDERS[family]().to(device), prompt(seed=3).to(device), FILTER_LAYER[family]
     raw = _softmax_rows(model, ids, layer, range(N - window, N))
     sel = run(model, get_method("gemfilter-qwin", topk=12, layer=layer, window=window), ids).selection
     assert sel.indices[0].tolist() == _pooled_topk(raw, 12)
@@ -65,8 +65,8 @@ def test_qwin_with_window_one_ranks_as_the_last_row_softmax():
 
 @pytest.mark.parametrize("family", ["llama", "phi3", "gemma3"])
 @pytest.mark.parametrize("count", [1, 2, 3])
-def test_claa_averages_the_last_row_softmax_over_layers(family, count):
-    model, ids = BUILDERS[family](), prompt(seed=5)
+def test_claa_averages_the_last_row_softmax_over_layers(family, count, device):
+    model, ids = BUILDERS[family]().to(device), prompt(seed=5).to(device)
     layer = 3  # on gemma3 layers 1 and 3 are full, 2 slides (skipped)
     layers = claa_layers(model, layer, count)
     expected = {"gemma3": {1: [3], 2: [3], 3: [1, 3]}}.get(family, {}).get(count, list(range(4 - count, 4)))
@@ -95,8 +95,8 @@ def test_span_claa_ranks_sentences_by_the_layer_mean():
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "mistral-sliding"])
 @pytest.mark.parametrize("name", VARIANTS)
-def test_budget_ge_n_equals_plain_generate(family, name):
-    model, ids = BUILDERS[family](), prompt()
+def test_budget_ge_n_equals_plain_generate(family, name, device):
+    model, ids = BUILDERS[family]().to(device), prompt().to(device)
     full = model.generate(ids, max_new_tokens=6, do_sample=False)
     out = run(model, get_method(name, topk=N, layer=FILTER_LAYER[family]), ids)
     assert torch.equal(out.sequences, full) and out.kept == [N]
