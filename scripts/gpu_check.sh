@@ -7,7 +7,9 @@
 # and Fig. 9.6 (Mistral Nemo 12B, Phi 3.5 Mini). Steps, each bounded by the time left:
 #   1. versions: python, torch (with its CUDA), transformers, the GPU; OUT/versions.txt
 #   2. what the machine lacks: wheels in .whl/ (if any) go to a private folder on PYTHONPATH; then a check that
-#      torch >= 2.11, transformers >= 5.17 and accelerate, safetensors, tqdm, matplotlib import
+#      torch >= 2.11, transformers >= 5.17 and accelerate, safetensors, tqdm, matplotlib import. This script uses
+#      random-weight models only; the embedded model's first load needs transformers >= 5.23 (docs/setup.md), so
+#      on a machine with an older one bring a newer transformers wheel in .whl/ before running anything on it
 #   3. the device-aware tests on CUDA (`pytest -m cuda`: the CUDA half of each test that takes a device);
 #      OUT/cuda-tests.log
 #   4. gemfilter bench --preset paper on random-weight models (config:<arch>), each cell in a fresh worker:
@@ -52,7 +54,7 @@ if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print("gpu", torch.cuda.get_device_name(0), f"{p.total_memory / 2**30:.1f} GiB", p.multi_processor_count, "SMs")
 if Version(torch.__version__.split("+")[0]) < Version("2.11") or Version(transformers.__version__) < Version("5.17"):
-    sys.exit("this project needs torch >= 2.11 and transformers >= 5.17: bring wheels in .whl/ (docs/gpu.md)")
+    sys.exit("this project needs torch >= 2.11 and transformers >= 5.17: bring wheels in .whl/ (the header of this script)")
 EOF
 
 if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
