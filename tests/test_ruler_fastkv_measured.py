@@ -20,7 +20,8 @@ CASES = [
     ("ruler-fastkv", {f"{m}_k{k}" for m in ("fastkv", "gemfilter-orig-pos") for k in (256, 1024)}, None),
     ("ruler-variants", {"gemfilter-span-qwin_k256", "gemfilter-span-claa_k256", "gemfilter-span-claa:layers=7_k256"},
      {"full", "gemfilter_k256", "gemfilter-span_k256"}),
-    ("ruler-variants20", {"gemfilter-span-claa:layers=7_k256", "gemfilter-claa_k256", "gemfilter-asl_k256"},
+    ("ruler-variants20", {"gemfilter-span-claa:layers=7_k256", "gemfilter-claa_k256", "gemfilter-asl_k256",
+                          "gemfilter-qwin_k256"},
      {"full", "gemfilter_k256", "gemfilter-span_k256"}),
 ]
 
