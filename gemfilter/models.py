@@ -72,14 +72,14 @@ def embedded_model_dir() -> Path:
     A copy whose tokenizer fails :func:`check_tokenizer` (one an older transformers wrote) is made again where
     this transformers converts right, and refused with :class:`EmbeddedTokenizerError` otherwise.
     """
-    from transformers import AutoTokenizer
-
     from . import compat
 
     target = cache_dir() / EMBEDDED_DIR_NAME
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
-        if (target / CHECKED_MARK).exists():
+        if (target / CHECKED_MARK).exists():  # every later call: a few stat calls, no tokenizer load
             return target
+        from transformers import AutoTokenizer
+
         try:
             check_tokenizer(AutoTokenizer.from_pretrained(str(target)), target)
         except EmbeddedTokenizerError:
@@ -102,8 +102,11 @@ def embedded_model_dir() -> Path:
 def _convert_hint() -> str:
     import transformers
 
+    from . import compat
+
+    first = ".".join(map(str, compat.GGUF_GEMMA3_TOKENIZER))
     return (f"transformers {transformers.__version__} converts its GGUF tokenizer wrongly (character pieces in "
-            "5.17, no <bos> in 5.18-5.22); pip install 'transformers>=5.23' once: the copy it writes then loads "
+            f"5.17, no <bos> in 5.18-5.22); pip install 'transformers>={first}' once: the copy it writes then loads "
             "right with any supported release")
 
 
