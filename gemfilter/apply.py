@@ -94,9 +94,13 @@ class Budget:
 
 
 def budget_fields(out) -> dict:
-    """The row fields of a generate output's measured :class:`Budget` (none for an engine's answer)."""
+    """The row fields of a generate output's measured :class:`Budget` (none for an engine's answer), and
+    ``selected_layers`` (one per batch row) where the method chose its filter layer per prompt
+    (``gemfilter-asl``): a row's ``layer`` is then only the deepest layer it may choose."""
     budget = getattr(out, "budget", None)
-    return {} if budget is None else budget.summary()
+    fields = {} if budget is None else budget.summary()
+    chosen = getattr(getattr(out, "selection", None), "layers", None)
+    return fields if chosen is None else {**fields, "selected_layers": [int(x) for x in chosen]}
 
 
 class Consumed:

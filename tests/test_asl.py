@@ -98,6 +98,19 @@ def test_the_target_generates_from_the_kept_tokens_and_k_ge_n_is_plain_generate(
     assert torch.equal(full.sequences, model.generate(ids, max_new_tokens=5, do_sample=False))
 
 
+def test_result_rows_record_the_layer_each_prompt_chose():
+    """The benchmarks' rows (budget_fields) say where ASL stopped, against the official rule; a fixed-layer
+    method's rows carry no such field (its ``layer`` already says it)."""
+    from gemfilter.apply import budget_fields
+
+    model, ids = deep(), prompt(seed=6)
+    for threshold in (50.0, 0.9):
+        out = gemfilter.generate(model, ids, method=method(threshold), max_new_tokens=1)
+        assert budget_fields(out)["selected_layers"] == [hand_asl(model, ids, threshold)[0]]
+    plain = gemfilter.generate(model, ids, method=get_method("gemfilter", layer=L_MIN, topk=TOPK), max_new_tokens=1)
+    assert "selected_layers" not in budget_fields(plain)
+
+
 def test_left_padded_rows_choose_their_own_layers():
     model = deep()
     short, long = prompt(n=32, seed=5)[0], prompt(seed=6)[0]

@@ -94,7 +94,8 @@ def generation_kwargs(task, tokenizer) -> dict:
 def predict(model, tokenizer, method, task, record: dict, max_length: int, chat_template: bool = False,
             generate=None) -> dict:
     """Generate one record's answer with ``method``; returns pred, kept, prompt_tokens, and the measured
-    ``kv_rows`` per layer and ``propagated`` tokens (not for an engine's answer).
+    ``kv_rows`` per layer, ``propagated`` tokens and, for ``gemfilter-asl``, ``selected_layers`` (not for an
+    engine's answer).
 
     model, tokenizer: a causal LM and its tokenizer; method: a resolved registry method object;
     task: a row of ``TASKS``; max_length: prompt tokens kept by middle truncation; generate:

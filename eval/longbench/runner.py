@@ -188,7 +188,8 @@ class LongBench(Benchmark):
             return {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
                     "length": record["length"], "_id": record["_id"], "kept": res["kept"],
                     "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None),
-                    **{k: res[k] for k in ("kv_rows", "propagated") if k in res}, **engine_field(config.engine)}
+                    **{k: res[k] for k in ("kv_rows", "propagated", "selected_layers") if k in res},
+                    **engine_field(config.engine)}
 
         return predict
 

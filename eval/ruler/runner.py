@@ -7,7 +7,8 @@ to ``OUT/<L>/pred/<label>/<task>.jsonl`` (RULER: ``<results>/<L>/pred/<task>.jso
 with ``index``, ``pred``, ``outputs``, ``length``, ``others``, ``truncation`` (RULER's fields), plus
 ``_id`` (resume key), ``kept`` (prompt tokens the answer came from), ``prompt_tokens``, ``layer``,
 ``topk``, ``answers_kept`` (share of the expected outputs still in the kept prompt text, for methods
-that select prompt tokens; None for KV-cache policies and full), ``seconds``, ``attn`` (the kernel) and ``dtype``.
+that select prompt tokens; None for KV-cache policies and full), ``seconds``, ``attn`` (the kernel), ``dtype``,
+the measured ``kv_rows`` and ``propagated``, and for ``gemfilter-asl`` ``selected_layers`` (the layer it chose).
 The label is the method name, with ``_k<topk>`` (or ``_r<ratio>``) for methods that keep a budget, so
 one folder holds several budgets side by side.
 
@@ -263,7 +264,8 @@ class Ruler(Benchmark):
                     "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
                     "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"],
                     "seconds": res["seconds"], "attn": attn, "dtype": dtype,
-                    **{k: res[k] for k in ("kv_rows", "propagated") if k in res}, **engine_field(config.engine)}
+                    **{k: res[k] for k in ("kv_rows", "propagated", "selected_layers") if k in res},
+                    **engine_field(config.engine)}
 
         return predict_unit
 
