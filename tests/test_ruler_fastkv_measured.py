@@ -21,7 +21,7 @@ CASES = [
     ("ruler-variants", {"gemfilter-span-qwin_k256", "gemfilter-span-claa_k256", "gemfilter-span-claa:layers=7_k256"},
      {"full", "gemfilter_k256", "gemfilter-span_k256"}),
     ("ruler-variants20", {"gemfilter-span-claa:layers=7_k256", "gemfilter-claa_k256", "gemfilter-asl_k256",
-                          "gemfilter-qwin_k256"},
+                          "gemfilter-qwin_k256", "gemfilter-span-qwin_k256"},
      {"full", "gemfilter_k256", "gemfilter-span_k256"}),
 ]
 
