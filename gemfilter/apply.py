@@ -96,7 +96,7 @@ class Budget:
 def budget_fields(out) -> dict:
     """The row fields of a generate output's measured :class:`Budget` (none for an engine's answer), and
     ``selected_layers`` (one per batch row) where the method chose its filter layer per prompt
-    (``gemfilter-asl``): a row's ``layer`` is then only the deepest layer it may choose."""
+    (``gemfilter-asl``): a row's ``layer`` is then the method's L_min, the first layer that may select."""
     budget = getattr(out, "budget", None)
     fields = {} if budget is None else budget.summary()
     chosen = getattr(getattr(out, "selection", None), "layers", None)
