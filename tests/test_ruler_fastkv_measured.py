@@ -1,6 +1,6 @@
 """RULER at 4K for methods measured apart from the main table, beside its methods on the same samples:
 fastkv and gemfilter-orig-pos (issue 33, measured/ruler-fastkv) and the selection variants of issue 48 (a probe
-on samples 0-3, measured/ruler-variants).
+on samples 0-3, measured/ruler-variants; 20 samples, measured/ruler-variants20; 8K, measured/ruler-variants8k).
 
 Each folder holds the new methods' prediction rows; measured/ruler the others'. Both are scored again here with
 RULER's metric over the sample count docs/ruler.md names in the folder's marker, and every row of that table
@@ -23,6 +23,8 @@ CASES = [
     ("ruler-variants20", {"gemfilter-span-claa:layers=7_k256", "gemfilter-claa_k256", "gemfilter-asl_k256",
                           "gemfilter-qwin_k256", "gemfilter-span-qwin_k256"},
      {"full", "gemfilter_k256", "gemfilter-span_k256"}),
+    ("ruler-variants8k", {"full", "gemfilter-span_k256", "gemfilter-span-claa:layers=7_k256",
+                          "gemfilter-span-qwin_k256"}, set()),
 ]
 
 
@@ -43,3 +45,12 @@ def test_rows_in_the_docs_are_the_score_of_the_committed_predictions(name, new_m
         assert line in section, f"docs/ruler.md lacks the scored row {line}"
     for scores in new.values():
         assert {e["n"] for e in scores.values()} == set(scope.values())
+
+
+def test_the_8k_folder_repeats_the_main_tables_first_two_samples():
+    """measured/ruler-variants8k holds 5 samples of full and gemfilter-span; its samples 0-1 are the main table's."""
+    for method in ("full", "gemfilter-span_k256"):
+        main = REPO / "measured" / "ruler" / "8192" / "pred" / method
+        for f in sorted(main.glob("*.jsonl")):
+            here = (REPO / "measured" / "ruler-variants8k" / "8192" / "pred" / method / f.name).read_text()
+            assert here.splitlines()[:2] == f.read_text().splitlines(), (method, f.name)
