@@ -93,6 +93,10 @@ class Budget:
         return {"kv_rows": list(self.kv_rows), "propagated": self.propagated}
 
 
+#: every key :func:`budget_fields` may give; the benchmark runners copy these into their rows
+BUDGET_FIELDS = ("kv_rows", "propagated", "selected_layers")
+
+
 def budget_fields(out) -> dict:
     """The row fields of a generate output's measured :class:`Budget` (none for an engine's answer), and
     ``selected_layers`` (one per batch row) where the method chose its filter layer per prompt

@@ -1,4 +1,4 @@
-"""RULER at 4K for methods measured apart from the main table, beside its methods on the same samples:
+"""RULER for methods measured apart from the main table, beside its methods on the same samples:
 fastkv and gemfilter-orig-pos (issue 33, measured/ruler-fastkv) and the selection variants of issue 48 (a probe
 on samples 0-3, measured/ruler-variants; 20 samples, measured/ruler-variants20; 8K, measured/ruler-variants8k).
 

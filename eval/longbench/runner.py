@@ -169,7 +169,7 @@ class LongBench(Benchmark):
         return (f"{self.name}: {len(units)} samples ({len(config.methods)} methods x {len(config.tasks)} tasks)")
 
     def start(self, model, tok, done: dict):
-        from gemfilter.apply import resolve
+        from gemfilter.apply import BUDGET_FIELDS, resolve
         from gemfilter.lab.serve.engine import engine_field, generator
 
         config = self.config
@@ -188,7 +188,7 @@ class LongBench(Benchmark):
             return {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
                     "length": record["length"], "_id": record["_id"], "kept": res["kept"],
                     "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None),
-                    **{k: res[k] for k in ("kv_rows", "propagated", "selected_layers") if k in res},
+                    **{k: res[k] for k in BUDGET_FIELDS if k in res},
                     **engine_field(config.engine)}
 
         return predict

@@ -246,6 +246,7 @@ class Ruler(Benchmark):
         return [u for u in todo if id(u.data) in mine]
 
     def start(self, model, tok, done: dict):
+        from gemfilter.apply import BUDGET_FIELDS
         from gemfilter.lab.serve.engine import engine_field, generator
 
         config = self.config
@@ -264,7 +265,7 @@ class Ruler(Benchmark):
                     "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
                     "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"],
                     "seconds": res["seconds"], "attn": attn, "dtype": dtype,
-                    **{k: res[k] for k in ("kv_rows", "propagated", "selected_layers") if k in res},
+                    **{k: res[k] for k in BUDGET_FIELDS if k in res},
                     **engine_field(config.engine)}
 
         return predict_unit
