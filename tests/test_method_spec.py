@@ -17,7 +17,7 @@ def test_every_method_has_one_kind_checked_by_isinstance():
         assert sum(isinstance(cls(), k) for k in KINDS.values()) == 1, name
     assert {n for n, c in REGISTRY.items() if c.kind == "prompt"} == {
         "gemfilter", "gemfilter-span", "gemfilter-orig-pos", "middle-row", "largest-row", "gemfilter-qwin", "gemfilter-asl",
-        "gemfilter-claa", "gemfilter-span-qwin", "gemfilter-span-claa"}
+        "gemfilter-claa", "gemfilter-span-qwin", "gemfilter-span-claa", "gemfilter-span-qmax"}
 
 
 @pytest.mark.parametrize("spec,want", [

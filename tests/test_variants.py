@@ -1,4 +1,5 @@
-"""Selection variants (gemfilter-qwin, gemfilter-claa, gemfilter-span-qwin, gemfilter-span-claa) against hand
+"""Selection variants (gemfilter-qwin, gemfilter-claa, gemfilter-span-qwin, gemfilter-span-claa,
+gemfilter-span-qmax) against hand
 references built from each layer's q and k, re-derived from the hidden states of a plain forward
 (tests/reference.py)."""
 
@@ -12,7 +13,7 @@ from reference import qk_at_layer
 from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 N = 48
-VARIANTS = ["gemfilter-qwin", "gemfilter-claa", "gemfilter-span-qwin", "gemfilter-span-claa"]
+VARIANTS = ["gemfilter-qwin", "gemfilter-claa", "gemfilter-span-qwin", "gemfilter-span-claa", "gemfilter-span-qmax"]
 
 pytestmark = pytest.mark.usefixtures("quiet_sliding_filter_layer")
 
@@ -25,8 +26,9 @@ def run(model, method, ids, **kw):
     return gemfilter.generate(model, ids, method=method, tokenizer=DotTokenizer(), max_new_tokens=6, **kw)
 
 
-def _softmax_rows(model, ids, layer, rows):
-    """(n,) sum over heads and the given query rows of softmax_j(q_row . k_j / sqrt(d)), j <= row, by loops."""
+def _softmax_rows(model, ids, layer, rows, reduce="sum"):
+    """(n,) sum (or max) over heads and the given query rows of softmax_j(q_row . k_j / sqrt(d)), j <= row,
+    by loops; a key a row cannot see counts 0."""
     q, k = qk_at_layer(model, ids, layer)
     g = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(g, dim=1)  # GQA: each query head reads its group's key head
@@ -36,7 +38,8 @@ def _softmax_rows(model, ids, layer, rows):
         for r in rows:
             logits = torch.tensor([float(q[0, hh, r] @ k[0, hh, j]) / d ** 0.5 for j in range(r + 1)],
                                   dtype=torch.float64)
-            out[: r + 1] += logits.softmax(0)
+            p = logits.softmax(0)
+            out[: r + 1] = out[: r + 1] + p if reduce == "sum" else torch.maximum(out[: r + 1], p)
     return out
 
 
@@ -83,6 +86,35 @@ def test_span_qwin_ranks_sentences_by_the_window_votes():
     torch.testing.assert_close(sel.scores[0].double(), raw, rtol=1e-4, atol=1e-5)
     kept = sel.indices[0].tolist()
     assert len(kept) <= 40 and kept[:4] == [0, 1, 2, 3] and kept[-8:] == list(range(88, 96))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
+def test_span_qmax_ranks_sentences_by_the_window_max(family, device):
+    model, ids, layer = BUILDERS[family]().to(device), prompt(n=96, seed=8).to(device), FILTER_LAYER[family]
+    raw = _softmax_rows(model, ids, layer, range(96 - 12, 96), reduce="max")
+    assert not torch.allclose(raw, _softmax_rows(model, ids, layer, range(96 - 12, 96)) / 12)  # not a mean
+    sel = run(model, get_method("gemfilter-span-qmax", topk=40, layer=layer, tail=8, window=12), ids).selection
+    torch.testing.assert_close(sel.scores[0].double().cpu(), raw, rtol=1e-4, atol=1e-6)
+    kept = sel.indices[0].tolist()
+    assert len(kept) <= 40 and kept[:4] == [0, 1, 2, 3] and kept[-8:] == list(range(88, 96))
+
+
+def test_window_max_and_sum_reduce_the_same_row_softmaxes():
+    """Two window rows, by hand: row 8 spreads its weight evenly over keys 0-8, row 9 looks at key 2. The max
+    (gemfilter-span-qmax) and the sum (gemfilter-span-qwin) reduce the same two causal softmaxes."""
+    from gemfilter.methods.variants import window_max_scores, window_scores
+
+    d, n = 4, 10
+    key = torch.zeros(1, 1, n, d)
+    key[0, 0, 2, 0] = 8.0  # token 2 answers row 9's query sharply
+    query = torch.zeros(1, 1, n, d)
+    query[0, 0, 9, 0] = 1.0
+    valid = torch.ones(1, n, dtype=torch.bool)
+    mx, sm = window_max_scores(query, key, valid, 2), window_scores(query, key, valid, 2)
+    row9 = (torch.tensor([0.0] * n).index_fill(0, torch.tensor([2]), 8.0 / 2)).softmax(0)
+    row8 = torch.tensor([1 / 9] * 9 + [0.0])
+    torch.testing.assert_close(mx[0], torch.maximum(row8, row9))
+    torch.testing.assert_close(sm[0], row8 + row9)
 
 
 def test_span_claa_ranks_sentences_by_the_layer_mean():

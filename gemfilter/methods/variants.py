@@ -9,6 +9,8 @@ tokens at positions 0..k-1 (Shi et al. 2024, Algorithm 2 step 5). Only the score
 - ``gemfilter-claa``: the last row's softmax scores averaged over the ``layers`` layers ending at r (CLAA,
   McDanel, Li, Khaitan 2026, arXiv 2602.16054: rankings from one layer are unstable across layers).
 - ``gemfilter-span-qwin``, ``gemfilter-span-claa``: ``gemfilter-span``'s sentence spans ranked by those scores.
+- ``gemfilter-span-qmax``: ``gemfilter-span``'s sentence spans ranked by each token's largest softmax weight
+  from any head and any row of the kept question tail (this project's rule, measured in docs/ruler-variants.md).
 """
 
 from __future__ import annotations
@@ -25,6 +27,19 @@ from .registry import register
 
 def window_scores(query, key, valid, window: int):
     """Softmax votes of the last ``window`` query rows, summed over those rows and all heads: (b, n).
+    Arguments and masking as :func:`window_probs`."""
+    return window_probs(query, key, valid, window).sum(dim=(1, 2, 3))
+
+
+def window_max_scores(query, key, valid, window: int):
+    """Each key's largest softmax weight from any head and any of the last ``window`` query rows: (b, n).
+    Arguments and masking as :func:`window_probs`. Unlike the sum, a key that one (head, row) attends to
+    sharply ranks high even when the other rows look elsewhere (a question naming several keys)."""
+    return window_probs(query, key, valid, window).amax(dim=(1, 2, 3))
+
+
+def window_probs(query, key, valid, window: int):
+    """Softmax of each of the last ``window`` query rows over the keys, per head: (b, h_kv, g, w, n).
 
     query: (b, h, n, d) post-RoPE; key: (b, h_kv, n, d) post-RoPE, h = g * h_kv (GQA: each query head reads
     its group's key head); valid: (b, n) bool, False on left padding. Row i of the window sits at position
@@ -41,8 +56,7 @@ def window_scores(query, key, valid, window: int):
     allowed = (torch.arange(n, device=query.device)[None, :] <= rows)[None] & valid[:, None, :]  # (b, w, n)
     logits = logits.masked_fill(~allowed[:, None, None], float("-inf"))
     # a padding row allows no key, so its softmax is NaN: masked_fill (not a product) clears it
-    probs = logits.softmax(-1).masked_fill(~valid[:, None, None, n - w:, None], 0.0)
-    return probs.sum(dim=(1, 2, 3))
+    return logits.softmax(-1).masked_fill(~valid[:, None, None, n - w:, None], 0.0)
 
 
 @register
@@ -149,3 +163,26 @@ class GemFilterSpanCLAA(GemFilterSpan):
 
     def score_pass(self, model, input_ids, mask, layer, valid):
         return claa_scores(model, input_ids, mask, layer, valid, self.layers)
+
+
+@register
+@dataclass(frozen=True)
+class GemFilterSpanQMax(GemFilterSpan):
+    """``gemfilter-span`` ranked by the question's sharpest look: each token scores its largest softmax weight
+    from any head and any of the last ``window`` query rows (see :func:`window_max_scores`); sentences are
+    ranked by their best token, sink and tail kept as ``gemfilter-span``.
+
+    This project's rule, not a paper's: the window's rows are GemFilter's layer-r attention (Shi et al. 2024)
+    from SnapKV's observation window (Li et al. 2024), reduced by max instead of SnapKV's sum, so that each key
+    a multi-key question names can pull in its own sentence. Parameters as ``gemfilter-span``, plus
+    ``window`` (default 48: the ``tail`` that is always kept, the question and the answer prefix).
+    """
+
+    window: int = 48
+    name: ClassVar[str] = "gemfilter-span-qmax"
+    description: ClassVar[str] = ("improvement: gemfilter-span's whole sentences, ranked by each token's largest "
+                                  "softmax weight from any head and any of the last 48 query rows")
+    scores_last_row: ClassVar[bool] = False
+
+    def score(self, query, key, valid):
+        return window_max_scores(query, key, valid, self.window)
