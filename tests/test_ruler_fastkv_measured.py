@@ -1,10 +1,11 @@
 """RULER for methods measured apart from the main table, beside its methods on the same samples:
 fastkv and gemfilter-orig-pos (issue 33, measured/ruler-fastkv) and the selection variants of issue 48 (a probe
-on samples 0-3, measured/ruler-variants; 20 samples, measured/ruler-variants20; 8K, measured/ruler-variants8k).
+on samples 0-3, measured/ruler-variants; 20 samples, measured/ruler-variants20; 8K, measured/ruler-variants8k;
+k=1024 and gemfilter-span-qmax, measured/ruler-variants1024 and measured/ruler-qmax in docs/ruler-variants.md).
 
 Each folder holds the new methods' prediction rows; measured/ruler the others'. Both are scored again here with
-RULER's metric over the sample count docs/ruler.md names in the folder's marker, and every row of that table
-must be in docs/ruler.md after the marker.
+RULER's metric over the sample count the document names in the folder's marker, and every row of that table
+must be in the document after the marker.
 """
 
 import re
@@ -15,34 +16,43 @@ import pytest
 from eval.ruler.report import collect, parse_scope, table
 
 REPO = Path(__file__).resolve().parents[1]
-#: (folder and marker name, the methods it holds, the main table's methods shown beside them; None: all)
+#: (folder and marker name, the methods it holds, {other measured folder: its methods shown beside them;
+#: None: all})
+MAIN = "ruler"
 CASES = [
-    ("ruler-fastkv", {f"{m}_k{k}" for m in ("fastkv", "gemfilter-orig-pos") for k in (256, 1024)}, None),
+    ("ruler-fastkv", {f"{m}_k{k}" for m in ("fastkv", "gemfilter-orig-pos") for k in (256, 1024)}, {MAIN: None}),
     ("ruler-variants", {"gemfilter-span-qwin_k256", "gemfilter-span-claa_k256", "gemfilter-span-claa:layers=7_k256"},
-     {"full", "gemfilter_k256", "gemfilter-span_k256"}),
+     {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}}),
     ("ruler-variants20", {"gemfilter-span-claa:layers=7_k256", "gemfilter-claa_k256", "gemfilter-asl_k256",
                           "gemfilter-qwin_k256", "gemfilter-span-qwin_k256"},
-     {"full", "gemfilter_k256", "gemfilter-span_k256"}),
+     {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}}),
     ("ruler-variants8k", {"full", "gemfilter-span_k256", "gemfilter-span-claa:layers=7_k256",
-                          "gemfilter-span-qwin_k256"}, set()),
+                          "gemfilter-span-qwin_k256"}, {}),
+    ("ruler-variants1024", {"gemfilter-span-claa:layers=7_k1024"},
+     {MAIN: {"full", "gemfilter_k1024", "gemfilter-span_k1024"}}),
+    ("ruler-qmax", {"gemfilter-span-qmax_k256"},
+     {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}, "ruler-variants20": {"gemfilter-span-qwin_k256"}}),
 ]
+#: the document of each folder's table, when it is not docs/ruler.md
+PAGES = {"ruler-variants1024": "ruler-variants.md", "ruler-qmax": "ruler-variants.md"}
 
 
 @pytest.mark.parametrize("name, new_methods, beside", CASES, ids=[c[0] for c in CASES])
 def test_rows_in_the_docs_are_the_score_of_the_committed_predictions(name, new_methods, beside):
-    text = (REPO / "docs" / "ruler.md").read_text(encoding="utf-8")
+    page = PAGES.get(name, "ruler.md")
+    text = (REPO / "docs" / page).read_text(encoding="utf-8")
     marker = re.search(rf"<!-- {name}-measured: --num-samples (\S+) -->", text)
-    assert marker, f"docs/ruler.md has no <!-- {name}-measured: --num-samples 4096=N --> marker"
+    assert marker, f"docs/{page} has no <!-- {name}-measured: --num-samples 4096=N --> marker"
     scope = parse_scope(marker[1])
     new = collect(REPO / "measured" / name, scope)
     assert {m for _, m in new} == new_methods
-    old = {k: v for k, v in collect(REPO / "measured" / "ruler", scope).items()
-           if k[0] in scope and (beside is None or k[1] in beside)}
+    old = {k: v for folder, shown in beside.items() for k, v in collect(REPO / "measured" / folder, scope).items()
+           if k[0] in scope and (shown is None or k[1] in shown)}
     _, rows, _ = table({**old, **new})
     section = text.split(marker[0], 1)[1]
     for row in rows:
         line = "| " + " | ".join(str(c) for c in row) + " |"
-        assert line in section, f"docs/ruler.md lacks the scored row {line}"
+        assert line in section, f"docs/{page} lacks the scored row {line}"
     for scores in new.values():
         assert {e["n"] for e in scores.values()} == set(scope.values())
 
