@@ -1,7 +1,8 @@
 """RULER for methods measured apart from the main table, beside its methods on the same samples:
 fastkv and gemfilter-orig-pos (issue 33, measured/ruler-fastkv) and the selection variants of issue 48 (a probe
 on samples 0-3, measured/ruler-variants; 20 samples, measured/ruler-variants20; 8K, measured/ruler-variants8k;
-k=1024 and gemfilter-span-qmax, measured/ruler-variants1024 and measured/ruler-qmax in docs/ruler-variants.md).
+k=1024 and gemfilter-span-qmax, measured/ruler-variants1024, measured/ruler-qmax and measured/ruler-qmax8k in
+docs/ruler-variants.md).
 
 Each folder holds the new methods' prediction rows; measured/ruler the others'. Both are scored again here with
 RULER's metric over the sample count the document names in the folder's marker, and every row of that table
@@ -32,9 +33,10 @@ CASES = [
      {MAIN: {"full", "gemfilter_k1024", "gemfilter-span_k1024"}}),
     ("ruler-qmax", {"gemfilter-span-qmax_k256"},
      {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}, "ruler-variants20": {"gemfilter-span-qwin_k256"}}),
+    ("ruler-qmax8k", {"gemfilter-span-qmax_k256"}, {"ruler-variants8k": {"full", "gemfilter-span_k256"}}),
 ]
 #: the document of each folder's table, when it is not docs/ruler.md
-PAGES = {"ruler-variants1024": "ruler-variants.md", "ruler-qmax": "ruler-variants.md"}
+PAGES = {name: "ruler-variants.md" for name in ("ruler-variants1024", "ruler-qmax", "ruler-qmax8k")}
 
 
 @pytest.mark.parametrize("name, new_methods, beside", CASES, ids=[c[0] for c in CASES])
