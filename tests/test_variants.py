@@ -1,7 +1,6 @@
 """Selection variants (gemfilter-qwin, gemfilter-claa, gemfilter-span-qwin, gemfilter-span-claa,
-gemfilter-span-qmax) against hand
-references built from each layer's q and k, re-derived from the hidden states of a plain forward
-(tests/reference.py)."""
+gemfilter-span-qmax) against hand references built from each layer's q and k, re-derived from the hidden
+states of a plain forward (tests/reference.py)."""
 
 import pytest
 import torch

@@ -15,10 +15,10 @@ from .cache import H2O, H2OPerHead, OneRun, SnapKV, SnapKVPerHead  # noqa: E402
 from .fastkv import FastKV  # noqa: E402
 from .full import Full  # noqa: E402
 from .prompt import GemFilter, GemFilterOrigPos, GemFilterSpan, LargestRow, MiddleRow  # noqa: E402
-from .variants import GemFilterCLAA, GemFilterQWin, GemFilterSpanCLAA, GemFilterSpanQWin  # noqa: E402
+from .variants import GemFilterCLAA, GemFilterQWin, GemFilterSpanCLAA, GemFilterSpanQMax, GemFilterSpanQWin  # noqa: E402
 from .asl import GemFilterASL  # noqa: E402
 
 __all__ = ["REGISTRY", "register", "get_method", "check_for_model", "describe", "Full", "GemFilter",
-           "GemFilterSpan", "GemFilterOrigPos", "GemFilterQWin", "GemFilterCLAA", "GemFilterSpanQWin", "GemFilterSpanCLAA", "GemFilterASL", "MiddleRow", "LargestRow", "SnapKV", "SnapKVPerHead", "H2O", "H2OPerHead", "OneRun", "FastKV",
+           "GemFilterSpan", "GemFilterOrigPos", "GemFilterQWin", "GemFilterCLAA", "GemFilterSpanQWin", "GemFilterSpanCLAA", "GemFilterSpanQMax", "GemFilterASL", "MiddleRow", "LargestRow", "SnapKV", "SnapKVPerHead", "H2O", "H2OPerHead", "OneRun", "FastKV",
            "Method", "PromptMethod", "CacheMethod", "FullMethod", "parse_method", "spec_of", "Spec", "parse_spec",
            "parse_specs", "split_specs"]
