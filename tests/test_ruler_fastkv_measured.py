@@ -2,13 +2,14 @@
 fastkv and gemfilter-orig-pos (issue 33, measured/ruler-fastkv) and the selection variants of issue 48 (a probe
 on samples 0-3, measured/ruler-variants; 20 samples, measured/ruler-variants20; 8K, measured/ruler-variants8k;
 k=1024 and gemfilter-span-qmax, measured/ruler-variants1024, measured/ruler-qmax and measured/ruler-qmax8k in
-docs/ruler-variants.md).
+docs/ruler-variants.md, and the held-out samples of seed 43, measured/ruler-seed43).
 
 Each folder holds the new methods' prediction rows; measured/ruler the others'. Both are scored again here with
 RULER's metric over the sample count the document names in the folder's marker, and every row of that table
 must be in the document after the marker.
 """
 
+import json
 import re
 from pathlib import Path
 
@@ -35,9 +36,10 @@ CASES = [
      {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}, "ruler-variants20": {"gemfilter-span-qwin_k256"}}),
     ("ruler-qmax8k", {"gemfilter-span-qmax_k256", "gemfilter-span-qmax:max_span=96_k256"},
      {"ruler-variants8k": {"full", "gemfilter-span_k256"}}),
+    ("ruler-seed43", {"full", "gemfilter-span-qmax:max_span=96_k256"}, {}),
 ]
 #: the document of each folder's table, when it is not docs/ruler.md
-PAGES = {name: "ruler-variants.md" for name in ("ruler-variants1024", "ruler-qmax", "ruler-qmax8k")}
+PAGES = {name: "ruler-variants.md" for name in ("ruler-variants1024", "ruler-qmax", "ruler-qmax8k", "ruler-seed43")}
 
 
 @pytest.mark.parametrize("name, new_methods, beside", CASES, ids=[c[0] for c in CASES])
@@ -67,3 +69,21 @@ def test_the_8k_folder_repeats_the_main_tables_first_two_samples():
         for f in sorted(main.glob("*.jsonl")):
             here = (REPO / "measured" / "ruler-variants8k" / "8192" / "pred" / method / f.name).read_text()
             assert here.splitlines()[:2] == f.read_text().splitlines(), (method, f.name)
+
+
+def test_the_seed43_folder_holds_samples_unseen_by_the_seed42_runs():
+    """The held-out rows are other samples: prepared with seed 43, and no NIAH answer of theirs is a seed-42 one."""
+    held = REPO / "measured" / "ruler-seed43"
+    assert json.loads((held / "prepare.json").read_text())["seed"] == 43
+    seen = {"4096": REPO / "measured" / "ruler" / "4096" / "pred" / "full",
+            "8192": REPO / "measured" / "ruler-variants8k" / "8192" / "pred" / "full"}
+    lengths = sorted(p.name for p in held.iterdir() if p.is_dir())
+    assert lengths and set(lengths) <= set(seen), lengths
+    for length in lengths:
+        old = seen[length]
+        files = sorted((held / length / "pred" / "full").glob("niah_*.jsonl"))
+        assert len(files) == 8, (length, files)
+        for f in files:
+            new = {o for line in f.read_text().splitlines() for o in json.loads(line)["outputs"]}
+            before = {o for line in (old / f.name).read_text().splitlines() for o in json.loads(line)["outputs"]}
+            assert new and not new & before, (length, f.name, new & before)
