@@ -36,7 +36,7 @@ CASES = [
      {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}, "ruler-variants20": {"gemfilter-span-qwin_k256"}}),
     ("ruler-qmax8k", {"gemfilter-span-qmax_k256", "gemfilter-span-qmax:max_span=96_k256"},
      {"ruler-variants8k": {"full", "gemfilter-span_k256"}}),
-    ("ruler-seed43", {"full", "gemfilter-span-qmax:max_span=96_k256"}, {}),
+    ("ruler-seed43", {"full", "gemfilter-span-qmax_k256", "gemfilter-span-qmax:max_span=96_k256"}, {}),
 ]
 #: the document of each folder's table, when it is not docs/ruler.md
 PAGES = {name: "ruler-variants.md" for name in ("ruler-variants1024", "ruler-qmax", "ruler-qmax8k", "ruler-seed43")}
