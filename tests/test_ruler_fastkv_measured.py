@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.ruler.report import collect, parse_scope, table
+from eval.ruler.report import collect, parse_scope, read_rows, table
 
 REPO = Path(__file__).resolve().parents[1]
 #: (folder and marker name, the methods it holds, {other measured folder: its methods shown beside them;
@@ -84,6 +84,6 @@ def test_the_seed43_folder_holds_samples_unseen_by_the_seed42_runs():
         files = sorted((held / length / "pred" / "full").glob("niah_*.jsonl"))
         assert len(files) == 8, (length, files)
         for f in files:
-            new = {o for line in f.read_text().splitlines() for o in json.loads(line)["outputs"]}
-            before = {o for line in (old / f.name).read_text().splitlines() for o in json.loads(line)["outputs"]}
+            new = {o for row in read_rows(f) for o in row["outputs"]}
+            before = {o for row in read_rows(old / f.name) for o in row["outputs"]}
             assert new and not new & before, (length, f.name, new & before)
