@@ -31,7 +31,7 @@ CASES = [
     ("ruler-variants8k", {"full", "gemfilter-span_k256", "gemfilter-span-claa:layers=7_k256",
                           "gemfilter-span-qwin_k256"}, {}),
     ("ruler-variants1024", {"gemfilter-claa_k1024", "gemfilter-span-claa:layers=7_k1024",
-                            "gemfilter-span-qmax:max_span=96_k1024"},
+                            "gemfilter-span-qmax:max_span=96_k1024", "gemfilter-asl_k1024", "gemfilter-qwin_k1024"},
      {MAIN: {"full", "gemfilter_k1024", "gemfilter-span_k1024"}}),
     ("ruler-qmax", {"gemfilter-span-qmax_k256", "gemfilter-span-qmax:max_span=96_k256"},
      {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}, "ruler-variants20": {"gemfilter-span-qwin_k256"}}),
