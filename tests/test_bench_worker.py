@@ -20,15 +20,19 @@ run_worker(json.loads(sys.argv[1]))
 """
 
 
-def children(pid: int) -> list:
-    """The pids whose parent is ``pid`` (read from /proc, field 4 of stat)."""
+def workers_of(pid: int) -> list:
+    """The pids whose parent is ``pid`` (field 4 of /proc/PID/stat) and whose command line is the bench worker's.
+
+    The command line is checked because the parent's imports may start short-lived helpers of their own: on
+    Python 3.10, ``ctypes.util.find_library`` runs ``/sbin/ldconfig -p``, and CI once took that for the worker."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(fields[1]) == pid:
+        if int(fields[1]) == pid and b"--worker" in cmdline:
             found.append(int(stat.parent.name))
     return found
 
@@ -61,7 +65,7 @@ def test_the_worker_dies_with_its_parent(tiny_model_dir, sig):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(spec)], env=env, stderr=subprocess.DEVNULL)
     worker = None
     try:
-        workers = wait_for(lambda: children(parent.pid), 60)
+        workers = wait_for(lambda: workers_of(parent.pid), 60)
         assert len(workers) == 1
         worker = workers[0]
         time.sleep(3)  # let it import and arm itself, then start generating
