@@ -28,11 +28,12 @@ def workers_of(pid: int) -> list:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")  # only the parent's children
         except OSError:
             continue
-        if int(fields[1]) == pid and b"--worker" in cmdline:
+        if b"--worker" in cmdline:
             found.append(int(stat.parent.name))
     return found
 
