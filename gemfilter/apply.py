@@ -45,6 +45,7 @@ class Applied:
     _prefilling: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     _consumed: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     budgets: list = field(default_factory=list)  # one Budget per prefill, as measured from the cache
+    on_begin: object = None  # called with each call's state once the method's begin (its selection) returned
 
     @property
     def selection(self) -> Selection | None:
@@ -76,17 +77,21 @@ class Budget:
 
     kv_rows: KV rows per layer (padding included; a sliding-window layer holds at most window - 1);
     propagated: prompt positions the prefill ran through the last layer (k for a prompt method, n for a
-    cache method, tsp_len for FastKV once its propagation fires).
+    cache method, tsp_len for FastKV once its propagation fires); kv_bytes: the bytes of those keys and values
+    (the generation cache, as Fig. 9.3's memory counts it; not a row field).
     """
 
     kv_rows: tuple
     propagated: int
+    kv_bytes: int = 0
 
     @classmethod
     def measure(cls, call, cache) -> "Budget":
+        held = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
         rows = tuple(int(layer.keys.shape[-2]) if getattr(layer, "keys", None) is not None else 0
                      for layer in cache.layers)
-        return cls(kv_rows=rows, propagated=int(getattr(call, "fed", 0)))
+        size = sum(t.numel() * t.element_size() for layer in held for t in (layer.keys, layer.values))
+        return cls(kv_rows=rows, propagated=int(getattr(call, "fed", 0)), kv_bytes=size)
 
     def summary(self) -> dict:
         """The fields a result row records: ``kv_rows`` per layer and ``propagated``."""
@@ -175,6 +180,8 @@ def _make_hooks(model, handle: Applied, tokenizer, begin):
             input_ids = kwargs["input_ids"]
             valid = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
             call = begin(model, input_ids, valid, tokenizer)
+            if handle.on_begin is not None:
+                handle.on_begin(call)
             handle.calls.append(call)
             handle._by_cache[cache] = call
             handle._prefilling[cache] = call
@@ -235,7 +242,7 @@ def resolve(model, method):
 
 
 @contextmanager
-def apply(model, method, tokenizer=None, selector=None):
+def apply(model, method, tokenizer=None, selector=None, on_begin=None):
     """Inside the block, a plain ``model.generate(...)`` runs ``method`` (GemFilter, SnapKV, ...).
 
     Parameters
@@ -246,13 +253,16 @@ def apply(model, method, tokenizer=None, selector=None):
     selector: optional draft model with ``model``'s tokenizer (e.g. a smaller one of its family): a prompt
         filter then selects on the selector's layers 0..r (its layer resolved against the selector) and
         ``model`` generates from the kept tokens (see :mod:`gemfilter.draft`).
+    on_begin: optional ``f(call)``, called on each prefill once the method's begin (the filter pass of a prompt
+        method, FastKV's first pass) has returned and before the prefill forward runs: the benchmark reads the
+        filter pass's memory peak there.
 
     Yields an :class:`Applied` handle (``handle.selection``, ``handle.calls``). The model's attention
     implementation and hooks are restored on exit, exceptions included.
     """
     if selector is not None:
         check_selector(selector, model)
-    handle = Applied(method=resolve(model if selector is None else selector, method))
+    handle = Applied(method=resolve(model if selector is None else selector, method), on_begin=on_begin)
     begin = handle.method.begin if selector is None else drafted_begin(handle.method, selector)
     check_causal_decoder(model, need_generate=True)
     _check_not_nested(model)
@@ -277,6 +287,7 @@ class GemFilterOutput:
     prompt_len: int
     kept: list  # per row: prompt tokens the answer was generated from (n for full)
     budget: Budget | None = None  # what the prefill kept, measured: KV rows per layer, tokens propagated
+    decode_cache_bytes: int | None = None  # the static cache decoding ran on (compile); eager: budget.kv_bytes
 
     @property
     def sequences(self) -> torch.Tensor:
@@ -289,7 +300,7 @@ class GemFilterOutput:
 
 
 def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kernel: int = 5, tokenizer=None,
-             method=None, selector=None, **generate_kwargs) -> GemFilterOutput:
+             method=None, selector=None, compile=False, on_begin=None, **generate_kwargs) -> GemFilterOutput:
     """GemFilter generation (Algorithm 2): filter with the first ``layer`` layers, then generate from top-k.
 
     Parameters
@@ -300,6 +311,10 @@ def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kerne
     tokenizer: if given, ``kept_text`` holds the decoded kept tokens.
     method: a method object instead of (layer, topk, kernel).
     selector: optional draft model with ``model``'s tokenizer that makes the selection (see :func:`apply`).
+    compile: False (default): ``model.generate`` decodes. True: greedy decoding from the method's cache on a
+        static cache and a compiled step (:mod:`gemfilter.compiled`), reused by later calls with as many rows;
+        or a :class:`gemfilter.compiled.StaticDecoder` to decode on. Equal tokens to ``compile=False``.
+    on_begin: passed to :func:`apply`.
     generate_kwargs: passed to ``model.generate``. Decoding is greedy unless you say otherwise.
     """
     from .methods import GemFilter
@@ -314,7 +329,10 @@ def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kerne
     method = method or GemFilter(layer=layer, topk=topk, kernel=kernel)
     generate_kwargs.setdefault("do_sample", False)
     generate_kwargs.setdefault("num_beams", 1)
-    with apply(model, method, tokenizer=tokenizer, selector=selector) as handle:
+    if compile is not False:
+        return _generate_compiled(model, input_ids, attention_mask, method, tokenizer, selector, compile, on_begin,
+                                  generate_kwargs)
+    with apply(model, method, tokenizer=tokenizer, selector=selector, on_begin=on_begin) as handle:
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
     if not handle.calls:
         raise RuntimeError("gemfilter.generate: model.generate made no prefill forward on an empty KV cache, so "
@@ -323,3 +341,41 @@ def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kerne
     text = sel.kept_text(tokenizer) if tokenizer is not None and sel is not None else None
     return GemFilterOutput(output=out, selection=sel, kept_text=text, prompt_len=input_ids.shape[1],
                            kept=handle.calls[-1].kept, budget=handle.budgets[-1] if handle.budgets else None)
+
+
+def _generate_compiled(model, input_ids, attention_mask, method, tokenizer, selector, decoder, on_begin, kwargs):
+    """:func:`generate` with ``compile``: the method's prefill inside :func:`apply`, then greedy decoding on a
+    static cache and a compiled step (see :mod:`gemfilter.compiled`)."""
+    from . import compiled
+
+    settings = compiled.check_keywords(model, kwargs)
+    if decoder is not True and not isinstance(decoder, compiled.StaticDecoder):
+        raise TypeError(f"compile must be False, True or a gemfilter.compiled.StaticDecoder, got {decoder!r}")
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    attention_mask = None if attention_mask is None else attention_mask.to(device)
+    if settings["streamer"] is not None:  # generate hands the streamer the prompt first
+        settings["streamer"].put(input_ids.cpu())
+    with apply(model, method, tokenizer=tokenizer, selector=selector, on_begin=on_begin) as handle:
+        first, cache = compiled.prefill(model, handle, input_ids, attention_mask)
+    if not handle.calls:
+        raise RuntimeError(f"gemfilter.generate: the prefill made no call of {method.name}")
+    call = handle.calls[-1]
+    cont = call.continuation()
+    rows = handle.budgets[-1].kv_rows
+    if decoder is True:
+        decoder = compiled.decoder_for(model, max(rows) + max(settings["max_new_tokens"] - 1, 0), input_ids.shape[0])
+    needed = max(rows) + max(settings["max_new_tokens"] - 1, 0)
+    if needed > decoder.capacity:
+        raise ValueError(f"this StaticDecoder holds {decoder.capacity} rows per layer; the prefill left {max(rows)} "
+                         f"and {settings['max_new_tokens']} new tokens need {needed}: build one with capacity >= "
+                         f"{needed}")
+    mask = decoder.load(cache, cont.valid)
+    del cache
+    with torch.no_grad():
+        new = decoder.decode(first, cont, mask, **settings)
+    sel = handle.selection
+    text = sel.kept_text(tokenizer) if tokenizer is not None and sel is not None else None
+    return GemFilterOutput(output=torch.cat([input_ids, new], dim=1), selection=sel, kept_text=text,
+                           prompt_len=input_ids.shape[1], kept=call.kept, budget=handle.budgets[-1],
+                           decode_cache_bytes=decoder.cache_bytes())

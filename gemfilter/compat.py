@@ -192,3 +192,37 @@ def generation_modes_limited(model):
             model._supported_generation_modes = before
         else:
             del model._supported_generation_modes
+
+
+def static_cache(config, max_cache_len: int):
+    """An empty ``StaticCache`` of ``max_cache_len`` rows per layer, laid out for ``config`` (sliding layers
+    included); its tensors are allocated, and marked static for ``torch.compile``, at the first ``update``."""
+    from transformers import StaticCache
+
+    return StaticCache(config=config, max_cache_len=max_cache_len)
+
+
+def step_begins() -> None:
+    """Tell CUDA graphs (``torch.compile(mode="reduce-overhead")``) that a new decode step starts, so the last
+    step's outputs may be overwritten; a no-op where torch has no such marker."""
+    import torch
+
+    mark = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+    if mark is not None:
+        mark()
+
+
+def compile_limits(limit: int = 64):
+    """A context in which ``torch.compile`` may recompile one function up to ``limit`` times, and raises past
+    that instead of running it eagerly without a word (torch's default: 8, then silent eager). Every
+    :class:`gemfilter.compiled.StaticDecoder` shares its step's code, so each decoder adds recompilations;
+    the keys were renamed in torch 2.7 (``cache_size_limit`` -> ``recompile_limit``)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    names = dict(config._config) if hasattr(config, "_config") else {}
+    if "recompile_limit" in names:
+        patch = {"recompile_limit": limit, "fail_on_recompile_limit_hit": True}
+    else:
+        patch = {"cache_size_limit": limit, "fail_on_cache_limit_hit": True}
+    return config.patch(patch)

@@ -288,6 +288,38 @@ def select_cached(model, method, input_ids, cache, tokenizer=None) -> Selection:
                      kept_ids=[row[idx] for row, idx in zip(input_ids, indices)])
 
 
+def select_chunked(model, method, input_ids, attention_mask, chunk: int, tokenizer=None) -> Selection:
+    """``method``'s selection with the filter pass run over the prompt in chunks of ``chunk`` tokens.
+
+    Each chunk runs layers 0..r at its positions and appends its K/V to a cache (layers after r never run, as in
+    the one-pass filter); the last chunk's last row then scores every token at layer r (:func:`select_cached`).
+    The peak holds that cache (layers 0..r of all n tokens) and one chunk's activations, instead of the whole
+    prompt's activations in one layer. Equal to :func:`select_tokens` for methods that read the last query row,
+    up to floating-point order in attention. input_ids: (b, n) without padding; attention_mask: None or all ones.
+    """
+    from .compat import dynamic_cache
+
+    input_ids, attention_mask = as_batch(input_ids, attention_mask)
+    check_prompt(input_ids, attention_mask)
+    check_causal_decoder(model)
+    check_params(model, method.layer, method.topk, method.kernel)
+    if sliding_window_of(model, method.layer) is not None:
+        raise ValueError(f"{method.name}: chunk={chunk}: filter layer {method.layer} has a sliding window, so its cache "
+                         "keeps only the window's keys and the last chunk could not score the whole prompt; choose a "
+                         "full-attention layer, or leave chunk unset")
+    if attention_mask is not None and not bool(attention_mask.bool().all()):
+        raise ValueError(f"{method.name}: chunk={chunk} runs unpadded prompts only (each chunk's positions follow the "
+                         "last): give the rows one at a time, or leave chunk unset")
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    cache = dynamic_cache(model.config)
+    last = input_ids.shape[1] - (input_ids.shape[1] - 1) % chunk - 1  # the final chunk: at least one token
+    for start in range(0, last, chunk):
+        piece = input_ids[:, start:min(start + chunk, last)]
+        filter_pass(model, piece, torch.ones_like(piece), method.layer, lambda q, k: None, cache=cache)
+    return select_cached(model, method, input_ids, cache, tokenizer)
+
+
 def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: int, kernel: int = 5, method=None,
                   tokenizer=None, selector=None):
     """GemFilter selection (Algorithm 2, steps 1-4).

@@ -21,7 +21,7 @@ import torch
 
 from ..attention import FilterLayerReached
 from ..selection import filter_pass, num_layers, pool_scores, topk_sorted
-from .prompt import GemFilter
+from .prompt import PaperFilter
 from .registry import register
 from .variants import window_scores
 
@@ -60,7 +60,7 @@ def rank_variance(history: torch.Tensor, count: int) -> torch.Tensor:
 
 @register
 @dataclass(frozen=True)
-class GemFilterASL(GemFilter):
+class GemFilterASL(PaperFilter):
     """GemFilter at an adaptive layer (ASL, two-pass): select where the token ranking has stopped changing.
 
     Paper: Taniguchi et al. 2026 (arXiv 2601.07667), official TANIGUCHIREI/ASL (see the module docstring).

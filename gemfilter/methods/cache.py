@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import STATE_KWARG
+from ..continuation import Continuation, NotContinuable, real_rows
 from ..selection import decode_mask, last_row_scores, num_layers, pool_scores, sliding_window_of
 from .per_head import attend, per_head_layer
 from .registry import register
@@ -193,6 +194,14 @@ class CacheCall:
             idx = idx.expand(-1, layer.keys.shape[1], -1)[..., None].expand(-1, -1, -1, layer.keys.shape[-1])
             layer.keys = layer.keys.gather(2, idx)
             layer.values = layer.values.gather(2, idx)
+
+    def continuation(self) -> Continuation:
+        """Decoding keeps original positions (after each row's real tokens) over the evicted rows."""
+        if self.per_head:
+            raise NotContinuable(f"{self.method.name} keeps one set per query head, so its cache holds h heads that "
+                                 "its own attention reads without repeating them")
+        real = self.valid.sum(1)
+        return Continuation(positions=real, valid=real_rows(self.valid if self.skip else self.kept_mask))
 
     def decode(self, kwargs, cache, past):
         if self.skip:

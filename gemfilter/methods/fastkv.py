@@ -49,6 +49,7 @@ from typing import ClassVar
 import torch
 
 from ..attention import STATE_KWARG, FilterLayerReached, wrapped_attention
+from ..continuation import Continuation, NotContinuable
 from ..selection import Selection, check_mask_kernel, layer_windows, num_layers, position_mask, sliding_window_of
 from .cache import CacheCall, group_mean, keep_indices, pool_prefix, window_votes
 from .registry import register
@@ -191,6 +192,13 @@ class FastKVCall:
         self.stored.clear()
         self.masks.clear()
         self.mode = "decode"
+
+    def continuation(self) -> Continuation:
+        """Decoding goes on at n over the kept rows; full-attention layers then need no mask but causality."""
+        if any(w is not None for w in self.windows):
+            raise NotContinuable("fastkv on a model with sliding-window layers masks those layers by original "
+                                 "positions at every decode step")
+        return Continuation(positions=self.kept_idx.new_full((self.kept_idx.shape[0],), self.n), valid=None)
 
     def decode(self, kwargs, cache, past):
         q = kwargs["input_ids"].shape[1]

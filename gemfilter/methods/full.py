@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..continuation import Continuation, real_rows
 from .registry import register
 from .spec import FullMethod
 
@@ -15,7 +16,12 @@ class PassThrough:
     selection = None
 
     def __init__(self, valid):
+        self.valid = valid
         self.kept = [int(v) for v in valid.sum(1)]
+
+    def continuation(self) -> Continuation:
+        """Plain decoding: the next token sits after the real tokens; the cache holds the prompt as given."""
+        return Continuation(positions=self.valid.sum(1), valid=real_rows(self.valid))
 
     def prefill(self, kwargs, cache):
         return kwargs

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..attention import STATE_KWARG
+from ..continuation import Continuation, NotContinuable, real_rows
 from ..selection import (check_mask_kernel, decode_mask, last_row_scores, layer_windows, paper_pick, position_mask,
-                         positions_from_mask, select_tokens)
+                         positions_from_mask, select_chunked, select_tokens)
 from .registry import register
 from .spec import PromptMethod
 
@@ -57,6 +58,10 @@ class PromptCall:
     def after_prefill(self, cache):
         pass
 
+    def continuation(self) -> Continuation:
+        """The kept tokens sit at 0..k-1, so decoding goes on at k (per row: its kept count)."""
+        return Continuation(positions=self.kept_mask.sum(1), valid=real_rows(self.kept_mask))
+
     def decode(self, kwargs, cache, past):
         q = kwargs["input_ids"].shape[1]
         new_mask = decode_mask(self.kept_mask, past, q)
@@ -73,11 +78,23 @@ class _FilterMethod(PromptMethod):
     # score() reads only the last query row, so a cache of the earlier tokens' layers 0..r gives the same
     # scores as a fresh pass (gemfilter.Conversation's "reselect" protocol relies on it)
     scores_last_row: ClassVar[bool] = True
+    # a field (None: one pass) of the methods whose filter pass can run in chunks (select_chunked); None elsewhere
+    chunk: ClassVar[int | None] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.chunk is not None and not self.scores_last_row:
+            raise ValueError(f"{self.name}: chunk={self.chunk}: a chunked filter pass keeps only the K/V of earlier "
+                             "chunks, which scores alike only for methods that read the last query row (gemfilter, "
+                             "gemfilter-span, gemfilter-orig-pos); leave chunk unset")
 
     def select(self, model, input_ids, attention_mask=None, tokenizer=None):
         """This method's selection (Algorithm 2, steps 1-4) of ``input_ids`` (b, n).
 
-        attention_mask: (b, n) 0/1 or None; tokenizer: for methods that read token text."""
+        attention_mask: (b, n) 0/1 or None; tokenizer: for methods that read token text. With ``chunk`` set, the
+        filter pass runs the prompt in chunks of that many tokens (:func:`gemfilter.selection.select_chunked`)."""
+        if self.chunk is not None:
+            return select_chunked(model, self, input_ids, attention_mask, self.chunk, tokenizer)
         return select_tokens(model, input_ids, attention_mask, layer=self.layer, topk=self.topk, kernel=self.kernel,
                              method=self, tokenizer=tokenizer)
 
@@ -93,10 +110,10 @@ class _FilterMethod(PromptMethod):
         return paper_pick(raw, valid, self.topk, self.kernel)
 
 
-@register
 @dataclass(frozen=True)
-class GemFilter(_FilterMethod):
-    """Paper-faithful GemFilter: raw last-row q.k summed over heads, avg-pool, top-k (Algorithm 2).
+class PaperFilter(_FilterMethod):
+    """GemFilter's parameters, score and pick (Algorithm 2), without a name: the base of ``gemfilter`` and of the
+    ablations and variants that score with other query rows or layers (and so cannot chunk their pass).
 
     layer: 0-based filter layer (None: the model's default); topk: tokens kept; kernel: pool width.
     """
@@ -104,11 +121,25 @@ class GemFilter(_FilterMethod):
     layer: int | None = None
     topk: int = 1024
     kernel: int = 5
-    name: ClassVar[str] = "gemfilter"
-    description: ClassVar[str] = "paper-faithful: raw last-row q.k at the filter layer, avg-pool 5, top-k, regenerate"
 
     def score(self, query, key, valid):
         return last_row_scores(query, key)
+
+
+@register
+@dataclass(frozen=True)
+class GemFilter(PaperFilter):
+    """Paper-faithful GemFilter: raw last-row q.k summed over heads, avg-pool, top-k (Algorithm 2).
+
+    layer: 0-based filter layer (None: the model's default); topk: tokens kept; kernel: pool width;
+    chunk: None (the paper's one pass, no cache), or run the filter pass over the prompt in chunks of this many
+    tokens with a cache of layers 0..r, as chunked prefill does: the same selection, with one chunk's
+    activations instead of the whole prompt's at the peak (:func:`gemfilter.selection.select_chunked`).
+    """
+
+    chunk: int | None = None
+    name: ClassVar[str] = "gemfilter"
+    description: ClassVar[str] = "paper-faithful: raw last-row q.k at the filter layer, avg-pool 5, top-k, regenerate"
 
 
 class OrigPosCall(PromptCall):
@@ -136,6 +167,13 @@ class OrigPosCall(PromptCall):
         if self.windowed:
             kwargs[STATE_KWARG] = self
         return kwargs
+
+    def continuation(self) -> Continuation:
+        """Decoding goes on at the prompt's true length; sliding windows need this call's position masks."""
+        if self.windowed:
+            raise NotContinuable("gemfilter-orig-pos on a model with sliding-window layers measures each window "
+                                 "in original positions through its own masks at every decode step")
+        return Continuation(positions=self.real, valid=real_rows(self.kept_mask))
 
     def decode(self, kwargs, cache, past):
         kwargs = super().decode(kwargs, cache, past)
@@ -191,7 +229,7 @@ def row_scores(query, key, rows):
 
 @register
 @dataclass(frozen=True)
-class MiddleRow(GemFilter):
+class MiddleRow(PaperFilter):
     """Fig. G.3 ablation: score with the middle real token's query row instead of the last one."""
 
     name: ClassVar[str] = "middle-row"
@@ -206,7 +244,7 @@ class MiddleRow(GemFilter):
 
 @register
 @dataclass(frozen=True)
-class LargestRow(GemFilter):
+class LargestRow(PaperFilter):
     """Fig. G.3 ablation: score with the query row of largest l2 norm (all heads together)."""
 
     name: ClassVar[str] = "largest-row"
@@ -250,16 +288,10 @@ def sentence_ends(ids, tokenizer, max_span: int) -> list:
     return ends
 
 
-@register
 @dataclass(frozen=True)
-class GemFilterSpan(_FilterMethod):
-    """Sentence-span GemFilter (this project's improvement, measured in docs/evals.md).
-
-    Scores: softmax per head of the last query row, summed over heads. Always keeps the first
-    ``sink`` tokens and the last ``tail`` tokens (the question/instruction). The rest of the budget
-    is filled with whole sentences, best first by their best token score, skipping any that would
-    overflow ``topk``. Sentences end at . ! ? or newline tokens, or after ``max_span`` tokens.
-    """
+class SpanFilter(_FilterMethod):
+    """``gemfilter-span``'s parameters, score and whole-sentence pick, without a name: the base of it and of its
+    variants that rank sentences by other query rows or layers (and so cannot chunk their pass)."""
 
     layer: int | None = None
     topk: int = 1024
@@ -269,8 +301,6 @@ class GemFilterSpan(_FilterMethod):
     # embedded model missed the needle at 2K/10-30% although the needle sentence was kept.
     tail: int = 48
     max_span: int = 64
-    name: ClassVar[str] = "gemfilter-span"
-    description: ClassVar[str] = "improvement: whole sentences by best softmax score + first 4 tokens + question tail"
 
     def score(self, query, key, valid):
         return softmax_last_row(query, key, valid)
@@ -304,3 +334,20 @@ class GemFilterSpan(_FilterMethod):
                     break
             out.append(torch.tensor(sorted(keep), device=ids.device) + start)
         return out, raw.masked_fill(~valid, float("-inf"))
+
+
+@register
+@dataclass(frozen=True)
+class GemFilterSpan(SpanFilter):
+    """Sentence-span GemFilter (this project's improvement, measured in docs/evals.md).
+
+    Scores: softmax per head of the last query row, summed over heads. Always keeps the first
+    ``sink`` tokens and the last ``tail`` tokens (the question/instruction). The rest of the budget
+    is filled with whole sentences, best first by their best token score, skipping any that would
+    overflow ``topk``. Sentences end at . ! ? or newline tokens, or after ``max_span`` tokens.
+    chunk: as :class:`GemFilter`'s.
+    """
+
+    chunk: int | None = None
+    name: ClassVar[str] = "gemfilter-span"
+    description: ClassVar[str] = "improvement: whole sentences by best softmax score + first 4 tokens + question tail"

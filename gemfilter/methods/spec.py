@@ -30,8 +30,8 @@ ALIASES = {"k": "topk"}
 #: count parameters of the methods, with their least allowed value. ``layer`` may be None (the model's default);
 #: its range depends on the model, so it is checked against the model's layers when the method meets it.
 COUNTS = {"topk": 1, "layer": 0, "kernel": 1, "window": 1, "tsp_len": 1, "sink": 0, "tail": 0, "max_span": 1,
-          "block": 1, "layers": 1}
-OPTIONAL = {"layer"}
+          "block": 1, "layers": 1, "chunk": 1}
+OPTIONAL = {"layer", "chunk"}
 
 
 class Method:

@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from ..selection import filter_pass, sliding_window_of
-from .prompt import GemFilter, GemFilterSpan, softmax_last_row
+from .prompt import PaperFilter, SpanFilter, softmax_last_row
 from .registry import register
 
 
@@ -61,7 +61,7 @@ def window_probs(query, key, valid, window: int):
 
 @register
 @dataclass(frozen=True)
-class GemFilterQWin(GemFilter):
+class GemFilterQWin(PaperFilter):
     """Question-window GemFilter: layer r's softmax over the prefix from each of the last ``window`` query
     rows (the question), summed over rows and heads, avg-pooled, top-k kept in their original order.
 
@@ -91,7 +91,7 @@ def claa_layers(model, layer: int, count: int) -> list:
 
 @register
 @dataclass(frozen=True)
-class GemFilterCLAA(GemFilter):
+class GemFilterCLAA(PaperFilter):
     """Cross-layer GemFilter: the last query row's softmax (per head over the prefix, summed over heads) at
     each of the ``layers`` layers ending at r, averaged over those layers, avg-pooled, top-k in order.
 
@@ -133,7 +133,7 @@ def claa_scores(model, input_ids, mask, layer, valid, count):
 
 @register
 @dataclass(frozen=True)
-class GemFilterSpanQWin(GemFilterSpan):
+class GemFilterSpanQWin(SpanFilter):
     """``gemfilter-span`` with the question-window scores: sentences ranked by their best token's summed
     softmax votes from the last ``window`` query rows (see :func:`window_scores`); sink and tail kept as
     ``gemfilter-span``. Parameters as ``gemfilter-span``, plus ``window``."""
@@ -150,7 +150,7 @@ class GemFilterSpanQWin(GemFilterSpan):
 
 @register
 @dataclass(frozen=True)
-class GemFilterSpanCLAA(GemFilterSpan):
+class GemFilterSpanCLAA(SpanFilter):
     """``gemfilter-span`` with CLAA's scores: sentences ranked by their best token's last-row softmax averaged
     over the ``layers`` layers ending at r (see :class:`GemFilterCLAA`). Parameters as ``gemfilter-span``,
     plus ``layers``."""
@@ -167,7 +167,7 @@ class GemFilterSpanCLAA(GemFilterSpan):
 
 @register
 @dataclass(frozen=True)
-class GemFilterSpanQMax(GemFilterSpan):
+class GemFilterSpanQMax(SpanFilter):
     """``gemfilter-span`` ranked by the question's sharpest look: each token scores its largest softmax weight
     from any head and any of the last ``window`` query rows (see :func:`window_max_scores`); sentences are
     ranked by their best token, sink and tail kept as ``gemfilter-span``.
