@@ -189,6 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_attn_argument(p, multiple=True)
     p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a worker is killed (default 1800)")
+    p.add_argument("--compile", action="store_true",
+                   help="decode on a static KV cache with a compiled step (torch.compile; CUDA graphs on CUDA) after "
+                   "each method's own prefill: gemfilter.generate(..., compile=True). The warm-up compiles; the timed "
+                   "run does not. Rows record compile=true and never mix with an eager run's: give such a run its "
+                   "own --out")
+    p.add_argument("--longest-first", action="store_true",
+                   help="measure the longest --lengths first, so that a run cut short (a time limit) keeps them")
+    p.add_argument("--one-process", action="store_true",
+                   help="run every cell of a kernel in one worker process: the model loads once and compiled cells "
+                   "share one decoder per capacity (each cell still warms up first). On CUDA each cell's peaks are "
+                   "its own (reset per cell); on a CPU freed memory may stay in the process, so keep fresh processes "
+                   "(the default) for CPU memory figures")
     p.add_argument("--keep-going", action="store_true",
                    help="a cell that fails (out of memory, past --timeout) prints one 'error:' line and the run goes "
                    "on with the next cell; the report covers the cells that ran and the exit status is 2. A rerun "
@@ -305,6 +317,29 @@ def main(argv=None) -> int:
         raise ErrorExit(f"{err}") from None
 
 
+def _measured(args, todo):
+    """Yield ``(cell, row, error)`` for each (attn, method, length, repeat) of ``todo`` as it is measured: each in
+    a fresh worker process, or with --one-process every cell of a kernel in one."""
+    from . import core
+
+    common = dict(model_name=args.model, threads=args.threads, layers=args.layers, dtype=args.dtype,
+                  device=args.device, test_shrink=args.test_shrink, compile=args.compile)
+    if not args.one_process:
+        for attn, method, length, rep in todo:
+            spec = dict(common, method_name=method, length=length, gen_tokens=args.gen_tokens, topk=args.topk,
+                        layer=args.layer, attn=attn)
+            try:
+                yield (attn, method, length, rep), core.run_worker(spec, timeout=args.timeout), None
+            except RuntimeError as err:
+                yield (attn, method, length, rep), None, str(err)
+        return
+    for attn in dict.fromkeys(a for a, _, _, _ in todo):
+        cells = [c for c in todo if c[0] == attn]
+        shared = dict(common, attn=attn, topk=args.topk, layer=args.layer, gen_tokens=args.gen_tokens)
+        for index, row, error in core.run_cells(shared, [(m, n) for _, m, n, _ in cells], timeout=args.timeout):
+            yield cells[index], row, error
+
+
 def _main(args) -> int:
     from tqdm import tqdm
 
@@ -314,30 +349,26 @@ def _main(args) -> int:
     # threads: each row keeps the thread count its worker actually used
     meta = dict(model=args.model or "embedded:gemma3-270m", topk=args.topk, gen_tokens=args.gen_tokens,
                 layer_arg=args.layer, threads_arg=args.threads, layers=args.layers, dtype_arg=args.dtype,
-                device_arg=args.device, test_shrink=args.test_shrink)
+                device_arg=args.device, test_shrink=args.test_shrink, compile=args.compile)
     rows = load_rows(jsonl, meta)
     # attn_arg is the kernel asked for (None: the model's default); attn the kernel it resolved to.
     done = {key_of(r) for r in rows}
-    todo = [(a, m, n, i) for n in lengths for m in methods for a in kernels for i in range(args.repeats)
-            if (a, m, n, i) not in done]
-    from .core import run_worker
-
+    todo = [(a, m, n, i) for n in sorted(lengths, reverse=args.longest_first) for m in methods for a in kernels
+            for i in range(args.repeats) if (a, m, n, i) not in done]
     failed = []
-    for attn, method, length, rep in tqdm(todo, desc="bench cells", unit="run"):
-        spec = dict(model_name=args.model, method_name=method, length=length, gen_tokens=args.gen_tokens,
-                    topk=args.topk, layer=args.layer, threads=args.threads, attn=attn, layers=args.layers,
-                    dtype=args.dtype, device=args.device, test_shrink=args.test_shrink)
-        try:
-            row = run_worker(spec, timeout=args.timeout)
-        except RuntimeError as err:
+    bar = tqdm(total=len(todo), desc="bench cells", unit="run")
+    for (attn, method, length, rep), row, error in _measured(args, todo):
+        bar.update(1)
+        if error is not None:
             if not args.keep_going:
-                raise
+                raise RuntimeError(error)
             failed.append(f"{method} at {length} tokens" + (f" ({attn})" if attn else ""))
-            tqdm.write(f"error: {failed[-1]}: {str(err)[-1500:]}", file=sys.stderr)
+            tqdm.write(f"error: {failed[-1]}: {str(error)[-1500:]}", file=sys.stderr)
             continue
         row.update(meta, repeat=rep, attn_arg=attn)
         append_jsonl(jsonl, row)
         rows.append(row)
+    bar.close()
     rows = [r for r in rows if r["method"] in methods and r["length"] in lengths and r.get("attn_arg") in kernels]
     excluded = [r for r in rows if r.get("excluded")]
     rows = [r for r in rows if not r.get("excluded")]

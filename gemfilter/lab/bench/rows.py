@@ -34,6 +34,8 @@ def load_rows(path: Path, meta: dict | None = None) -> list:
             row = {**row, "threads_arg": row.get("threads"), "threads": None}
         if "dtype_arg" not in row:  # a row without dtype_arg holds --dtype in "dtype"
             row = {**row, "dtype_arg": row.get("dtype"), "dtype": _dtype_of(row)}
+        if "compile" not in row:  # rows from before --compile decoded eagerly
+            row = {**row, "compile": False}
         if meta is None or all(row.get(k) == v for k, v in meta.items()):
             rows.setdefault(key_of(row), row)
     return list(rows.values())
