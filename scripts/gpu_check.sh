@@ -14,11 +14,11 @@
 #   3. decoding against the weight-read bound: ms/token of plain generate, generate through apply(), a static
 #      cache, the compiled step, and transformers' own static compiled generate, beside the bytes read per step
 #      over the copy bandwidth measured there; OUT/decode.jsonl
-#   4. Llama 3.1 8B, eager (generate's own loop), the same four methods at 4K, 32K and 120K: the same run's
-#      baseline for the compiled rows; OUT/llama-3.1-8b-eager.jsonl
-#   5. conversations at 8B: 5 turns over a 32K context, full (prefix reuse), reselect and reuse with gemfilter,
+#   4. conversations at 8B: 5 turns over a 32K context, full (prefix reuse), reselect and reuse with gemfilter,
 #      reuse with snapkv; time to first token per turn; OUT/conversation.jsonl
-#   6. the device-aware tests on CUDA (`pytest -m cuda`), the compiled and chunked ones first; OUT/cuda-tests.log
+#   5. the device-aware tests on CUDA (`pytest -m cuda`), the compiled and chunked ones first; OUT/cuda-tests.log
+#   6. Llama 3.1 8B, eager (generate's own loop), the same four methods at 32K and 120K: the same run's
+#      baseline for the compiled rows; OUT/llama-3.1-8b-eager.jsonl
 #   7. Phi 3.5 Mini, then Mistral Nemo 12B, at 120K, compiled then eager; OUT/fig96.jsonl
 # Everything the script prints goes to OUT/gpu_check.log too. `gemfilter bench` with the same options on the
 # rows writes the tables and plots (no GPU needed); tests/test_gpu_measured.py turns committed rows into docs.
@@ -69,7 +69,7 @@ if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
 else
   shape=()
   bench_shape=(--preset paper)
-  lengths=4096,8192,16384,32768,65536,122880; short=4096,32768,122880; long=122880; chunk=8192
+  lengths=4096,8192,16384,32768,65536,122880; short=32768,122880; long=122880; chunk=8192
   tsp=(15 15 19)  # FastKV's official TSP layers: Llama 3.1 8B, Phi 3.5 Mini, Mistral Nemo 12B
   ctx=(--context 32768 --turns 5)
   probe=()
@@ -97,17 +97,17 @@ bench llama-3.1-8b llama-3.1-8b-compiled 240 --compile --longest-first --lengths
 # 3. decode paths against the weight-read bound
 run 70 "decode probe" "$py" -m gemfilter.lab.bench.decode --model config:llama-3.1-8b "${shape[@]}" "${probe[@]}" \
   --paths generate,apply-full,static-eager,compiled,hf-static --out "$out/decode.jsonl"
-# 4. Llama, eager: this run's baseline
-bench llama-3.1-8b llama-3.1-8b-eager 150 --longest-first --lengths "$short" --methods "full,snapkv,gemfilter,fastkv:layer=${tsp[0]}"
-# 5. conversations at 8B
+# 4. conversations at 8B
 run 80 "conversations" "$py" -m gemfilter.lab.bench.conversation --model config:llama-3.1-8b "${shape[@]}" "${ctx[@]}" \
   --out "$out/conversation.jsonl"
-# 6. the device-aware tests, on CUDA: the new ones first
-run 120 "device-aware tests (pytest -m cuda)" bash -c "set -o pipefail; '$py' -m pytest -q -m cuda -p no:cacheprovider \
+# 5. the device-aware tests, on CUDA: the new ones first
+run 100 "device-aware tests (pytest -m cuda)" bash -c "set -o pipefail; '$py' -m pytest -q -m cuda -p no:cacheprovider \
   -o addopts='' tests/test_compiled.py tests/test_chunked_filter.py tests/test_core.py tests/test_banded.py \
   tests/test_methods.py tests/test_fastkv.py tests/test_archs.py tests/test_variants.py tests/test_asl.py 2>&1 \
   | tail -n 80 > '$out/cuda-tests.log'"
 log "tests: $(tail -n 1 "$out/cuda-tests.log" 2>/dev/null)"
+# 6. Llama, eager (generate's own loop): this run's baseline for the compiled rows
+bench llama-3.1-8b llama-3.1-8b-eager 90 --longest-first --lengths "$short" --methods "full,snapkv,gemfilter,fastkv:layer=${tsp[0]}"
 # 7. Fig. 9.6's architectures at 120K
 : >"$out/fig96.jsonl"
 for entry in "phi-3.5-mini ${tsp[1]}" "mistral-nemo-12b ${tsp[2]}"; do
