@@ -20,6 +20,9 @@ multi-request mode; :meth:`Conversation.prefill` adds the context first). A drop
 a copy of the cache (``Applied.fork`` under ``reuse``), so the history's cache is never recomputed.
 
 Each turn reports its time to first token, the tokens its answer was generated from, and peak memory.
+
+A turn that fails (a refused ``generate`` keyword, Ctrl-C, an out-of-memory error) leaves the conversation exactly
+as it was before it: the history, the turns, every cache and the method's per-cache state (:class:`_Checkpoint`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 from .apply import apply, resolve
 from .compat import cache_kwargs, dynamic_cache
 from .measure import FirstTokenClock, PeakMemory
-from .methods.spec import PromptMethod
+from .methods.spec import Method, PromptMethod
 from .selection import Selection, check_causal_decoder, select_cached, sliding_window_of
 
 PROTOCOLS = ("reselect", "reuse", "full")
@@ -95,6 +98,10 @@ class Conversation:
         if keep not in KEEPS:
             raise ValueError(f"unknown keep {keep!r}; allowed: {', '.join(KEEPS)}")
         check_causal_decoder(model, need_generate=True)
+        if method is not None and not isinstance(method, Method):
+            got = repr(method) if isinstance(method, str) else type(method).__name__
+            raise TypeError(f"method must be a method object such as gemfilter.get_method('gemfilter-span', topk=256), "
+                            f"or None for protocol 'full'; got {got}")
         if protocol == "full":
             if method is not None and method.name != "full":
                 raise ValueError(f"protocol 'full' runs no method (got {method.name}): pass method=None, or choose "
@@ -134,13 +141,14 @@ class Conversation:
             raise RuntimeError("Conversation.prefill() runs inside `with Conversation(...) as chat:`")
         new = self._encode(context)
         history = new if self.history is None else torch.cat([self.history, new], dim=1)
+        self._check_length(history)
         start = time.perf_counter()
-        with torch.no_grad():
+        with _Checkpoint(self), torch.no_grad():
             if self.protocol == "reselect":
                 self._select(history, self._cache)
             else:  # one new token, never fed: the cache ends holding the history alone
                 self.model.generate(history, max_new_tokens=1, do_sample=False, **cache_kwargs(self._cache))
-        self.history = history
+            self.history = history
         return time.perf_counter() - start
 
     def ask(self, question, **generate_kwargs) -> Turn:
@@ -156,6 +164,20 @@ class Conversation:
         generate_kwargs.setdefault("num_beams", 1)
         if "streamer" in generate_kwargs:
             raise ValueError("Conversation.ask() times the first token with its own streamer: leave `streamer` out")
+        if generate_kwargs["num_beams"] != 1:
+            raise ValueError(f"Conversation.ask() answers with one sequence per turn, as its caches go on: num_beams "
+                             f"must be 1, got {generate_kwargs['num_beams']!r}")
+        limit = generate_kwargs.get("max_new_tokens")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"max_new_tokens must be a whole number >= 1, got {limit!r}; to add text to the history "
+                             "without an answer, use Conversation.prefill()")
+        if self.keep == "context" and self.history is None:
+            raise ValueError("keep='context' asks every question over the context: call prefill(context) first")
+        self._check_length(history)
+        with _Checkpoint(self):
+            return self._ask(history, generate_kwargs)
+
+    def _ask(self, history, generate_kwargs) -> Turn:
         try:  # CPU memory comes from Linux's /proc; elsewhere a turn reports no peak
             self._memory.baseline = self._memory.now()
             self._memory.reset_peak()
@@ -165,8 +187,6 @@ class Conversation:
         clock = FirstTokenClock(self._memory if measured else None, _sync(self._memory))
         start = time.perf_counter()
         selection, kept = None, None
-        if self.keep == "context" and self.history is None:
-            raise ValueError("keep='context' asks every question over the context: call prefill(context) first")
         if self.protocol == "reselect":
             selection = self._select(history, copy.deepcopy(self._cache) if self.keep == "context" else self._cache)
             with apply(self.model, Preselected(self.method, selection), tokenizer=self.tokenizer) as handle:
@@ -201,13 +221,30 @@ class Conversation:
                 raise ValueError("a text question needs the tokenizer: Conversation(model, method, tokenizer)")
             # Special tokens (BOS) only at the start of the conversation, as in one long prompt.
             ids = self.tokenizer(question, return_tensors="pt", add_special_tokens=self.history is None)["input_ids"]
-        else:
+        elif torch.is_tensor(question) or (isinstance(question, (list, tuple))
+                                           and all(isinstance(t, int) and not isinstance(t, bool) for t in question)):
             ids = torch.as_tensor(question)
+        else:
+            raise TypeError(f"a question is text, or token ids as a 1-D / (1, t) tensor or a list of ints; got "
+                            f"{type(question).__name__}")
         ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
         if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0 or ids.dtype not in (torch.long, torch.int):
             raise ValueError(f"a question is text or a non-empty 1-D / (1, t) tensor of token ids, got "
                              f"{tuple(ids.shape)} {ids.dtype}: one conversation per Conversation")
+        vocab = int(self.model.config.get_text_config().vocab_size)
+        bad = (ids < 0) | (ids >= vocab)
+        if bool(bad.any()):
+            where = int(bad[0].nonzero()[0])
+            raise ValueError(f"token ids must lie in [0, {vocab}) (the model's vocabulary); position {where} of the "
+                             f"question holds {int(ids[0, where])}")
         return ids.long().to(device)
+
+    def _check_length(self, history) -> None:
+        """Refuse a history longer than the model's positions (as ``gemfilter serve`` refuses such a prompt)."""
+        limit = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        if limit and history.shape[1] > limit:
+            raise ValueError(f"the conversation would hold {history.shape[1]} tokens with this question, more than "
+                             f"the model's max_position_embeddings ({limit})")
 
     def _select(self, history, cache) -> Selection:
         """The method's selection over ``history`` (1, L), running only the tokens ``cache`` has not seen."""
@@ -273,3 +310,58 @@ def _check_reselect(model, method) -> None:
         raise ValueError(f"protocol 'reselect': filter layer {method.layer} has a sliding window, so its cache keeps "
                          "only the window's keys and could not select from the whole history; choose a "
                          "full-attention layer")
+
+
+class _Checkpoint:
+    """The conversation as it is, restored if the block fails (any exception, Ctrl-C included), so a failed turn
+    leaves no trace: a turn must not leave its question in a cache but not in the history.
+
+    Held by reference, not copied: cache layers rebind their tensors on every update (``torch.cat``), so the old
+    tensors stay as they were. Saved: the history and turns; each cache layer's attributes (tensors, counters);
+    under ``reuse``, the ``apply()`` handle's per-cache state (the call's decoded positions and masks, the consumed
+    tokens), its calls and budgets.
+    """
+
+    def __init__(self, chat: Conversation):
+        self.chat = chat
+
+    def __enter__(self):
+        chat, cache = self.chat, self.chat._cache
+        self.history, self.turns = chat.history, len(chat.turns)
+        self.layers = list(cache.layers)
+        self.states = [dict(vars(layer)) for layer in self.layers]
+        self.handle = handle = chat._handle
+        if handle is not None:
+            self.entries = {name: getattr(handle, name).get(cache) for name in ("_by_cache", "_consumed", "_prefilling")}
+            self.objects = [(obj, _shallow(obj)) for obj in self.entries.values() if obj is not None]
+            self.lengths = len(handle.calls), len(handle.budgets)
+        return self
+
+    def __exit__(self, kind, error, trace):
+        if kind is None:
+            return False
+        chat, cache = self.chat, self.chat._cache
+        chat.history = self.history
+        del chat.turns[self.turns:]
+        cache.layers[:] = self.layers
+        for layer, state in zip(self.layers, self.states):
+            vars(layer).clear()
+            vars(layer).update(state)
+        handle = self.handle
+        if handle is not None:
+            for name, obj in self.entries.items():
+                table = getattr(handle, name)
+                table.pop(cache, None)
+                if obj is not None:
+                    table[cache] = obj
+            for obj, state in self.objects:
+                vars(obj).clear()
+                vars(obj).update(state)
+            del handle.calls[self.lengths[0]:]
+            del handle.budgets[self.lengths[1]:]
+        return False
+
+
+def _shallow(obj) -> dict:
+    """``vars(obj)`` with its dicts and lists copied (a call's decode steps mutate those in place)."""
+    return {k: copy.copy(v) if isinstance(v, (dict, list)) else v for k, v in vars(obj).items()}
