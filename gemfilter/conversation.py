@@ -36,6 +36,7 @@ import torch
 
 from .apply import apply, resolve
 from .compat import cache_kwargs, dynamic_cache
+from .layers import default_layer
 from .measure import FirstTokenClock, PeakMemory
 from .methods.spec import Method, PromptMethod
 from .selection import Selection, check_causal_decoder, select_cached, sliding_window_of
@@ -112,7 +113,7 @@ class Conversation:
         else:
             method = resolve(model, method)
         if protocol == "reselect":
-            _check_reselect(model, method)
+            check_reselect(model, method)
         self.model, self.method, self.tokenizer, self.protocol, self.keep = model, method, tokenizer, protocol, keep
         self._handle = None  # reuse: apply()'s handle, which forks its caches
         self.history = None  # (1, L) every token so far: questions and answers
@@ -298,16 +299,20 @@ def _sync(memory):
     return lambda: None
 
 
-def _check_reselect(model, method) -> None:
-    """reselect needs a prompt method that scores with the last query row at a full-attention layer."""
+def check_reselect(model, method) -> None:
+    """reselect needs a prompt method that scores with the last query row at a full-attention layer.
+
+    model: a model or its config (no weights needed: the benchmarks check before loading); method: a method object
+    (its layer None: the model's default)."""
     if not isinstance(method, PromptMethod):
         raise ValueError(f"protocol 'reselect' selects prompt tokens; {method.name} is not a prompt method. Use "
                          "'reuse' for it (its compressed cache goes on), or gemfilter / gemfilter-span")
     if not getattr(method, "scores_last_row", False):
         raise ValueError(f"protocol 'reselect' reuses the history's layers 0..r, which gives the same scores only "
                          f"for methods that read the last query row; {method.name} reads another row. Use 'reuse'")
-    if sliding_window_of(model, method.layer) is not None:
-        raise ValueError(f"protocol 'reselect': filter layer {method.layer} has a sliding window, so its cache keeps "
+    layer = method.layer if method.layer is not None else default_layer(model)
+    if sliding_window_of(model, layer) is not None:
+        raise ValueError(f"protocol 'reselect': filter layer {layer} has a sliding window, so its cache keeps "
                          "only the window's keys and could not select from the whole history; choose a "
                          "full-attention layer")
 

@@ -105,3 +105,18 @@ def test_reuse_and_cache_methods_are_refused_with_an_engine(tmp_path):
     with pytest.raises(ValueError, match=r"--engine runs full .* not gemfilter:k=48,layer=2@reuse, snapkv:k=64"):
         run(RunConfig(**{**BASE, "engine": "http://127.0.0.1:9/v1"}), tmp_path / "out", model_and_tokenizer=(None, None))
     assert not (tmp_path / "out").exists()
+
+
+def test_topk_and_layer_reach_the_engine_rows(tiny, tmp_path):  # noqa: F811 - the imported fixture
+    """With --engine too, --topk and --layer are the defaults of the specs that set none (item 6)."""
+    model, _ = tiny
+    engine = ModelEngine(model, Tok())
+    try:
+        config = RunConfig(**{**BASE, "methods": ("gemfilter",), "topk": 16, "layer": 1, "protocols": ("reselect",),
+                              "tasks": ("scbench_mf",), "num_samples": 1, "engine": engine.url, "timeout": 30})
+        merged = run(config, tmp_path / "out", model_and_tokenizer=(model, Tok()), progress=False)
+    finally:
+        engine.close()
+    row = merged["multi-turn/2048/gemfilter@reselect/scbench_mf.jsonl"][0]
+    assert row["topk"] == 16 and row["layer"] == 1 and {t["kept"] for t in row["turns"]} == {16}
+    assert {len(p) for p in engine.prompts} == {16}

@@ -171,3 +171,31 @@ def test_every_method_the_issue_names_runs_in_both_modes(tiny, tmp_path):
         ids = torch.tensor([turn_input_ids(prompts, tok, t, max_length=limit)])
         fresh = gemfilter.generate(model, ids, method=span, tokenizer=tok, max_new_tokens=new, do_sample=False)
         assert row["turns"][t]["prediction"] == tok.decode(fresh.new_tokens[0], skip_special_tokens=True), t
+
+
+def test_topk_and_layer_from_the_command_line_reach_every_row(tiny, tmp_path):
+    """--topk and --layer are the defaults of the specs that set none: the rows run at them (reliability round four,
+    item 6: they ran at k=1024 and the model's default layer while config.json recorded the values given)."""
+    config = RunConfig(**{**BASE, "methods": ("full", "gemfilter"), "topk": 16, "layer": 1, "tasks": ("scbench_mf",),
+                          "num_samples": 1, "protocols": ("reselect",)})
+    merged = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
+    rows = merged["multi-turn/2048/gemfilter@reselect/scbench_mf.jsonl"]
+    assert rows[0]["topk"] == 16 and rows[0]["layer"] == 1
+    assert {t["kept"] for t in rows[0]["turns"]} == {16}
+
+
+@pytest.mark.parametrize("change, msg", [
+    ({"methods": ("gemfilter-qwin:k=48,layer=2",)}, "gemfilter-qwin:k=48,layer=2@reselect: protocol 'reselect' .* "
+                                                    "reads another row"),
+    ({"timeout": 0}, r"--timeout must be a number of seconds in \(0, 86400\], got 0"),
+    ({"timeout": float("nan")}, r"--timeout must be a number of seconds in \(0, 86400\], got nan"),
+])
+def test_what_cannot_run_is_refused_before_the_model_loads(tiny, tmp_path, change, msg):
+    """Checks that came late (item 8): a method that cannot run under reselect was refused at its first conversation,
+    after the model loaded and config.json was written; a timeout of 0 or NaN was taken."""
+    from types import SimpleNamespace
+
+    config_only = SimpleNamespace(config=tiny[0].config)  # a model with no weights: nothing may run on it
+    with pytest.raises(ValueError, match=msg):
+        run(RunConfig(**{**BASE, **change}), tmp_path / "out", model_and_tokenizer=(config_only, None))
+    assert not (tmp_path / "out" / "config.json").exists()  # the folder stays free for another setup

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gemfilter.lab.serve.engine import add_engine_argument
 
     add_engine_argument(r)
+    r.add_argument("--timeout", type=float, default=600.0,
+                   help="with --engine: seconds to wait for the engine, for a connection and for each chunk of an "
+                   "answer (default 600)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--out", required=True, help="run folder (created; a rerun resumes it)")
     s = sub.add_parser("report", help="score a run folder again: report.md and report.png")
@@ -100,7 +103,7 @@ def _run(args) -> int:
                        layer=args.layer, protocols=split_names(args.protocols), modes=split_names(args.modes),
                        tasks=split_names(args.tasks), lengths=parse_lengths(args.lengths),
                        num_samples=args.num_samples, turns=args.turns, attn=args.attn, dtype=args.dtype,
-                       engine=args.engine, extra={"attn": args.attn or "model default"})
+                       engine=args.engine, timeout=args.timeout, extra={"attn": args.attn or "model default"})
     if args.threads:
         import torch
 

@@ -76,10 +76,12 @@ class EngineTurns:
         return "".join(text), first, tokens
 
 
-def converse_engine(turns: EngineTurns, spec, protocol: str, mode: str, length: int, task: str, sample: dict) -> dict:
+def converse_engine(turns: EngineTurns, spec, protocol: str, mode: str, length: int, task: str, sample: dict,
+                    topk: int | None = None, layer: int | None = None) -> dict:
     """One sample's conversation through the engine, with the fields of :func:`eval.scbench.runner.converse`'s rows.
 
-    spec: the method's :class:`~gemfilter.methods.Spec`; protocol: ``full`` or ``reselect``.
+    spec: the method's :class:`~gemfilter.methods.Spec`; protocol: ``full`` or ``reselect``; topk, layer: the
+    command line's defaults for a spec that sets none (None: the method's own).
     """
     prompts = build_prompts(sample, task, mode)
     count = len(prompts.ground_truth)
@@ -87,14 +89,14 @@ def converse_engine(turns: EngineTurns, spec, protocol: str, mode: str, length: 
     new = get_task(task).max_new_tokens
     from gemfilter.apply import resolve
 
-    layer = None if protocol == "full" else resolve(turns.model, spec.method(length)).layer
+    layer = None if protocol == "full" else resolve(turns.model, spec.method(length, topk=topk, layer=layer)).layer
     rows = []
     for t in range(count):
         ids = turn_input_ids(prompts, turns.tokenizer, t, max_length=cut)
         start = time.perf_counter()
         kept, reused = ids, 0
         if layer is not None:
-            choice = turns.selector(layer).choose(ids, spec)
+            choice = turns.selector(layer).choose(ids, spec, topk)
             kept, reused = choice.ids, choice.reused
         sent = time.perf_counter() - start
         text, first, tokens = turns.stream(kept, new)

@@ -25,6 +25,7 @@ Files: ``OUT/<mode>/<L>/<label>/<task>.jsonl``, one row per sample: ``_id`` (the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gemfilter.lab.options import check_against_model
@@ -50,7 +51,8 @@ class RunConfig:
     topk, layer: defaults for the specs that do not set them (None: each method's own); protocols: those a
     prompt method runs under (``reselect``, ``reuse``); modes: ``multi-turn`` and/or ``multi-request``;
     tasks: official data names with an offline generator; lengths: the window (``--max_seq_length``) the
-    samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries per sample.
+    samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries per sample;
+    engine: an OpenAI base URL that answers the turns; timeout: seconds to wait for it (a connection, a chunk).
     """
 
     model: str | None = None
@@ -66,12 +68,18 @@ class RunConfig:
     attn: str | None = None
     dtype: str | None = None
     engine: str | None = None
+    timeout: float = 600.0
     extra: dict = field(default_factory=dict)
 
     def identity(self) -> dict:
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
         return {"model": self.model, "topk": self.topk, "layer": self.layer, "turns": self.turns,
                 "dtype": self.dtype, **engine}
+
+
+def defaults(config: RunConfig) -> dict:
+    """The command line's ``--topk`` / ``--layer``: the budget and layer of every spec that sets none."""
+    return {"topk": config.topk, "layer": config.layer}
 
 
 def labelled(config: RunConfig) -> dict:
@@ -98,6 +106,9 @@ def validate(config: RunConfig) -> None:
     for name, value in (("--num-samples", config.num_samples), ("--turns", config.turns)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if isinstance(config.timeout, bool) or not isinstance(config.timeout, (int, float)) \
+            or not math.isfinite(config.timeout) or not 0 < config.timeout <= 86400:
+        raise ValueError(f"--timeout must be a number of seconds in (0, 86400], got {config.timeout!r}")
     if config.engine is not None:
         from .engine import check_engine_labels
 
@@ -113,13 +124,21 @@ class SCBench(Benchmark):
         validate(self.config)
 
     def check(self, model_config) -> None:
+        """Every method against the model's config, under the protocol it runs, before any weights load."""
+        from gemfilter.conversation import check_reselect
         from gemfilter.methods import check_for_model
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
-        for spec, _ in labelled(config).values():
+        for label, (spec, protocol) in labelled(config).items():
             for length in config.lengths:
-                check_for_model(spec.method(length), model_config, length)
+                method = spec.method(length, **defaults(config))
+                check_for_model(method, model_config, length)
+                if protocol == "reselect":
+                    try:
+                        check_reselect(model_config, method)
+                    except ValueError as err:
+                        raise ValueError(f"{label}: {err}") from None
 
     def units(self, out, state, say) -> list:
         config, tok = self.config, self.tokenizer()
@@ -143,13 +162,14 @@ class SCBench(Benchmark):
         from gemfilter.apply import resolve
 
         labels = labelled(self.config)
-        methods = {label: (None if proto == "full" else resolve(model, spec.method()), proto)
+        given = defaults(self.config)
+        methods = {label: (None if proto == "full" else resolve(model, spec.method(**given)), proto)
                    for label, (spec, proto) in labels.items()}
         engine = None
         if self.config.engine is not None:
             from .engine import EngineTurns
 
-            engine = EngineTurns(self.config.engine, model, tok)
+            engine = EngineTurns(self.config.engine, model, tok, timeout=self.config.timeout)
 
         def predict(unit: Unit) -> dict:
             mode, length, label, task, sample = unit.data
@@ -157,7 +177,7 @@ class SCBench(Benchmark):
             if engine is None:
                 row = converse(model, tok, method, protocol, mode, length, task, sample)
             else:
-                row = converse_engine(engine, labels[label][0], protocol, mode, length, task, sample)
+                row = converse_engine(engine, labels[label][0], protocol, mode, length, task, sample, **given)
                 row["engine"] = self.config.engine
             return row | {"_id": unit.key, "method": label, "protocol": protocol,
                           "layer": getattr(method, "layer", None), "topk": getattr(method, "topk", None)}
