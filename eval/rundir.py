@@ -68,12 +68,25 @@ def check_config(out: Path, config, write: bool, *, model_config, legacy: dict |
         if stored is not None:
             saved = {**LEGACY_IDENTITY, **(legacy or {}), **stored}
             old = {k: v for k, v in saved.items() if k in new}
+            if "model" in old and same_model(old["model"], new.get("model")):
+                old["model"] = new["model"]  # one folder named by a relative and an absolute path
             if old != new:
                 diff = ", ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} now" for k in new if old.get(k) != new[k])
                 raise ValueError(f"--out {out} holds results of another setup ({diff}). Use another --out, "
                                  "or repeat the same settings to resume that run.")
         elif write:
             write_json_atomic(path, {**new, **config.extra})
+
+
+def same_model(a, b) -> bool:
+    """Whether two ``--model`` values name one model: the same text, or one local folder (by relative and absolute
+    paths, or through a link). A relative path is read against the current folder, as the loader reads it."""
+    if a == b:
+        return True
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return False
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
 
 
 def check_layers(rows, methods: dict) -> None:

@@ -25,8 +25,16 @@ def is_embedded(name) -> bool:
 
 def model_path(name) -> str:
     """What ``from_pretrained`` loads for ``name``: the embedded model's cache folder (made on first use), or
-    ``name`` itself."""
-    return str(embedded_model_dir()) if is_embedded(name) else str(name)
+    ``name`` itself. A name that can only be a local path (absolute, starting with . or ~, or with more than one
+    /) must exist: FileNotFoundError naming it, not the hub's "Repo id must be in the form ..."."""
+    if is_embedded(name):
+        return str(embedded_model_dir())
+    name = str(name)
+    local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+    if local and not Path(name).expanduser().exists():
+        raise FileNotFoundError(f"no model folder at {name} ({Path(name).expanduser().absolute()}): give an existing "
+                                "local folder, or a Hugging Face id such as google/gemma-3-270m")
+    return str(Path(name).expanduser()) if name.startswith("~") else name
 
 
 def cache_dir() -> Path:

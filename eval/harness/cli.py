@@ -41,7 +41,7 @@ def main(argv=None) -> int:
         cli_evaluate()
     except SystemExit as stop:
         return int(stop.code or 0)
-    except ValueError as err:  # a bad model_arg or task choice: one line, before the model loads where possible
+    except (ValueError, OSError) as err:  # a bad model_arg or task choice, a missing model or file: one line
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -7,8 +7,10 @@ ground truth, not read from the row's ``score``. Multi-turn accuracy is one mean
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
+
+from gemfilter.lab.io import corrupt, jsonl_lines
 
 from eval.rundir import rows_to_score
 
@@ -19,11 +21,53 @@ REPORT = "report.md"
 FIGURE = "report.png"
 
 
+def row_problem(row) -> str | None:
+    """Why a stored row cannot be scored (None if it can): an object with ``_id`` and a non-empty list of
+    ``turns``, each an object with a whole ``turn_idx``, a string ``prediction``, a ``ground_truth`` and a
+    number ``ttft_s``."""
+    if not isinstance(row, dict):
+        return f"a row must be a JSON object, got {'null' if row is None else type(row).__name__}"
+    missing = [k for k in ("_id", "turns") if k not in row]
+    if missing:
+        return f"the row lacks {', '.join(missing)}"
+    turns = row["turns"]
+    if not isinstance(turns, list) or not turns:
+        return "'turns' must be a non-empty list of turns"
+    for j, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            return f"turns[{j}] must be an object, got {type(turn).__name__}"
+        lacks = [k for k in ("turn_idx", "prediction", "ground_truth", "ttft_s") if k not in turn]
+        if lacks:
+            return f"turns[{j}] lacks {', '.join(lacks)}"
+        if isinstance(turn["turn_idx"], bool) or not isinstance(turn["turn_idx"], int) or turn["turn_idx"] < 0:
+            return f"turns[{j}].turn_idx must be a whole number >= 0, got {turn['turn_idx']!r}"
+        if not isinstance(turn["prediction"], str):
+            return f"turns[{j}].prediction must be a string, got {turn['prediction']!r}"
+        t = turn["ttft_s"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            return f"turns[{j}].ttft_s must be a number of seconds >= 0, got {t!r}"
+    return None
+
+
 def read_rows(path: Path) -> list:
-    """Every row of one result file and its unmerged shards, each sample once."""
+    """Every row of one result file and its unmerged shards, each sample once. A row that cannot be scored is
+    an error naming its file and line (a shard's: its file and sample), never a traceback."""
     def read(p):
-        return [json.loads(line) for line in Path(p).read_text(encoding="utf-8").splitlines() if line.strip()]
-    return rows_to_score(path, read, lambda r: r.get("_id"), required=("_id", "turns"))
+        rows = []
+        for i, row, unreadable in jsonl_lines(p):
+            problem = f"the line is {unreadable}" if unreadable is not None else row_problem(row)
+            if problem is not None:
+                raise corrupt(f"{p}:{i}", problem, f"Fix or delete line {i} of {p}, then run the report again")
+            rows.append(row)
+        return rows
+
+    rows = rows_to_score(path, read, lambda r: r.get("_id"), required=("_id", "turns"))
+    for row in rows:  # rows of unmerged shards were read leniently: check them as strictly
+        problem = row_problem(row)
+        if problem is not None:
+            raise corrupt(f"{path.parent} ({path.stem}'s shards, sample {row.get('_id')!r})", problem,
+                          "Fix or delete that row, or rerun the same `run` command to merge the shards")
+    return rows
 
 
 def collect(out) -> dict:

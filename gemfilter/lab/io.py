@@ -142,21 +142,35 @@ def atomic_path(path):
     """Yield a temp path next to ``path``; on success it replaces ``path`` (fsynced), on error it is removed.
 
     For writers that want a file name (torch.save, savefig). Permissions: the old file's, else the umask's.
+    A failed write (a full disk) names ``path`` (:func:`naming`).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    with naming(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            yield Path(tmp)
+            mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
+            os.chmod(tmp, mode)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+@contextmanager
+def naming(path):
+    """Inside the block, an OSError that names no file (a full disk's "[Errno 28] No space left on device", a
+    file-size limit's "[Errno 27] File too large") is raised again naming ``path``, the file being written."""
     try:
-        yield Path(tmp)
-        mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
-        os.chmod(tmp, mode)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        yield
+    except OSError as err:
+        if err.filename is not None or err.errno is None:
+            raise
+        raise OSError(err.errno, f"could not write {path}: {err.strerror or err}") from err
 
 
 def save_png(fig, path, **kwargs) -> Path:
@@ -232,7 +246,7 @@ def append_jsonl(path, row: dict, *, ensure_ascii: bool = True) -> None:
     """
     path = Path(path)
     line = json.dumps(row, ensure_ascii=ensure_ascii) + "\n"
-    with folder_lock(path.parent):
+    with naming(path), folder_lock(path.parent):
         torn = False
         if path.exists() and path.stat().st_size:
             with open(path, "rb") as f:

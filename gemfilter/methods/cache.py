@@ -122,6 +122,13 @@ def pool_prefix(votes, window: int, kernel: int, pooling: str = "avg"):
     return torch.cat([pooled, votes.new_zeros(b, h, window)], dim=-1)
 
 
+def held_rows(cache, kept: list) -> list:
+    """``kept`` (prompt tokens per row) capped at the most rows any layer of ``cache`` holds: what a cache method that
+    evicts reports is what its cache holds (sliding-window layers keep window - 1, whatever the budget)."""
+    rows = [int(layer.keys.shape[-2]) for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    return [min(k, max(rows)) for k in kept] if rows else kept
+
+
 def check_gqa(name: str, gqa: str) -> None:
     if gqa not in GQA_MODES:
         raise ValueError(f"{name}: gqa must be one of {', '.join(GQA_MODES)} (group-mean: one set per KV head, "
@@ -181,6 +188,11 @@ class CacheCall:
 
     def after_prefill(self, cache):
         self.prefilled = True
+        self._evict(cache)
+        if not self.skip:  # a budget >= n keeps every token, as full does, and says so
+            self.kept = held_rows(cache, self.kept)
+
+    def _evict(self, cache):
         if self.skip:
             return
         shared = self.plans.get("shared")

@@ -51,7 +51,7 @@ import torch
 from ..attention import STATE_KWARG, FilterLayerReached, wrapped_attention
 from ..continuation import Continuation, NotContinuable
 from ..selection import Selection, check_mask_kernel, layer_windows, num_layers, position_mask, sliding_window_of
-from .cache import CacheCall, group_mean, keep_indices, pool_prefix, window_votes
+from .cache import CacheCall, group_mean, held_rows, keep_indices, pool_prefix, window_votes
 from .registry import register
 from .spec import CacheMethod
 
@@ -192,6 +192,7 @@ class FastKVCall:
         self.stored.clear()
         self.masks.clear()
         self.mode = "decode"
+        self.kept = held_rows(cache, self.kept)
 
     def continuation(self) -> Continuation:
         """Decoding goes on at n over the kept rows; full-attention layers then need no mask but causality."""

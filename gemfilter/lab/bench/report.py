@@ -276,8 +276,6 @@ def check_args(args) -> tuple:
     for flag, value, low in (("--repeats", args.repeats, 1), ("--gen-tokens", args.gen_tokens, 1),
                              ("--threads", args.threads, 0)):
         check_int(value, flag, low)
-    if not args.timeout > 0:
-        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
     out = check_out_dir(args.out, files=OUTPUTS)
     from .archs import is_config_name
 
@@ -301,6 +299,8 @@ def main(argv=None) -> int:
         parser.set_defaults(**PRESETS[args.preset], layer=preset_layer(args.model))
         args = parser.parse_args(argv)
     _check_arch_args(args)
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= 86400):  # every path: local, --engine, --turns
+        raise ErrorExit(f"--timeout must be > 0 seconds, finite and at most 86400, got {args.timeout:g}")
     try:
         if args.turns and not args.engine:
             raise ValueError("--turns times conversations through a serving engine: give --engine URL too")

@@ -143,8 +143,10 @@ class Upstream:
         if isinstance(err, (TimeoutError, socket.timeout)):
             return UpstreamError(504, f"the engine at {url} {what} within {self.timeout:g} s")
         if isinstance(err, http.client.IncompleteRead):
-            return UpstreamError(502, f"the engine at {url} cut its answer short: {len(err.partial)} bytes, "
-                                      f"{err.expected} more expected")
+            got = len(err.partial)
+            part = f"of {got + err.expected} announced" if err.expected is not None else "into a chunk of its stream"
+            return UpstreamError(502, f"the engine at {url} cut its answer short: the connection closed {got} bytes "
+                                      f"{part}")
         if isinstance(err, (http.client.HTTPException, OSError)):
             return UpstreamError(502, f"the engine at {url} closed or reset the connection: "
                                       f"{type(err).__name__}: {err}")
