@@ -170,9 +170,11 @@ class StubEngine:
                 self.send_header("Connection", "close")
                 self.end_headers()
                 for piece in ("o", "k"):
-                    chunk = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": body.get("model"),
-                             "choices": [{"index": 0, "text": piece, "finish_reason": None}]}
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    for index in range(int(body.get("n") or 1)):  # one chunk per choice, as vLLM streams n > 1
+                        chunk = {"id": "cmpl-1", "object": "text_completion", "created": 1,
+                                 "model": body.get("model"),
+                                 "choices": [{"index": index, "text": piece, "finish_reason": None}]}
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
                     if stub.mode in ("broken-stream", "stall") and not self._wait(stub.delay):
                         return None

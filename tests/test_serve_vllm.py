@@ -10,7 +10,9 @@ port, then ``gemfilter serve`` in front of it, and stops both at the end, on fai
   chat given as one string, and without max_tokens it is not cut at the completions default of 16 tokens;
 - over 5 turns of a conversation, the proxy with its prefix cache sends vLLM the uncached selection's ids;
 - 4 questions over one document sent at once get the kept ids and answers they get one at a time;
-- a non-streamed client that leaves ends vLLM's request (its running-requests gauge falls to 0).
+- a non-streamed client that leaves ends vLLM's request (its running-requests gauge falls to 0);
+- an unfiltered chat with logprobs (method full) equals vLLM's direct answer, and a filtered chat stream with n = 2
+  gives each choice its role delta.
 """
 
 import json
@@ -102,7 +104,8 @@ def servers(tmp_path_factory):
             procs.append(subprocess.Popen(
                 [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                  "--host", "127.0.0.1", "--port", str(engine_port), "--dtype", "float32", "--max-model-len", "4096",
-                 "--seed", "0", "-O0"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=logs))
+                 "--seed", "0", "-O0", "--trust-request-chat-template"],  # the proxy sends chats with Gemma 3's
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=logs))
         engine = f"http://127.0.0.1:{engine_port}/v1"
         wait_until_up(engine + "/models", procs[0], 600, engine_log)
         with open(proxy_log, "w") as log:
@@ -248,6 +251,41 @@ def test_questions_sent_at_once_over_one_document_get_the_answers_sent_one_by_on
         assert a["choices"][0]["prompt_token_ids"] == b["choices"][0]["prompt_token_ids"]
         assert a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"]
     assert all(b["gemfilter"]["selector_cached_tokens"] > 0 for b in one_by_one)
+
+
+def test_an_unfiltered_chat_with_logprobs_equals_vllm_s_direct_answer(servers):
+    """Chat fields only vLLM's chat endpoint serves (logprobs) reach it as sent when nothing is filtered, with the
+    template the proxy applies (the embedded model's tokenizer has none); the answer equals vLLM's direct one."""
+    from gemfilter.lab.serve.chat_template import GEMMA3
+
+    engine, proxy, _ = servers
+    body = {"messages": [{"role": "user", "content": "Name three colours of the rainbow."}], "max_tokens": 8,
+            "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    direct = post(engine + "/chat/completions", {**body, "model": str(gemfilter.models.embedded_model_dir()),
+                                                 "chat_template": GEMMA3})
+    via = post(proxy + "/v1/chat/completions", {**body, "gemfilter": {"method": "full"}})
+    assert via["gemfilter"]["passthrough"] and via["id"].startswith("chatcmpl-")
+    assert via["choices"][0]["message"] == direct["choices"][0]["message"]
+    assert via["choices"][0]["logprobs"] == direct["choices"][0]["logprobs"]
+    assert len(via["choices"][0]["logprobs"]["content"]) == via["usage"]["completion_tokens"] > 0
+
+
+def test_a_filtered_chat_stream_with_two_choices_gives_each_its_role(servers):
+    _, proxy, _ = servers
+    body = {"messages": [{"role": "user", "content": "The fox ran over the hill and down to the river. " * 20}],
+            "max_tokens": 4, "temperature": 1.0, "seed": 0, "n": 2, "stream": True}  # vLLM: greedy takes n = 1 only
+    req = urllib.request.Request(proxy + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        events = [line[5:].strip() for line in resp.read().decode().splitlines() if line.startswith("data:")]
+    assert events[-1] == "[DONE]"
+    roles = {}
+    for chunk in map(json.loads, events[:-1]):
+        for choice in chunk["choices"]:
+            roles.setdefault(choice["index"], []).append(choice["delta"].get("role"))
+    assert sorted(roles) == [0, 1]
+    for index, seen in roles.items():
+        assert seen[0] == "assistant" and all(r is None for r in seen[1:]), (index, seen)
 
 
 def test_a_client_that_leaves_ends_vllm_s_request(servers):

@@ -150,6 +150,11 @@ def prompt_ids(body: dict, tokenizer, chat: bool, *, template: str | None = None
     raise BadRequest("'prompt' must be one non-empty string or one list of token ids (one prompt per request)")
 
 
+def chat_only(body: dict) -> list:
+    """The fields of a chat request that only an engine's chat endpoint serves (:data:`CHAT_ONLY`)."""
+    return [k for k in CHAT_ONLY if k in body]
+
+
 def check_rewritable(body: dict, chat: bool) -> None:
     """400 naming the fields that cannot be honoured once the prompt is sent as other token ids."""
     refused = [k for k, noop in PROMPT_FIELDS.items() if k in body and body[k] != noop]
@@ -157,8 +162,9 @@ def check_rewritable(body: dict, chat: bool) -> None:
         refused += [k for k in CHAT_ONLY if k in body]
     if refused:
         raise BadRequest(f"{', '.join(refused)} cannot be served for a filtered prompt: the engine's completions "
-                         "endpoint receives the kept token ids, not your prompt; send them with method 'full' "
-                         "or a prompt of at most topk tokens")
+                         "endpoint receives the kept token ids, not your prompt; send them with "
+                         "\"gemfilter\": {\"method\": \"full\"} (or a prompt of at most topk tokens), which the "
+                         "engine receives as you sent it")
 
 
 def chat_max_tokens(body: dict) -> int | None:
@@ -201,17 +207,25 @@ def fix_usage(answer: dict, prompt_tokens: int) -> dict:
     return answer
 
 
-def as_chat(completion: dict, chunk: bool, first: bool = False) -> dict:
-    """A /v1/completions answer (or stream chunk) as a chat completion (or chat chunk)."""
+def as_chat(completion: dict, chunk: bool, roled: set | None = None) -> dict:
+    """A /v1/completions answer (or stream chunk) as a chat completion (or chat chunk).
+
+    roled: a stream's choice indices that have had their ``role`` delta: each choice's first chunk gets one, as
+    vLLM sends it per choice (``n`` > 1), and its index is added. The id takes vLLM's chat prefix (``chatcmpl-``)."""
     choices = []
+    roled = set() if roled is None else roled
     for c in completion.get("choices", []):
         extra = {k: v for k, v in c.items() if k not in ("text", "logprobs")}
         text = c.get("text", "")
         if chunk:
+            first = c.get("index", 0) not in roled
+            roled.add(c.get("index", 0))
             delta = {"role": "assistant", "content": text} if first else {"content": text}
             choices.append({**extra, "delta": delta})
         else:
             choices.append({**extra, "message": {"role": "assistant", "content": text}})
     out = {k: v for k, v in completion.items() if k not in ("choices", "object")}
+    if isinstance(out.get("id"), str) and out["id"].startswith("cmpl-"):
+        out["id"] = "chat" + out["id"]
     out.update(object="chat.completion.chunk" if chunk else "chat.completion", choices=choices)
     return out

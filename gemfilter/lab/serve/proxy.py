@@ -28,9 +28,10 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .bodies import (BadRequest, as_chat, chat_max_tokens, check_rewritable, completion_body, fix_usage,  # noqa: F401
-                     prompt_ids, request_options)
+from .bodies import (BadRequest, as_chat, chat_max_tokens, chat_only, check_rewritable, completion_body,  # noqa: F401
+                     fix_usage, prompt_ids, request_options)
 from .connection import ClientTimeout, ClientWatch, read_body
+from .selector import ClientGone
 from .upstream import Call, UpstreamError
 
 #: (option, low, high) for the server's limits; the CLI checks them before the selector loads.
@@ -150,6 +151,24 @@ class Handler(BaseHTTPRequestHandler):
         self._error(code, message or explain or phrase, "invalid_request_error" if code < 500 else "internal_error")
 
     # --- routes --------------------------------------------------------------------------------
+    def _not_allowed(self):
+        """405, as vLLM's server answers a method it has no route for (the standard library's default is 501)."""
+        self.close_connection = True  # a body, if any, is not read
+        allowed = "GET" if self.path.rstrip("/") in ("/health", "/v1/models") else "POST"
+        self._answered = True
+        raw = json.dumps(error_body(405, f"Method Not Allowed: {self.command} {self.path}; this route takes "
+                                         f"{allowed}", "invalid_request_error")).encode()
+        self.send_response(405)
+        self.send_header("Allow", allowed)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(raw)
+
+    do_HEAD = do_OPTIONS = do_PUT = do_DELETE = do_PATCH = _not_allowed
+
     def do_GET(self):
         if self.path.rstrip("/") == "/health":
             return self._send_json(200, {"status": "ok"})
@@ -180,32 +199,48 @@ class Handler(BaseHTTPRequestHandler):
                                     "/v1/chat/completions", "not_found")
         chat = route.endswith("chat/completions")
         sel = self.server.selector
-        try:
-            body = read_body(self.headers, self.rfile)
-            opts = request_options(body, self.server.defaults, sel.layer)
-            ids = prompt_ids(body, sel.tokenizer, chat, template=sel.chat_template, vocab=sel.vocab_size)
-            passthrough = sel.passes_through(len(ids), sel.method_for(len(ids), opts["method"], opts["topk"]))
-            # A chat whose template the proxy supplies goes as ids too: the engine has no template for it.
-            rewrite = not passthrough or (chat and sel.chat_template is not None)
-            if rewrite:
-                check_rewritable(body, chat)  # before the selection, which is the expensive part
-            choice = sel.choose(ids, opts["method"], opts["topk"])
-            if rewrite:
-                model = body.get("model") or self.server.upstream.default_model()
-                limit = self.server.upstream.max_model_len(model) if chat and chat_max_tokens(body) is None else None
-                sent, path = completion_body(body, choice.ids, chat, limit), "/completions"
-            else:
-                sent, path = {k: v for k, v in body.items() if k != "gemfilter"}, route[len("/v1"):]
-        except ClientTimeout as err:
-            return self._error(408, str(err), "invalid_request_error")
-        except UpstreamError as err:  # asking the engine for its model or its length failed
-            return self._error(err.status, str(err), "upstream_error")
-        except (BadRequest, ValueError) as err:
-            return self._error(400, str(err), "invalid_request_error")
-        meta = choice.meta(sel.layer)
-        plan = {"meta": meta, "convert": rewrite and chat, "prompt_tokens": len(ids) if rewrite else None}
         call = Call()
+        # From here the client is watched: one that leaves while its request waits for the selector, or while it is
+        # selected, is dropped before its selection or before the engine call; later, the engine's request closes.
+        body = {}
         with ClientWatch(self.connection, call.abort) as watch:
+            try:
+                body = read_body(self.headers, self.rfile)
+                model = body.get("model")
+                opts = request_options(body, self.server.defaults, sel.layer)
+                ids = prompt_ids(body, sel.tokenizer, chat, template=sel.chat_template, vocab=sel.vocab_size)
+                passthrough = sel.passes_through(len(ids), sel.method_for(len(ids), opts["method"], opts["topk"]))
+                # A chat on a model whose template the proxy supplies goes as templated ids, unless it asks for
+                # what only the chat endpoint serves: then it goes there as sent, with the proxy's template.
+                as_ids = not passthrough or (chat and sel.chat_template is not None and not chat_only(body))
+                if not passthrough:
+                    check_rewritable(body, chat)  # before the selection, which is the expensive part
+                choice = sel.choose(ids, opts["method"], opts["topk"], gone=lambda: watch.gone)
+                if as_ids:
+                    model = model or self.server.upstream.default_model()
+                    limit = self.server.upstream.max_model_len(model) if chat and chat_max_tokens(body) is None else None
+                    sent, path = completion_body(body, choice.ids, chat, limit), "/completions"
+                else:  # as the client sent it: every field the engine serves
+                    sent, path = {k: v for k, v in body.items() if k != "gemfilter"}, route[len("/v1"):]
+                    if chat and sel.chat_template is not None and "chat_template" not in sent:
+                        sent["chat_template"] = sel.chat_template  # the engine has no template for this model either
+            except ClientGone:
+                self.close_connection = True
+                return None
+            except ClientTimeout as err:
+                return self._error(408, str(err), "invalid_request_error")
+            except UpstreamError as err:  # asking the engine for its models or its length failed
+                return self._error(err.status, str(err), "upstream_error")
+            except (BadRequest, ValueError) as err:
+                if self._unknown(body):  # vLLM's order: the model, then the fields
+                    return self._error(404, f"The model `{body['model']}` does not exist.", "NotFoundError")
+                return self._error(400, str(err), "invalid_request_error")
+            meta = choice.meta(sel.layer)
+            plan = {"meta": meta, "convert": as_ids and chat, "roled": set(),
+                    "prompt_tokens": len(ids) if as_ids else None}
+            if watch.gone:  # it left during the selection: no engine call
+                self.close_connection = True
+                return None
             try:
                 if "model" not in sent:
                     sent["model"] = self.server.upstream.default_model()
@@ -222,11 +257,21 @@ class Handler(BaseHTTPRequestHandler):
             return None
         self._send_json(200, self._rewrite(answer, plan, chunk=False, first=False), meta)
 
+    def _unknown(self, body: dict) -> bool:
+        """Whether ``body`` names a model the engine does not serve (False when the engine cannot say)."""
+        model = body.get("model")
+        if not isinstance(model, str):
+            return False
+        try:
+            return not self.server.upstream.serves(model)
+        except UpstreamError:
+            return False
+
     @staticmethod
     def _rewrite(obj: dict, plan: dict, chunk: bool, first: bool) -> dict:
         """An engine answer (or chunk) as the client asked for it: chat form, its prompt's usage, the metadata."""
         if plan["convert"] and "choices" in obj:
-            obj = as_chat(obj, chunk=chunk, first=first)
+            obj = as_chat(obj, chunk=chunk, roled=plan["roled"])
         if plan["prompt_tokens"] is not None:
             fix_usage(obj, plan["prompt_tokens"])
         if first or not chunk:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -78,6 +79,10 @@ def load_selector(name: str | None = None, *, layer: int | None = None, attn: st
     return model, tok, layer
 
 
+class ClientGone(Exception):
+    """The client left before its selection ran (or while it ran): nothing more is done for it."""
+
+
 @dataclass
 class Choice:
     """One request's selection: the ids to send upstream and what to report."""
@@ -144,9 +149,13 @@ class Selector:
 
         return isinstance(method, FullMethod) or n <= method.topk
 
-    def choose(self, ids: list, method, topk: int | None = None) -> Choice:
+    def choose(self, ids: list, method, topk: int | None = None, gone=None) -> Choice:
         """Select from prompt ``ids`` with a prompt method (a spec, as for :meth:`method_for`); prompts of at most
-        its ``topk`` tokens pass unchanged."""
+        its ``topk`` tokens pass unchanged.
+
+        gone: optional ``() -> bool``, true once the client has left. A request whose client left while it waited for
+        a free selector is dropped before its selection (:class:`ClientGone`), so departed clients never hold up
+        the ones still there."""
         import torch
 
         n = len(ids)
@@ -160,7 +169,7 @@ class Selector:
         if self.passes_through(n, m):
             return Choice(list(ids), label, k, n, n, True, time.perf_counter() - start)
         reused = 0
-        with self._slots, torch.no_grad():
+        with self._slot(gone), torch.no_grad():
             waited = time.perf_counter() - start
             if self.prefix_cache is not None and getattr(m, "scores_last_row", False):
                 selection, reused = self._select_cached(m, ids)
@@ -168,6 +177,24 @@ class Selector:
                 selection = m.select(self.model, torch.tensor([ids]), tokenizer=self.tokenizer)
         kept = selection.kept_ids[0].tolist()
         return Choice(kept, label, k, n, len(kept), False, time.perf_counter() - start, waited, reused)
+
+    @contextmanager
+    def _slot(self, gone, poll: float = 0.05):
+        """Hold one of the selector's worker slots, waiting in turn; raise :class:`ClientGone` if the client leaves
+        while it waits (checked every ``poll`` seconds) or before the slot is used."""
+        if gone is None:
+            with self._slots:
+                yield
+            return
+        while not self._slots.acquire(timeout=poll):
+            if gone():
+                raise ClientGone()
+        try:
+            if gone():
+                raise ClientGone()
+            yield
+        finally:
+            self._slots.release()
 
     def _select_cached(self, method, ids: list):
         """(the selection, the prompt tokens served from the cache) with the prefix cache: copy the longest stored

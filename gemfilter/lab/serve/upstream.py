@@ -107,6 +107,7 @@ class Upstream:
         self.timeout = timeout
         self._model = None
         self._max_len = {}
+        self._listed = None  # the model ids of the last GET /models
 
     # --- one exchange ---------------------------------------------------------------------------
     def _open(self, url: str, body: dict | None, call: Call | None = None):
@@ -231,6 +232,14 @@ class Upstream:
             value = found[0] if found else None
             self._max_len[model] = value if isinstance(value, int) and not isinstance(value, bool) else None
         return self._max_len[model]
+
+    def serves(self, model: str) -> bool:
+        """Whether the engine lists ``model`` at ``GET /models`` (asked again when a name is not in the last list,
+        so a model the engine loads later is found)."""
+        if model in (self._listed or ()):
+            return True
+        self._listed = set(self.model_ids())
+        return model in self._listed
 
     def default_model(self) -> str:
         """The first model id the engine lists, asked once; the model field of requests that name none."""
