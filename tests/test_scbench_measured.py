@@ -62,3 +62,27 @@ def test_engine_rows_are_scored_again_and_equal_the_local_rows_they_share():
                         b["prediction"], b["score"], b["kept"], b["history_tokens"]), (path, row["_id"])
                     compared += 1
     assert compared == 100  # every engine conversation (5 samples x 4 labels and modes, 5 turns) has local rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["multi-turn"])
+def test_the_committed_rows_were_fed_the_samples_the_runner_makes_now(mode):
+    """Every committed row was fed today's sample for its (mode, length, task, seed), whole: its ground truths and
+    each turn's history length equal the ones rebuilt here with the embedded tokenizer (the multi-turn rows predate
+    the per-mode sizing, which leaves multi-turn samples as they were)."""
+    from eval.scbench.generate import make_sample
+    from eval.scbench.prompts import build_prompts, max_input_length, turn_input_ids
+
+    import gemfilter
+
+    tok = gemfilter.models.load_tokenizer()
+    rows = {(k[1], k[3]): v for k, v in collect(ROOT).items() if k[0] == mode and k[2] == "full"}
+    assert len(rows) == 8
+    for (length, task), found in rows.items():
+        for row in found:
+            prompts = build_prompts(make_sample(task, tok, length, 5, seed=int(row["_id"]), mode=mode), task, mode)
+            assert [t["ground_truth"] for t in row["turns"]] == prompts.ground_truth, (length, task, row["_id"])
+            limit = max_input_length(task, length, 5, mode)
+            assert len(tok.encode(prompts.first)) <= limit
+            lengths = [len(turn_input_ids(prompts, tok, t, max_length=limit)) for t in range(5)]
+            assert [t["history_tokens"] for t in row["turns"]] == lengths, (length, task, row["_id"])

@@ -63,8 +63,9 @@ def test_turns_are_fed_as_the_official_runner_feeds_them(tiny, tmp_path, mode):
     for task in TASKS:
         new = get_task(task).max_new_tokens
         for seed in range(2):
-            prompts = build_prompts(make_sample(task, tok, 2048, 3, seed=seed), task, mode)
+            prompts = build_prompts(make_sample(task, tok, 2048, 3, seed=seed, mode=mode), task, mode)
             limit = max_input_length(task, 2048, 3, mode)
+            assert len(tok.encode(prompts.first)) <= limit  # the runner feeds the whole context
             full = {r["_id"]: r for r in merged[f"{mode}/2048/full/{task}.jsonl"]}[str(seed)]
             again = {r["_id"]: r for r in merged[f"{mode}/2048/gemfilter:k=48,layer=2@reselect/{task}.jsonl"]}[str(seed)]
             for t in range(3):

@@ -143,6 +143,47 @@ def test_budget_holds_on_the_embedded_tokenizer(max_tokens):
         assert 0.9 * max_tokens < _conversation_tokens(real, task, eg) <= max_tokens, task
 
 
+def _runner_samples(tok, max_tokens: int, mode: str, num: int) -> list:
+    """(task, sample) of every unit the runner makes for ``mode`` at ``max_tokens`` (its own sizing)."""
+    from eval.scbench.runner import RunConfig, SCBench
+
+    config = RunConfig(methods=("full",), tasks=OFFLINE, lengths=(max_tokens,), num_samples=num, modes=(mode,))
+    return [(u.data[3], u.data[4]) for u in SCBench(config, tokenizer=lambda: tok).units(None, None, None)]
+
+
+def _fed_whole(tok, task, sample, max_tokens, mode):
+    """Whether the runner feeds ``sample``'s first prompt whole (its middle truncation cuts nothing), and the
+    share of the mode's input budget it fills."""
+    ids = tok.encode(prompts.build_prompts(sample, task, mode).first)
+    limit = prompts.max_input_length(task, max_tokens, 5, mode)
+    return prompts.truncate_middle(ids, limit) == ids, len(ids) / limit
+
+
+@pytest.mark.parametrize("max_tokens", [4096, 8192])
+@pytest.mark.parametrize("mode", prompts.MODES)
+def test_the_runner_feeds_every_context_whole(tok, max_tokens, mode):
+    """Each mode's samples fit that mode's official input budget (multi-request's is 1000 tokens smaller): the
+    runner's middle truncation cuts nothing, in either mode (it cut 15-27% of multi-request contexts)."""
+    for task, sample in _runner_samples(tok, max_tokens, mode, 2):
+        whole, filled = _fed_whole(tok, task, sample, max_tokens, mode)
+        assert whole, (task, mode, max_tokens)
+        assert filled > 0.6, (task, mode, filled)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_tokens", [4096, 8192])
+@pytest.mark.parametrize("mode", prompts.MODES)
+def test_the_runner_feeds_every_context_whole_on_the_embedded_tokenizer(max_tokens, mode):
+    from transformers import AutoTokenizer
+
+    path = os.path.expanduser("~/.cache/gemfilter/gemma3-270m-dequantized")
+    if not os.path.isdir(path):
+        pytest.skip("the embedded model's tokenizer is not on this machine")
+    real = AutoTokenizer.from_pretrained(path)
+    for task, sample in _runner_samples(real, max_tokens, mode, 2):
+        assert _fed_whole(real, task, sample, max_tokens, mode)[0], (task, mode, max_tokens)
+
+
 def test_refusals(tok):
     with pytest.raises(ValueError, match="cannot be generated offline: it needs"):
         generate.make_sample("scbench_qa_eng", tok, 4096)

@@ -30,7 +30,7 @@ import uuid
 
 from eval.ruler.sources import NOISE
 
-from .prompts import build_multi_request, build_multi_turn, turn_input_ids
+from .prompts import build_multi_request, build_multi_turn, build_prompts, max_input_length, turn_input_ids
 from .tasks import get_task
 
 MAX_TURNS = 5  # run_scbench.py's --max_turns default
@@ -172,13 +172,17 @@ def sample_tokens(sample: dict, task: str, tokenizer) -> int:
                max(len(turn_input_ids(request, tokenizer, t)) for t in range(turns)) + new)
 
 
-def make_sample(task: str, tokenizer, max_tokens: int, turns: int = MAX_TURNS, seed: int = 0, reserve: int = 0) -> dict:
+def make_sample(task: str, tokenizer, max_tokens: int, turns: int = MAX_TURNS, seed: int = 0, reserve: int = 0,
+                mode: str | None = None) -> dict:
     """The largest sample of a synthetic task whose whole conversation fits ``max_tokens``.
 
     task: an official data name with a generator (``eval.scbench.tasks.OFFLINE``); tokenizer: the
     model's (counts as the official runner encodes); max_tokens: the window (``--max_seq_length``);
     turns: queries over the one context; seed: the sample's only source of randomness (also its id);
-    reserve: tokens kept free for a chat template's markup. ValueError if not even the smallest fits.
+    reserve: tokens kept free for a chat template's markup; mode: a name in ``eval.scbench.prompts.MODES``:
+    the first prompt must also fit that mode's official input budget
+    (:func:`eval.scbench.prompts.max_input_length`, 1000 tokens less in multi-request), so the runner's
+    middle truncation never cuts it (None: no such bound). ValueError if not even the smallest fits.
     """
     spec = get_task(task)
     if not spec.offline:
@@ -188,14 +192,20 @@ def make_sample(task: str, tokenizer, max_tokens: int, turns: int = MAX_TURNS, s
     make, smallest = GENERATORS[spec.generator]
     budget = max_tokens - reserve
 
+    limit = None if mode is None else max_input_length(task, max_tokens, turns, mode)
+
     def build(size):
         sample = {"id": seed, **make(random.Random(seed), size, turns)}
-        return sample, sample_tokens(sample, task, tokenizer)
+        used = sample_tokens(sample, task, tokenizer)
+        if limit is not None and len(tokenizer.encode(build_prompts(sample, task, mode).first)) > limit:
+            used = budget + 1  # the runner would cut its first prompt: too large
+        return sample, used
 
     best, used = build(smallest)
     if used > budget:
-        raise ValueError(f"{task}: even the smallest sample needs {used} tokens for {turns} turns, more than "
-                         f"{budget}; use a larger max_tokens or fewer turns")
+        raise ValueError(f"{task}: even the smallest sample needs more than the {budget} tokens of a {max_tokens}-token "
+                         f"window for {turns} turns" + (f" ({mode}: a first prompt of at most {limit})" if limit else "")
+                         + "; use a larger max_tokens or fewer turns")
     lower, upper = smallest, smallest * 2 + 8
     while True:  # grow until a size no longer fits, then bisect between the last fit and it
         sample, used = build(upper)

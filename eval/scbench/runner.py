@@ -41,6 +41,11 @@ from .tasks import OFFLINE, get_task
 #: Fields a stored row must hold to count as done.
 ROW_FIELDS = ("_id", "turns")
 PROMPT_PROTOCOLS = ("reselect", "reuse")
+#: How samples are sized, part of a folder's identity: each mode's sample fits that mode's input budget
+#: (``make_sample(mode=...)``). Folders written before say nothing, which means the old sizing: one sample for
+#: both modes, whose multi-request context the runner's middle truncation cut by 15-27% at 4K and 8K.
+SAMPLE_SIZING = "each mode's input budget"
+LEGACY = {"samples": "one sample for both modes, cut in multi-request"}
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ class RunConfig:
     def identity(self) -> dict:
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
         return {"model": self.model, "topk": self.topk, "layer": self.layer, "turns": self.turns,
-                "dtype": self.dtype, **engine}
+                "dtype": self.dtype, "samples": SAMPLE_SIZING, **engine}
 
 
 def defaults(config: RunConfig) -> dict:
@@ -119,6 +124,7 @@ class SCBench(Benchmark):
     """SCBench on :func:`eval.runner.run`: a unit is one sample's whole conversation (every turn, one row)."""
 
     name, noun, required = "SCBench", "conversation", ROW_FIELDS
+    legacy = LEGACY
 
     def validate(self) -> None:
         validate(self.config)
@@ -142,11 +148,12 @@ class SCBench(Benchmark):
 
     def units(self, out, state, say) -> list:
         config, tok = self.config, self.tokenizer()
-        samples = {(L, t, i): make_sample(t, tok, L, config.turns, seed=i)
+        # each mode's sample fits that mode's input budget, so the runner's middle truncation never cuts a context
+        samples = {(mode, L, t, i): make_sample(t, tok, L, config.turns, seed=i, mode=mode) for mode in config.modes
                    for L in config.lengths for t in config.tasks for i in range(config.num_samples)}
         labels = list(labelled(config))
         # sample-major, so a run cut off leaves every mode, task and method on the same samples
-        return [Unit(f"{mode}/{L}/{label}/{t}.jsonl", str(i), (mode, L, label, t, samples[L, t, i]))
+        return [Unit(f"{mode}/{L}/{label}/{t}.jsonl", str(i), (mode, L, label, t, samples[mode, L, t, i]))
                 for L in config.lengths for i in range(config.num_samples) for mode in config.modes
                 for t in config.tasks for label in labels]
 

@@ -82,8 +82,10 @@ def main(argv=None) -> int:
     p.add_argument("--turns", type=int, default=5, help="questions per conversation (default 5)")
     p.add_argument("--question-tokens", type=int, default=32, help="tokens per question (default 32)")
     p.add_argument("--answer-tokens", type=int, default=20, help="tokens per answer, forced (default 20)")
-    p.add_argument("--topk", type=int, default=1024, help="budget of the methods whose spec sets none (default 1024)")
-    p.add_argument("--layer", type=int, default=None, help="filter layer (default: the architecture's paper layer)")
+    from ..options import add_method_options
+
+    add_method_options(p, methods=None, topk_default=1024,
+                       topk_help="budget of the methods whose spec sets none (default 1024, the paper's k)")
     p.add_argument("--out", required=True, help="JSONL file the rows are appended to")
     args = p.parse_args(argv)
     from ..io import append_jsonl, read_jsonl
