@@ -100,6 +100,14 @@ def dynamic_cache(config):
     return DynamicCache(config=config)
 
 
+def unwindowed_cache():
+    """An empty ``DynamicCache`` whose every layer keeps every key, sliding-window layers too (made on first use);
+    the model's masks still apply each layer's window, so its outputs are those of the windowed cache."""
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
 def dynamic_layer_class():
     """The cache layer class of a full-attention ``DynamicCache`` layer."""
     from transformers.cache_utils import DynamicLayer

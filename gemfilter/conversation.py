@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import torch
 
 from .apply import apply, resolve
-from .compat import cache_kwargs, dynamic_cache
+from .compat import cache_kwargs, dynamic_cache, unwindowed_cache
 from .layers import default_layer
 from .measure import FirstTokenClock, PeakMemory
 from .methods.spec import Method, PromptMethod
-from .selection import Selection, check_causal_decoder, select_cached, sliding_window_of
+from .selection import QueryTail, Selection, check_causal_decoder, select_cached, sliding_window_of
 
 PROTOCOLS = ("reselect", "reuse", "full")
 KEEPS = ("answers", "questions", "context")
@@ -120,13 +120,20 @@ class Conversation:
         self.turns: list[Turn] = []
         self._stack = None
         self._cache = None  # reuse/full: the generation cache; reselect: the selector's layers 0..r
+        self._tail = None  # reselect: the query rows of the history's last tokens, for window scores
         self._memory = PeakMemory(next(model.parameters()).device)
 
     def __enter__(self):
         self._stack = ExitStack()
         if self.protocol == "reuse":
             self._handle = self._stack.enter_context(apply(self.model, self.method, tokenizer=self.tokenizer))
-        self._cache = dynamic_cache(self.model.config)
+        if self.protocol == "reselect" and self.method.scores_sliding_layers:
+            self._cache = unwindowed_cache()  # its scores read every key of windowed layers too
+        else:
+            self._cache = dynamic_cache(self.model.config)
+        # reselect with a method that reads more than the last query row: the earlier tokens' rows
+        self._tail = QueryTail(self.method.query_rows) if self.protocol == "reselect" and \
+            self.method.query_rows > 1 else None
         return self
 
     def __exit__(self, *exc):
@@ -146,7 +153,7 @@ class Conversation:
         start = time.perf_counter()
         with _Checkpoint(self), torch.no_grad():
             if self.protocol == "reselect":
-                self._select(history, self._cache)
+                self._select(history, self._cache, self._tail)
             else:  # one new token, never fed: the cache ends holding the history alone
                 self.model.generate(history, max_new_tokens=1, do_sample=False, **cache_kwargs(self._cache))
             self.history = history
@@ -189,7 +196,11 @@ class Conversation:
         start = time.perf_counter()
         selection, kept = None, None
         if self.protocol == "reselect":
-            selection = self._select(history, copy.deepcopy(self._cache) if self.keep == "context" else self._cache)
+            if self.keep == "context":  # the question is asked over the context alone: nothing of it stays
+                selection = self._select(history, copy.deepcopy(self._cache), None if self._tail is None
+                                         else self._tail.copy())
+            else:
+                selection = self._select(history, self._cache, self._tail)
             with apply(self.model, Preselected(self.method, selection), tokenizer=self.tokenizer) as handle:
                 out = self.model.generate(history, streamer=clock, **generate_kwargs)
             kept = handle.calls[-1].kept[0]
@@ -247,9 +258,10 @@ class Conversation:
             raise ValueError(f"the conversation would hold {history.shape[1]} tokens with this question, more than "
                              f"the model's max_position_embeddings ({limit})")
 
-    def _select(self, history, cache) -> Selection:
-        """The method's selection over ``history`` (1, L), running only the tokens ``cache`` has not seen."""
-        return select_cached(self.model, self.method, history, cache, self.tokenizer)
+    def _select(self, history, cache, tail) -> Selection:
+        """The method's selection over ``history`` (1, L), running only the tokens ``cache`` has not seen (and
+        ``tail``, a :class:`~gemfilter.selection.QueryTail`, holds the query rows of the ones it has)."""
+        return select_cached(self.model, self.method, history, cache, self.tokenizer, tail=tail)
 
     def _fork(self):
         """A copy of the history's cache to answer on, so the answer (and, for ``context``, the question) is dropped."""
@@ -307,11 +319,11 @@ def check_reselect(model, method) -> None:
     if not isinstance(method, PromptMethod):
         raise ValueError(f"protocol 'reselect' selects prompt tokens; {method.name} is not a prompt method. Use "
                          "'reuse' for it (its compressed cache goes on), or gemfilter / gemfilter-span")
-    if not getattr(method, "scores_last_row", False):
+    if not method.selects_from_cache:
         raise ValueError(f"protocol 'reselect' reuses the history's layers 0..r, which gives the same scores only "
-                         f"for methods that read the last query row; {method.name} reads another row. Use 'reuse'")
+                         f"for methods that read the last query rows; {method.name} reads another row. Use 'reuse'")
     layer = method.layer if method.layer is not None else default_layer(model)
-    if sliding_window_of(model, layer) is not None:
+    if sliding_window_of(model, layer) is not None and not method.scores_sliding_layers:
         raise ValueError(f"protocol 'reselect': filter layer {layer} has a sliding window, so its cache keeps "
                          "only the window's keys and could not select from the whole history; choose a "
                          "full-attention layer")
@@ -335,6 +347,7 @@ class _Checkpoint:
         self.history, self.turns = chat.history, len(chat.turns)
         self.layers = list(cache.layers)
         self.states = [dict(vars(layer)) for layer in self.layers]
+        self.tail = None if chat._tail is None else dict(chat._tail.by_layer)
         self.handle = handle = chat._handle
         if handle is not None:
             self.entries = {name: getattr(handle, name).get(cache) for name in ("_by_cache", "_consumed", "_prefilling")}
@@ -352,6 +365,8 @@ class _Checkpoint:
         for layer, state in zip(self.layers, self.states):
             vars(layer).clear()
             vars(layer).update(state)
+        if self.tail is not None:
+            chat._tail.by_layer = self.tail
         handle = self.handle
         if handle is not None:
             for name, obj in self.entries.items():

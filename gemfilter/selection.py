@@ -269,23 +269,56 @@ def paper_pick(raw, valid, topk: int, kernel: int):
     return topk_sorted(pooled, valid, topk), pooled
 
 
-def select_cached(model, method, input_ids, cache, tokenizer=None) -> Selection:
-    """A last-row method's selection over ``input_ids`` (1, n), running only the tokens ``cache`` lacks.
+class QueryTail:
+    """The post-RoPE query rows of the last ``rows`` tokens each layer has seen, kept between cached passes.
 
-    cache: a KV cache holding layers 0..``method.layer`` of ``input_ids[:, :c]`` (c < n, possibly 0); the rest
-    run at positions c..n-1 and are appended to it. Equals :func:`select_tokens` with ``method`` for methods
-    whose score reads the last query row (``method.scores_last_row``): their scores need no earlier row.
+    A method that scores with the last W query rows (``gemfilter-qwin``, ``gemfilter-span-qmax``, ``gemfilter-asl``)
+    needs, on a pass that runs only a turn's new tokens, the rows of tokens an earlier pass ran: the cache holds
+    their keys and values, not their queries. :meth:`extend` appends a pass's new rows and gives back every row
+    it has (at least the last ``rows``). Memory: (b, h, rows, d) per layer read.
+    """
+
+    def __init__(self, rows: int):
+        self.rows = rows
+        self.by_layer = {}
+
+    def extend(self, layer: int, query):
+        """``query`` (b, h, t, d), the new tokens' rows at ``layer``, after the kept ones: (b, h, t', d)."""
+        kept = self.by_layer.get(layer)
+        full = query if kept is None else torch.cat([kept, query], dim=2)
+        self.by_layer[layer] = full[:, :, -self.rows:]
+        return full
+
+    def copy(self) -> "QueryTail":
+        twin = QueryTail(self.rows)
+        twin.by_layer = dict(self.by_layer)
+        return twin
+
+
+def select_cached(model, method, input_ids, cache, tokenizer=None, tail: QueryTail | None = None) -> Selection:
+    """A prompt method's selection over ``input_ids`` (1, n), running only the tokens ``cache`` lacks.
+
+    cache: a KV cache holding the layers the method reads of ``input_ids[:, :c]`` (c < n, possibly 0; layers
+    0..``method.layer``, or every layer for ``gemfilter-asl``); the rest run at positions c..n-1 and are appended
+    to it. tail: the :class:`QueryTail` of the same tokens, for methods that read more than the last query row
+    (``method.query_rows`` > 1; None for the others). Equals :func:`select_tokens` with ``method`` for every method
+    whose ``selects_from_cache`` is true (``method.cached_scores`` says how).
     """
     seen = cache.get_seq_length()
     new = input_ids[:, seen:]
     if new.shape[1] == 0:
         raise ValueError(f"select_cached: the cache already holds all {seen} tokens; at least one must be new")
+    if method.query_rows > 1 and tail is None:
+        raise ValueError(f"select_cached: {method.name} reads the last {method.query_rows} query rows; give the "
+                         "QueryTail of the tokens the cache holds")
     valid = torch.ones_like(input_ids, dtype=torch.bool)
-    raw = filter_pass(model, new, torch.ones_like(new), method.layer, lambda q, k: method.score(q, k, valid),
-                      cache=cache)
+    raw = method.cached_scores(model, new, cache, valid, tail)
+    raw, rows = raw if isinstance(raw, tuple) else (raw, None)
     indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
-    return Selection(indices=indices, scores=scores, layer=method.layer,
-                     kept_ids=[row[idx] for row, idx in zip(input_ids, indices)])
+    kept = [row[idx] for row, idx in zip(input_ids, indices)]
+    if rows is not None:
+        return Selection(indices=indices, scores=scores, layer=max(rows), layers=list(rows), kept_ids=kept)
+    return Selection(indices=indices, scores=scores, layer=method.layer, kept_ids=kept)
 
 
 def select_chunked(model, method, input_ids, attention_mask, chunk: int, tokenizer=None) -> Selection:

@@ -102,3 +102,28 @@ def test_a_machine_without_proc_reports_no_peak_but_still_times_the_turn(monkeyp
     with gemfilter.Conversation(model, get_method("gemfilter", layer=2, topk=12)) as chat:
         turn = chat.ask(question(0, 30), **greedy())
     assert turn.peak_mib is None and 0 < turn.ttft_s <= turn.total_s
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("name,topk", [("gemfilter-qwin", 12), ("gemfilter-qwin", 400), ("gemfilter-span-qwin", 24),
+                                       ("gemfilter-span-qmax", 24), ("gemfilter-span-qmax", 400),
+                                       ("gemfilter-claa", 12), ("gemfilter-span-claa", 24), ("gemfilter-asl", 12),
+                                       ("gemfilter-asl", 400)])
+def test_methods_that_read_more_rows_or_layers_reselect_as_a_fresh_run(family, name, topk):
+    """Window methods keep the history's last query rows (QueryTail), CLAA reads the last row at several layers,
+    ASL runs every layer: turn t equals a from-scratch run on the concatenated history, follow-ups (7 tokens)
+    shorter than their windows (16, 32, 48) included."""
+    model = gemfilter.set_attention(BUILDERS[family](), "banded")
+    params = {"layer": FILTER_LAYER[family] if name != "gemfilter-asl" else 1, "topk": topk}
+    if name == "gemfilter-asl":
+        params["window"] = 8
+    method = get_method(name, **params)
+    tok = DotTokenizer()
+    with gemfilter.Conversation(model, method, tok, protocol="reselect") as chat:
+        for t in range(TURNS):
+            turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
+            history = chat.history[:, :turn.history_tokens]
+            fresh = gemfilter.generate(model, history, method=method, tokenizer=tok, **greedy())
+            assert torch.equal(turn.selection.indices[0], fresh.selection.indices[0]), t
+            assert torch.equal(turn.new_tokens, fresh.new_tokens[0]), t
+            assert turn.selection.layers == fresh.selection.layers, t

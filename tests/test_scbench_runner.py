@@ -186,8 +186,8 @@ def test_topk_and_layer_from_the_command_line_reach_every_row(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("change, msg", [
-    ({"methods": ("gemfilter-qwin:k=48,layer=2",)}, "gemfilter-qwin:k=48,layer=2@reselect: protocol 'reselect' .* "
-                                                    "reads another row"),
+    ({"methods": ("middle-row:k=48,layer=2",)}, "middle-row:k=48,layer=2@reselect: protocol 'reselect' .* "
+                                                "reads another row"),
     ({"timeout": 0}, r"--timeout must be a number of seconds in \(0, 86400\], got 0"),
     ({"timeout": float("nan")}, r"--timeout must be a number of seconds in \(0, 86400\], got nan"),
 ])

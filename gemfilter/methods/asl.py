@@ -79,6 +79,7 @@ class GemFilterASL(PaperFilter):
     description: ClassVar[str] = ("variant (ASL): the filter layer chosen per prompt, where the rank variance of "
                                   "the window votes over 8 layers drops below 0.3 of L_min's; top-k + window")
     scores_last_row: ClassVar[bool] = False
+    scores_sliding_layers: ClassVar[bool] = True  # it ranks at every layer, windowed ones included
 
     def __post_init__(self):
         super().__post_init__()
@@ -90,9 +91,19 @@ class GemFilterASL(PaperFilter):
     def score(self, query, key, valid):  # pragma: no cover - score_pass replaces the one-layer pass
         return prefix_ranks(query, key, valid, self.window, self.kernel)[0]
 
-    def score_pass(self, model, input_ids, mask, layer, valid):
+    @property
+    def query_rows(self) -> int:
+        return self.window
+
+    def cached_scores(self, model, new_ids, cache, valid, tail=None):
+        """On a cached pass the new tokens run through every layer (the chosen one differs between turns, so the
+        cache keeps them all), each layer's window rows after the earlier ones ``tail`` kept."""
+        return self.score_pass(model, new_ids, torch.ones_like(new_ids), self.layer, valid, cache=cache, tail=tail)
+
+    def score_pass(self, model, input_ids, mask, layer, valid, cache=None, tail=None):
         """Layers 0.. until every row has chosen its layer (or the last layer); returns (scores (b, n), layers):
-        each row's pooled prefix scores at its layer with +inf on the window (always kept), and the layers."""
+        each row's pooled prefix scores at its layer with +inf on the window (always kept), and the layers.
+        cache, tail: a cached pass (see :meth:`cached_scores`), which runs to the last layer."""
         b, n = valid.shape
         last = num_layers(model) - 1
         history, base = [], [None] * b
@@ -100,6 +111,8 @@ class GemFilterASL(PaperFilter):
         w = min(self.window, n)
 
         def observe(idx, query, key):
+            if tail is not None:
+                query = tail.extend(idx, query)
             pooled, ranks = prefix_ranks(query, key, valid, self.window, self.kernel)
             history.append(ranks)
             for r in range(b):
@@ -119,10 +132,10 @@ class GemFilterASL(PaperFilter):
                     chosen[r] = idx  # no layer triggered: the last one selects (nothing to rank: keep all)
                 if chosen[r] is not None:
                     scores[r] = pooled[r].masked_fill(valid[r] & ~prefix, float("inf"))
-            if all(c is not None for c in chosen):
+            if all(c is not None for c in chosen) and cache is None:
                 raise FilterLayerReached(None)
 
-        filter_pass(model, input_ids, mask, last, lambda q, k: observe(last, q, k), observe=observe)
+        filter_pass(model, input_ids, mask, last, lambda q, k: observe(last, q, k), observe=observe, cache=cache)
         return scores, chosen
 
     def pick(self, raw, valid, input_ids, tokenizer):

@@ -13,8 +13,8 @@ from typing import ClassVar
 
 from ..attention import STATE_KWARG
 from ..continuation import Continuation, NotContinuable, real_rows
-from ..selection import (check_mask_kernel, decode_mask, last_row_scores, layer_windows, paper_pick, position_mask,
-                         positions_from_mask, select_chunked, select_tokens)
+from ..selection import (check_mask_kernel, decode_mask, filter_pass, last_row_scores, layer_windows, paper_pick,
+                         position_mask, positions_from_mask, select_chunked, select_tokens)
 from .registry import register
 from .spec import PromptMethod
 
@@ -80,6 +80,13 @@ class _FilterMethod(PromptMethod):
     scores_last_row: ClassVar[bool] = True
     # a field (None: one pass) of the methods whose filter pass can run in chunks (select_chunked); None elsewhere
     chunk: ClassVar[int | None] = None
+    # its selection can run only a conversation's new tokens on a cache of the earlier ones (select_cached), equal
+    # to a pass over the whole history: gemfilter.Conversation's "reselect" protocol relies on it
+    selects_from_cache: ClassVar[bool] = True
+    # query rows its scores read (the last ones): more than 1 needs a QueryTail between cached passes
+    query_rows: ClassVar[int] = 1
+    # its scores read every key at sliding-window layers too: a cache of the earlier tokens must keep them all
+    scores_sliding_layers: ClassVar[bool] = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -97,6 +104,12 @@ class _FilterMethod(PromptMethod):
             return select_chunked(model, self, input_ids, attention_mask, self.chunk, tokenizer)
         return select_tokens(model, input_ids, attention_mask, layer=self.layer, topk=self.topk, kernel=self.kernel,
                              method=self, tokenizer=tokenizer)
+
+    def cached_scores(self, model, new_ids, cache, valid, tail=None):
+        """Raw scores (b, n) over every token, running only ``new_ids`` (b, t) on ``cache`` (the earlier tokens'
+        layers 0..r); valid: (b, n) bool over every token; tail: the earlier rows for window scores."""
+        return filter_pass(model, new_ids, torch.ones_like(new_ids), self.layer,
+                           lambda q, k: self.score(q, k, valid), cache=cache)
 
     def begin(self, model, input_ids, valid, tokenizer=None):
         return self.start(model, self.select(model, input_ids, None if valid.all() else valid.long(), tokenizer),
@@ -235,6 +248,7 @@ class MiddleRow(PaperFilter):
     name: ClassVar[str] = "middle-row"
     description: ClassVar[str] = "ablation (Fig. G.3): like gemfilter, but scored with the middle query row"
     scores_last_row: ClassVar[bool] = False
+    selects_from_cache: ClassVar[bool] = False  # its row moves with the history: every query row would be kept
 
     def score(self, query, key, valid):
         n = valid.shape[1]
@@ -250,6 +264,7 @@ class LargestRow(PaperFilter):
     name: ClassVar[str] = "largest-row"
     description: ClassVar[str] = "ablation (Fig. G.3): like gemfilter, but scored with the largest-norm query row"
     scores_last_row: ClassVar[bool] = False
+    selects_from_cache: ClassVar[bool] = False  # any row may be the largest: every query row would be kept
 
     def score(self, query, key, valid):
         norms = query.float().pow(2).sum(dim=(1, 3)).masked_fill(~valid, -1.0)  # (b, n)

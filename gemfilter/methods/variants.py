@@ -41,16 +41,20 @@ def window_max_scores(query, key, valid, window: int):
 def window_probs(query, key, valid, window: int):
     """Softmax of each of the last ``window`` query rows over the keys, per head: (b, h_kv, g, w, n).
 
-    query: (b, h, n, d) post-RoPE; key: (b, h_kv, n, d) post-RoPE, h = g * h_kv (GQA: each query head reads
-    its group's key head); valid: (b, n) bool, False on left padding. Row i of the window sits at position
+    query: (b, h, t, d) post-RoPE, the rows of the last t of the n positions (t = n in one pass; a cached pass
+    may give fewer, at least the window's); key: (b, h_kv, n, d) post-RoPE, h = g * h_kv (GQA: each query head
+    reads its group's key head); valid: (b, n) bool, False on left padding. Row i of the window sits at position
     n - w + i and sees keys 0..n - w + i (causal), so the window's own tokens are scored too. Logits are
     fp32 and scaled by 1/sqrt(d), as ``gemfilter-span``'s last-row softmax. A padding row (a prompt shorter
     than the window) casts no vote; padding keys get zero weight.
     """
-    b, h, n, d = query.shape
-    h_kv = key.shape[1]
+    b, h, t, d = query.shape
+    h_kv, n = key.shape[1], key.shape[2]
     w = min(window, n)
-    q = query[:, :, n - w:, :].float().reshape(b, h_kv, h // h_kv, w, d)
+    if t < w:
+        raise ValueError(f"window scores need the last {w} query rows, got {t}: a cached pass must keep the rows "
+                         "of the tokens before (gemfilter.selection.QueryTail)")
+    q = query[:, :, t - w:, :].float().reshape(b, h_kv, h // h_kv, w, d)
     logits = torch.einsum("bkgwd,bknd->bkgwn", q, key.float()) / d ** 0.5
     rows = torch.arange(n - w, n, device=query.device)[:, None]
     allowed = (torch.arange(n, device=query.device)[None, :] <= rows)[None] & valid[:, None, :]  # (b, w, n)
@@ -74,11 +78,25 @@ class GemFilterQWin(PaperFilter):
     name: ClassVar[str] = "gemfilter-qwin"
     description: ClassVar[str] = ("variant: softmax votes of the last 16 query rows (SnapKV-style window) at the "
                                   "filter layer, summed over rows and heads, avg-pool 5, top-k, regenerate")
-    # it reads rows before the last, which a cache of the earlier turns does not hold (Conversation reselect)
+    # it reads rows before the last, which a cache of the earlier turns does not hold: a QueryTail keeps them
     scores_last_row: ClassVar[bool] = False
+
+    @property
+    def query_rows(self) -> int:
+        return self.window
 
     def score(self, query, key, valid):
         return window_scores(query, key, valid, self.window)
+
+    def cached_scores(self, model, new_ids, cache, valid, tail=None):
+        return window_cached_scores(self, model, new_ids, cache, valid, tail)
+
+
+def window_cached_scores(method, model, new_ids, cache, valid, tail):
+    """A window method's raw scores on a cached pass: the new tokens' query rows at the filter layer, after the
+    earlier ones ``tail`` (a :class:`gemfilter.selection.QueryTail`) kept, score every key the cache holds."""
+    return filter_pass(model, new_ids, torch.ones_like(new_ids), method.layer,
+                       lambda q, k: method.score(tail.extend(method.layer, q), k, valid), cache=cache)
 
 
 def claa_layers(model, layer: int, count: int) -> list:
@@ -107,7 +125,7 @@ class GemFilterCLAA(PaperFilter):
     name: ClassVar[str] = "gemfilter-claa"
     description: ClassVar[str] = ("variant (CLAA): last-row softmax averaged over the 4 layers ending at the filter "
                                   "layer (sliding ones skipped), avg-pool 5, top-k, regenerate")
-    # select_cached runs only the filter layer's score; this one needs the pass below
+    # its score is the pass below, not the filter layer's alone (every layer it reads holds the last row)
     scores_last_row: ClassVar[bool] = False
 
     def score(self, query, key, valid):
@@ -116,10 +134,14 @@ class GemFilterCLAA(PaperFilter):
     def score_pass(self, model, input_ids, mask, layer, valid):
         return claa_scores(model, input_ids, mask, layer, valid, self.layers)
 
+    def cached_scores(self, model, new_ids, cache, valid, tail=None):
+        return claa_scores(model, new_ids, torch.ones_like(new_ids), self.layer, valid, self.layers, cache=cache)
 
-def claa_scores(model, input_ids, mask, layer, valid, count):
+
+def claa_scores(model, input_ids, mask, layer, valid, count, cache=None):
     """One filter pass to ``layer`` r; the last-row softmax (summed over heads) of each of :func:`claa_layers`,
-    meaned over them: (b, n). input_ids, mask: (b, n); valid: (b, n) bool."""
+    meaned over them: (b, n). input_ids, mask: (b, n); valid: (b, n) bool. With a ``cache`` of the earlier tokens'
+    layers 0..r, input_ids are the new tokens (b, t) and valid spans every token: the last row is a new one."""
     wanted = set(claa_layers(model, layer, count))
     seen = []
 
@@ -127,7 +149,8 @@ def claa_scores(model, input_ids, mask, layer, valid, count):
         if idx in wanted:
             seen.append(softmax_last_row(query, key, valid))
 
-    last = filter_pass(model, input_ids, mask, layer, lambda q, k: softmax_last_row(q, k, valid), observe=observe)
+    last = filter_pass(model, input_ids, mask, layer, lambda q, k: softmax_last_row(q, k, valid), observe=observe,
+                       cache=cache)
     return torch.stack(seen + [last]).mean(0)
 
 
@@ -144,8 +167,15 @@ class GemFilterSpanQWin(SpanFilter):
                                   "query rows instead of the last row")
     scores_last_row: ClassVar[bool] = False
 
+    @property
+    def query_rows(self) -> int:
+        return self.window
+
     def score(self, query, key, valid):
         return window_scores(query, key, valid, self.window)
+
+    def cached_scores(self, model, new_ids, cache, valid, tail=None):
+        return window_cached_scores(self, model, new_ids, cache, valid, tail)
 
 
 @register
@@ -163,6 +193,9 @@ class GemFilterSpanCLAA(SpanFilter):
 
     def score_pass(self, model, input_ids, mask, layer, valid):
         return claa_scores(model, input_ids, mask, layer, valid, self.layers)
+
+    def cached_scores(self, model, new_ids, cache, valid, tail=None):
+        return claa_scores(model, new_ids, torch.ones_like(new_ids), self.layer, valid, self.layers, cache=cache)
 
 
 @register
@@ -184,5 +217,12 @@ class GemFilterSpanQMax(SpanFilter):
                                   "softmax weight from any head and any of the last 48 query rows")
     scores_last_row: ClassVar[bool] = False
 
+    @property
+    def query_rows(self) -> int:
+        return self.window
+
     def score(self, query, key, valid):
         return window_max_scores(query, key, valid, self.window)
+
+    def cached_scores(self, model, new_ids, cache, valid, tail=None):
+        return window_cached_scores(self, model, new_ids, cache, valid, tail)
