@@ -12,6 +12,9 @@ named protocols say what a turn keeps of the earlier ones:
 - ``reuse``: the first turn's compressed cache goes on, as a KV-cache method runs in an engine (SCBench's
   setting for cache methods); every later turn feeds only its new tokens (see :func:`gemfilter.apply`).
 - ``full``: no method; the whole cache is kept and extended (prefix reuse).
+- ``stable`` (prompt methods; greedy): selects as ``reselect`` does, but keeps last turn's kept tokens in their
+  slots of the generation cache, masks the ones this turn drops and runs only the ones it newly keeps
+  (:mod:`gemfilter.stable`); an approximation of ``reselect``, rebuilt exactly when its holes pass ``max_holes``.
 
 What stays in the history after a turn (``keep``): ``answers`` (question and answer, as a chat), ``questions``
 (the answer is dropped, from the cache too: SCBench's multi-turn mode, whose next question starts with the
@@ -40,8 +43,9 @@ from .layers import default_layer
 from .measure import FirstTokenClock, PeakMemory
 from .methods.spec import Method, PromptMethod
 from .selection import QueryTail, Selection, check_causal_decoder, select_cached, sliding_window_of
+from .stable import Layout
 
-PROTOCOLS = ("reselect", "reuse", "full")
+PROTOCOLS = ("reselect", "reuse", "full", "stable")
 KEEPS = ("answers", "questions", "context")
 
 
@@ -51,7 +55,9 @@ class Turn:
     (reselect: the kept history, reuse: the compressed cache's prompt rows, full: the whole history);
     history_tokens: the history's length with this question; ttft_s: seconds to the first new token,
     selection included; total_s: the whole turn; peak_mib: peak memory over the turn beyond what was held
-    before it (CPU: resident set, read from Linux's /proc; None elsewhere. CUDA: allocated)."""
+    before it (CPU: resident set, read from Linux's /proc; None elsewhere. CUDA: allocated); recomputed: tokens
+    the turn ran through the whole model before its first new token (full and reuse: the new tokens; reselect:
+    the kept ones; stable: the ones it newly keeps); rebuilt: stable only, whether the layout was rebuilt."""
 
     new_tokens: torch.Tensor
     text: str | None
@@ -61,6 +67,8 @@ class Turn:
     total_s: float
     peak_mib: float | None
     selection: Selection | None
+    recomputed: int | None = None
+    rebuilt: bool | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,8 +91,9 @@ class Conversation:
 
     Parameters: model: a transformers causal LM (batch of one conversation); method: a method object (e.g.
     ``GemFilter(topk=1024)``; None for ``full``); tokenizer: to encode text questions and decode answers;
-    protocol: ``reselect``, ``reuse`` or ``full``; keep: ``answers``, ``questions`` or ``context`` (what stays in
-    the history after a turn; see the module docstring).
+    protocol: ``reselect``, ``reuse``, ``full`` or ``stable``; keep: ``answers``, ``questions`` or ``context`` (what
+    stays in the history after a turn; see the module docstring); max_holes: ``stable`` only, the share of masked
+    slots past which its layout is rebuilt in history order (0: every turn, which is ``reselect``).
 
     Example::
 
@@ -93,7 +102,8 @@ class Conversation:
             chat.ask("\\nQuestion: and when ...?", max_new_tokens=50)
     """
 
-    def __init__(self, model, method=None, tokenizer=None, protocol: str = "reselect", keep: str = "answers"):
+    def __init__(self, model, method=None, tokenizer=None, protocol: str = "reselect", keep: str = "answers",
+                 max_holes: float = 0.5):
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
         if keep not in KEEPS:
@@ -112,9 +122,14 @@ class Conversation:
             raise ValueError(f"protocol {protocol!r} needs a method, e.g. gemfilter.GemFilter(topk=1024)")
         else:
             method = resolve(model, method)
-        if protocol == "reselect":
+        if protocol in ("reselect", "stable"):
             check_reselect(model, method)
+        if isinstance(max_holes, bool) or not isinstance(max_holes, (int, float)) or not 0 <= max_holes <= 1:
+            raise ValueError(f"max_holes must be a share in [0, 1] (0: rebuild every turn, as reselect), got "
+                             f"{max_holes!r}")
         self.model, self.method, self.tokenizer, self.protocol, self.keep = model, method, tokenizer, protocol, keep
+        self.max_holes = float(max_holes)
+        self._layout = None  # stable: the generation cache's slots
         self._handle = None  # reuse: apply()'s handle, which forks its caches
         self.history = None  # (1, L) every token so far: questions and answers
         self.turns: list[Turn] = []
@@ -127,13 +142,14 @@ class Conversation:
         self._stack = ExitStack()
         if self.protocol == "reuse":
             self._handle = self._stack.enter_context(apply(self.model, self.method, tokenizer=self.tokenizer))
-        if self.protocol == "reselect" and self.method.scores_sliding_layers:
+        if self.protocol in ("reselect", "stable") and self.method.scores_sliding_layers:
             self._cache = unwindowed_cache()  # its scores read every key of windowed layers too
         else:
             self._cache = dynamic_cache(self.model.config)
         # reselect with a method that reads more than the last query row: the earlier tokens' rows
-        self._tail = QueryTail(self.method.query_rows) if self.protocol == "reselect" and \
+        self._tail = QueryTail(self.method.query_rows) if self.protocol in ("reselect", "stable") and \
             self.method.query_rows > 1 else None
+        self._layout = Layout(self.model) if self.protocol == "stable" else None
         return self
 
     def __exit__(self, *exc):
@@ -154,6 +170,9 @@ class Conversation:
         with _Checkpoint(self), torch.no_grad():
             if self.protocol == "reselect":
                 self._select(history, self._cache, self._tail)
+            elif self.protocol == "stable":  # the context's own selection: the layout each question starts from
+                sel = self._select(history, self._cache, self._tail)
+                self._layout.place(history, sel.indices[0].tolist(), self.max_holes)
             else:  # one new token, never fed: the cache ends holding the history alone
                 self.model.generate(history, max_new_tokens=1, do_sample=False, **cache_kwargs(self._cache))
             self.history = history
@@ -194,8 +213,10 @@ class Conversation:
             measured = False
         clock = FirstTokenClock(self._memory if measured else None, _sync(self._memory))
         start = time.perf_counter()
-        selection, kept = None, None
-        if self.protocol == "reselect":
+        selection, kept, recomputed, rebuilt = None, None, None, None
+        if self.protocol == "stable":
+            answer, selection, kept, recomputed, rebuilt = self._stable(history, clock, generate_kwargs)
+        elif self.protocol == "reselect":
             if self.keep == "context":  # the question is asked over the context alone: nothing of it stays
                 selection = self._select(history, copy.deepcopy(self._cache), None if self._tail is None
                                          else self._tail.copy())
@@ -203,17 +224,19 @@ class Conversation:
                 selection = self._select(history, self._cache, self._tail)
             with apply(self.model, Preselected(self.method, selection), tokenizer=self.tokenizer) as handle:
                 out = self.model.generate(history, streamer=clock, **generate_kwargs)
-            kept = handle.calls[-1].kept[0]
+            kept = recomputed = handle.calls[-1].kept[0]
             answer = _new(out, history)
         else:  # reuse (inside apply(), entered for the conversation) and full: the history's cache goes on
+            before = self.history.shape[1] if self.history is not None and self.keep != "context" else 0
             answer, cache = self._generate(history, clock, generate_kwargs)
             kept = self._rows_before(cache, answer.shape[1])
+            recomputed = history.shape[1] - before
         total = time.perf_counter() - start
         ttft = (clock.first_token - start) if clock.first_token is not None else total
         peak = max(self._memory.peak(), clock.prompt_peak or 0.0) if measured else None
         text = self.tokenizer.decode(answer[0], skip_special_tokens=True) if self.tokenizer is not None else None
         turn = Turn(new_tokens=answer[0], text=text, kept=int(kept), history_tokens=history.shape[1], ttft_s=ttft,
-                    total_s=total, peak_mib=peak, selection=selection)
+                    total_s=total, peak_mib=peak, selection=selection, recomputed=recomputed, rebuilt=rebuilt)
         if self.keep == "answers":
             self.history = torch.cat([history, answer], dim=1)
         elif self.keep == "questions":
@@ -221,10 +244,30 @@ class Conversation:
         self.turns.append(turn)
         return turn
 
+    def _stable(self, history, clock, kwargs) -> tuple:
+        """(answer (1, t), selection, kept, recomputed, rebuilt) under ``stable``: select as reselect does, lay the
+        selection out on the layout (a copy for a question over the context alone), answer greedily on it (on a
+        copy when the answer is dropped)."""
+        from .compiled import check_keywords
+
+        settings = check_keywords(self.model, {k: v for k, v in kwargs.items() if k != "streamer"})
+        context = self.keep == "context"
+        cache = copy.deepcopy(self._cache) if context else self._cache
+        tail = None if self._tail is None else (self._tail.copy() if context else self._tail)
+        selection = self._select(history, cache, tail)
+        layout = self._layout.copy() if context else self._layout
+        clock.put(history.cpu())  # as generate hands its streamer the prompt first
+        logits, rebuilt, written = layout.place(history, selection.indices[0].tolist(), self.max_holes)
+        kept = layout.kept
+        on = layout if self.keep == "answers" else (layout if context else layout.copy())
+        answer = on.decode(logits, settings, history.shape[1], clock)
+        return answer, selection, kept, written, rebuilt
+
     @property
     def selector_tokens(self) -> int:
-        """reselect: how many history tokens the selector's layers 0..r cache holds (0 outside the block)."""
-        return self._cache.get_seq_length() if self.protocol == "reselect" and self._cache is not None else 0
+        """reselect, stable: how many history tokens the selector's layers 0..r cache holds (0 outside the block)."""
+        return self._cache.get_seq_length() if self.protocol in ("reselect", "stable") and self._cache is not None \
+            else 0
 
     def _encode(self, question) -> torch.Tensor:
         device = next(self.model.parameters()).device
@@ -348,6 +391,7 @@ class _Checkpoint:
         self.layers = list(cache.layers)
         self.states = [dict(vars(layer)) for layer in self.layers]
         self.tail = None if chat._tail is None else dict(chat._tail.by_layer)
+        self.layout = None if chat._layout is None else chat._layout.snapshot()
         self.handle = handle = chat._handle
         if handle is not None:
             self.entries = {name: getattr(handle, name).get(cache) for name in ("_by_cache", "_consumed", "_prefilling")}
@@ -367,6 +411,8 @@ class _Checkpoint:
             vars(layer).update(state)
         if self.tail is not None:
             chat._tail.by_layer = self.tail
+        if self.layout is not None:
+            chat._layout.restore(self.layout)
         handle = self.handle
         if handle is not None:
             for name, obj in self.entries.items():

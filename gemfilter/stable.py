@@ -1,0 +1,134 @@
+"""The turn-stable layout: a follow-up turn that keeps the earlier turns' kept tokens where they are.
+
+Paper setting: GemFilter (Shi et al. 2024, Algorithm 2) regenerates from the k tokens it keeps; under
+:class:`gemfilter.Conversation`'s ``reselect`` protocol every turn selects again from the whole history and
+regenerates all k from scratch, 7-10x the time to first token of ``full`` with prefix reuse on this project's CPU
+(docs/scbench.md). Consecutive turns keep 60-80% of the same tokens, but share only a short common prefix, so
+prefix reuse of the kept sequence buys little. The ``stable`` protocol reuses the overlap instead:
+
+- a *layout*: a generation cache of slots, each a history token at a position id, valid or masked;
+- each turn selects as ``reselect`` does (the same selector cache); tokens the layout holds and the selection
+  keeps stay in their slots, with their cached keys and values; tokens it drops are masked out; tokens it newly
+  keeps are appended after the last slot, in history order, at the positions after the last used one, and only
+  they run through the model (with the turn's question among them);
+- the layout is rebuilt in history order at positions 0..k-1 (exactly ``reselect``'s cache) on the first turn,
+  when the masked slots would exceed ``max_holes`` of the layout, or when a turn keeps no new token.
+
+It is an approximation of ``reselect``: a kept slot's keys and values were computed when it was written, against
+the slots valid then, and appended tokens sit after older ones whatever their place in the history. What it
+computes is exactly stated: :meth:`Layout.attention_mask` gives the one mask under which a single forward over
+every slot equals the layout's incremental cache (``tests/test_stable.py`` checks it), and with ``max_holes=0``
+every turn is rebuilt and equals ``reselect`` token for token. Accuracy against ``reselect`` is measured
+(docs/scbench.md).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .compat import cache_kwargs, dynamic_cache
+
+
+class Layout:
+    """A generation cache of slots (see the module docstring), on one row.
+
+    ids: the history index each slot holds; valid: whether each slot is attended to now; pos: each slot's
+    position id; writes: (first slot, end slot, the valid flags when they were written) of every forward that
+    wrote slots, so that :meth:`attention_mask` can rebuild what each slot saw.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = dynamic_cache(model.config)
+        self.ids, self.valid, self.pos, self.writes = [], [], [], []
+
+    def copy(self) -> "Layout":
+        twin = Layout.__new__(Layout)
+        twin.model, twin.cache = self.model, copy.deepcopy(self.cache)
+        twin.ids, twin.valid, twin.pos, twin.writes = list(self.ids), list(self.valid), list(self.pos), list(self.writes)
+        return twin
+
+    @property
+    def kept(self) -> int:
+        return sum(self.valid)
+
+    def snapshot(self) -> tuple:
+        """What :meth:`restore` needs to undo a turn, held by reference (cache layers rebind their tensors)."""
+        return (self.cache, list(self.cache.layers), [dict(vars(layer)) for layer in self.cache.layers],
+                list(self.ids), list(self.valid), list(self.pos), list(self.writes))
+
+    def restore(self, snap: tuple) -> None:
+        self.cache, layers, states, self.ids, self.valid, self.pos, self.writes = snap
+        self.cache.layers[:] = layers
+        for layer, state in zip(layers, states):
+            vars(layer).clear()
+            vars(layer).update(state)
+
+    def place(self, history: torch.Tensor, want: list, max_holes: float) -> tuple:
+        """Lay out the selection ``want`` (sorted history indices of ``history`` (1, L)) and run the slots it adds.
+
+        Returns (the last slot's logits (1, V) in float32, whether the layout was rebuilt, slots written)."""
+        held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
+        wanted = set(want)
+        new = [h for h in want if h not in held]
+        drop = [s for h, s in held.items() if h not in wanted]
+        holes = self.valid.count(False) + len(drop)
+        rebuild = not self.ids or not new or holes > max_holes * (len(self.ids) + len(new))
+        if rebuild:
+            self.cache = dynamic_cache(self.model.config)
+            self.ids, self.valid, self.pos, self.writes = [], [], [], []
+            new, start = list(want), 0
+        else:
+            for s in drop:
+                self.valid[s] = False
+            start = max(self.pos) + 1
+        return self.write(history[:, new], new, list(range(start, start + len(new)))), rebuild, len(new)
+
+    def write(self, tokens: torch.Tensor, ids: list, positions: list) -> torch.Tensor:
+        """Append ``tokens`` (1, m) as valid slots holding history indices ``ids`` at ``positions``; run them
+        against the valid slots; return the last one's logits (1, V) in float32."""
+        first = len(self.ids)
+        self.writes.append((first, first + len(ids), list(self.valid)))
+        self.ids += ids
+        self.valid += [True] * len(ids)
+        self.pos += positions
+        device = tokens.device
+        mask = None if all(self.valid) else torch.tensor([self.valid], dtype=torch.long, device=device)
+        with torch.no_grad():
+            out = self.model(input_ids=tokens, position_ids=torch.tensor([positions], device=device), use_cache=True,
+                             attention_mask=mask, logits_to_keep=1, **cache_kwargs(self.cache))
+        return out.logits[:, -1, :].float()
+
+    def decode(self, first_logits, settings: dict, history_len: int, streamer=None) -> torch.Tensor:
+        """Greedy tokens (1, t) from ``first_logits``, each written as a slot (history index ``history_len`` + i),
+        as ``generate``'s greedy search picks them (EOS suppressed before ``min_new_tokens``; stops at EOS)."""
+        eos = settings["eos"]
+        logits, out = first_logits, []
+        for i in range(settings["max_new_tokens"]):
+            if i < settings["min_new_tokens"] and eos:
+                logits = logits.clone()
+                logits[:, sorted(eos)] = float("-inf")
+            token = logits.argmax(-1)
+            out.append(token)
+            if streamer is not None:
+                streamer.put(token.cpu())
+            if int(token) in eos or i == settings["max_new_tokens"] - 1:
+                break
+            logits = self.write(token[:, None], [history_len + i], [max(self.pos) + 1])
+        if streamer is not None:
+            streamer.end()
+        return torch.stack(out, dim=1)
+
+    def attention_mask(self, dtype=torch.float32) -> torch.Tensor:
+        """(1, 1, S, S) additive mask under which one forward over every slot (at ``pos``) computes what the
+        incremental cache holds: slot j attends slot i iff i <= j and i was valid when j was written."""
+        n = len(self.ids)
+        allowed = torch.zeros(n, n, dtype=torch.bool)
+        for first, end, valid in self.writes:
+            seen = torch.tensor(valid + [True] * (end - first), dtype=torch.bool)
+            for j in range(first, end):
+                allowed[j, : j + 1] = seen[: j + 1]
+        mask = torch.zeros(n, n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        return mask[None, None]

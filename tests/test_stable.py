@@ -1,0 +1,132 @@
+"""The ``stable`` conversation protocol (gemfilter.stable): each turn keeps last turn's kept tokens in their slots,
+masks the ones it drops and runs only the ones it newly keeps.
+
+References: with max_holes=0 every turn is rebuilt and must equal ``reselect`` token for token; otherwise the
+answer must be what one forward over every slot computes under :meth:`Layout.attention_mask` (what each slot saw
+when it was written), an independent computation of the layout the incremental cache holds."""
+
+import pytest
+import torch
+
+import gemfilter
+from gemfilter.methods import get_method
+from gemfilter.stable import Layout
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
+
+pytestmark = pytest.mark.usefixtures("quiet")
+TURNS, T = 5, 4
+
+
+def question(t, n):
+    return torch.randint(3, 96, (1, n), generator=torch.Generator().manual_seed(100 + t))
+
+
+def greedy():
+    return dict(max_new_tokens=T, min_new_tokens=T)
+
+
+def converse(model, method, protocol, keep, **kw):
+    with gemfilter.Conversation(model, method, DotTokenizer(), protocol=protocol, keep=keep, **kw) as chat:
+        if keep == "context":
+            chat.prefill(question(99, 40))
+        for t in range(TURNS):
+            chat.ask(question(t, 40 if t == 0 and keep != "context" else 7), **greedy())
+    return chat
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter-span", 24), ("gemfilter-span-qmax", 24)])
+@pytest.mark.parametrize("keep", ["answers", "questions", "context"])
+def test_rebuilt_every_turn_it_is_reselect(family, name, topk, keep):
+    model = gemfilter.set_attention(BUILDERS[family](), "banded")
+    method = get_method(name, layer=FILTER_LAYER[family], topk=topk)
+    again = converse(model, method, "reselect", keep)
+    stable = converse(model, method, "stable", keep, max_holes=0.0)
+    for a, b in zip(again.turns, stable.turns):
+        assert torch.equal(a.new_tokens, b.new_tokens)
+        assert torch.equal(a.selection.indices[0], b.selection.indices[0])
+        assert b.rebuilt and b.recomputed == b.kept == a.kept
+
+
+@pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter-span", 24)])
+def test_the_answer_is_one_forward_over_the_layout_under_its_mask(name, topk):
+    """Never rebuilt after turn 1 (max_holes=1): every answer token is the argmax that a single forward over every
+    slot gives under Layout.attention_mask(), at the positions the layout gave them."""
+    model = BUILDERS["llama"]()
+    method = get_method(name, layer=FILTER_LAYER["llama"], topk=topk)
+    slots_before = []
+    with gemfilter.Conversation(model, method, DotTokenizer(), protocol="stable", max_holes=1.0) as chat:
+        for t in range(TURNS):
+            slots_before.append(len(chat._layout.ids))
+            chat.ask(question(t, 40 if t == 0 else 7), **greedy())
+    assert [t.rebuilt for t in chat.turns] == [True] + [False] * (TURNS - 1)
+    assert all(0 < t.recomputed < t.kept for t in chat.turns[1:])  # only the newly kept tokens ran
+    layout = chat._layout
+    tokens = chat.history[:, layout.ids]
+    with torch.no_grad():
+        logits = model(input_ids=tokens, position_ids=torch.tensor([layout.pos]),
+                       attention_mask=layout.attention_mask()).logits[0].float()
+    logits[:, model.generation_config.eos_token_id] = float("-inf")  # min_new_tokens = max_new_tokens
+    slot = {h: s for s, h in enumerate(layout.ids)}
+    for turn, start in zip(chat.turns, slots_before):
+        first = turn.history_tokens  # the history index of the answer's first token
+        for i, token in enumerate(turn.new_tokens.tolist()):
+            # the first token follows the last slot the turn placed; each next one, the slot of the token before
+            before = slot[first + i - 1] if i else start + turn.recomputed - 1
+            assert int(logits[before].argmax()) == token, (turn.history_tokens, i)
+
+
+@pytest.mark.parametrize("max_holes", [0.1, 0.3, 0.5])
+def test_holes_past_max_holes_rebuild_the_layout(max_holes):
+    """The rebuild rule, replayed from the selections alone (keep="questions": the layout holds prompt slots only):
+    a turn rebuilds when its masked slots would pass max_holes of the layout, or it keeps no new token."""
+    model = BUILDERS["llama"]()
+    method = get_method("gemfilter", layer=2, topk=12)
+    chat = converse(model, method, "stable", "questions", max_holes=max_holes)
+    slots, holes = 0, 0
+    valid = set()
+    for t, turn in enumerate(chat.turns):
+        want = set(turn.selection.indices[0].tolist())
+        new, drop = want - valid, valid - want
+        expect = t == 0 or not new or holes + len(drop) > max_holes * (slots + len(new))
+        assert turn.rebuilt == expect, (t, turn.rebuilt)
+        assert turn.recomputed == (len(want) if expect else len(new))
+        slots, holes = (len(want), 0) if expect else (slots + len(new), holes + len(drop))
+        valid = want
+
+
+def test_a_failed_stable_turn_leaves_the_layout_as_it_was(monkeypatch):
+    model = BUILDERS["llama"]()
+    method = get_method("gemfilter-span", layer=2, topk=24)
+    clean = converse(model, method, "stable", "answers", max_holes=1.0)
+    real = Layout.decode
+    calls = {"n": 0}
+
+    def interrupted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # Ctrl-C in turn 3's answer, after its layout was placed
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Layout, "decode", interrupted)
+    with gemfilter.Conversation(model, method, DotTokenizer(), protocol="stable", max_holes=1.0) as chat:
+        for t in range(TURNS):
+            if t == 2:
+                with pytest.raises(KeyboardInterrupt):
+                    chat.ask(question(t, 7), **greedy())
+            chat.ask(question(t, 40 if t == 0 else 7), **greedy())
+    for a, b in zip(clean.turns, chat.turns):
+        assert torch.equal(a.new_tokens, b.new_tokens) and a.kept == b.kept
+
+
+def test_stable_refuses_what_it_cannot_do():
+    model = BUILDERS["llama"]()
+    with pytest.raises(ValueError, match="snapkv is not a prompt method"):
+        gemfilter.Conversation(model, get_method("snapkv", topk=16), protocol="stable")
+    with pytest.raises(ValueError, match="max_holes must be a share in \\[0, 1\\]"):
+        gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol="stable", max_holes=2)
+    with gemfilter.Conversation(model, get_method("gemfilter", layer=2, topk=12), protocol="stable") as chat:
+        with pytest.raises(ValueError, match="decodes greedily"):
+            chat.ask(question(0, 30), max_new_tokens=3, do_sample=True)
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            chat.ask(question(0, 30))
