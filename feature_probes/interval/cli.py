@@ -140,7 +140,8 @@ def markdown(rows: list[dict], cfg: dict, command: str) -> str:
             lines.append(f"- {'With' if structured else 'Without'} structure (exact): P(y=+1) = "
                          f"{law.positive_share():.4f} under the product law; on the sampled law the best constant "
                          f"classifier gets {100 * law.majority_share():.1f}%, the best threshold on s "
-                         f"{100 * law.linear_ceiling():.1f}%; γ = {law.gamma():.4f}, σ̃ = {law.centre_and_scale()[1]:.4f}.")
+                         f"{100 * law.linear_ceiling():.1f}%; γ = {law.gamma():.4f}, "
+                         f"σ̃ = {law.centre_and_scale()[1]:.4f}.")
     lams = ", ".join(f"{'structured' if r['structured'] else 'no structure'} seed {r['seed']}: "
                      f"{r['methods']['ntk_ridge']['lam']:g}" for r in rows if "ntk_ridge" in r["methods"])
     if lams:

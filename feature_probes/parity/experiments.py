@@ -238,8 +238,8 @@ def _ntk_ridge(cfg: ParityRun, init: TwoLayerNet, x, y, xt, yt, pos_share: bool 
     """Ridge regression on the NTK features of the initial network (labels +-1), the penalty chosen on a
     held-out share of the training set, then refit on all of it (``ntk_ridge_fit``)."""
     feats, theta, best, iters, scores = ntk_ridge_fit(cfg, init, x, y)
-    out = dict(train_acc=accuracy(ntk_predict(feats, theta, x), y), test_acc=accuracy(ntk_predict(feats, theta, xt), yt),
-               cos=None, lam=best, cg_iters=iters, search=scores, curve=[])
+    out = dict(train_acc=accuracy(ntk_predict(feats, theta, x), y),
+               test_acc=accuracy(ntk_predict(feats, theta, xt), yt), cos=None, lam=best, cg_iters=iters, search=scores, curve=[])
     if pos_share:
         out["test_pos_share"] = _pos_share(ntk_predict(feats, theta, xt))
     return out

@@ -59,8 +59,9 @@ class SparseParityRun:
         if not self.pairs or any(not 1 <= v1 < v2 <= 6 for v1, v2 in self.pairs):
             raise ValueError(f"pairs={self.pairs}: need 1 <= v1 < v2 <= 6 (d = 2^v2 at most 64)")
         TaskLaw(4, 2, self.gamma).check()
-        if min(self.loss_ns + self.ratio_ms + self.flip_ms, default=0) < 1 or self.prompts < 1 or self.ratio_samples < 2:
-            raise ValueError(f"prompt lengths {self.loss_ns + self.ratio_ms + self.flip_ms} must be >= 1, prompts={self.prompts} >= 1 "
+        lengths = self.loss_ns + self.ratio_ms + self.flip_ms
+        if min(lengths, default=0) < 1 or self.prompts < 1 or self.ratio_samples < 2:
+            raise ValueError(f"prompt lengths {lengths} must be >= 1, prompts={self.prompts} >= 1 "
                              f"and ratio_samples={self.ratio_samples} >= 2")
         if any(not 0 <= r <= 0.5 for r in self.flip_rates) or any(s < 0 for s in self.noise_sigmas):
             raise ValueError(f"flip rates {self.flip_rates} must lie in [0, 1/2] (XOR labels are invariant when every "
@@ -160,7 +161,8 @@ def run_ratio(cfg: SparseParityRun, v1: int, v2: int, m: int) -> dict:
     e2, se2 = projection_energy(p2, xi)
     per = ((xi @ p1) ** 2).sum(1) - (v1 + 1) / (v2 + 1) * ((xi @ p2) ** 2).sum(1)  # delta method for the ratio's s.e.
     out = dict(part="ratio", v1=v1, v2=v2, m=m, formula=(v1 + 1) / (v2 + 1), rank1=int(torch.linalg.matrix_rank(p1)),
-               rank2=int(torch.linalg.matrix_rank(p2)), xi_e1=e1, xi_e1_se=se1, xi_e2=e2, xi_e2_se=se2, xi_ratio=e1 / e2,
+               rank2=int(torch.linalg.matrix_rank(p2)), xi_e1=e1, xi_e1_se=se1, xi_e2=e2, xi_e2_se=se2,
+               xi_ratio=e1 / e2,
                xi_ratio_se=float(per.std() / len(per) ** 0.5 / e2))
     n_prompts = min(cfg.prompts, cfg.ratio_samples)
     r_all = []

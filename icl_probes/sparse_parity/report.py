@@ -21,7 +21,8 @@ def _closed_table(rows) -> list[str]:
     for r in (r for r in rows if r["part"] == "closed"):
         for name in ("g1", "g2"):
             g = r[name]
-            lines.append(f"| ({r['v1']}, {r['v2']}) | {r['d']} | {r['k']} | {name}* | {','.join(map(str, g['index']))} | "
+            lines.append(f"| ({r['v1']}, {r['v2']}) | {r['d']} | {r['k']} | {name}* | "
+                         f"{','.join(map(str, g['index']))} | "
                          f"{g['norm']:.0f} | {g['s1']['loss']:.4f} | {g['s2']['loss']:.4f} | "
                          f"{g['signal_s1']['max_hinge']:.3g} | {r['p_t_bound']:.3g} |")
     lines += ["", "| (v1, v2) | g1* neuron | the same neuron of g2* (a and V) | same up to positive rescaling | "
@@ -38,7 +39,8 @@ def _loss_table(rows) -> list[str]:
     lines = ["| (v1, v2) | N | g1* S1 loss / acc | g2* S1 loss / acc | g1* S2 loss / acc | g2* S2 loss / acc |",
              "|---|---|---|---|---|---|"]
     for v1, v2 in _pairs(rows, "loss"):
-        for r in sorted((r for r in rows if r["part"] == "loss" and (r["v1"], r["v2"]) == (v1, v2)), key=lambda r: r["n"]):
+        mine = [r for r in rows if r["part"] == "loss" and (r["v1"], r["v2"]) == (v1, v2)]
+        for r in sorted(mine, key=lambda r: r["n"]):
             cells = [f"{r[k]['loss']:.3f} / {r[k]['acc']:.3f}" for k in ("g1_s1", "g2_s1", "g1_s2", "g2_s2")]
             lines.append(f"| ({v1}, {v2}) | {r['n']} | " + " | ".join(cells) + " |")
         closed = next((r for r in rows if r["part"] == "closed" and (r["v1"], r["v2"]) == (v1, v2)), None)
@@ -50,7 +52,8 @@ def _loss_table(rows) -> list[str]:
 
 
 def _ratio_table(rows) -> list[str]:
-    lines = ["| (v1, v2) | M | E‖P_D1 Ξ‖² (rank/M) | E‖P_D2 Ξ‖² (rank/M) | ratio, Monte Carlo | (v1+1)/(v2+1) | "
+    lines = ["| (v1, v2) | M | E‖P_D1 Ξ‖² (rank/M) | E‖P_D2 Ξ‖² (rank/M) | ratio, Monte Carlo | "
+             "(v1+1)/(v2+1) | "
              "ratio on S1 prompts' noise |", "|---|---|---|---|---|---|---|"]
     for r in sorted((r for r in rows if r["part"] == "ratio"), key=lambda r: (r["v1"], r["v2"], r["m"])):
         lines.append(f"| ({r['v1']}, {r['v2']}) | {r['m']} | {r['xi_e1']:.4g} ({r['rank1'] / r['m']:.4g}) | "
@@ -73,11 +76,16 @@ def _flip_table(rows, kind: str) -> list[str]:
     return lines
 
 
+def _train_key(r: dict) -> tuple:
+    return (r["v1"], r["v2"], r["kind"], r["m"], r["seed"])
+
+
 def _train_table(rows) -> list[str]:
-    lines = ["| (v1, v2) | m | W | steps | seed | S1 loss | S2 loss | least margin | ‖W‖² | ‖W‖² at margin 1 | "
+    lines = ["| (v1, v2) | m | W | steps | seed | S1 loss | S2 loss | least margin | ‖W‖² | "
+             "‖W‖² at margin 1 | "
              "closed form: S2 loss, ‖W‖² | compared with | mean best cos | distinct | off-diagonal share |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted((r for r in rows if r["part"] == "train"), key=lambda r: (r["v1"], r["v2"], r["kind"], r["m"], r["seed"])):
+    for r in sorted((r for r in rows if r["part"] == "train"), key=_train_key):
         ref = r["closed"]["g1" if r["target"] == "g1*" else "g2"]
         at1 = "—" if r["norm_at_margin_1"] is None else f"{r['norm_at_margin_1']:.0f}"
         lines.append(f"| ({r['v1']}, {r['v2']}) | {r['m']} | {r['kind']} | {r['steps']} | {r['seed']} | "
@@ -114,10 +122,12 @@ def plot_theory(rows: list[dict], path):
             if loss:
                 axes[0].plot([r["n"] for r in loss], [r[key]["loss"] for r in loss], ls, color=c,
                              label=f"({v1},{v2}) {label}")
-        ratio = sorted((r for r in rows if r["part"] == "ratio" and (r["v1"], r["v2"]) == (v1, v2)), key=lambda r: r["m"])
+        ratio = sorted((r for r in rows if r["part"] == "ratio" and (r["v1"], r["v2"]) == (v1, v2)),
+                       key=lambda r: r["m"])
         if ratio:
             axes[1].errorbar([r["m"] for r in ratio], [r["xi_ratio"] for r in ratio],
-                             yerr=[2 * r["xi_ratio_se"] for r in ratio], fmt="o", color=c, label=f"({v1},{v2}) Ξ, MC ± 2 s.e.")
+                             yerr=[2 * r["xi_ratio_se"] for r in ratio], fmt="o", color=c,
+                             label=f"({v1},{v2}) Ξ, MC ± 2 s.e.")
             axes[1].plot([r["m"] for r in ratio], [r["prompt_ratio"] for r in ratio], "x", color=c,
                          label=f"({v1},{v2}) S1 prompts")
             axes[1].axhline(ratio[0]["formula"], color=c, lw=0.8, ls="--")
@@ -132,7 +142,8 @@ def plot_theory(rows: list[dict], path):
                         label=f"({v1},{v2}) g2* (large), M={top['m']}")
     axes[0].set(xscale="log", xlabel="in-context examples N", ylabel="hinge loss",
                 title="Thm 5.5.1's heads: loss against N")
-    axes[1].set(xscale="log", xlabel="M", ylabel="E‖P_D1‖² / E‖P_D2‖²", title="Thm 5.5.2: noise ratio (dashed: (v1+1)/(v2+1))")
+    axes[1].set(xscale="log", xlabel="M", ylabel="E‖P_D1‖² / E‖P_D2‖²",
+                title="Thm 5.5.2: noise ratio (dashed: (v1+1)/(v2+1))")
     axes[2].set(xlabel="share of flipped in-context labels", ylabel="accuracy on S1 tasks", title="label flips")
     axes[3].set(xlabel="label noise σ (y + σ ε)", ylabel="accuracy on S1 tasks", title="Gaussian label noise")
     for ax in axes:
@@ -160,7 +171,7 @@ def plot_train(rows: list[dict], path):
     """Per training run: the closed form's a_i 4 gamma diag V^(i) (left) and the learned heads' (right); learned heads
     ordered by the closed-form neuron of the same sign of a they are closest to in direction (labelled i→l)."""
     plt = pyplot()
-    runs = sorted((r for r in rows if r["part"] == "train"), key=lambda r: (r["v1"], r["v2"], r["kind"], r["m"], r["seed"]))
+    runs = sorted((r for r in rows if r["part"] == "train"), key=_train_key)
     closed = {(r["v1"], r["v2"]): r for r in rows if r["part"] == "closed"}
     if not runs:
         fig = plt.figure()

@@ -83,7 +83,8 @@ def match_heads(a: torch.Tensor, V: torch.Tensor, target: Heads, min_share: floa
         rows.append(dict(index=target.index[l] if target.index else l + 1, cos=float(cos[i]),
                          norm_ratio=float(eff[i].norm() / want.norm()), head=i))
         best_idx.append(i)
-    off = (V - torch.diag_embed(torch.diagonal(V, dim1=1, dim2=2))).flatten(1).norm(dim=1) / V.flatten(1).norm(dim=1).clamp_min(1e-30)
+    off = (V - torch.diag_embed(torch.diagonal(V, dim1=1, dim2=2))).flatten(1).norm(dim=1)
+    off = off / V.flatten(1).norm(dim=1).clamp_min(1e-30)
     return dict(rows=rows, mean_cos=sum(r["cos"] for r in rows) / len(rows),
                 distinct=None not in best_idx and len(set(best_idx)) == len(best_idx),
                 live=int(live.sum()), offdiag_share=float(off[live].mean()))

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from icl_probes.sparse_parity.data import PAIR_VALUES, TaskLaw, pair_probs, random_orthonormal, sample_pairs, sample_phi, task_sets
+from icl_probes.sparse_parity.data import (PAIR_VALUES, TaskLaw, pair_probs, random_orthonormal, sample_pairs,
+                                           sample_phi, task_sets)
 from icl_probes.sparse_parity.model import closed_form, exact_limit_loss, hinge
 from icl_probes.sparse_parity.theory import match_heads
 
@@ -44,9 +45,10 @@ class TrainUnit:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Adam at lr (cosine decay to 0 over the unit's steps); init: standard deviation of the Gaussian initialisation of a and W
-    ('small'); lam: lambda; p_t_share: p_T as a share of Thm 5.5.1's bound; batch: draws per set and step when the
-    loss is sampled; exact_rows: the largest number of (task, query) rows for the exact loss."""
+    """Adam at lr (cosine decay to 0 over the unit's steps); init: standard deviation of the Gaussian
+    initialisation of a and W ('small'); lam: lambda; p_t_share: p_T as a share of Thm 5.5.1's bound; batch: draws
+    per set and step when the loss is sampled; exact_rows: the largest number of (task, query) rows for the exact
+    loss."""
 
     lr: float = 0.01
     init: float = 0.01
@@ -78,7 +80,8 @@ def exact_rows(law: TaskLaw, pairs: torch.Tensor, weight: float) -> tuple:
 
 
 def _design(G: torch.Tensor, pairs: torch.Tensor, phi_q: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Rows s (x) x_q, (R, d^2): the head input is <s (x) x_q, vec W^(i)> with s = 2 gamma (G_i + G_j), x_q = G phi_q."""
+    """Rows s (x) x_q, (R, d^2): the head input is <s (x) x_q, vec W^(i)> with s = 2 gamma (G_i + G_j) and
+    x_q = G phi_q."""
     s = 2 * gamma * (G[:, pairs[:, 0]] + G[:, pairs[:, 1]]).T
     x_q = phi_q @ G.T
     return (s[:, :, None] * x_q[:, None, :]).flatten(1)
