@@ -73,6 +73,13 @@ class SparseParityRun:
 
 PRESETS = {
     "cpu": SparseParityRun(note="(v1, v2) = (1, 3) and (2, 4), gamma = 1/8, 2000 prompts per cell, one training seed"),
+    "train-seeds": SparseParityRun(
+        train=(TrainUnit(1, 3, 4, "full", 8000), TrainUnit(1, 3, 8, "full", 20000), TrainUnit(1, 3, 16, "full", 12000),
+               TrainUnit(1, 3, 8, "diagonal", 20000)), train_seeds=(1, 2),
+        note="cpu's (1, 3) training units with seeds 1 and 2 (run with --parts train)"),
+    "train-long": SparseParityRun(
+        train=(TrainUnit(2, 4, 6, "full", 24000), TrainUnit(2, 4, 10, "full", 24000)),
+        note="cpu's (2, 4) training units, 4x the steps (run with --parts train)"),
     "tiny": SparseParityRun(pairs=((1, 2),), loss_ns=(8, 64), prompts=200, ratio_ms=(16, 64), ratio_samples=2000,
                             flip_ms=(32,), flip_rates=(0.0, 0.25, 0.5), noise_sigmas=(0.0, 1.0),
                             train=(TrainUnit(1, 2, 4, "full", 200), TrainUnit(1, 2, 4, "diagonal", 200)),
