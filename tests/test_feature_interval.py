@@ -132,7 +132,7 @@ FOLDERS = sorted(p.parent.name for p in MEASURED.glob("interval*/interval_result
 
 
 def test_the_committed_runs_are_there():
-    assert {"interval", "interval-paper", "interval-natural"} <= set(FOLDERS)
+    assert {"interval", "interval-paper", "interval-natural", "interval-gd-lr0.1"} <= set(FOLDERS)
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -146,7 +146,7 @@ def test_committed_interval_summaries_are_their_results_tables(folder):
     assert all(r in slim for r in result["runs"])
 
 
-@pytest.mark.parametrize("marker", ["interval-paper", "interval-natural"])
+@pytest.mark.parametrize("marker", ["interval-paper", "interval-natural", "interval-gd-lr0.1"])
 def test_docs_tables_are_the_committed_summaries(marker):
     """docs/feature-probes.md's Table A.2 blocks are the committed runs' tables, with their commands."""
     text = DOCS.read_text(encoding="utf-8")
