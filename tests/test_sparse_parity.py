@@ -208,7 +208,7 @@ def test_committed_rows_agree_with_the_closed_forms():
         assert abs(r["xi_ratio"] - (r["v1"] + 1) / (r["v2"] + 1)) < 4 * r["xi_ratio_se"]
 
 
-@pytest.mark.parametrize("section", ["closed", "loss", "ratio", "flips", "train"])
+@pytest.mark.parametrize("section", ["closed", "loss", "ratio", "flips", "noise", "train"])
 def test_docs_tables_are_the_committed_summary(section):
     """docs/icl-probes.md's Sec. 5.5 tables are the committed summary's, block by block."""
     text = DOCS.read_text(encoding="utf-8")
