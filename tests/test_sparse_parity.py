@@ -187,15 +187,20 @@ def test_cli_help_bad_input_and_resume(tmp_path, capsys):
     assert (tmp_path / "run" / "summary.md").read_text() == summary
 
 
-def _committed_rows():
-    return [json.loads(line) for line in (MEASURED / "rows.jsonl").read_text().splitlines() if line.strip()]
+def _committed_rows(folder=MEASURED):
+    return [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines() if line.strip()]
 
 
-def test_committed_summary_is_its_rows():
-    """measured/sparse-parity/summary.md is the command line and markdown() of the committed rows."""
-    command, tables = (MEASURED / "summary.md").read_text().split("\n\n", 1)
-    assert tables == markdown(_committed_rows())
-    assert command.startswith("`python -m icl_probes.sparse_parity run --preset cpu")
+FOLDERS = ["sparse-parity", "sparse-parity-train-seeds", "sparse-parity-train-long"]
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_committed_summary_is_its_rows(folder):
+    """measured/sparse-parity*/summary.md is the command line and markdown() of the committed rows."""
+    path = MEASURED.parent / folder
+    command, tables = (path / "summary.md").read_text().split("\n\n", 1)
+    assert tables == markdown(_committed_rows(path))
+    assert command.startswith("`python -m icl_probes.sparse_parity run --preset ")
 
 
 def test_committed_rows_agree_with_the_closed_forms():
@@ -216,3 +221,12 @@ def test_docs_tables_are_the_committed_summary(section):
     assert block and block.group(1).strip() and block.group(1).strip() in (MEASURED / "summary.md").read_text()
     command = (MEASURED / "summary.md").read_text().split("\n", 1)[0].strip("`").replace(" --quiet", "")
     assert command in text
+
+
+@pytest.mark.parametrize("folder", FOLDERS[1:])
+def test_docs_extra_training_tables_are_their_summaries(folder):
+    text = DOCS.read_text(encoding="utf-8")
+    block = re.search(rf"<!-- {folder} -->(.*?)<!-- /{folder} -->", text, re.S)
+    summary = (MEASURED.parent / folder / "summary.md").read_text()
+    assert block and block.group(1).strip() and block.group(1).strip() in summary
+    assert summary.split("\n", 1)[0].strip("`").replace(" --quiet", "") in text
