@@ -230,3 +230,25 @@ def test_docs_extra_training_tables_are_their_summaries(folder):
     summary = (MEASURED.parent / folder / "summary.md").read_text()
     assert block and block.group(1).strip() and block.group(1).strip() in summary
     assert summary.split("\n", 1)[0].strip("`").replace(" --quiet", "") in text
+
+
+def test_committed_diagonal_heads_have_zero_loss_below_the_closed_form_norm():
+    """The docs' claim, from the committed rows alone: a diagonal run's heads (a, diag V) classify every task of
+    S1 and S2 and every sign of (phi_q,i, phi_q,j) with margin mu > 0, written out here as
+    g = sum_l a_l ReLU(2 gamma (V_l,ii phi_i + V_l,jj phi_j)) (a diagonal V reads only the task's two
+    coordinates), and sum ||V||^2 / mu^2 is below the closed form g2*'s 2d v2 (v2 + 1) / (16 gamma^2)."""
+    found = 0
+    for folder in FOLDERS:
+        for r in _committed_rows(MEASURED.parent / folder):
+            if r["part"] != "train" or r["kind"] != "diagonal" or r["margin"] <= 0:
+                continue
+            d, gamma = 2 ** r["v2"], r["settings"]["gamma"]
+            margin = min(p * q * sum(a * max(0.0, 2 * gamma * (v[i] * p + v[j] * q)) for a, v in zip(r["a"], r["diag"]))
+                         for i in range(d) for j in range(d) if i != j
+                         for p, q in ((1, 1), (1, -1), (-1, 1), (-1, -1)))
+            norm = sum(x * x for v in r["diag"] for x in v)
+            closed = 2 * d * r["v2"] * (r["v2"] + 1) / (16 * gamma ** 2)
+            assert margin == pytest.approx(r["margin"], abs=1e-9) and margin > 0
+            assert norm / margin ** 2 < closed and closed == r["closed"]["g2"]["norm"]
+            found += 1
+    assert found >= 2
