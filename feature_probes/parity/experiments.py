@@ -154,8 +154,24 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
     cfg.check()
     spec = replace(cfg.spec, structured=structured)
     h = hyper(cfg)
-    problem, (x, y), (xt, yt), net, gen = draw(cfg, spec, h, seed)
-    star = problem.star()
+    problem, train, test, net, gen = draw(cfg, spec, h, seed)
+    label = f"parity {'structured' if structured else 'no structure'} seed {seed}"
+    fit = fit_methods(cfg, h, problem.star(), train, test, net, gen, seed, progress, label)
+    return dict(structured=structured, seed=seed, A=problem.A.tolist(), hyper=h, **fit)
+
+
+def fit_methods(cfg, h: dict, star: torch.Tensor, train: tuple, test: tuple, net: TwoLayerNet, gen: torch.Generator,
+                seed: int, progress: bool = False, label: str = "", pos_share: bool = False) -> dict:
+    """The learning process of Thm A.20 and the baselines on one drawn problem (Table A.1's columns; shared with
+    the interval labelling of Table A.2, ``feature_probes.interval``).
+
+    cfg: a config with ParityRun's training fields (m, n_train, steps, batch, stage3, adam_lr3, ntk_lams,
+    ntk_holdout, baseline_lr, eval_every); h: ``hyper``'s numbers; star: sum_{j in A} M_j (d,); train, test:
+    (x (n, d), y (n,)); net: the initial network (trained in place); gen: the generator after the draw (the
+    minibatch order of steps 3..T); seed: the baselines' minibatch order (seed + 1); pos_share: also record
+    each method's share of +1 predictions on the test set (``test_pos_share``). Returns {methods, mds,
+    seconds, net_seconds}."""
+    (x, y), (xt, yt) = train, test
     init = copy.deepcopy(net)  # the baselines' initial network
     w0, b0 = net.w.detach().clone(), net.b.detach().clone()
     batches = _batches(cfg.n_train, cfg.batch, cfg.steps - 2, gen)
@@ -172,7 +188,7 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
     for mode in cfg.stage3:
         net.load_state_dict(after2)
         curve = [[0, 0.5], [2, accuracy(net(xt).detach(), yt)]]
-        bar = _bar(progress, cfg.steps, f"parity {'structured' if structured else 'no structure'} seed {seed} {mode}")
+        bar = _bar(progress, cfg.steps, f"{label} {mode}")
         step = _stage3(mode, net, cfg, h)
         for t, idx in enumerate(batches, start=3):
             step(x[idx], y[idx])
@@ -184,10 +200,12 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
         with torch.no_grad():
             methods[STAGE3[mode]] = dict(train_acc=accuracy(net(x), y), test_acc=accuracy(net(xt), yt),
                                          cos=cos_to_star(net.w, star), curve=curve)
+            if pos_share:
+                methods[STAGE3[mode]]["test_pos_share"] = _pos_share(net(xt))
     net_seconds = time.time() - t0
     # Baselines: the same initial network (w0, b0, a0), the same batches (steps 3..T) plus two more.
     base_batches = _batches(cfg.n_train, cfg.batch, cfg.steps, torch.Generator().manual_seed(seed + 1))
-    methods["ntk_ridge"] = _ntk_ridge(cfg, init, x, y, xt, yt)
+    methods["ntk_ridge"] = _ntk_ridge(cfg, init, x, y, xt, yt, pos_share)
     ntk = LinearisedNet(init)
     for name, model, params, w in (("ntk", ntk, list(ntk.parameters()), None),
                                    ("rf", FixedFeatureHead(w0, b0, x), None, w0),
@@ -196,8 +214,10 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
         curve_b, acc = _fit_linear(model, params or list(model.parameters()), x, y, xt, yt, base_batches,
                                    cfg.baseline_lr, cfg.eval_every)
         methods[name] = dict(**acc, cos=None if w is None else cos_to_star(w, star), curve=curve_b)
-    return dict(structured=structured, seed=seed, A=problem.A.tolist(), hyper=h, methods=methods,
-                mds=snaps, seconds=time.time() - t0, net_seconds=net_seconds)
+        if pos_share:
+            with torch.no_grad():
+                methods[name]["test_pos_share"] = _pos_share(model(xt))
+    return dict(methods=methods, mds=snaps, seconds=time.time() - t0, net_seconds=net_seconds)
 
 
 def _stage3(mode: str, net: TwoLayerNet, cfg: ParityRun, h: dict):
@@ -214,12 +234,20 @@ def _stage3(mode: str, net: TwoLayerNet, cfg: ParityRun, h: dict):
     return adam_step
 
 
-def _ntk_ridge(cfg: ParityRun, init: TwoLayerNet, x, y, xt, yt) -> dict:
+def _ntk_ridge(cfg: ParityRun, init: TwoLayerNet, x, y, xt, yt, pos_share: bool = False) -> dict:
     """Ridge regression on the NTK features of the initial network (labels +-1), the penalty chosen on a
     held-out share of the training set, then refit on all of it (``ntk_ridge_fit``)."""
     feats, theta, best, iters, scores = ntk_ridge_fit(cfg, init, x, y)
-    return dict(train_acc=accuracy(ntk_predict(feats, theta, x), y), test_acc=accuracy(ntk_predict(feats, theta, xt), yt),
-                cos=None, lam=best, cg_iters=iters, search=scores, curve=[])
+    out = dict(train_acc=accuracy(ntk_predict(feats, theta, x), y),
+               test_acc=accuracy(ntk_predict(feats, theta, xt), yt), cos=None, lam=best, cg_iters=iters, search=scores, curve=[])
+    if pos_share:
+        out["test_pos_share"] = _pos_share(ntk_predict(feats, theta, xt))
+    return out
+
+
+def _pos_share(out: torch.Tensor) -> float:
+    """The share of +1 predictions (out > 0)."""
+    return float((out > 0).float().mean())
 
 
 def ntk_ridge_fit(cfg: ParityRun, init: TwoLayerNet, x, y) -> tuple:
