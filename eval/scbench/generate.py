@@ -30,6 +30,7 @@ import uuid
 
 from eval.ruler.sources import NOISE
 
+from . import own
 from .prompts import build_multi_request, build_multi_turn, build_prompts, max_input_length, turn_input_ids
 from .tasks import get_task
 
@@ -155,7 +156,8 @@ def prefix_suffix(rng: random.Random, size: int, turns: int) -> dict:
 
 
 #: Task.generator -> (generator, smallest size it accepts).
-GENERATORS = {"kv": (kv, MAX_TURNS * 2), "vt": (vt, VT_HOPS + 1), "mf": (mf, 8), "prefix_suffix": (prefix_suffix, 0)}
+GENERATORS = {"kv": (kv, MAX_TURNS * 2), "vt": (vt, VT_HOPS + 1), "mf": (mf, 8), "prefix_suffix": (prefix_suffix, 0),
+              **own.GENERATORS}
 
 
 def sample_tokens(sample: dict, task: str, tokenizer) -> int:

@@ -18,6 +18,7 @@ import re
 import string
 from collections import Counter
 
+from .own import score as own_score
 from .tasks import get_task
 
 _ZH_PUNCTUATION = "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."  # noqa: E501
@@ -138,6 +139,7 @@ SCORERS = {
     "passkey": passkey,
     "math_find": math_find,
     "scbench_vt": string_match_all,
+    "gf_string_match": own_score,  # this project's tasks (eval/scbench/own.py): RULER's metric on text answers
     "longdialogue_qa_eng": longdialogue_qa_eng,
     "scbench_many_shot": longdialogue_qa_eng,
     "longbook_choice_eng": longbook_choice_eng,

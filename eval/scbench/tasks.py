@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import own
+
 _KV = "Extract the value corresponding to the specified key in the JSON object below.\n\n"
 _REPOQA = ("Based on the function description and code context, please retrieve and repeat the exact described "
            "function from the code context in a code block wrapped by ```:\n\n")
@@ -97,11 +99,17 @@ TASKS = (
            needs="the En.Sum documents with passkeys inserted"),
     _plain("scbench_repoqa_and_kv", "Mix.RepoQA+KV", {"scbench_repoqa": 1024, "scbench_kv": 80}, None,
            needs="the RepoQA repositories with a KV dictionary inserted"),
+    # This project's tasks in SCBench's protocol (eval/scbench/own.py), not SCBench's: RULER's needles, one per turn.
+    _plain("gf_facts", "GF.Facts", 32, "gf_string_match", own.FACTS_HEAD, generator="gf_facts"),
+    _plain("gf_multikey", "GF.MultiKey", 32, "gf_string_match", own.MULTIKEY_HEAD, generator="gf_multikey"),
+    _plain("gf_vt", "GF.VarTrack", 30, "gf_string_match", generator="gf_vt"),
 )
 # fmt: on
 
 BY_NAME = {t.name: t for t in TASKS}
 OFFLINE = tuple(t.name for t in TASKS if t.offline)
+#: this project's own tasks (eval/scbench/own.py): offline, but not SCBench's
+OWN = tuple(t.name for t in TASKS if t.name.startswith("gf_"))
 
 
 def get_task(name: str) -> Task:
