@@ -200,3 +200,16 @@ def test_what_cannot_run_is_refused_before_the_model_loads(tiny, tmp_path, chang
     with pytest.raises(ValueError, match=msg):
         run(RunConfig(**{**BASE, **change}), tmp_path / "out", model_and_tokenizer=(config_only, None))
     assert not (tmp_path / "out" / "config.json").exists()  # the folder stays free for another setup
+
+
+def test_stable_rows_run_on_the_loop_and_record_what_they_recomputed(tiny, tmp_path):
+    """The stable protocol through the runner: rows per turn with the tokens recomputed; with a budget at least the
+    prompt, every turn keeps the whole history and answers as reselect does."""
+    config = RunConfig(**{**BASE, "methods": ("gemfilter:k=4096,layer=2",), "protocols": ("reselect", "stable"),
+                          "tasks": ("scbench_mf",), "num_samples": 1})
+    merged = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
+    again = merged["multi-turn/2048/gemfilter:k=4096,layer=2@reselect/scbench_mf.jsonl"][0]["turns"]
+    stable = merged["multi-turn/2048/gemfilter:k=4096,layer=2@stable/scbench_mf.jsonl"][0]["turns"]
+    assert [t["prediction"] for t in stable] == [t["prediction"] for t in again]
+    assert stable[0]["recomputed"] == stable[0]["history_tokens"]
+    assert all(0 < t["recomputed"] < t["history_tokens"] for t in stable[1:])  # only the new tokens ran

@@ -20,11 +20,15 @@ protocols (what a method keeps between turns; gemfilter.Conversation):
   full      the baseline: the whole cache of the history, extended (prefix reuse)
   reuse     turn 1's compressed cache goes on (cache methods always; prompt methods with --protocols reuse)
   reselect  prompt methods select again each turn from the history's layers 0..r (the default for them)
-  A prompt method's label is its spec with @reselect or @reuse.
+  stable    prompt methods select as reselect, keep last turn's kept tokens in their cache slots, mask the
+            dropped ones and run only the newly kept ones (greedy; rebuilt past half holes)
+  A prompt method's label is its spec with @reselect, @reuse or @stable.
 
 tasks (offline generators; docs/scbench.md says what each transcribes):
   scbench_kv (Retr.KV), scbench_prefix_suffix (Retr.Prefix-Suffix), scbench_vt (Retr.MultiHop),
   scbench_mf (Math.Find)
+  this project's own, in SCBench's protocol (RULER's needles, one asked per turn; the embedded model solves them):
+  gf_facts (GF.Facts), gf_multikey (GF.MultiKey), gf_vt (GF.VarTrack)
 
 layout of --out:
   <mode>/<L>/<label>/<task>.jsonl   one row per sample: _id (its seed), turns [{turn_idx, prediction,
@@ -51,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M)")
     add_method_options(r, default="full,gemfilter")
     r.add_argument("--protocols", default="reselect",
-                   help="protocols for prompt methods, comma-separated: reselect, reuse (default reselect)")
+                   help="protocols for prompt methods, comma-separated: reselect, reuse, stable (default reselect)")
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")
     r.add_argument("--tasks", default="scbench_kv,scbench_prefix_suffix,scbench_vt,scbench_mf",
                    help="comma-separated task names (default: the four offline ones)")

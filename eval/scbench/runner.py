@@ -12,14 +12,15 @@ sample is one context with ``turns`` queries; how a turn is fed follows the offi
 Protocols (``gemfilter.conversation``): ``full`` for the baseline (the history's whole cache, prefix
 reuse); cache methods (snapkv, h2o, fastkv) ``reuse`` their compressed cache; prompt methods (gemfilter,
 gemfilter-span) run under each protocol the config names (``reselect``: select again per turn from the
-history's layers 0..r; ``reuse``: turn 1's kept tokens go on). A method's label is its spec, with
-``@reuse`` / ``@reselect`` for prompt methods.
+history's layers 0..r; ``reuse``: turn 1's kept tokens go on; ``stable``: select as reselect, keep last turn's
+kept tokens in place and run only the new ones, :mod:`gemfilter.stable`). A method's label is its spec, with
+``@reuse`` / ``@reselect`` / ``@stable`` for prompt methods.
 
 With ``engine`` (a URL), each turn is answered by an OpenAI-compatible engine (:mod:`eval.scbench.engine`):
 full and prompt methods under ``reselect`` only; rows record ``engine``, and it is part of the folder's identity.
 
 Files: ``OUT/<mode>/<L>/<label>/<task>.jsonl``, one row per sample: ``_id`` (the sample's seed),
-``turns`` ([{turn_idx, prediction, ground_truth, score, ttft_s, total_s, kept, history_tokens}]),
+``turns`` ([{turn_idx, prediction, ground_truth, score, ttft_s, total_s, kept, history_tokens, recomputed}]),
 ``prefill_s`` (multi-request: the context's prefill), ``protocol``, ``method``, ``layer``, ``topk``.
 """
 
@@ -40,7 +41,7 @@ from .tasks import OFFLINE, get_task
 
 #: Fields a stored row must hold to count as done.
 ROW_FIELDS = ("_id", "turns")
-PROMPT_PROTOCOLS = ("reselect", "reuse")
+PROMPT_PROTOCOLS = ("reselect", "reuse", "stable")
 #: How samples are sized, part of a folder's identity: each mode's sample fits that mode's input budget
 #: (``make_sample(mode=...)``). Folders written before say nothing, which means the old sizing: one sample for
 #: both modes, whose multi-request context the runner's middle truncation cut by 15-27% at 4K and 8K.
@@ -54,7 +55,7 @@ class RunConfig:
 
     model: HF id / local path / None (embedded Gemma 3 270M); methods: method specs (``gemfilter:k=256``);
     topk, layer: defaults for the specs that do not set them (None: each method's own); protocols: those a
-    prompt method runs under (``reselect``, ``reuse``); modes: ``multi-turn`` and/or ``multi-request``;
+    prompt method runs under (``reselect``, ``reuse``, ``stable``); modes: ``multi-turn`` and/or ``multi-request``;
     tasks: official data names with an offline generator; lengths: the window (``--max_seq_length``) the
     samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries per sample;
     engine: an OpenAI base URL that answers the turns; timeout: seconds to wait for it (a connection, a chunk).
@@ -140,7 +141,7 @@ class SCBench(Benchmark):
             for length in config.lengths:
                 method = spec.method(length, **defaults(config))
                 check_for_model(method, model_config, length)
-                if protocol == "reselect":
+                if protocol in ("reselect", "stable"):
                     try:
                         check_reselect(model_config, method)
                     except ValueError as err:
@@ -199,7 +200,7 @@ class SCBench(Benchmark):
 def converse(model, tok, method, protocol: str, mode: str, length: int, task: str, sample: dict) -> dict:
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
-    method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse`` or ``reselect``;
+    method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect`` or ``stable``;
     mode: a name in :data:`eval.scbench.prompts.MODES`; length: the window the first prompt is cut to fit.
     """
     import gemfilter
@@ -222,7 +223,8 @@ def converse(model, tok, method, protocol: str, mode: str, length: int, task: st
             truth = prompts.ground_truth[t]
             rows.append({"turn_idx": t, "prediction": turn.text, "ground_truth": truth,
                          "score": score_one(task, turn.text, truth), "ttft_s": round(turn.ttft_s, 4),
-                         "total_s": round(turn.total_s, 4), "kept": turn.kept, "history_tokens": turn.history_tokens})
+                         "total_s": round(turn.total_s, 4), "kept": turn.kept, "history_tokens": turn.history_tokens,
+                         "recomputed": turn.recomputed})
     return {"turns": rows, "prefill_s": prefill_s}
 
 
