@@ -97,3 +97,15 @@ def test_the_scorer_is_ruler_s_on_the_answer_s_parts():
     assert scoring.score_one("gf_vt", "they are: ABCDE", "ABCDE, FGHIJ") == 0.5
     assert scoring.score_one("gf_facts", " under the kitchen clock.", "kitchen clock") == 1.0
     assert scoring.score_one("gf_multikey", " 1234567.", "7654321") == 0.0
+
+
+@pytest.mark.parametrize("task", OWN)
+def test_a_follow_up_starts_with_the_turn_before_s_answer_as_a_sentence(tok, task):
+    sample = generate.make_sample(task, tok, 1024, 5, seed=2, mode="multi-turn")
+    p = prompts.build_prompts(sample, task, "multi-turn")
+    for i, follow in enumerate(p.follow_ups, 1):
+        said, question = follow.split("\n\n", 1)
+        previous = sample["multi_turns"][i - 1]
+        assert said.endswith(previous["answer"] + ".") and said != previous["answer"] + "."
+        assert question == sample["multi_turns"][i]["input"]
+    assert own.said("Where? The key is under", "the vase") == "The key is under the vase."

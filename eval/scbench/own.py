@@ -79,6 +79,15 @@ def _fact(kind: int, rng: random.Random) -> tuple:
             "Dolores Park")
 
 
+def said(question: str, answer: str) -> str:
+    """A turn's gold answer as the sentence a multi-turn follow-up starts with: the question's answer prefix (its
+    text after the question mark) completed with the answer, e.g. "The train to Oslo leaves from platform 7."."""
+    for mark in (" Answer: ", "? "):  # variable tracking's prefix follows "Answer:", the others' the question mark
+        if mark in question:
+            return question.rsplit(mark, 1)[1] + " " + answer + "."
+    return answer + "."
+
+
 def _insert(rng: random.Random, words: list, sentences: list) -> str:
     """``words`` joined with each of ``sentences`` inserted at a random word position (RULER inserts at random
     depths), in random order."""
@@ -107,7 +116,7 @@ def facts(rng: random.Random, size: int, turns: int) -> dict:
     kinds = rng.sample(range(5), turns)
     made = [_fact(k, rng) for k in kinds]
     context = _insert(rng, _essay(rng, size), [m[0] for m in made])
-    return {"context": context, "multi_turns": [{"input": q, "answer": a} for _, q, a in made]}
+    return {"context": context, "multi_turns": [{"input": q, "answer": a, "said": said(q, a)} for _, q, a in made]}
 
 
 def multikey(rng: random.Random, size: int, turns: int) -> dict:
@@ -123,9 +132,11 @@ def multikey(rng: random.Random, size: int, turns: int) -> dict:
     needles = [f"One of the special magic numbers for {k} is: {v}." for k, v in zip(keys, values)]
     context = _insert(rng, _essay(rng, size), needles)
     asked = rng.sample(range(MULTIKEY_KEYS), turns)
+    question = ("What is the special magic number for {k} mentioned in the provided text? The special magic number for "
+                "{k} mentioned in the provided text is")
     return {"context": context, "multi_turns": [
-        {"input": f"What is the special magic number for {keys[i]} mentioned in the provided text? The special magic "
-                  f"number for {keys[i]} mentioned in the provided text is", "answer": values[i]} for i in asked]}
+        {"input": question.format(k=keys[i]), "answer": values[i], "said": said(question.format(k=keys[i]), values[i])}
+        for i in asked]}
 
 
 def vt(rng: random.Random, size: int, turns: int) -> dict:
@@ -151,7 +162,8 @@ def vt(rng: random.Random, size: int, turns: int) -> dict:
            "the chain(s) of variable assignment in the text above, {n} variables are assigned the value {v}, they "
            "are:")
     return {"context": VT_HEAD + context, "multi_turns": [
-        {"input": ask.format(v=values[c], n=VT_HOPS + 1), "answer": ", ".join(chains[c])} for c in range(turns)]}
+        {"input": ask.format(v=values[c], n=VT_HOPS + 1), "answer": ", ".join(chains[c]),
+         "said": said(ask.format(v=values[c], n=VT_HOPS + 1), ", ".join(chains[c]))} for c in range(turns)]}
 
 
 def score(pred: str, label: str) -> float:

@@ -90,8 +90,14 @@ def _choice(eg, i, chat_follow_up=False):
     return {"question": turn["input"], **{f"OPTION_{c}": turn["options"][j] for j, c in enumerate(OPTION_LETTERS)}}
 
 
-#: Task.fields -> the template keyword arguments of turn i (the official builders' per-branch format calls).
-FIELDS = {"input": _input, "mf": _mf, "question": _question, "choice": _choice}
+def _said(eg, i, chat_follow_up=False):
+    """This project's tasks (eval/scbench/own.py): the input, and the turn before's gold answer as a sentence."""
+    return {"input": eg["multi_turns"][i]["input"], "said": eg["multi_turns"][i - 1]["said"] if i else ""}
+
+
+#: Task.fields -> the template keyword arguments of turn i (the official builders' per-branch format calls; ``said``
+#: is this project's own).
+FIELDS = {"input": _input, "mf": _mf, "question": _question, "choice": _choice, "said": _said}
 
 
 def get_ground_truth(eg: dict, task: str) -> list:

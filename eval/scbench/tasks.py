@@ -65,6 +65,14 @@ def _plain(name, label, max_new_tokens, scorer, head="", **kw):
                 "{pre_ans}\n\n{input}", "{input}", scorer=scorer, **kw)
 
 
+def _own(name, label, max_new_tokens, head, generator):
+    """This project's tasks (eval/scbench/own.py): the generic branch's templates, except that a multi-turn follow-up
+    starts with the turn before's gold answer as a sentence (``said``), not the bare answer, which the embedded model
+    copied as the next answer."""
+    return Task(name, label, max_new_tokens, head + "{context}\n\n{input}", head + "{context}", "{said}\n\n{input}",
+                "{input}", fields="said", scorer="gf_string_match", generator=generator)
+
+
 # fmt: off
 TASKS = (
     _plain("scbench_kv", "Retr.KV", 150, "kv_retrieval", _KV, generator="kv"),
@@ -100,9 +108,9 @@ TASKS = (
     _plain("scbench_repoqa_and_kv", "Mix.RepoQA+KV", {"scbench_repoqa": 1024, "scbench_kv": 80}, None,
            needs="the RepoQA repositories with a KV dictionary inserted"),
     # This project's tasks in SCBench's protocol (eval/scbench/own.py), not SCBench's: RULER's needles, one per turn.
-    _plain("gf_facts", "GF.Facts", 32, "gf_string_match", own.FACTS_HEAD, generator="gf_facts"),
-    _plain("gf_multikey", "GF.MultiKey", 32, "gf_string_match", own.MULTIKEY_HEAD, generator="gf_multikey"),
-    _plain("gf_vt", "GF.VarTrack", 30, "gf_string_match", generator="gf_vt"),
+    _own("gf_facts", "GF.Facts", 32, own.FACTS_HEAD, "gf_facts"),
+    _own("gf_multikey", "GF.MultiKey", 32, own.MULTIKEY_HEAD, "gf_multikey"),
+    _own("gf_vt", "GF.VarTrack", 30, "", "gf_vt"),
 )
 # fmt: on
 
