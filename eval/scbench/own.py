@@ -79,13 +79,10 @@ def _fact(kind: int, rng: random.Random) -> tuple:
             "Dolores Park")
 
 
-def said(question: str, answer: str) -> str:
-    """A turn's gold answer as the sentence a multi-turn follow-up starts with: the question's answer prefix (its
-    text after the question mark) completed with the answer, e.g. "The train to Oslo leaves from platform 7."."""
-    for mark in (" Answer: ", "? "):  # variable tracking's prefix follows "Answer:", the others' the question mark
-        if mark in question:
-            return question.rsplit(mark, 1)[1] + " " + answer + "."
-    return answer + "."
+def said(answer: str) -> str:
+    """A turn's gold answer as a multi-turn follow-up starts with it: the previous prompt ended with the question's
+    answer prefix ("... is"), so the answer completes that sentence: " <answer>."."""
+    return f" {answer}."
 
 
 def _insert(rng: random.Random, words: list, sentences: list) -> str:
@@ -116,7 +113,7 @@ def facts(rng: random.Random, size: int, turns: int) -> dict:
     kinds = rng.sample(range(5), turns)
     made = [_fact(k, rng) for k in kinds]
     context = _insert(rng, _essay(rng, size), [m[0] for m in made])
-    return {"context": context, "multi_turns": [{"input": q, "answer": a, "said": said(q, a)} for _, q, a in made]}
+    return {"context": context, "multi_turns": [{"input": q, "answer": a, "said": said(a)} for _, q, a in made]}
 
 
 def multikey(rng: random.Random, size: int, turns: int) -> dict:
@@ -135,7 +132,7 @@ def multikey(rng: random.Random, size: int, turns: int) -> dict:
     question = ("What is the special magic number for {k} mentioned in the provided text? The special magic number for "
                 "{k} mentioned in the provided text is")
     return {"context": context, "multi_turns": [
-        {"input": question.format(k=keys[i]), "answer": values[i], "said": said(question.format(k=keys[i]), values[i])}
+        {"input": question.format(k=keys[i]), "answer": values[i], "said": said(values[i])}
         for i in asked]}
 
 
@@ -163,7 +160,7 @@ def vt(rng: random.Random, size: int, turns: int) -> dict:
            "are:")
     return {"context": VT_HEAD + context, "multi_turns": [
         {"input": ask.format(v=values[c], n=VT_HOPS + 1), "answer": ", ".join(chains[c]),
-         "said": said(ask.format(v=values[c], n=VT_HOPS + 1), ", ".join(chains[c]))} for c in range(turns)]}
+         "said": said(", ".join(chains[c]))} for c in range(turns)]}
 
 
 def score(pred: str, label: str) -> float:

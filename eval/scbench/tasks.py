@@ -67,8 +67,8 @@ def _plain(name, label, max_new_tokens, scorer, head="", **kw):
 
 def _own(name, label, max_new_tokens, head, generator):
     """This project's tasks (eval/scbench/own.py): the generic branch's templates, except that a multi-turn follow-up
-    starts with the turn before's gold answer as a sentence (``said``), not the bare answer, which the embedded model
-    copied as the next answer."""
+    starts with the turn before's gold answer completing its sentence (``said``: " <answer>."), where the generic
+    ``{pre_ans}`` glues the bare answer to the answer prefix ("... is7602368"), which the embedded model copied."""
     return Task(name, label, max_new_tokens, head + "{context}\n\n{input}", head + "{context}", "{said}\n\n{input}",
                 "{input}", fields="said", scorer="gf_string_match", generator=generator)
 
