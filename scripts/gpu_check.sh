@@ -15,7 +15,7 @@
 #      cache, the compiled step, and transformers' own static compiled generate, beside the bytes read per step
 #      over the copy bandwidth measured there; OUT/decode.jsonl
 #   4. conversations at 8B: 5 turns over a 32K context, full (prefix reuse), reselect and reuse with gemfilter,
-#      reuse with snapkv; time to first token per turn; OUT/conversation.jsonl
+#      reuse with snapkv, and the stable protocol with gemfilter; time to first token per turn; OUT/conversation.jsonl
 #   5. the device-aware tests on CUDA (`pytest -m cuda`), the compiled and chunked ones first; OUT/cuda-tests.log
 #   6. Llama 3.1 8B, eager (generate's own loop), the same four methods at 32K and 120K: the same run's
 #      baseline for the compiled rows; OUT/llama-3.1-8b-eager.jsonl

@@ -16,7 +16,7 @@ import sys
 import time
 
 #: (protocol, method spec) pairs timed by default; None: no method (full)
-DEFAULT_RUNS = "full,reselect:gemfilter,reuse:gemfilter,reuse:snapkv"
+DEFAULT_RUNS = "full,reselect:gemfilter,stable:gemfilter,reuse:gemfilter,reuse:snapkv"
 
 
 def parse_runs(text: str, topk: int) -> list:
