@@ -114,3 +114,33 @@ def mean_std(values) -> tuple[float, float]:
 
     values = list(values)
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def table_command(parser, args, argv, *, prog: str, stem: str, make_config, run_table, markdown, read_result,
+                  figures) -> int:
+    """The ``report`` and ``table`` subcommands of a table probe (parity, interval labelling): ``report`` rewrites
+    ``<stem>_summary.md`` from a folder's ``<stem>_result.json``; ``table`` runs (resuming ``<stem>_runs.jsonl``),
+    then writes the result JSON, the summary and the figures. figures: ((plot(rows, path), file name), ...)."""
+    from dataclasses import asdict
+
+    from icl_probes.io import write_json, write_text
+
+    if args.command == "report":
+        try:
+            result = read_result(args.dir)
+        except (OSError, ValueError) as err:
+            parser.subcommands["report"].error(str(err))  # exit 2, with the subcommand's usage
+        md = markdown(result["runs"], result["config"], result["command"])
+        write_text(args.dir / f"{stem}_summary.md", md)
+        print(md)
+        return 0
+    cfg, command, out, figs, jsonl = start_run(parser, args, argv, prog, make_config, f"{stem}_runs.jsonl")
+    rows = run_table(cfg, jsonl, progress=not args.quiet, force=args.force)
+    slim = [{key: val for key, val in r.items() if key != "mds"} for r in rows]
+    write_json(out / f"{stem}_result.json", dict(config=asdict(cfg), command=command, runs=slim))
+    md = markdown(rows, asdict(cfg), command)
+    pngs = [plot(rows, figs / name) for plot, name in figures]
+    write_text(out / f"{stem}_summary.md", md)
+    print(md)
+    print("wrote:", out / f"{stem}_summary.md", *pngs)
+    return 0

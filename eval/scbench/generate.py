@@ -28,7 +28,6 @@ import random
 import string
 import uuid
 
-from eval.ruler.sources import NOISE
 
 from . import own
 from .prompts import build_multi_request, build_multi_turn, build_prompts, max_input_length, turn_input_ids
@@ -61,21 +60,7 @@ VT_HOPS = 4  # RULER's vt task (synthetic.yaml: num_hops 4)
 
 def vt(rng: random.Random, size: int, turns: int) -> dict:
     """Retr.MultiHop: ``size`` noise sentences with one 4-hop chain per turn; turn i asks for chain i's variables."""
-    names = []
-    while len(names) < (VT_HOPS + 1) * turns:
-        name = "".join(rng.choices(string.ascii_uppercase, k=5))
-        if name not in names:
-            names.append(name)
-    values = rng.sample(range(10000, 100000), turns)
-    sentences = [NOISE] * size
-    chains = []
-    for c in range(turns):
-        var = names[c * (VT_HOPS + 1):(c + 1) * (VT_HOPS + 1)]
-        chain = [f"VAR {var[0]} = {values[c]}"] + [f"VAR {var[j + 1]} = VAR {var[j]} " for j in range(VT_HOPS)]
-        chains.append(var)
-        # RULER's insertion: sorted random slots, each shifted by the lines already inserted
-        for j, pos in enumerate(sorted(rng.sample(range(len(sentences)), len(chain)))):
-            sentences.insert(pos + j, chain[j])
+    sentences, chains, values = own.noise_chains(rng, size, turns, VT_HOPS, "VAR {a} = {v}", "VAR {b} = VAR {a} ")
     context = VT_HEAD + "\n".join(sentences).replace(". \n", ".\n")
     return {"context": context, "multi_turns": [
         {"input": VT_QUESTION.format(value=values[c], num_v=VT_HOPS + 1), "answer": chains[c]} for c in range(turns)]}

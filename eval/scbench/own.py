@@ -138,24 +138,31 @@ def multikey(rng: random.Random, size: int, turns: int) -> dict:
         for i in asked]}
 
 
-def vt(rng: random.Random, size: int, turns: int) -> dict:
-    """GF.VarTrack: ``size`` noise sentences with one chain of ``VT_HOPS`` + 1 variables per turn."""
+def noise_chains(rng: random.Random, size: int, turns: int, hops: int, assign: str, link: str) -> tuple:
+    """RULER's variable tracking in its noise haystack: (sentences, chains (variable names), values), one chain of
+    ``hops`` + 1 variables per turn. assign/link: the line formats (``VAR {a} = {v}``, ``VAR {b} = VAR {a}``)."""
     from eval.ruler.sources import NOISE
 
     names = []
-    while len(names) < (VT_HOPS + 1) * turns:
+    while len(names) < (hops + 1) * turns:
         name = "".join(rng.choices(string.ascii_uppercase, k=5))
         if name not in names:
             names.append(name)
     values = rng.sample(range(10000, 100000), turns)
     sentences, chains = [NOISE] * size, []
     for c in range(turns):
-        var = names[c * (VT_HOPS + 1):(c + 1) * (VT_HOPS + 1)]
+        var = names[c * (hops + 1):(c + 1) * (hops + 1)]
         chains.append(var)
-        chain = [f"VAR {var[0]} = {values[c]}."] + [f"VAR {var[j + 1]} = VAR {var[j]}." for j in range(VT_HOPS)]
+        chain = [assign.format(a=var[0], v=values[c])] + [link.format(b=var[j + 1], a=var[j]) for j in range(hops)]
         # RULER's insertion: sorted random slots, each shifted by the lines already inserted, so a chain reads in order
         for j, pos in enumerate(sorted(rng.sample(range(len(sentences)), len(chain)))):
             sentences.insert(pos + j, chain[j])
+    return sentences, chains, values
+
+
+def vt(rng: random.Random, size: int, turns: int) -> dict:
+    """GF.VarTrack: ``size`` noise sentences with one chain of ``VT_HOPS`` + 1 variables per turn."""
+    sentences, chains, values = noise_chains(rng, size, turns, VT_HOPS, "VAR {a} = {v}.", "VAR {b} = VAR {a}.")
     context = " ".join(sentences)
     ask = ("Question: Find all variables that are assigned the value {v} in the text above. Answer: According to "
            "the chain(s) of variable assignment in the text above, {n} variables are assigned the value {v}, they "

@@ -15,8 +15,8 @@ import numpy as np
 
 from gemfilter.lab.entry import command
 from icl_probes.common import pyplot
-from icl_probes.io import save_png, write_json, write_text
-from feature_probes.common import add_run_args, mean_std, start_run
+from icl_probes.io import save_png
+from feature_probes.common import add_run_args, mean_std, table_command
 from feature_probes.interval.data import IntervalSpec
 from feature_probes.interval.experiments import PRESETS, run_table
 from feature_probes.parity.cli import plot_mds
@@ -180,23 +180,6 @@ def main(argv=None) -> int:
     if args.command == "presets":
         print(json.dumps({k: asdict(v) for k, v in PRESETS.items()}, indent=2))
         return 0
-    if args.command == "report":
-        try:
-            result = read_result(args.dir)
-        except (OSError, ValueError) as err:
-            parser.subcommands["report"].error(str(err))  # exit 2, with the subcommand's usage
-        md = markdown(result["runs"], result["config"], result["command"])
-        write_text(args.dir / "interval_summary.md", md)
-        print(md)
-        return 0
-    cfg, command_line, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.interval", make_config,
-                                                    "interval_runs.jsonl")
-    rows = run_table(cfg, jsonl, progress=not args.quiet, force=args.force)
-    slim = [{key: val for key, val in r.items() if key != "mds"} for r in rows]
-    write_json(out / "interval_result.json", dict(config=asdict(cfg), command=command_line, runs=slim))
-    md = markdown(rows, asdict(cfg), command_line)
-    pngs = [plot_curves(rows, figs / "interval_figA3_curves.png"), plot_mds(rows, figs / "interval_figA4_weights.png")]
-    write_text(out / "interval_summary.md", md)
-    print(md)
-    print("wrote:", out / "interval_summary.md", *pngs)
-    return 0
+    return table_command(parser, args, argv, prog="feature_probes.interval", stem="interval", make_config=make_config,
+                         run_table=run_table, markdown=markdown, read_result=read_result,
+                         figures=((plot_curves, "interval_figA3_curves.png"), (plot_mds, "interval_figA4_weights.png")))

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from icl_probes.common import pyplot
-from icl_probes.io import save_png, write_json, write_text
-from feature_probes.common import add_run_args, mean_std, start_run
+from icl_probes.io import save_png, write_text
+from feature_probes.common import add_run_args, mean_std, start_run, table_command
 from feature_probes.parity.data import ParitySpec
 from feature_probes.parity.experiments import PRESETS, run_table
 from gemfilter.lab.entry import command
@@ -244,23 +244,6 @@ def main(argv=None) -> int:
         return 0
     if args.command in ("step1", "ntk"):
         return _run_study(parser, args, argv)
-    if args.command == "report":
-        try:
-            result = read_result(args.dir)
-        except (OSError, ValueError) as err:
-            parser.subcommands["report"].error(str(err))  # exit 2, with the subcommand's usage
-        md = markdown(result["runs"], result["config"], result["command"])
-        write_text(args.dir / "parity_summary.md", md)
-        print(md)
-        return 0
-    cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.parity", make_config,
-                                               "parity_runs.jsonl")
-    rows = run_table(cfg, jsonl, progress=not args.quiet, force=args.force)
-    slim = [{key: val for key, val in r.items() if key != "mds"} for r in rows]
-    write_json(out / "parity_result.json", dict(config=asdict(cfg), command=command, runs=slim))
-    md = markdown(rows, asdict(cfg), command)
-    pngs = [plot_curves(rows, figs / "parity_figA1_curves.png"), plot_mds(rows, figs / "parity_figA2_mds.png")]
-    write_text(out / "parity_summary.md", md)
-    print(md)
-    print("wrote:", out / "parity_summary.md", *pngs)
-    return 0
+    return table_command(parser, args, argv, prog="feature_probes.parity", stem="parity", make_config=make_config,
+                         run_table=run_table, markdown=markdown, read_result=read_result,
+                         figures=((plot_curves, "parity_figA1_curves.png"), (plot_mds, "parity_figA2_mds.png")))
