@@ -29,7 +29,7 @@ import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
-from gemfilter.lab.io import append_jsonl, folder_lock, merge_jsonl, read_json_object, read_jsonl, write_json_atomic
+from gemfilter.lab.io import append_jsonl, folder_lock, read_json_object, read_jsonl, write_json_atomic
 
 CONFIG = "config.json"
 #: Process i's shard of ``<task>.jsonl`` (LongBench, RULER). It does not end in "jsonl", so the

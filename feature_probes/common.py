@@ -116,8 +116,33 @@ def mean_std(values) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def table_command(parser, args, argv, *, prog: str, stem: str, make_config, run_table, markdown, read_result,
-                  figures) -> int:
+def read_table_result(folder, stem: str) -> dict:
+    """A run folder's ``<stem>_result.json`` ({config, command, runs}); a clear error if it is missing or not one."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / f"{stem}_result.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: give a folder written by 'table' (its --out)")
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); run 'table' again") from None
+    if not isinstance(result, dict) or not {"config", "command", "runs"} <= set(result):
+        raise ValueError(f"{path} is not a {stem} result (it needs config, command and runs)")
+    return result
+
+
+def fmt_seeds(values, scale=100.0, digits=1) -> str:
+    """``mean ± std`` over seeds of the non-None ``values`` (times ``scale``); "NA" when none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "NA"
+    m, s = mean_std(v * scale for v in values)
+    return f"{m:.{digits}f}" + (f" ± {s:.{digits}f}" if len(values) > 1 else "")
+
+
+def table_command(parser, args, argv, *, prog: str, stem: str, make_config, run_table, markdown, figures) -> int:
     """The ``report`` and ``table`` subcommands of a table probe (parity, interval labelling): ``report`` rewrites
     ``<stem>_summary.md`` from a folder's ``<stem>_result.json``; ``table`` runs (resuming ``<stem>_runs.jsonl``),
     then writes the result JSON, the summary and the figures. figures: ((plot(rows, path), file name), ...)."""
@@ -127,7 +152,7 @@ def table_command(parser, args, argv, *, prog: str, stem: str, make_config, run_
 
     if args.command == "report":
         try:
-            result = read_result(args.dir)
+            result = read_table_result(args.dir, stem)
         except (OSError, ValueError) as err:
             parser.subcommands["report"].error(str(err))  # exit 2, with the subcommand's usage
         md = markdown(result["runs"], result["config"], result["command"])

@@ -16,7 +16,7 @@ import numpy as np
 from gemfilter.lab.entry import command
 from icl_probes.common import pyplot
 from icl_probes.io import save_png
-from feature_probes.common import add_run_args, mean_std, table_command
+from feature_probes.common import add_run_args, fmt_seeds, table_command
 from feature_probes.interval.data import IntervalSpec
 from feature_probes.interval.experiments import PRESETS, run_table
 from feature_probes.parity.cli import plot_mds
@@ -86,28 +86,6 @@ def make_config(args):
     return cfg
 
 
-def read_result(folder) -> dict:
-    """A run folder's interval_result.json ({config, command, runs}); a clear error if it is missing or not one."""
-    path = Path(folder) / "interval_result.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: give a folder written by 'table' (its --out)")
-    try:
-        result = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); run 'table' again") from None
-    if not isinstance(result, dict) or not {"config", "command", "runs"} <= set(result):
-        raise ValueError(f"{path} is not an interval result (it needs config, command and runs)")
-    return result
-
-
-def _fmt(values, scale=100.0, digits=1):
-    values = [v for v in values if v is not None]
-    if not values:
-        return "NA"
-    m, s = mean_std(v * scale for v in values)
-    return f"{m:.{digits}f}" + (f" ± {s:.{digits}f}" if len(values) > 1 else "")
-
-
 def markdown(rows: list[dict], cfg: dict, command: str) -> str:
     """Table A.2 measured (mean ± std over seeds) beside the paper's row, and the law's exact numbers."""
     spec = cfg["spec"]
@@ -130,8 +108,8 @@ def markdown(rows: list[dict], cfg: dict, command: str) -> str:
             paper = PAPER[method] if structured else (PAPER["unstructured"] if method == "network" else None)
             ptxt = "—" if paper is None else " / ".join(paper)
             lines.append(f"| {'structured' if structured else 'no structure'} | {NAMES[method]} | "
-                         f"{_fmt(m['train_acc'] for m in ms)} | {_fmt(m['test_acc'] for m in ms)} | "
-                         f"{_fmt((m['cos'] for m in ms), 1.0, 3)} | {_fmt(m.get('test_pos_share') for m in ms)} | "
+                         f"{fmt_seeds(m['train_acc'] for m in ms)} | {fmt_seeds(m['test_acc'] for m in ms)} | "
+                         f"{fmt_seeds((m['cos'] for m in ms), 1.0, 3)} | {fmt_seeds(m.get('test_pos_share') for m in ms)} | "
                          f"{ptxt} |")
     lines.append("")
     for structured in (True, False):
@@ -181,5 +159,5 @@ def main(argv=None) -> int:
         print(json.dumps({k: asdict(v) for k, v in PRESETS.items()}, indent=2))
         return 0
     return table_command(parser, args, argv, prog="feature_probes.interval", stem="interval", make_config=make_config,
-                         run_table=run_table, markdown=markdown, read_result=read_result,
+                         run_table=run_table, markdown=markdown,
                          figures=((plot_curves, "interval_figA3_curves.png"), (plot_mds, "interval_figA4_weights.png")))

@@ -16,7 +16,7 @@ import numpy as np
 
 from icl_probes.common import pyplot
 from icl_probes.io import save_png, write_text
-from feature_probes.common import add_run_args, mean_std, start_run, table_command
+from feature_probes.common import add_run_args, fmt_seeds, start_run, table_command
 from feature_probes.parity.data import ParitySpec
 from feature_probes.parity.experiments import PRESETS, run_table
 from gemfilter.lab.entry import command
@@ -148,25 +148,6 @@ def make_config(args):
     return cfg
 
 
-def read_result(folder) -> dict:
-    """A run folder's parity_result.json ({config, command, runs}); a clear error if it is missing or not one."""
-    path = Path(folder) / "parity_result.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: give a folder written by 'table' (its --out)")
-    result = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(result, dict) or not {"config", "command", "runs"} <= set(result):
-        raise ValueError(f"{path} is not a parity result (it needs config, command and runs)")
-    return result
-
-
-def _fmt(values, scale=100.0, digits=1):
-    values = [v for v in values if v is not None]
-    if not values:
-        return "NA"
-    m, s = mean_std(v * scale for v in values)
-    return f"{m:.{digits}f}" + (f" ± {s:.{digits}f}" if len(values) > 1 else "")
-
-
 def markdown(rows: list[dict], cfg: dict, command: str) -> str:
     k, m, steps = cfg["spec"]["k"], cfg["m"], cfg["steps"]
     eta3 = cfg["lr3"] or k ** 2 / (steps * m ** (1 / 3))
@@ -185,8 +166,8 @@ def markdown(rows: list[dict], cfg: dict, command: str) -> str:
             paper = PAPER[method] if structured else (PAPER["unstructured"] if method == "network" else None)
             ptxt = "—" if paper is None else " / ".join("NA" if v is None else str(v) for v in paper)
             lines.append(f"| {'structured' if structured else 'no structure'} | {NAMES[method]} | "
-                         f"{_fmt(m['train_acc'] for m in ms)} | {_fmt(m['test_acc'] for m in ms)} | "
-                         f"{_fmt((m['cos'] for m in ms), 1.0, 3)} | {ptxt} |")
+                         f"{fmt_seeds(m['train_acc'] for m in ms)} | {fmt_seeds(m['test_acc'] for m in ms)} | "
+                         f"{fmt_seeds((m['cos'] for m in ms), 1.0, 3)} | {ptxt} |")
     secs = sum(r["seconds"] for r in rows)
     lams = ", ".join(f"{'structured' if r['structured'] else 'no structure'} seed {r['seed']}: {r['methods']['ntk_ridge']['lam']:g}"
                      for r in rows if "ntk_ridge" in r["methods"])
@@ -245,5 +226,5 @@ def main(argv=None) -> int:
     if args.command in ("step1", "ntk"):
         return _run_study(parser, args, argv)
     return table_command(parser, args, argv, prog="feature_probes.parity", stem="parity", make_config=make_config,
-                         run_table=run_table, markdown=markdown, read_result=read_result,
+                         run_table=run_table, markdown=markdown,
                          figures=((plot_curves, "parity_figA1_curves.png"), (plot_mds, "parity_figA2_mds.png")))

@@ -68,7 +68,7 @@ def _flip_table(rows, kind: str) -> list[str]:
         return []
     levels = [x["level"] for x in flips[0]["rows"] if x["kind"] == kind]
     head = "flip rate" if kind == "flip" else "noise σ"
-    lines = [f"| (v1, v2) | M | " + " | ".join(f"{head} {lv:g}: g1* / g2*" for lv in levels) + " |",
+    lines = ["| (v1, v2) | M | " + " | ".join(f"{head} {lv:g}: g1* / g2*" for lv in levels) + " |",
              "|---|---|" + "---|" * len(levels)]
     for r in sorted(flips, key=lambda r: (r["v1"], r["v2"], r["m"])):
         cells = [f"{x['g1_acc']:.3f} / {x['g2_acc']:.3f}" for x in r["rows"] if x["kind"] == kind]
