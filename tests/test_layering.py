@@ -115,7 +115,8 @@ LAB = ("gemfilter.lab",)
 #: command-line modules: what parses arguments and prints for a person
 CLI = ("gemfilter.lab.cli", "gemfilter.lab.options", "gemfilter.lab.serve.cli", "gemfilter.lab.serve.bench", "gemfilter.lab.serve.turns",
        "gemfilter.lab.serve.burst",
-       "gemfilter.lab.bench.report", "gemfilter.lab.inspection.report")
+       "gemfilter.lab.bench.report", "gemfilter.lab.bench.decode", "gemfilter.lab.bench.conversation",
+       "gemfilter.lab.inspection.report")
 
 
 def in_group(name: str, group) -> bool:
