@@ -12,7 +12,8 @@ too): first one started without ``VLLM_PLUGINS``, whose answers are plain vLLM's
   ``gemfilter`` field and no ``X-GemFilter`` header; models, tokenize, health and metrics are vLLM's;
 - the official ``openai`` client's completion, chat and streams work, and a refusal is its ``BadRequestError``;
 - a client that leaves a filtered request ends vLLM's request;
-- a bad ``GEMFILTER_*`` variable stops vLLM with one error line before its engine loads.
+- a bad ``GEMFILTER_*`` variable stops vLLM with one error line before its engine loads;
+- ``gemfilter bench --engine URL --plugin`` times plain vLLM, the proxy and the plugin in one run.
 """
 
 import json
@@ -298,3 +299,17 @@ def test_a_bad_variable_stops_vllm_with_one_line_before_its_engine_loads(logs):
                                               "got '0'", text[-2000:]
     assert "Initializing a V1 LLM engine" not in text and "Traceback" not in text
 
+
+def test_bench_engine_times_vllm_the_proxy_and_the_plugin_in_one_run(plugin, tmp_path):
+    from gemfilter.lab.bench import report
+
+    base, _ = plugin
+    assert report.main(["--engine", base + "/v1", "--plugin", "--methods", "gemfilter", "--topk", "128", "--lengths",
+                        "600", "--gen-tokens", "2", "--repeats", "1", "--threads", "1", "--out", str(tmp_path)]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "bench-engine.jsonl").read_text().splitlines()]
+    assert sorted(r["route"] for r in rows) == ["full, direct", "full, proxy", "gemfilter, plugin", "gemfilter, proxy"]
+    by = {r["route"]: r for r in rows}
+    assert by["gemfilter, plugin"]["kept_tokens"] == by["gemfilter, proxy"]["kept_tokens"] == 128
+    assert by["full, direct"]["kept_tokens"] == by["full, direct"]["prompt_tokens"]
+    table = (tmp_path / "bench-engine.md").read_text()
+    assert "TTFT plugin (s)" in table and "| 600 |" in table
