@@ -118,9 +118,12 @@ TRANSFORMERS_517 = Path("/tmp/v517/bin/python")
 def test_custom_generate_under_transformers_5_17(tmp_path):
     """The floor of the supported range loads the folder the same way (its loader checks requirements.txt against
     installed distributions, so the package is installed from a wheel into a folder of its own)."""
-    wheel = tmp_path / "wheel"
+    src, wheel = tmp_path / "src", tmp_path / "wheel"  # built from a copy: a build writes into its source folder
+    shutil.copytree(ROOT / "gemfilter", src / "gemfilter", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheel),
-                    str(ROOT)], check=True, capture_output=True)
+                    str(src)], check=True, capture_output=True)
     target = tmp_path / "site"
     subprocess.run([str(TRANSFORMERS_517), "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
                     *map(str, wheel.glob("*.whl"))], check=True, capture_output=True)

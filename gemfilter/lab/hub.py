@@ -73,7 +73,8 @@ def export(out: Path, repo_id: str | None = None, force: bool = False) -> list:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export-hub", help="write GemFilter's transformers custom_generate repo to a folder (for the Hub)",
+    p = sub.add_parser("export-hub",
+                       help="write GemFilter's transformers custom_generate repo to a folder (for the Hub)",
                        description="Write the Hub repo that makes model.generate(..., custom_generate=REPO, "
                        "trust_remote_code=True, gemfilter_method=SPEC) run gemfilter.generate: a model card "
                        "(README.md), custom_generate/generate.py and custom_generate/requirements.txt.",
