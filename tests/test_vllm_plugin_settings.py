@@ -119,3 +119,21 @@ def test_docs_list_every_variable_and_the_transformers_overlap():
     text = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
     assert all(f"| `{name}` |" in text for name, _, _ in VARIABLES)
     assert "the overlap is 5.17 to 5.19" in " ".join(text.split())
+
+
+def test_the_plugin_s_ttft_table_in_the_docs_is_the_committed_run():
+    """docs/serving.md's plugin table is measured/serve-plugin/bench-engine.md's, which ``gemfilter bench`` wrote from
+    the committed rows; and those rows give it again."""
+    import json
+
+    from gemfilter.lab.serve.bench import markdown, summarize
+
+    text = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
+    block = text.split("<!-- plugin-ttft-measured -->")[1].split("<!-- /plugin-ttft-measured -->")[0]
+    measured = ROOT / "measured" / "serve-plugin"
+    table = (measured / "bench-engine.md").read_text(encoding="utf-8")
+    rows = [line for line in block.strip().splitlines()]
+    assert rows and all(line in table.splitlines() for line in rows)
+    meta = json.loads((measured / "bench-engine.json").read_text())["meta"]
+    runs = [json.loads(line) for line in (measured / "bench-engine.jsonl").read_text().splitlines()]
+    assert markdown(summarize(runs, meta["method"]), meta) == table
