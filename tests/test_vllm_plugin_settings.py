@@ -3,6 +3,7 @@
 What the plugin does inside a real vLLM is checked by tests/test_vllm_plugin.py (slow).
 """
 
+import json
 import re
 from pathlib import Path
 
@@ -137,3 +138,56 @@ def test_the_plugin_s_ttft_table_in_the_docs_is_the_committed_run():
     meta = json.loads((measured / "bench-engine.json").read_text())["meta"]
     runs = [json.loads(line) for line in (measured / "bench-engine.jsonl").read_text().splitlines()]
     assert markdown(summarize(runs, meta["method"]), meta) == table
+
+
+@pytest.mark.parametrize("scope, body, filtered", [
+    ("requested", {"prompt": "x"}, False), ("requested", {"prompt": "x", "gemfilter": {}}, True),
+    ("requested", {"prompt": "x", "gemfilter": None}, True),  # then refused by name, as by gemfilter serve
+    ("all", {"prompt": "x"}, True), ("all", [1, 2], False), ("requested", None, False),  # not JSON: vLLM's own error
+])
+def test_which_requests_the_plugin_filters(scope, body, filtered):
+    plugin = vllm_plugin.GemFilterPlugin()
+    plugin.settings = Settings(scope=scope)
+    assert plugin.filters(body) is filtered
+
+
+def relayed(events, plan):
+    import asyncio
+
+    closed = []
+
+    async def source():
+        try:
+            for e in events:
+                yield e
+        finally:
+            closed.append(True)
+
+    async def collect():
+        return [e async for e in vllm_plugin._relay(source(), plan)]
+
+    return asyncio.run(collect()), closed
+
+
+def test_the_stream_relay_rewrites_each_chunk_and_ends_as_gemfilter_serve_does():
+    from gemfilter.lab.serve.bodies import AnswerPlan
+
+    def chunk(text, index=0):
+        return "data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [
+            {"index": index, "text": text, "finish_reason": None}]}) + "\n\n"
+
+    meta = {"method": "gemfilter", "kept_tokens": 8}
+    # a chat filtered as ids: chat chunks with one role delta per choice, the metadata on the first chunk only; an
+    # event split over two pieces, and a keep-alive comment, pass as vLLM sent them
+    first, second = chunk("o"), chunk("k")
+    out, closed = relayed([first[:10], first[10:], ": keep-alive\n\n", second, "data: [DONE]\n\n", chunk("late")],
+                          AnswerPlan(meta, convert=True, prompt_tokens=40))
+    data = [json.loads(e[6:]) for e in out if e.startswith("data: {")]
+    assert out[1] == ": keep-alive\n\n" and out[-1] == "data: [DONE]\n\n" and len(out) == 4
+    assert [d["choices"][0]["delta"] for d in data] == [{"role": "assistant", "content": "o"}, {"content": "k"}]
+    assert data[0]["gemfilter"] == meta and "gemfilter" not in data[1] and data[0]["id"] == "chatcmpl-1"
+    assert closed == [True]  # vLLM's generator is closed: nothing after [DONE] is read
+    # vLLM's error event ends the stream without the [DONE] vLLM sends after it
+    error = 'data: {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}\n\n'
+    out, closed = relayed([chunk("o"), error, "data: [DONE]\n\n"], AnswerPlan(meta, convert=False, prompt_tokens=None))
+    assert out[-1] == error and "[DONE]" not in "".join(out) and closed == [True]

@@ -1,4 +1,4 @@
-"""The selection half of GemFilter, on its own: layers 0..r of a causal LM, for a serving proxy.
+"""The selection half of GemFilter, on its own: layers 0..r of a causal LM, for the proxy and the vLLM plugin.
 
 Paper: Shi et al. 2024, Algorithm 2 steps 1-4. The filter pass stops inside layer r, so a selector
 needs only the embeddings, decoder layers 0..r and the final norm: :func:`load_selector` builds the
