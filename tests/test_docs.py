@@ -28,7 +28,8 @@ from tiny_models import load_toml
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("*_probes/*/README.md"))]
 #: programs that are not this project's: recognised, never run
-EXTERNAL = {"curl", "pip", "git", "cd", "cp", "mkdir", "bash", "for", "do", "done", "export", "ls", "cat", "nvidia-smi"}
+EXTERNAL = {"curl", "pip", "git", "cd", "cp", "mkdir", "bash", "for", "do", "done", "export", "ls", "cat", "nvidia-smi",
+            "hf", "vllm"}  # the Hub's command line (publishing the custom_generate repo) and vLLM's
 #: python modules of other projects that the docs start (the serving engine)
 EXTERNAL_MODULES = ("vllm.",)
 SCRIPTS = load_toml(REPO / "pyproject.toml")["project"]["scripts"]

@@ -151,11 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-selection", action="store_true", help="also print the kept text (to stderr)")
     p.set_defaults(func=_cmd_generate)
 
+    from .hub import add_parser as add_export_hub
     from .inspection.report import add_subcommands
-    from .serve.cli import add_parser as add_serve
+    from .serve.cli import add_parser as add_serve, add_plugin_parser
 
     add_subcommands(sub)
     add_serve(sub)
+    add_plugin_parser(sub)
+    add_export_hub(sub)
     return parser
 
 

@@ -211,6 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "in-process 'gemfilter serve', and the proxy's own overhead; writes OUT/bench-engine.md. A row is "
                    "kept only with proof its stream completed (finish_reason, tokens, [DONE]); a broken answer is an "
                    "error row, retried by a rerun, and ends the run with one error line (exit 2)")
+    p.add_argument("--plugin", action="store_true",
+                   help="with --engine: the engine is vLLM started with its GemFilter plugin (VLLM_PLUGINS=gemfilter, "
+                   "docs/serving.md); also time the method through the plugin, in the same run as plain vLLM and "
+                   "the proxy (the request carries {\"gemfilter\": {\"method\": ...}}, with --topk where the spec "
+                   "sets no budget)")
     g = p.add_argument_group("conversations through the engine (--engine URL --turns T; writes OUT/bench-turns.md)")
     g.add_argument("--turns", type=int, default=0,
                    help="questions per conversation, one fact of its document each (default 0: the single-request "
@@ -304,6 +309,9 @@ def main(argv=None) -> int:
     try:
         if args.turns and not args.engine:
             raise ValueError("--turns times conversations through a serving engine: give --engine URL too")
+        if args.plugin and (not args.engine or args.turns):
+            raise ValueError("--plugin adds the vLLM plugin's route to the single-request engine benchmark: give "
+                             "--engine URL (and no --turns)")
         if args.engine and args.turns:
             from ..serve.turns import run
 

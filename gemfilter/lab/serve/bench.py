@@ -8,7 +8,11 @@ first line of its own (a random run id) so that the engine cannot serve it from 
 - ``full, direct``: the whole prompt straight to the engine;
 - ``full, proxy``: the whole prompt through an in-process ``gemfilter serve`` (passthrough), so that
   its difference from the direct route is the proxy's own overhead;
-- ``<method>, proxy``: the selection on layers 0..r here, then the k kept ids to the engine.
+- ``<method>, proxy``: the selection on layers 0..r here, then the k kept ids to the engine;
+- ``<method>, plugin`` (``--plugin``): the same request straight to the engine, whose own server runs the
+  selection (vLLM started with ``VLLM_PLUGINS=gemfilter``, :mod:`gemfilter.lab.serve.vllm_plugin`). The full
+  routes then reach vLLM's own route through the plugin, which passes a request without a ``gemfilter`` field
+  on untouched.
 
 Rows go to OUT/bench-engine.jsonl as they finish (an interrupted run resumes); OUT/bench-engine.md holds
 the medians and ratios. A row is a timing only with the proof that its stream completed (``finish_reason``,
@@ -130,11 +134,14 @@ def summarize(rows: list, method: str) -> list:
             vals = [r[key] for r in rows if r["length"] == n and r["route"] == route and r[key] is not None]
             return statistics.median(vals) if vals else None
 
-        d, p, g = "full, direct", "full, proxy", f"{method}, proxy"
+        d, p, g, q = "full, direct", "full, proxy", f"{method}, proxy", f"{method}, plugin"
         row = {"length": n, "prompt_tokens": med(d, "prompt_tokens"), "kept_tokens": med(g, "kept_tokens"),
                "ttft_full": med(d, "ttft"), "total_full": med(d, "total"), "ttft_method": med(g, "ttft"),
                "total_method": med(g, "total"), "selection": med(g, "selection_seconds"),
                "overhead_ttft": None, "overhead_total": None}
+        if any(r["route"] == q for r in rows):  # --plugin: the same method inside the engine's own server
+            row.update(kept_plugin=med(q, "kept_tokens"), ttft_plugin=med(q, "ttft"), total_plugin=med(q, "total"),
+                       selection_plugin=med(q, "selection_seconds"))
         if med(p, "ttft") is not None and row["ttft_full"] is not None:
             row["overhead_ttft"] = med(p, "ttft") - row["ttft_full"]
             row["overhead_total"] = med(p, "total") - row["total_full"]
@@ -150,6 +157,8 @@ def markdown(summary: list, meta: dict) -> str:
         return "n/a" if a is None or not b else f"{a / b:.2f}x"
 
     m = meta["method"]
+    if any("ttft_plugin" in r for r in summary):
+        return _markdown_plugin(summary, meta, f, ratio)
     lines = [f"# Through the engine: full vs {m} (k={meta['topk'] or 'its own'}, layer {meta['layer']})", "",
              f"engine {meta['engine']}; {meta['gen_tokens']} new tokens, streamed; medians of {meta['repeats']} "
              f"run(s); selector on {meta['selector_device']}.", "",
@@ -161,6 +170,29 @@ def markdown(summary: list, meta: dict) -> str:
                      f"{f(r['ttft_full'])} | {f(r['ttft_method'])} | {ratio(r['ttft_full'], r['ttft_method'])} | "
                      f"{f(r['total_full'])} | {f(r['total_method'])} | {ratio(r['total_full'], r['total_method'])} | "
                      f"{f(r['selection'])} | {f(r['overhead_ttft'], '+.3f')} / {f(r['overhead_total'], '+.3f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_plugin(summary: list, meta: dict, f, ratio) -> str:
+    """The table of a ``--plugin`` run: plain vLLM, the proxy in front of it, and the plugin inside it."""
+    m = meta["method"]
+    lines = [f"# Time to first token: plain vLLM, {m} through the proxy, {m} through the vLLM plugin "
+             f"(k={meta['topk'] or 'its own'}, layer {meta['layer']})", "",
+             f"engine {meta['engine']} (started with VLLM_PLUGINS=gemfilter; full requests carry no gemfilter field "
+             f"and reach vLLM's own route); {meta['gen_tokens']} new tokens, streamed; medians of {meta['repeats']} "
+             f"run(s); proxy's selector on {meta['selector_device']}.", "",
+             "| length | prompt tokens | kept (proxy / plugin) | TTFT vLLM (s) | TTFT proxy (s) | TTFT plugin (s) | "
+             "vLLM / proxy | vLLM / plugin | proxy / plugin | total vLLM / proxy / plugin (s) | "
+             "selection proxy / plugin (s) | proxy overhead TTFT (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in summary:
+        lines.append(f"| {r['length']} | {f(r['prompt_tokens'], '.0f')} | {f(r['kept_tokens'], '.0f')} / "
+                     f"{f(r.get('kept_plugin'), '.0f')} | {f(r['ttft_full'])} | {f(r['ttft_method'])} | "
+                     f"{f(r.get('ttft_plugin'))} | {ratio(r['ttft_full'], r['ttft_method'])} | "
+                     f"{ratio(r['ttft_full'], r.get('ttft_plugin'))} | "
+                     f"{ratio(r['ttft_method'], r.get('ttft_plugin'))} | "
+                     f"{f(r['total_full'])} / {f(r['total_method'])} / {f(r.get('total_plugin'))} | "
+                     f"{f(r['selection'])} / {f(r.get('selection_plugin'))} | {f(r['overhead_ttft'], '+.3f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -199,12 +231,25 @@ def run(args) -> int:
     device = next(selector.model.parameters()).device
     meta = dict(engine=args.engine, model=args.model or "embedded:gemma3-270m", method=method, topk=args.topk,
                 layer=layer, gen_tokens=args.gen_tokens, selector_device=str(device))
+    if args.plugin:
+        meta["plugin"] = True  # rows of a run with the plugin's route never mix with one without
     jsonl = out / "bench-engine.jsonl"
     rows = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
     rows = [r for r in rows if complete(r)]  # error rows, and rows without the stream proof, run again
     done = {(r["length"], r["route"], r["repeat"]) for r in rows}
-    routes = (("full, direct", args.engine.rstrip("/") + "/completions", "full"), ("full, proxy", proxy, "full"),
-              (f"{method}, proxy", proxy, method))
+    direct = args.engine.rstrip("/") + "/completions"
+    routes = (("full, direct", direct, "full"), ("full, proxy", proxy, "full"), (f"{method}, proxy", proxy, method))
+    if args.plugin:
+        routes += ((f"{method}, plugin", direct, method),)
+    # The proxy applies its --topk where the spec sets no budget; the plugin is told it per request, so that
+    # both keep the same k whatever the engine's GEMFILTER_TOPK.
+    own = args.topk if args.topk is not None and spec.ratio is None and "topk" not in dict(spec.params) else None
+    plugin_field = {"method": method, **({"topk": own} if own is not None else {})}
+
+    def gemfilter_field(route, url, m):  # None: the request goes without one (plain vLLM through the plugin)
+        if url == proxy:
+            return {"method": m}  # the server's --topk
+        return plugin_field if route.endswith(", plugin") else None
     todo = [(n, route, url, m, i) for n in lengths for i in range(args.repeats) for route, url, m in routes
             if (n, route, i) not in done]
     hay = make_haystack(tok, max(lengths)) if todo else None
@@ -212,12 +257,16 @@ def run(args) -> int:
         if todo:  # warm-up, not recorded: the engine's first request and the selector's first pass are slower
             warm = tok(build_case(tok, min(lengths), 50, haystack=hay).prompt)["input_ids"]
             for route, url, m in routes:
+                field = gemfilter_field(route, url, m)
                 try:
-                    stream_timed(url, {"model": model_id, "prompt": warm, "max_tokens": 2, "temperature": 0,
-                                       **({"gemfilter": {"method": m}} if url == proxy else {})},
-                                 args.timeout)
+                    res = stream_timed(url, {"model": model_id, "prompt": warm, "max_tokens": 2, "temperature": 0,
+                                             **({"gemfilter": field} if field is not None else {})}, args.timeout)
                 except BrokenStream as err:
                     raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
+                if route.endswith(", plugin") and not res["meta"]:
+                    raise BrokenStream(f"the engine at {args.engine} answered a request with a gemfilter field "
+                                       "without GemFilter's metadata: start it with VLLM_PLUGINS=gemfilter (the "
+                                       "vLLM plugin, docs/serving.md), or leave out --plugin")
         for n, route, url, m, i in tqdm(todo, desc="engine runs", unit="run"):
             case = build_case(tok, n, 50, haystack=hay)
             # A first line of its own per run, so that no engine serves it from a cached prefix of an earlier run
@@ -225,9 +274,10 @@ def run(args) -> int:
             ids = tok(f"Run {uuid.uuid4().hex[:8]}.\n" + case.prompt, add_special_tokens=case.add_special_tokens)[
                 "input_ids"]
             body = {"model": model_id, "prompt": ids, "max_tokens": args.gen_tokens, "min_tokens": args.gen_tokens,
-                    "ignore_eos": True, "temperature": 0, "gemfilter": {"method": m}}  # the server's --topk
-            if url != proxy:
-                del body["gemfilter"]
+                    "ignore_eos": True, "temperature": 0}
+            field = gemfilter_field(route, url, m)
+            if field is not None:
+                body["gemfilter"] = field
             where = dict(meta, length=n, route=route, repeat=i)
             try:
                 res = stream_timed(url, body, args.timeout)

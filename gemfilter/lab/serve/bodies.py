@@ -1,10 +1,13 @@
-"""The OpenAI request and answer bodies of ``gemfilter serve``: what it reads, checks and rewrites.
+"""The OpenAI request and answer bodies of ``gemfilter serve`` and the vLLM plugin: what they read, check and rewrite.
 
 A request whose prompt is sent to the engine as kept (or templated) token ids is *rewritten*: its body
 goes to the engine's ``/v1/completions`` with the ids as the prompt. Fields that describe the prompt
 itself (``echo``, ``prompt_logprobs``, ...) cannot be honoured there and are refused by name; the
 answer's ``usage.prompt_tokens`` is set back to the client's prompt length (the kept count is
 ``gemfilter.kept_tokens``).
+
+Both servers run the same steps: :func:`parse_request` (every check, before the selection), the selection,
+:func:`engine_request` (what the engine serves), then :func:`rewrite_answer` on its answer or each chunk.
 """
 
 from __future__ import annotations
@@ -229,3 +232,80 @@ def as_chat(completion: dict, chunk: bool, roled: set | None = None) -> dict:
         out["id"] = "chat" + out["id"]
     out.update(object="chat.completion.chunk" if chunk else "chat.completion", choices=choices)
     return out
+
+
+@dataclasses.dataclass
+class Parsed:
+    """One request as the selection sees it (:func:`parse_request`): what it asks for and where it goes.
+
+    opts: ``{"method": Spec, "topk": ...}`` (:func:`request_options`); ids: the prompt's token ids (a chat's after
+    its template); passthrough: the prompt reaches the engine as sent (``full``, or at most topk tokens);
+    as_ids: the engine receives token ids at its completions endpoint (a filtered prompt, or a chat on a model
+    whose template the server supplies, unless it asks for what only the chat endpoint serves).
+    """
+
+    body: dict
+    chat: bool
+    opts: dict
+    ids: list
+    passthrough: bool
+    as_ids: bool
+
+
+def parse_request(body: dict, chat: bool, selector, defaults: dict) -> Parsed:
+    """Read and check a completions (or chat) request for ``selector`` (a :class:`~.selector.Selector`) with the
+    server's ``defaults`` (``{"method", "topk"}``): BadRequest (or ValueError) naming what is wrong, raised
+    before the selection, which is the expensive part."""
+    opts = request_options(body, defaults, selector.layer)
+    ids = prompt_ids(body, selector.tokenizer, chat, template=selector.chat_template, vocab=selector.vocab_size)
+    passthrough = selector.passes_through(len(ids), selector.method_for(len(ids), opts["method"], opts["topk"]))
+    # A chat on a model whose template the server supplies goes as templated ids, unless it asks for what only
+    # the chat endpoint serves: then it goes there as sent, with the server's template.
+    as_ids = not passthrough or (chat and selector.chat_template is not None and not chat_only(body))
+    if not passthrough:
+        check_rewritable(body, chat)
+    return Parsed(body, chat, opts, ids, passthrough, as_ids)
+
+
+def engine_request(parsed: Parsed, kept: list, template: str | None, max_model_len) -> tuple:
+    """(body, path) the engine serves for ``parsed`` once ``kept`` (the selection's ids) is known: the kept ids at
+    ``/completions`` (:func:`completion_body`), or the request as sent, minus the ``gemfilter`` field, at its own
+    path (``/completions`` or ``/chat/completions``), with ``template`` (the server's, for a model whose
+    tokenizer has none) on a chat. max_model_len: ``() -> int or None``, asked only for a chat that gives no
+    token limit."""
+    body, chat = parsed.body, parsed.chat
+    if parsed.as_ids:
+        limit = max_model_len() if chat and chat_max_tokens(body) is None else None
+        return completion_body(body, kept, chat, limit), "/completions"
+    sent = {k: v for k, v in body.items() if k != "gemfilter"}
+    if chat and template is not None and "chat_template" not in sent:
+        sent["chat_template"] = template  # the engine has no template for this model either
+    return sent, "/chat/completions" if chat else "/completions"
+
+
+@dataclasses.dataclass
+class AnswerPlan:
+    """How an engine's answer becomes the client's (:func:`rewrite_answer`): the ``gemfilter`` metadata, whether a
+    completion turns into a chat completion, the client's prompt length for ``usage`` (None: the engine saw the
+    prompt as sent), and the stream's choices that had their ``role`` delta."""
+
+    meta: dict
+    convert: bool
+    prompt_tokens: int | None
+    roled: set = dataclasses.field(default_factory=set)
+
+    @classmethod
+    def of(cls, parsed: Parsed, meta: dict) -> "AnswerPlan":
+        return cls(meta, parsed.as_ids and parsed.chat, len(parsed.ids) if parsed.as_ids else None)
+
+
+def rewrite_answer(obj: dict, plan: AnswerPlan, chunk: bool, first: bool) -> dict:
+    """An engine answer (or stream chunk) as the client asked for it: chat form, its prompt's usage, and the
+    ``gemfilter`` metadata (on an answer, or on a stream's first chunk)."""
+    if plan.convert and "choices" in obj:
+        obj = as_chat(obj, chunk=chunk, roled=plan.roled)
+    if plan.prompt_tokens is not None:
+        fix_usage(obj, plan.prompt_tokens)
+    if first or not chunk:
+        obj["gemfilter"] = plan.meta
+    return obj

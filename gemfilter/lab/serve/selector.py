@@ -1,4 +1,4 @@
-"""The selection half of GemFilter, on its own: layers 0..r of a causal LM, for a serving proxy.
+"""The selection half of GemFilter, on its own: layers 0..r of a causal LM, for the proxy and the vLLM plugin.
 
 Paper: Shi et al. 2024, Algorithm 2 steps 1-4. The filter pass stops inside layer r, so a selector
 needs only the embeddings, decoder layers 0..r and the final norm: :func:`load_selector` builds the
@@ -77,6 +77,20 @@ def load_selector(name: str | None = None, *, layer: int | None = None, attn: st
     tok = AutoTokenizer.from_pretrained(path)
     model.eval()
     return model, tok, layer
+
+
+def open_selector(name: str | None = None, *, layer: int | None = None, attn: str | None = None,
+                  cache_bytes: int = 0, workers: int = 1) -> "Selector":
+    """A ready :class:`Selector`: layers 0..``layer`` of ``name`` (:func:`load_selector`), with Gemma 3's chat
+    template for the embedded model, whose tokenizer has none (:func:`~.chat_template.fallback_template`).
+
+    cache_bytes, workers: as for :class:`Selector`. What ``gemfilter serve`` and the vLLM plugin both load.
+    """
+    from .chat_template import fallback_template
+
+    model, tok, layer = load_selector(name, layer=layer, attn=attn)
+    return Selector(model, tok, layer, chat_template=fallback_template(name, tok), cache_bytes=cache_bytes,
+                    workers=workers)
 
 
 class ClientGone(Exception):
