@@ -228,9 +228,12 @@ class Conversation:
             answer = _new(out, history)
         else:  # reuse (inside apply(), entered for the conversation) and full: the history's cache goes on
             before = self.history.shape[1] if self.history is not None and self.keep != "context" else 0
+            prefills = len(self._handle.budgets) if self._handle is not None else 0
             answer, cache = self._generate(history, clock, generate_kwargs)
             kept = self._rows_before(cache, answer.shape[1])
             recomputed = history.shape[1] - before
+            if self._handle is not None and len(self._handle.budgets) > prefills:  # reuse's first prefill: what the
+                recomputed = self._handle.budgets[prefills].propagated  # method ran through the last layer (k, or n)
         total = time.perf_counter() - start
         ttft = (clock.first_token - start) if clock.first_token is not None else total
         peak = max(self._memory.peak(), clock.prompt_peak or 0.0) if measured else None

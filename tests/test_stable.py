@@ -130,3 +130,15 @@ def test_stable_refuses_what_it_cannot_do():
             chat.ask(question(0, 30), max_new_tokens=3, do_sample=True)
         with pytest.raises(ValueError, match="max_new_tokens"):
             chat.ask(question(0, 30))
+
+
+def test_recomputed_counts_what_ran_through_the_whole_model():
+    """full: the turn's new history tokens (its question); reuse: the method's first prefill (k for a prompt method),
+    then the question; reselect: the kept tokens."""
+    model = BUILDERS["llama"]()
+    method = get_method("gemfilter", layer=2, topk=12)
+    for protocol, first in (("full", 40), ("reuse", 12), ("reselect", 12)):
+        chat = converse(model, None if protocol == "full" else method, protocol, "answers")
+        assert chat.turns[0].recomputed == first, protocol
+        later = [t.recomputed for t in chat.turns[1:]]
+        assert later == ([12] * (TURNS - 1) if protocol == "reselect" else [7] * (TURNS - 1)), (protocol, later)
