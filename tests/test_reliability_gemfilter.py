@@ -258,7 +258,8 @@ def test_json_results_survive_a_failed_write(tmp_path):
     proc = subprocess.run([sys.executable, "-c", WRITERS, str(tmp_path), str(ROOT / "tests")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("failed: File too large") == 4, proc.stdout
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 4 and all(" failed: " in ln and ln.endswith("File too large") for ln in lines), proc.stdout
     for path in (tmp_path / "niah" / "config.json", cache / "calibration" / "model.json",
                  tmp_path / "pred" / "full" / "result.json", tmp_path / "probe.json"):
         if path.exists():
