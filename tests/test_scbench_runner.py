@@ -213,3 +213,23 @@ def test_stable_rows_run_on_the_loop_and_record_what_they_recomputed(tiny, tmp_p
     assert [t["prediction"] for t in stable] == [t["prediction"] for t in again]
     assert stable[0]["recomputed"] == stable[0]["history_tokens"]
     assert all(0 < t["recomputed"] < t["history_tokens"] for t in stable[1:])  # only the new tokens ran
+
+
+def test_time_ratios_compare_the_same_tasks_and_recomputed_tokens_are_tabled():
+    """A label that ran only some tasks is timed against full over those tasks, not over all of full's; the
+    tokens each turn ran through the model get a table when the rows record them (by hand: 2.0 / 4.0 = 0.50x)."""
+    from eval.scbench.report import markdown, score_table
+
+    def rows(ttft, redo=None):
+        turn = {"turn_idx": 0, "prediction": "11", "ground_truth": "11", "ttft_s": ttft}
+        return [{"_id": "0", "turns": [dict(turn, **({} if redo is None else {"recomputed": redo}))]}]
+
+    found = {("multi-turn", 4096, "full", "gf_facts"): rows(4.0, 100),
+             ("multi-turn", 4096, "full", "gf_vt"): rows(40.0, 100),
+             ("multi-turn", 4096, "span@stable", "gf_facts"): rows(2.0, 30)}
+    text = markdown(score_table(found))
+    assert "| span@stable | 2.00 (0.50x) |" in text
+    assert "| full | 22.00 (1.00x) |" in text
+    assert "| span@stable | 30 |" in text and "| full | 100 |" in text
+    found = {k: rows(v[0]["turns"][0]["ttft_s"]) for k, v in found.items()}  # rows without the field: no table
+    assert "Tokens run through the model" not in markdown(score_table(found))

@@ -98,8 +98,11 @@ def score_table(found: dict) -> dict:
                 if t["turn_idx"] == i] for i in range(turns)]
         ttft = [[t["ttft_s"] for r in rows for t in r["turns"] if t["turn_idx"] == i] for i in range(turns)]
         prefill = [r["prefill_s"] for r in rows if r.get("prefill_s") is not None]
+        redo = [[t["recomputed"] for r in rows for t in r["turns"] if t["turn_idx"] == i
+                 and t.get("recomputed") is not None] for i in range(turns)]
         table[key] = {"acc": [sum(a) / len(a) for a in acc], "ttft": [sum(x) / len(x) for x in ttft], "n": len(rows),
-                      "prefill": sum(prefill) / len(prefill) if prefill else None}
+                      "prefill": sum(prefill) / len(prefill) if prefill else None,
+                      "recomputed": [sum(x) / len(x) if x else None for x in redo]}
     return table
 
 
@@ -127,9 +130,14 @@ def markdown(table: dict, settings: str = "") -> str:
             per_turn = [sum(v["acc"][i] for _, v in rows) / len(rows) for i in range(turns)]
             means[label] = per_turn
             lines.append(f"| **{label}** | all tasks | | {_fmt(per_turn)} | {100 * sum(per_turn) / turns:.1f} |")
+        tasks_of = {label: {k[3] for k in cells if k[2] == label} for label in labels}
         ttft = {label: [sum(v["ttft"][i] for k, v in cells.items() if k[2] == label) /
                         sum(1 for k in cells if k[2] == label) for i in range(turns)] for label in labels}
-        base = ttft.get("full")
+        # a ratio compares like with like: full's time over the tasks this label ran, not over all of full's
+        base_of = {label: [sum(v["ttft"][i] for k, v in cells.items() if k[2] == "full" and (mode, length, label, k[3])
+                               in cells) / len(tasks_of[label]) for i in range(turns)]
+                   for label in labels if tasks_of[label] <= tasks_of.get("full", set())}
+        base = base_of.get("full")
         pre = {label: [v["prefill"] for k, v in cells.items() if k[2] == label and v["prefill"] is not None]
                for label in labels}
         shared = mode == "multi-request"
@@ -139,13 +147,37 @@ def markdown(table: dict, settings: str = "") -> str:
                   + ".", "", f"| method | {'context prefill | ' if shared else ''}{head} |",
                   "|---|" + "---|" * (turns + shared)]
         for label in labels:
-            cells_ = [f"{t:.2f}" + (f" ({t / b:.2f}x)" if base and b > 0 else "") for t, b in
-                      zip(ttft[label], base or [0] * turns)]
+            own = base_of.get(label)
+            cells_ = [f"{t:.2f}" + (f" ({t / b:.2f}x)" if own and b > 0 else "") for t, b in
+                      zip(ttft[label], own or [0] * turns)]
             if shared:
                 cells_.insert(0, f"{sum(pre[label]) / len(pre[label]):.2f}" if pre[label] else "-")
             lines.append(f"| {label} | {' | '.join(cells_)} |")
+        lines += _recomputed(cells, labels, head, turns)
         lines.append("")
     return "\n".join(lines)
+
+
+def _recomputed(cells: dict, labels: list, head: str, turns: int) -> list:
+    """The mean tokens each turn ran through the model (the row's ``recomputed``: a turn's new tokens for
+    ``full`` and ``reuse``, the kept tokens rebuilt or newly kept for ``reselect`` and ``stable``); no table
+    when no row records it (rows written before the field existed)."""
+    shown = {}
+    for label in labels:
+        per = [v.get("recomputed") or [None] * turns for k, v in cells.items() if k[2] == label]
+        means = []
+        for i in range(turns):
+            got = [p[i] for p in per if i < len(p) and p[i] is not None]
+            means.append(sum(got) / len(got) if len(got) == len(per) else None)
+        if any(m is not None for m in means):
+            shown[label] = means
+    if not shown:
+        return []
+    lines = ["", "Tokens run through the model per turn (mean over tasks and samples; - where not recorded).", "",
+             f"| method | {head} |", "|---|" + "---|" * turns]
+    for label, means in shown.items():
+        lines.append(f"| {label} | {' | '.join('-' if m is None else f'{m:.0f}' for m in means)} |")
+    return lines
 
 
 def figure(table: dict, path) -> None:
