@@ -2,6 +2,7 @@
 
 Checks, each against something independent of the code under test:
 - no extra is installed here, and ``import gemfilter`` loads none of the extras' modules;
+- the installed package carries its ``py.typed`` marker;
 - ``gemfilter methods`` runs from the installed console script;
 - on a tiny random Llama (built from a config, no network): ``gemfilter.generate`` with k >= n equals
   plain ``model.generate``; with k < n, ``apply()`` around a plain ``generate`` keeps exactly k tokens;
@@ -49,6 +50,8 @@ def main() -> int:
 
     loaded = [m for m in EXTRA_MODULES if m in sys.modules]
     check("import gemfilter loads no extra's module", not loaded, f"loaded: {loaded}")
+    marker = Path(gemfilter.__file__).with_name("py.typed")
+    check("the wheel ships the py.typed marker (PEP 561)", marker.is_file(), f"{marker} is missing")
 
     proc = run([str(BIN / "gemfilter"), "methods"])
     check("gemfilter methods", proc.returncode == 0 and "gemfilter" in proc.stdout and "snapkv" in proc.stdout,
