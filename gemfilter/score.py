@@ -1,6 +1,6 @@
 """Log-likelihood scoring with a method: select from the context only, then score the continuation.
 
-What lm-evaluation-harness's ``loglikelihood`` requests need (issue 34): log p(continuation | context) in
+What lm-evaluation-harness's ``loglikelihood`` requests need: log p(continuation | context) in
 forward passes, with no ``generate``. A faithful GemFilter (Shi et al. 2024, Algorithm 2) selects from
 the **context only**, never from the continuation, then runs the full model once on the kept context
 followed by the continuation, at positions 0..k+c-1, and reads the continuation's log-probabilities.
