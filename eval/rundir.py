@@ -97,7 +97,7 @@ def check_layers(rows, methods: dict) -> None:
     methods: {name: resolved method object}, whose ``layer`` (if any) this run uses.
     """
     for name, method in methods.items():
-        new = getattr(method, "layer", None)
+        new = method.layer
         old = sorted({r.get("layer") for r in rows if r["method"] == name} - {new}, key=str)
         if old:
             raise ValueError(f"finished {name} cells used filter layer {old[0]}, but this run resolves to layer {new} "

@@ -31,7 +31,7 @@ from .attention import wrapped_attention
 from .compat import cache_in, first_position, generation_modes_limited
 from .draft import check_selector, drafted_begin
 from .dropped import check_switch, give_back
-from .layers import default_layer
+from .methods.spec import Method
 from .selection import Selection, as_batch, check_causal_decoder, check_params, check_prompt
 
 
@@ -224,7 +224,7 @@ def _check_not_nested(model) -> None:
 
 def resolve(model, method):
     """Fill in the model's default filter layer and validate the method's parameters."""
-    if not dataclasses.is_dataclass(method) or isinstance(method, type) or not hasattr(method, "begin"):
+    if not isinstance(method, Method) or not dataclasses.is_dataclass(method):
         got = repr(method) if isinstance(method, str) else type(method).__name__
         raise TypeError(f"method must be a method object such as GemFilter(layer=13, topk=1024), got {got}; "
                         "build one by name with gemfilter.get_method(name, layer=..., topk=...)")
@@ -234,10 +234,9 @@ def resolve(model, method):
     names = {f.name for f in dataclasses.fields(method)}
     if "layer" in names:
         if method.layer is None:
-            # A method with its own rule (FastKV's TSP layer) says so; the others use GemFilter's filter layer.
-            rule = getattr(method, "default_layer", None)
-            method = dataclasses.replace(method, layer=rule(model) if rule is not None else default_layer(model))
-        check_params(model, method.layer, method.topk, getattr(method, "kernel", 5))
+            # A method with its own rule (FastKV's TSP layer) overrides it; the others use GemFilter's filter layer.
+            method = dataclasses.replace(method, layer=method.default_layer(model))
+        check_params(model, method.layer, method.topk, method.kernel)
     return method  # every other parameter was checked when the method was built (Method.__post_init__)
 
 

@@ -17,7 +17,7 @@ def drafted_begin(method, selector):
     """``method.begin`` with the selection made on ``selector``: a prompt filter's ``select`` on the draft, then
     its ``start`` on the target (the generate call's model). method: a resolved prompt filter (its ``layer``
     is the draft's)."""
-    if not (callable(getattr(method, "select", None)) and callable(getattr(method, "start", None))):
+    if not method.separable:
         raise ValueError(f"a selector model works with the prompt filters (gemfilter, gemfilter-span, ...), not "
                          f"{method.name}: a {method.kind} method changes the target's own prefill")
 

@@ -65,7 +65,7 @@ def continuation_logits(model, context, fed, method, tokenizer=None):
     context, fed = context.to(device), fed.to(device)
     n, c = len(context), len(fed) + 1
     with torch.no_grad():
-        if getattr(method, "one_pass_scoring", False):
+        if method.one_pass_scoring:
             sel = method.select(model, context[None], None, tokenizer)
             kept = context[sel.indices[0]]
             ids = torch.cat([kept, fed])[None]

@@ -140,7 +140,7 @@ def check_causal_decoder(model, need_generate: bool = False) -> None:
     query row" means nothing there and GemFilter's selection would be silently meaningless."""
     if getattr(model, "config", None) is None:
         raise TypeError(f"{type(model).__name__} has no .config: pass a transformers causal LM, not a bare torch module")
-    bidirectional = [type(m).__name__ for m in model.modules() if getattr(m, "is_causal", None) is False]
+    bidirectional = [type(mod).__name__ for mod in model.modules() if getattr(mod, "is_causal", None) is False]
     if getattr(text_config(model), "is_causal", True) is False:  # transformers then builds bidirectional masks
         bidirectional.insert(0, "config (is_causal=False)")
     if bidirectional or getattr(model.config, "is_encoder_decoder", False):
@@ -393,7 +393,7 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
     if method is None:  # Algorithm 2 itself (what the ``gemfilter`` method runs)
         raw = filter_pass(model, input_ids, mask, layer, last_row_scores)
         indices, scores = paper_pick(raw.float(), valid, topk, kernel)
-    elif hasattr(method, "score_pass"):
+    elif method.own_score_pass:
         raw = method.score_pass(model, input_ids, mask, layer, valid)
         raw, rows = raw if isinstance(raw, tuple) else (raw, None)
         indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)

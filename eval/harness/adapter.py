@@ -170,8 +170,8 @@ class GemFilterLM(HFLM):
         info = super().get_model_info()
         method = self.method_for(1)
         info.update(gemfilter_method=self.spec.text,
-                    gemfilter_topk=None if self.spec.ratio is not None else getattr(method, "topk", None),
-                    gemfilter_ratio=self.spec.ratio, gemfilter_layer=getattr(method, "layer", None),
+                    gemfilter_topk=None if self.spec.ratio is not None else method.topk,
+                    gemfilter_ratio=self.spec.ratio, gemfilter_layer=method.layer,
                     gemfilter_kept=self.measured())
         return info
 

@@ -187,7 +187,7 @@ class LongBench(Benchmark):
                               config.chat_template, generate)
             return {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
                     "length": record["length"], "_id": record["_id"], "kept": res["kept"],
-                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(methods[name], "layer", None),
+                    "prompt_tokens": res["prompt_tokens"], "layer": methods[name].layer,
                     **{k: res[k] for k in BUDGET_FIELDS if k in res},
                     **engine_field(config.engine)}
 

@@ -183,7 +183,7 @@ class Niah(Benchmark):
             case = build_case(tok, length, depth, haystack=hay, template=config.prompt, protocol=config.protocol)
             res = run_cell(model, tok, methods[name], case, config.max_new_tokens, generate)
             return {"method": name, "length": length, "depth": depth, **res, **score_all(res["response"]),
-                    "topk": getattr(methods[name], "topk", config.topk), "layer": getattr(methods[name], "layer", None),
+                    "topk": config.topk if methods[name].topk is None else methods[name].topk, "layer": methods[name].layer,
                     **fixed}
 
         return predict

@@ -84,18 +84,18 @@ def method_specs(names, topks=None, ratio: float | None = None, layer: int | Non
     layer: the command line's ``--layer``, checked with each spec.
     """
     topks = topks or ()
-    from gemfilter.methods import parse_specs
+    from gemfilter.methods import FullMethod, parse_specs
 
     specs = parse_specs(",".join(names), layer=layer)
     if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, float) or not 0 < ratio <= 1):
         raise ValueError(f"--ratio must be a fraction in (0, 1] of the prompt's tokens, got {ratio!r}")
     for spec in specs:  # each budget is checked where the method is built, as any other parameter
-        for k in topks if spec.kind != "full" else ():
+        for k in topks if not issubclass(spec.cls, FullMethod) else ():
             spec.method(1, topk=k, layer=layer)
     out = []
     for spec in specs:
         own = spec.ratio is not None or "topk" in dict(spec.params)
-        if spec.kind == "full" or own or (ratio is None and not topks):
+        if issubclass(spec.cls, FullMethod) or own or (ratio is None and not topks):
             out.append(MethodSpec(spec.text))
         elif ratio is not None:
             out.append(MethodSpec(spec.text, ratio=ratio))
@@ -262,8 +262,8 @@ class Ruler(Benchmark):
             res = predict(model, tok, method, row, get_task(name), generate)
             return {"index": row["index"], "pred": res["pred"], "outputs": row["outputs"], "length": row["length"],
                     "others": {"id": row["index"]}, "truncation": -1, "_id": str(row["index"]), "kept": res["kept"],
-                    "prompt_tokens": res["prompt_tokens"], "layer": getattr(method, "layer", None),
-                    "topk": getattr(method, "topk", None), "answers_kept": res["answers_kept"],
+                    "prompt_tokens": res["prompt_tokens"], "layer": method.layer,
+                    "topk": method.topk, "answers_kept": res["answers_kept"],
                     "seconds": res["seconds"], "attn": attn, "dtype": dtype,
                     **{k: res[k] for k in BUDGET_FIELDS if k in res},
                     **engine_field(config.engine)}

@@ -92,12 +92,11 @@ def labelled(config: RunConfig) -> dict:
     """{label: (Spec, protocol)} for every method under every protocol it runs (see the module docstring)."""
     out = {}
     for spec in config_specs(config).values():
-        if spec.kind == "full":
-            out[spec.label] = (spec, "full")
-        elif spec.kind == "cache":
-            out[spec.label] = (spec, "reuse")
+        own = spec.cls.protocols
+        if len(own) == 1:  # full, and the cache methods (reuse): one protocol, so no label suffix
+            out[spec.label] = (spec, own[0])
         else:
-            out.update({f"{spec.label}@{p}": (spec, p) for p in config.protocols})
+            out.update({f"{spec.label}@{p}": (spec, p) for p in config.protocols if p in own})
     return out
 
 
@@ -188,7 +187,8 @@ class SCBench(Benchmark):
                 row = converse_engine(engine, labels[label][0], protocol, mode, length, task, sample, **given)
                 row["engine"] = self.config.engine
             return row | {"_id": unit.key, "method": label, "protocol": protocol,
-                          "layer": getattr(method, "layer", None), "topk": getattr(method, "topk", None)}
+                          "layer": None if method is None else method.layer,
+                          "topk": None if method is None else method.topk}
 
         return predict
 

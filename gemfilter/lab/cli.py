@@ -99,7 +99,7 @@ def _cmd_generate(args) -> int:
     out = generate(model, enc, method=method, tokenizer=tok, max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - start
     answer = tok.decode(out.new_tokens[0], skip_special_tokens=True)
-    layer = getattr(method, "layer", None)
+    layer = method.layer
     print(answer.strip())
     rows = out.budget.kv_rows if out.budget is not None else ()
     print(f"\n[{spec.label}] kept {out.kept[0]}/{n} prompt tokens"

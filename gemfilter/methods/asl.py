@@ -75,6 +75,7 @@ class GemFilterASL(PaperFilter):
     threshold: float = 0.3
     window: int = 32
     kernel: int = 7
+    own_score_pass: ClassVar[bool] = True
     name: ClassVar[str] = "gemfilter-asl"
     description: ClassVar[str] = ("variant (ASL): the filter layer chosen per prompt, where the rank variance of "
                                   "the window votes over 8 layers drops below 0.3 of L_min's; top-k + window")

@@ -157,7 +157,7 @@ class CacheCall:
         self.skip = self.n <= self.budget
         self.plans = {}
         self.prefilled = False
-        self.per_head = getattr(method, "gqa", "group-mean") == "repeat-kv"
+        self.per_head = method.gqa == "repeat-kv"
         real = valid.sum(1)
         self.kept = [int(r) if self.skip else min(int(r), self.budget) for r in real]
         self.padded = not bool(valid.all())
@@ -314,6 +314,11 @@ class H2O(_CacheMethod):
     def __post_init__(self):
         super().__post_init__()
         check_gqa(self.name, self.gqa)
+
+    def scoring_bytes(self, config, n: int) -> int:
+        """Its blockwise column sums hold about 4 fp32 (heads x block x n) tensors per layer (logits, two masked
+        copies, softmax) on top of the model's forward."""
+        return 4 * config.get_text_config().num_attention_heads * min(self.block, n) * n * 4
 
     def plan(self, layer_idx, query, key, valid, scaling):
         sums = column_sums(query, key, valid, scaling, self.block)

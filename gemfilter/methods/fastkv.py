@@ -257,6 +257,9 @@ class FastKV(CacheMethod):
     def default_layer(self, model) -> int:
         return tsp_default_layer(model)
 
+    def longest_budget(self) -> int:
+        return max(self.topk, self.tsp_len)  # TSP fires only past tsp_len: a shorter warm-up never runs it
+
     def fires(self, n: int) -> bool:
         """Whether TSP runs on an n-token prompt (official: n > tsp_len, in a layer that compresses, n >= topk)."""
         return n > self.tsp_len and n >= self.topk

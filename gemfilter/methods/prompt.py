@@ -75,6 +75,7 @@ class _FilterMethod(PromptMethod):
 
     # gemfilter.score: kept context + continuation at positions 0..k+c-1 is one forward of the plain model
     one_pass_scoring: ClassVar[bool] = True
+    separable: ClassVar[bool] = True
     # score() reads only the last query row, so a cache of the earlier tokens' layers 0..r gives the same
     # scores as a fresh pass (gemfilter.Conversation's "reselect" protocol relies on it)
     scores_last_row: ClassVar[bool] = True

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from .base import Method
+
 REGISTRY: dict = {}
 
 
 def register(cls):
-    """Class decorator: add a method class to :data:`REGISTRY` under ``cls.name``."""
+    """Class decorator: add a method class to :data:`REGISTRY` under ``cls.name``. It subclasses one of the
+    typed bases (``PromptMethod``, ``CacheMethod``, ``FullMethod``), which declare what a method can do."""
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise TypeError(f"{cls!r} is not a method class: subclass gemfilter.methods.PromptMethod, CacheMethod or "
+                        "FullMethod (a frozen dataclass), which declare what a method can do")
     if cls.name in REGISTRY:
         raise ValueError(f"method name {cls.name!r} is registered twice")
     REGISTRY[cls.name] = cls
@@ -39,6 +45,4 @@ def check_for_model(method, config, prompt_tokens: int) -> None:
     """Refuse, from a model's config alone (no weights), a method that could not run on prompts of up to
     ``prompt_tokens`` tokens. Methods with such limits (the KV-cache ones) define
     ``check_model(config, prompt_tokens)``; the others run on any model that takes their layer."""
-    check = getattr(method, "check_model", None)
-    if check is not None:
-        check(config, prompt_tokens)
+    method.check_model(config, prompt_tokens)

@@ -1,6 +1,7 @@
 """Method kinds and the one method spec every command line parses.
 
-Kinds: a method is a frozen dataclass on one of three bases, checked with ``isinstance``:
+Kinds: a method is a frozen dataclass on one of three bases (``base.py``, which also declares what a method
+can do):
 
 - :class:`PromptMethod`: picks prompt tokens at a filter layer, then generates from them (gemfilter,
   gemfilter-span, ...). Only these can run in front of an engine (``gemfilter serve``, ``--engine``).
@@ -22,59 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import ClassVar
 
+from .base import COUNTS, OPTIONAL, CacheMethod, FullMethod, Method, PromptMethod  # noqa: F401 (re-exported)
 from .registry import REGISTRY
 
 ALIASES = {"k": "topk"}
-#: count parameters of the methods, with their least allowed value. ``layer`` may be None (the model's default);
-#: its range depends on the model, so it is checked against the model's layers when the method meets it.
-COUNTS = {"topk": 1, "layer": 0, "kernel": 1, "window": 1, "tsp_len": 1, "sink": 0, "tail": 0, "max_span": 1,
-          "block": 1, "layers": 1, "chunk": 1}
-OPTIONAL = {"layer", "chunk"}
-
-
-class Method:
-    """Base of every registered method: ``name``, ``description`` and ``kind`` say what it is."""
-
-    name: ClassVar[str]
-    description: ClassVar[str]
-    kind: ClassVar[str]
-
-    def __post_init__(self):
-        """Every count parameter is checked here, once, however the method was built."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name in COUNTS and not (value is None and f.name in OPTIONAL):
-                low = COUNTS[f.name]
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise TypeError(f"{self.name}: {f.name} must be an int"
-                                    + (" (or None: the model's default)" if f.name in OPTIONAL else "")
-                                    + f", got {value!r}")
-                if low is not None and value < low:
-                    raise ValueError(f"{self.name}: {f.name}={value} must be >= {low}")
-
-    def begin(self, model, input_ids, valid, tokenizer=None):  # pragma: no cover - every method overrides it
-        """Per-call state for one generate call (see :func:`gemfilter.apply`)."""
-        raise NotImplementedError
-
-
-class PromptMethod(Method):
-    """Picks prompt tokens at a filter layer, then generates from them (runs in front of an engine)."""
-
-    kind: ClassVar[str] = "prompt"
-
-
-class CacheMethod(Method):
-    """Keeps ``topk`` rows of each layer's KV cache after the prefill."""
-
-    kind: ClassVar[str] = "cache"
-
-
-class FullMethod(Method):
-    """Changes nothing: the whole prompt, the whole cache."""
-
-    kind: ClassVar[str] = "full"
 
 
 def parameters(cls) -> dict:
@@ -156,8 +109,9 @@ class Spec:
         return self.text
 
     @property
-    def kind(self) -> str:
-        return REGISTRY[self.name].kind
+    def cls(self) -> type:
+        """The method's class: what it can do is declared there (:class:`Method`)."""
+        return REGISTRY[self.name]
 
     def method(self, prompt_tokens: int | None = None, **defaults):
         """The method object (not yet resolved against a model) for a prompt of ``prompt_tokens`` tokens.
@@ -240,6 +194,6 @@ def split_defaults(names, **defaults) -> dict:
 def spec_of(method) -> str:
     """The canonical spec of a method object: its name and every field that differs from the default."""
     cls = type(method)
-    changed = [f"{f.name}={getattr(method, f.name)}" for f in dataclasses.fields(cls)
-               if getattr(method, f.name) != f.default]
+    values = vars(method)
+    changed = [f"{f.name}={values[f.name]}" for f in dataclasses.fields(cls) if values[f.name] != f.default]
     return cls.name + (":" + ",".join(changed) if changed else "")

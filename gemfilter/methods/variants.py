@@ -122,6 +122,7 @@ class GemFilterCLAA(PaperFilter):
     """
 
     layers: int = 4
+    own_score_pass: ClassVar[bool] = True
     name: ClassVar[str] = "gemfilter-claa"
     description: ClassVar[str] = ("variant (CLAA): last-row softmax averaged over the 4 layers ending at the filter "
                                   "layer (sliding ones skipped), avg-pool 5, top-k, regenerate")
@@ -186,6 +187,7 @@ class GemFilterSpanCLAA(SpanFilter):
     plus ``layers``."""
 
     layers: int = 4
+    own_score_pass: ClassVar[bool] = True
     name: ClassVar[str] = "gemfilter-span-claa"
     description: ClassVar[str] = ("variant: gemfilter-span's whole sentences, ranked by the last-row softmax "
                                   "averaged over the 4 layers ending at the filter layer")

@@ -78,8 +78,7 @@ def device_name(device, cuda=None) -> str:
 def warmup_budget(method) -> int | None:
     """The longest budget on ``method``'s path: its topk, or FastKV's tsp_len where longer (TSP fires only on
     prompts longer than tsp_len, so a shorter warm-up never runs it). None for a method without one (full)."""
-    budgets = [b for b in (getattr(method, "topk", None), getattr(method, "tsp_len", None)) if b is not None]
-    return max(budgets) if budgets else None
+    return method.longest_budget()
 
 
 def warmup_tokens(device, n: int, topk: int | None) -> int:
@@ -216,14 +215,14 @@ class Bench:
         if new_tokens != gen_tokens:  # never record a row whose generation phase has another length
             raise RuntimeError(f"{method_name} generated {new_tokens} tokens, not the forced {gen_tokens}")
         m = gemfilter.selection.num_layers(model)
-        cost = method.prompt_cost(n, m) if hasattr(method, "prompt_cost") else None  # (published, this code's)
+        cost = method.prompt_cost(n, m)  # (published, this code's)
         theory = {} if cost is None else {"theory_prompt_ratio": cost[0], "theory_here_ratio": cost[1]}
         cache_bytes = out.decode_cache_bytes if out.decode_cache_bytes is not None else out.budget.kv_bytes
         gen_s = end - clock.first_token
         return {
             **theory, **budget_fields(out), "attn": self.kernel,
             "mask_s": None if self.masks is None else self.masks.seconds, "method": method_name, "length": length,
-            "n": n, "kept": out.kept[0], "layer": getattr(method, "layer", None), "m": m,
+            "n": n, "kept": out.kept[0], "layer": method.layer, "m": m,
             "prompt_s": clock.first_token - start, "gen_s": gen_s, "total_s": end - start,
             "decode_ms": 1000 * gen_s / max(new_tokens - 1, 1),
             "prompt_peak_mib": clock.prompt_peak, "gen_peak_mib": gen_peak_abs - memory.baseline,

@@ -39,15 +39,15 @@ def preset_layer(model_name) -> int | None:
 
 
 def h2o_exclusion(method, model, n: int, device) -> str | None:
-    """Why ``method`` cannot run on this prompt here, or None. Only H2O has such a limit: its blockwise
-    column sums hold about 4 fp32 (heads x block x n) tensors per layer (logits, two masked copies,
-    softmax) on top of the model; when that exceeds the free memory of the device, it cannot run."""
+    """Why ``method`` cannot run on this prompt here, or None: its scoring's working memory
+    (``Method.scoring_bytes``; of the methods here only H2O's blockwise column sums need any) exceeds the
+    device's free memory."""
     import torch
 
-    if getattr(method, "name", None) != "h2o":
+    need = method.scoring_bytes(model.config, n)
+    if not need:
         return None
     cfg = model.config.get_text_config()
-    need = 4 * cfg.num_attention_heads * min(method.block, n) * n * 4
     if torch.device(device).type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
     else:

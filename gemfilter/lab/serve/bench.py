@@ -202,6 +202,7 @@ def run(args) -> int:
 
     from ..haystack import build_case, check_lengths, make_haystack
     from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+    from ...methods import FullMethod
     from ..options import check_int, method_specs_of, parse_lengths
     from .cli import connect
     from .proxy import ProxyServer, request_options
@@ -212,7 +213,7 @@ def run(args) -> int:
     if len(specs) > 1:  # the help says so; a run with several must say it too, or a user reads b's table as a's
         print(f"note: --engine measures full against one prompt method, the last of --methods: {method} "
               f"(not {', '.join(s.text for s in specs[:-1])})", file=sys.stderr)
-    if spec.kind == "full":
+    if issubclass(spec.cls, FullMethod):
         raise ValueError("--engine compares full with a prompt method: give one, e.g. --methods gemfilter")
     request_options({}, {"method": method, "topk": args.topk})
     lengths = parse_lengths(args.lengths, "--lengths")

@@ -53,7 +53,7 @@ def request_options(body: dict, defaults: dict, layer: int | None = None) -> dic
     except (ValueError, AttributeError) as err:  # AttributeError: a method that is not a string
         raise BadRequest(str(err) if isinstance(err, ValueError) else
                          f"method must be a string such as \"gemfilter-span:k=512\", got {given['method']!r}") from None
-    if spec.kind not in ("prompt", "full"):
+    if not spec.cls.serves_engine:
         raise BadRequest(f"method {spec.text!r} cannot run in front of an engine; allowed: "
                          f"{', '.join(prompt_methods())} (KV-cache methods such as snapkv evict inside the engine)")
     topk = defaults.get("topk")

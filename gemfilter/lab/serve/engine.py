@@ -21,7 +21,7 @@ def check_engine_methods(engine: str | None, names) -> None:
     """
     from ...methods import parse_spec
 
-    bad = [n for n in names if engine is not None and parse_spec(n).kind not in ("prompt", "full")]
+    bad = [n for n in names if engine is not None and not parse_spec(n).cls.serves_engine]
     if bad:
         raise ValueError(f"--engine runs the selection here and the generation on the engine, so it takes methods "
                          f"that pick prompt tokens: {', '.join(prompt_methods())}; not {', '.join(bad)} (KV-cache "

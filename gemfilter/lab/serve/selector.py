@@ -150,7 +150,7 @@ class Selector:
 
         spec = parse_spec(method) if isinstance(method, str) else method
         m = spec.method(n, topk=topk, layer=self.layer)
-        if getattr(m, "layer", self.layer) != self.layer:
+        if m.layer is not None and m.layer != self.layer:
             raise ValueError(f"{spec.text}: this selector holds layers 0..{self.layer}; it cannot filter at layer "
                              f"{m.layer}")
         return m
@@ -179,13 +179,13 @@ class Selector:
         start = time.perf_counter()
         m = self.method_for(n, method, topk)
         label = method if isinstance(method, str) else method.label
-        k = getattr(m, "topk", None)
+        k = m.topk
         if self.passes_through(n, m):
             return Choice(list(ids), label, k, n, n, True, time.perf_counter() - start)
         reused = 0
         with self._slot(gone), torch.no_grad():
             waited = time.perf_counter() - start
-            if self.prefix_cache is not None and getattr(m, "scores_last_row", False):
+            if self.prefix_cache is not None and m.scores_last_row:
                 selection, reused = self._select_cached(m, ids)
             else:
                 selection = m.select(self.model, torch.tensor([ids]), tokenizer=self.tokenizer)

@@ -304,13 +304,14 @@ def run(args) -> int:
 
     from ..haystack import make_haystack
     from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+    from ...methods import FullMethod
     from ..options import check_int, method_specs_of, parse_lengths, parse_positive_ints
     from .cli import connect
     from .proxy import ProxyServer, request_options
     from .selector import Selector
 
     spec = method_specs_of(args)[-1]
-    if spec.kind == "full":
+    if issubclass(spec.cls, FullMethod):
         raise ValueError("--turns compares full with a prompt method: give one, e.g. --methods gemfilter")
     method = spec.text
     request_options({}, {"method": method, "topk": args.topk})
