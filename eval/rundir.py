@@ -45,8 +45,12 @@ def read_config(out: Path) -> dict | None:
     path = Path(out) / CONFIG
     if not path.is_file():
         return None
-    return read_json_object(path, "run config", fix=f"Delete {path} and rerun with the settings of the run that "
-                            "made this folder (a rerun with the same settings resumes it), or use another --out")
+    return read_json_object(
+        path,
+        "run config",
+        fix=f"Delete {path} and rerun with the settings of the run that "
+        "made this folder (a rerun with the same settings resumes it), or use another --out",
+    )
 
 
 def check_config(out: Path, config, write: bool, *, model_config, legacy: dict | None = None) -> None:
@@ -72,8 +76,10 @@ def check_config(out: Path, config, write: bool, *, model_config, legacy: dict |
                 old["model"] = new["model"]  # one folder named by a relative and an absolute path
             if old != new:
                 diff = ", ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} now" for k in new if old.get(k) != new[k])
-                raise ValueError(f"--out {out} holds results of another setup ({diff}). Use another --out, "
-                                 "or repeat the same settings to resume that run.")
+                raise ValueError(
+                    f"--out {out} holds results of another setup ({diff}). Use another --out, "
+                    "or repeat the same settings to resume that run."
+                )
         elif write:
             write_json_atomic(path, {**new, **config.extra})
 
@@ -100,8 +106,10 @@ def check_layers(rows, methods: dict) -> None:
         new = method.layer
         old = sorted({r.get("layer") for r in rows if r["method"] == name} - {new}, key=str)
         if old:
-            raise ValueError(f"finished {name} cells used filter layer {old[0]}, but this run resolves to layer {new} "
-                             f"(the model's default changed?). Pass --layer {old[0]} to resume, or use another --out.")
+            raise ValueError(
+                f"finished {name} cells used filter layer {old[0]}, but this run resolves to layer {new} "
+                f"(the model's default changed?). Pass --layer {old[0]} to resume, or use another --out."
+            )
 
 
 def append_row(path: Path, row: dict, *, ensure_ascii: bool = True) -> None:
@@ -131,8 +139,11 @@ def read_finished(target: Path, shard_pattern: str, key, *, required=(), skip_no
 
 def task_names(folder: Path) -> set:
     """The task names with rows in ``folder``: ``<task>.jsonl`` files and pending shards ``<task>.jsonl.rank<i>``."""
-    return {p.name.split(".jsonl")[0] for p in Path(folder).glob("*.jsonl*")
-            if p.name.endswith(".jsonl") or ".jsonl.rank" in p.name}
+    return {
+        p.name.split(".jsonl")[0]
+        for p in Path(folder).glob("*.jsonl*")
+        if p.name.endswith(".jsonl") or ".jsonl.rank" in p.name
+    }
 
 
 def rows_to_score(path, read, key, required=()) -> list:
@@ -147,12 +158,15 @@ def rows_to_score(path, read, key, required=()) -> list:
     path = Path(path)
     rows = read(path) if path.is_file() else []
     shards = sorted(path.parent.glob(TASK_SHARD.format(path.name[: -len(".jsonl")], "*")))
-    pending = [r for shard in shards for r in read_jsonl(shard, required=required,
-                                                         skip_note="that sample is not scored")]
+    pending = [
+        r for shard in shards for r in read_jsonl(shard, required=required, skip_note="that sample is not scored")
+    ]
     if pending:
-        warnings.warn(f"{path.parent}: {len(pending)} row(s) of {path.stem} are in unmerged shards "
-                      f"({', '.join(s.name for s in shards)}), left by an interrupted run; they are scored with the "
-                      "merged rows. Rerun the same `run` command to finish and merge them")
+        warnings.warn(
+            f"{path.parent}: {len(pending)} row(s) of {path.stem} are in unmerged shards "
+            f"({', '.join(s.name for s in shards)}), left by an interrupted run; they are scored with the "
+            "merged rows. Rerun the same `run` command to finish and merge them"
+        )
     seen, out, repeats = set(), [], 0
     for row in rows + pending:
         k = key(row)
@@ -162,8 +176,10 @@ def rows_to_score(path, read, key, required=()) -> list:
         seen.add(k)
         out.append(row)
     if repeats:
-        warnings.warn(f"{path}: {repeats} row(s) repeat a sample already there (same key); each sample is scored "
-                      "once, from its first row")
+        warnings.warn(
+            f"{path}: {repeats} row(s) repeat a sample already there (same key); each sample is scored "
+            "once, from its first row"
+        )
     return out
 
 
@@ -183,8 +199,9 @@ def model_config_for(config, model_and_tokenizer=None):
     model's, else ``gemfilter.models.load_config(config.model)`` (the config file only)."""
     import gemfilter
 
-    return model_and_tokenizer[0].config if model_and_tokenizer is not None \
-        else gemfilter.models.load_config(config.model)
+    return (
+        model_and_tokenizer[0].config if model_and_tokenizer is not None else gemfilter.models.load_config(config.model)
+    )
 
 
 def load_for_run(config, state, model_and_tokenizer=None, say=None) -> tuple:

@@ -27,10 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
+from eval.rundir import (
+    CONFIG,
+    TASK_SHARD,
+    append_row,
+    check_config,
+    load_for_run,
+    make_state,
+    model_config_for,
+    read_finished,
+)
 from gemfilter.lab.io import check_out_dir, merge_jsonl
-
-from eval.rundir import (CONFIG, TASK_SHARD, append_row, check_config, load_for_run, make_state, model_config_for,
-                         read_finished)
 
 
 @dataclass(frozen=True)
@@ -127,8 +134,12 @@ def config_specs(config) -> dict:
 def finished(benchmark: Benchmark, out: Path, files) -> dict:
     """{file: {key: row}} over each result file and its shards (first one wins), under the folder lock."""
     note = f"that {benchmark.noun} will be rerun"
-    return {f: read_finished(out / f, benchmark.shard_name(f, "*"), benchmark.row_key,
-                             required=benchmark.required, skip_note=note) for f in files}
+    return {
+        f: read_finished(
+            out / f, benchmark.shard_name(f, "*"), benchmark.row_key, required=benchmark.required, skip_note=note
+        )
+        for f in files
+    }
 
 
 def merge(benchmark: Benchmark, out: Path, units: list) -> dict:
@@ -137,14 +148,26 @@ def merge(benchmark: Benchmark, out: Path, units: list) -> dict:
     for file in dict.fromkeys(u.file for u in units):
         target = out / file
         if target.is_file() or (target.parent.is_dir() and any(target.parent.glob(benchmark.shard_name(file, "*")))):
-            merged[file] = merge_jsonl(target, benchmark.shard_name(file, "*"), benchmark.row_key,
-                                       sort_key=benchmark.sort_key(file, units), required=benchmark.required,
-                                       ensure_ascii=benchmark.ensure_ascii)
+            merged[file] = merge_jsonl(
+                target,
+                benchmark.shard_name(file, "*"),
+                benchmark.row_key,
+                sort_key=benchmark.sort_key(file, units),
+                required=benchmark.required,
+                ensure_ascii=benchmark.ensure_ascii,
+            )
     return merged
 
 
-def run(benchmark: Benchmark, out, *, state=None, model_and_tokenizer=None, progress: bool = True,
-        max_units: int | None = None) -> dict | None:
+def run(
+    benchmark: Benchmark,
+    out,
+    *,
+    state=None,
+    model_and_tokenizer=None,
+    progress: bool = True,
+    max_units: int | None = None,
+) -> dict | None:
     """Compute the missing units of ``benchmark`` into ``out``; return {file: merged rows} (None off the main process).
 
     state: an accelerate PartialState (default: ``eval.rundir.make_state``, gloo on CPU);
@@ -170,13 +193,17 @@ def run(benchmark: Benchmark, out, *, state=None, model_and_tokenizer=None, prog
     if max_units is not None:
         later, todo = max(0, len(todo) - max_units), todo[:max_units]
     if todo and benchmark.tokenizer is not None:
-        benchmark.before_load(todo, model_and_tokenizer[1] if model_and_tokenizer is not None else benchmark.tokenizer())
+        benchmark.before_load(
+            todo, model_and_tokenizer[1] if model_and_tokenizer is not None else benchmark.tokenizer()
+        )
     # Everyone has read the finished rows before anyone appends, so all agree on the same list.
     state.wait_for_everyone()
     mine = benchmark.share(todo, state.process_index, state.num_processes)
     if say:
-        say(f"{benchmark.describe(units)}, {len(units) - len(todo) - later} already done, {len(todo)} to compute over "
-            f"{state.num_processes} process(es)" + (f", {later} left for a later run" if later else "") + f" -> {out}")
+        say(
+            f"{benchmark.describe(units)}, {len(units) - len(todo) - later} already done, {len(todo)} to compute over "
+            f"{state.num_processes} process(es)" + (f", {later} left for a later run" if later else "") + f" -> {out}"
+        )
     if mine:
         model, tok = load_for_run(config, state, model_and_tokenizer, say)
         predict = benchmark.start(model, tok, done)

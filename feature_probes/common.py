@@ -20,8 +20,9 @@ def smoothed_relu(z: torch.Tensor, power: float, threshold: float) -> torch.Tens
     return torch.where(z >= threshold, z - (1 - 1 / power) * threshold, poly)
 
 
-def run_resumable(cfg, jsonl_path, sweep: tuple, units, key_of, compute, *, force: bool = False,
-                  desc: str | None = None) -> list[dict]:
+def run_resumable(
+    cfg, jsonl_path, sweep: tuple, units, key_of, compute, *, force: bool = False, desc: str | None = None
+) -> list[dict]:
     """compute(*unit) for every unit, resumable: the settings are cfg without its ``sweep`` fields; a row in
     jsonl_path with the same settings and ``key_of(row) == unit`` is reused, each new row is appended (so an
     interrupted sweep resumes). Returns the rows in the order of ``units``.
@@ -85,14 +86,24 @@ def add_run_args(sp, presets: dict) -> None:
     seeds, progress, forced rerun)."""
     from pathlib import Path
 
-    sp.add_argument("--preset", default="cpu", choices=sorted(presets),
-                    help="settings table entry (default cpu; the 'presets' subcommand prints them all)")
-    sp.add_argument("--out", required=True, type=Path, help="folder for the JSONL rows, results JSON and markdown table")
+    sp.add_argument(
+        "--preset",
+        default="cpu",
+        choices=sorted(presets),
+        help="settings table entry (default cpu; the 'presets' subcommand prints them all)",
+    )
+    sp.add_argument(
+        "--out", required=True, type=Path, help="folder for the JSONL rows, results JSON and markdown table"
+    )
     sp.add_argument("--fig-dir", type=Path, help="folder for the PNG figures (default: --out)")
     sp.add_argument("--seeds", type=seed_list, help="override the preset's seeds, e.g. 0,1,2")
     sp.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
-    sp.add_argument("--force", action="store_true", help="recompute this run's units: their old rows (same settings) are removed from the "
-                    "JSONL first; rows of other settings stay")
+    sp.add_argument(
+        "--force",
+        action="store_true",
+        help="recompute this run's units: their old rows (same settings) are removed from the "
+        "JSONL first; rows of other settings stay",
+    )
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

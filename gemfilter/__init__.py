@@ -14,7 +14,22 @@ from .score import Scored, score
 from .selection import Selection, select_tokens
 
 __all__ = [
-    "Conversation", "GemFilter", "GemFilterOutput", "PAPER_LAYERS", "REGISTRY", "Selection", "apply", "default_layer",
-    "Scored", "describe", "generate", "get_method", "load_model", "score", "select_tokens", "set_attention", "Turn",
+    "Conversation",
+    "GemFilter",
+    "GemFilterOutput",
+    "PAPER_LAYERS",
+    "REGISTRY",
+    "Selection",
+    "apply",
+    "default_layer",
+    "Scored",
+    "describe",
+    "generate",
+    "get_method",
+    "load_model",
+    "score",
+    "select_tokens",
+    "set_attention",
+    "Turn",
 ]
 __version__ = "0.1.0"

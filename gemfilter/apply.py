@@ -88,8 +88,9 @@ class Budget:
     @classmethod
     def measure(cls, call, cache) -> "Budget":
         held = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
-        rows = tuple(int(layer.keys.shape[-2]) if getattr(layer, "keys", None) is not None else 0
-                     for layer in cache.layers)
+        rows = tuple(
+            int(layer.keys.shape[-2]) if getattr(layer, "keys", None) is not None else 0 for layer in cache.layers
+        )
         size = sum(t.numel() * t.element_size() for layer in held for t in (layer.keys, layer.values))
         return cls(kv_rows=rows, propagated=int(getattr(call, "fed", 0)), kv_bytes=size)
 
@@ -135,12 +136,14 @@ class Consumed:
                 f"apply(): this generate call continues a {name} cache that consumed {self.real.tolist()} tokens "
                 f"per row, but its input starts at positions {first.tolist() if first is not None else '?'} "
                 f"with {ids.shape[1]} tokens: give generate the previous output sequence (prompt and answer) "
-                "followed by at least one new token, one conversation per row, with no tokens left out")
+                "followed by at least one new token, one conversation per row, with no tokens left out"
+            )
         if o:
             if not torch.equal(ids[:, :o], self.ids[:, -o:].to(ids.device)):
                 raise ValueError(
                     f"apply(): the history given to this generate call differs from what the {name} cache "
-                    "consumed in the earlier call(s): pass that call's output sequence, then the new tokens")
+                    "consumed in the earlier call(s): pass that call's output sequence, then the new tokens"
+                )
             kwargs["input_ids"] = ids = ids[:, o:]
             for key in ("position_ids", "cache_position"):  # the latter in releases that still pass it
                 if kwargs.get(key) is not None:
@@ -170,7 +173,8 @@ def _make_hooks(model, handle: Applied, tokenizer, begin):
             raise ValueError(
                 f"apply(): {method.name} needs a dynamic KV cache, got {type(cache).__name__}: a static (compileable) "
                 "cache, e.g. from generate(cache_implementation='static'), has a fixed length and comes with prebuilt "
-                "4-D masks that the method can neither shrink nor rewrite. Use generate's default cache")
+                "4-D masks that the method can neither shrink nor rewrite. Use generate's default cache"
+            )
         mask = kwargs.get("attention_mask")
         if mask is not None and not (torch.is_tensor(mask) and mask.dim() == 2):
             got = f"a {mask.dim()}-D tensor" if torch.is_tensor(mask) else f"a {type(mask).__name__}"
@@ -196,7 +200,8 @@ def _make_hooks(model, handle: Applied, tokenizer, begin):
                 f"apply(): the KV cache passed in already holds {past} tokens and was not filled inside this "
                 f"apply() block, so {method.name} never saw those tokens and would run as plain full generation. "
                 "Inside apply(), pass no cache or an empty one (a prefix cache built outside the block cannot be "
-                "filtered)")
+                "filtered)"
+            )
         kwargs = call.decode(handle._consumed[cache].only_new(kwargs, method.name), cache, past)
         check_switch(model, handle._consumed[cache], kwargs, past, method.name)
         return args, kwargs
@@ -219,18 +224,23 @@ def _check_not_nested(model) -> None:
         raise RuntimeError(
             "apply(): this model is already inside `with apply(model, ...)`; nesting is not supported (the inner "
             "method would be silently ignored). Inside the block call model.generate(...) directly, or leave the "
-            "block before gemfilter.generate / another apply()")
+            "block before gemfilter.generate / another apply()"
+        )
 
 
 def resolve(model, method):
     """Fill in the model's default filter layer and validate the method's parameters."""
     if not isinstance(method, Method) or not dataclasses.is_dataclass(method):
         got = repr(method) if isinstance(method, str) else type(method).__name__
-        raise TypeError(f"method must be a method object such as GemFilter(layer=13, topk=1024), got {got}; "
-                        "build one by name with gemfilter.get_method(name, layer=..., topk=...)")
+        raise TypeError(
+            f"method must be a method object such as GemFilter(layer=13, topk=1024), got {got}; "
+            "build one by name with gemfilter.get_method(name, layer=..., topk=...)"
+        )
     if getattr(model, "config", None) is None:
-        raise TypeError(f"{type(model).__name__} has no .config: pass a transformers causal LM "
-                        "(e.g. AutoModelForCausalLM.from_pretrained(...)), not a bare torch module")
+        raise TypeError(
+            f"{type(model).__name__} has no .config: pass a transformers causal LM "
+            "(e.g. AutoModelForCausalLM.from_pretrained(...)), not a bare torch module"
+        )
     names = {f.name for f in dataclasses.fields(method)}
     if "layer" in names:
         if method.layer is None:
@@ -267,8 +277,10 @@ def apply(model, method, tokenizer=None, selector=None, on_begin=None):
     _check_not_nested(model)
     with wrapped_attention(model), generation_modes_limited(model):
         pre, post = _make_hooks(model, handle, tokenizer, begin)
-        hooks = [model.register_forward_pre_hook(pre, with_kwargs=True),
-                 model.register_forward_hook(post, with_kwargs=True)]
+        hooks = [
+            model.register_forward_pre_hook(pre, with_kwargs=True),
+            model.register_forward_hook(post, with_kwargs=True),
+        ]
         try:
             yield handle
         finally:
@@ -295,11 +307,23 @@ class GemFilterOutput:
     @property
     def new_tokens(self) -> torch.Tensor:
         """(b, t) generated tokens only."""
-        return self.sequences[:, self.prompt_len:]
+        return self.sequences[:, self.prompt_len :]
 
 
-def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kernel: int = 5, tokenizer=None,
-             method=None, selector=None, compile=False, on_begin=None, **generate_kwargs) -> GemFilterOutput:
+def generate(
+    model,
+    inputs,
+    *,
+    layer: int | None = None,
+    topk: int = 1024,
+    kernel: int = 5,
+    tokenizer=None,
+    method=None,
+    selector=None,
+    compile=False,
+    on_begin=None,
+    **generate_kwargs,
+) -> GemFilterOutput:
     """GemFilter generation (Algorithm 2): filter with the first ``layer`` layers, then generate from top-k.
 
     Parameters
@@ -323,23 +347,34 @@ def generate(model, inputs, *, layer: int | None = None, topk: int = 1024, kerne
     elif torch.is_tensor(inputs) or isinstance(inputs, (list, tuple)):
         input_ids, attention_mask = as_batch(inputs)
     else:
-        raise TypeError("inputs must be a LongTensor (b, n), a list of token lists, or a tokenizer output with 'input_ids'")
+        raise TypeError(
+            "inputs must be a LongTensor (b, n), a list of token lists, or a tokenizer output with 'input_ids'"
+        )
     check_prompt(input_ids, attention_mask)
     method = method or GemFilter(layer=layer, topk=topk, kernel=kernel)
     generate_kwargs.setdefault("do_sample", False)
     generate_kwargs.setdefault("num_beams", 1)
     if compile is not False:
-        return _generate_compiled(model, input_ids, attention_mask, method, tokenizer, selector, compile, on_begin,
-                                  generate_kwargs)
+        return _generate_compiled(
+            model, input_ids, attention_mask, method, tokenizer, selector, compile, on_begin, generate_kwargs
+        )
     with apply(model, method, tokenizer=tokenizer, selector=selector, on_begin=on_begin) as handle:
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
     if not handle.calls:
-        raise RuntimeError("gemfilter.generate: model.generate made no prefill forward on an empty KV cache, so "
-                           f"{method.name} never ran")
+        raise RuntimeError(
+            "gemfilter.generate: model.generate made no prefill forward on an empty KV cache, so "
+            f"{method.name} never ran"
+        )
     sel = handle.selection
     text = sel.kept_text(tokenizer) if tokenizer is not None and sel is not None else None
-    return GemFilterOutput(output=out, selection=sel, kept_text=text, prompt_len=input_ids.shape[1],
-                           kept=handle.calls[-1].kept, budget=handle.budgets[-1] if handle.budgets else None)
+    return GemFilterOutput(
+        output=out,
+        selection=sel,
+        kept_text=text,
+        prompt_len=input_ids.shape[1],
+        kept=handle.calls[-1].kept,
+        budget=handle.budgets[-1] if handle.budgets else None,
+    )
 
 
 def _generate_compiled(model, input_ids, attention_mask, method, tokenizer, selector, decoder, on_begin, kwargs):
@@ -366,15 +401,23 @@ def _generate_compiled(model, input_ids, attention_mask, method, tokenizer, sele
         decoder = compiled.decoder_for(model, max(rows) + max(settings["max_new_tokens"] - 1, 0), input_ids.shape[0])
     needed = max(rows) + max(settings["max_new_tokens"] - 1, 0)
     if needed > decoder.capacity:
-        raise ValueError(f"this StaticDecoder holds {decoder.capacity} rows per layer; the prefill left {max(rows)} "
-                         f"and {settings['max_new_tokens']} new tokens need {needed}: build one with capacity >= "
-                         f"{needed}")
+        raise ValueError(
+            f"this StaticDecoder holds {decoder.capacity} rows per layer; the prefill left {max(rows)} "
+            f"and {settings['max_new_tokens']} new tokens need {needed}: build one with capacity >= "
+            f"{needed}"
+        )
     mask = decoder.load(cache, cont.valid)
     del cache
     with torch.no_grad():
         new = decoder.decode(first, cont, mask, **settings)
     sel = handle.selection
     text = sel.kept_text(tokenizer) if tokenizer is not None and sel is not None else None
-    return GemFilterOutput(output=torch.cat([input_ids, new], dim=1), selection=sel, kept_text=text,
-                           prompt_len=input_ids.shape[1], kept=call.kept, budget=handle.budgets[-1],
-                           decode_cache_bytes=decoder.cache_bytes())
+    return GemFilterOutput(
+        output=torch.cat([input_ids, new], dim=1),
+        selection=sel,
+        kept_text=text,
+        prompt_len=input_ids.shape[1],
+        kept=call.kept,
+        budget=handle.budgets[-1],
+        decode_cache_bytes=decoder.cache_bytes(),
+    )

@@ -96,8 +96,19 @@ def _sees_ahead(mask_function, q_offset, q_length, kv_offset, kv_length, device)
     return bool(mask_function(zero, zero, zero + q, zero + q + 1))
 
 
-def banded_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
-                local_size=None, use_vmap=False, device="cpu", **kwargs):
+def banded_mask(
+    batch_size,
+    q_length,
+    kv_length,
+    q_offset=0,
+    kv_offset=0,
+    mask_function=None,
+    attention_mask=None,
+    local_size=None,
+    use_vmap=False,
+    device="cpu",
+    **kwargs,
+):
     """``AttentionMaskInterface`` entry: a :class:`BandedMask` for sliding layers, SDPA's mask otherwise.
 
     The band is evaluated from the model's own predicate (causal, window, chunks, packed sequences),
@@ -108,15 +119,27 @@ def banded_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
     if isinstance(attention_mask, BandedMask):  # prebuilt by generate for a static cache (see BandedMask.ndim)
         asked = tuple(map(int, (q_offset, kv_offset, q_length, kv_length, local_size)))
         if asked != attention_mask.sizes():
-            raise ValueError(f"banded: a prebuilt mask for (q_offset, kv_offset, q, kv, window) = "
-                             f"{attention_mask.sizes()} was handed to a layer that needs {asked}")
+            raise ValueError(
+                f"banded: a prebuilt mask for (q_offset, kv_offset, q, kv, window) = "
+                f"{attention_mask.sizes()} was handed to a layer that needs {asked}"
+            )
         return attention_mask
     # Full attention, custom overlays that may reach outside the band, or a predicate that lets a query see
     # keys after it (config.is_causal=False: bidirectional windows): the band holds only past keys, so SDPA's mask.
     if local_size is None or use_vmap or _sees_ahead(mask_function, q_offset, q_length, kv_offset, kv_length, device):
-        return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                         kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
-                         local_size=local_size, use_vmap=use_vmap, device=device, **kwargs)
+        return sdpa_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=mask_function,
+            attention_mask=attention_mask,
+            local_size=local_size,
+            use_vmap=use_vmap,
+            device=device,
+            **kwargs,
+        )
     q_offset, kv_offset, q_length, kv_length, W = map(int, (q_offset, kv_offset, q_length, kv_length, local_size))
     padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
     if padding is not None and bool(padding.all()):
@@ -146,11 +169,19 @@ def banded_attention(query, key, value, mask: BandedMask, scaling: float, dropou
     b, h, q_len, d = query.shape
     h_kv, kv_len = key.shape[1], key.shape[2]
     if (q_len, kv_len) != (mask.q_length, mask.kv_length):
-        why = ("; with sliding_window=1, transformers' sliding cache layer keeps every past key while the mask "
-               "sizes allow only the current one (stock sdpa and eager silently attend to all of them), so banded "
-               "refuses: use a window of at least 2, or no cache") if mask.window == 1 else ""
-        raise ValueError(f"banded attention: the mask was built for {mask.q_length} queries x {mask.kv_length} keys, "
-                         f"the layer has {q_len} x {kv_len}{why}")
+        why = (
+            (
+                "; with sliding_window=1, transformers' sliding cache layer keeps every past key while the mask "
+                "sizes allow only the current one (stock sdpa and eager silently attend to all of them), so banded "
+                "refuses: use a window of at least 2, or no cache"
+            )
+            if mask.window == 1
+            else ""
+        )
+        raise ValueError(
+            f"banded attention: the mask was built for {mask.q_length} queries x {mask.kv_length} keys, "
+            f"the layer has {q_len} x {kv_len}{why}"
+        )
     g = h // h_kv
     B = mask.window
     # GQA without repeating K/V: the g query heads of a group are stacked along the query axis.
@@ -181,8 +212,9 @@ def banded_attention(query, key, value, mask: BandedMask, scaling: float, dropou
     return out[:, :, :q_len]
 
 
-def banded_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
-                             scaling: float | None = None, **kwargs):
+def banded_attention_forward(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs
+):
     """``AttentionInterface`` entry, same contract as transformers' ``sdpa_attention_forward``.
 
     Returns (attn_output (b, q, h, d), None).
@@ -193,11 +225,16 @@ def banded_attention_forward(module, query, key, value, attention_mask, dropout:
             "Gemma 2's attn_logit_softcapping). Load the model with attn='eager', which applies the cap exactly."
         )
     if kwargs.get("output_attentions"):
-        warnings.warn("the 'banded' attention kernel returns no attention weights, so output_attentions=True gives "
-                      "none for its layers; load the model with attn='eager' to get them", UserWarning, stacklevel=2)
+        warnings.warn(
+            "the 'banded' attention kernel returns no attention weights, so output_attentions=True gives "
+            "none for its layers; load the model with attn='eager' to get them",
+            UserWarning,
+            stacklevel=2,
+        )
     if not isinstance(attention_mask, BandedMask):  # full-attention layer or dense fallback: stock SDPA
-        return sdpa_attention_forward()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward()(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     out = banded_attention(query, key, value, attention_mask, scaling, dropout if module.training else 0.0)

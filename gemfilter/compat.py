@@ -62,7 +62,8 @@ def cache_in(kwargs: dict):
 
 
 def cache_kwargs(cache) -> dict:
-    """Keywords that hand ``cache`` to a model's forward under this release's name: ``model(ids, **cache_kwargs(c))``."""
+    """Keywords that hand ``cache`` to a model's forward under this release's name: ``model(ids,
+    **cache_kwargs(c))``."""
     return {cache_kwarg(): cache}
 
 
@@ -171,10 +172,12 @@ class _ModesInsideApply(tuple):
     """The generation modes ``apply()`` runs exactly; its repr is the sentence transformers' refusal prints."""
 
     def __repr__(self):
-        return ("greedy search, sampling and beam search inside gemfilter.apply() (assisted generation, prompt "
-                "lookup and assistant early exit feed draft tokens into the prefill and crop the cache, so the method "
-                "would score the drafts as prompt: run without assistant_model / prompt_lookup_num_tokens / "
-                "assistant_early_exit)")
+        return (
+            "greedy search, sampling and beam search inside gemfilter.apply() (assisted generation, prompt "
+            "lookup and assistant early exit feed draft tokens into the prefill and crop the cache, so the method "
+            "would score the drafts as prompt: run without assistant_model / prompt_lookup_num_tokens / "
+            "assistant_early_exit)"
+        )
 
     __str__ = __repr__
 

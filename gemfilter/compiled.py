@@ -33,10 +33,19 @@ from .compat import cache_kwargs, compile_limits, dynamic_cache, static_cache, s
 #: generate() keywords the compiled path honours (do_sample / num_beams only at their greedy values)
 KEYWORDS = ("max_new_tokens", "min_new_tokens", "eos_token_id", "pad_token_id", "streamer", "do_sample", "num_beams")
 #: generation-config fields that add a logits processor to greedy decoding, with their inactive values
-_PROCESSORS = {"repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0), "bad_words_ids": (None,),
-               "suppress_tokens": (None,), "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,),
-               "forced_eos_token_id": (None,), "sequence_bias": (None,), "encoder_repetition_penalty": (None, 1.0),
-               "exponential_decay_length_penalty": (None,), "min_length": (None, 0)}
+_PROCESSORS = {
+    "repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "sequence_bias": (None,),
+    "encoder_repetition_penalty": (None, 1.0),
+    "exponential_decay_length_penalty": (None,),
+    "min_length": (None, 0),
+}
 
 
 class StaticDecoder:
@@ -68,8 +77,14 @@ class StaticDecoder:
         self._step = torch.compile(self._forward, mode=mode) if compile else self._forward
 
     def _forward(self, ids, positions, mask):
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                         logits_to_keep=1, **self._cache_kw)
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask,
+            use_cache=True,
+            logits_to_keep=1,
+            **self._cache_kw,
+        )
         return out.logits[:, -1, :].float()
 
     def load(self, cache, valid) -> torch.Tensor | None:
@@ -80,20 +95,28 @@ class StaticDecoder:
         sliding = [bool(getattr(layer, "is_sliding", False)) for layer in self.cache.layers]
         full = {r for r, s in zip(rows, sliding) if not s}
         if len(full) > 1:
-            raise ValueError(f"compile=True needs every full-attention layer to hold the same rows after the prefill, "
-                             f"got {sorted(full)}: this method's cache cannot go on in one static cache; use "
-                             "compile=False")
+            raise ValueError(
+                f"compile=True needs every full-attention layer to hold the same rows after the prefill, "
+                f"got {sorted(full)}: this method's cache cannot go on in one static cache; use "
+                "compile=False"
+            )
         if any(s for s in sliding) and valid is not None:
-            raise ValueError("compile=True on a model with sliding-window layers takes unpadded batches (a sliding "
-                             "layer's static cache rolls its rows, so a padding mask cannot follow them): run the "
-                             "rows one at a time, or compile=False")
+            raise ValueError(
+                "compile=True on a model with sliding-window layers takes unpadded batches (a sliding "
+                "layer's static cache rolls its rows, so a padding mask cannot follow them): run the "
+                "rows one at a time, or compile=False"
+            )
         for i, (r, s) in enumerate(zip(rows, sliding)):
             if s and r > self.cache.layers[i].max_cache_len:
-                raise ValueError(f"layer {i} holds {r} rows, more than its sliding window's static cache "
-                                 f"({self.cache.layers[i].max_cache_len}): use compile=False")
+                raise ValueError(
+                    f"layer {i} holds {r} rows, more than its sliding window's static cache "
+                    f"({self.cache.layers[i].max_cache_len}): use compile=False"
+                )
         if self.batch is not None and batch != self.batch:
-            raise ValueError(f"this decoder's static cache holds batches of {self.batch}, got {batch}: build a "
-                             "StaticDecoder per batch size")
+            raise ValueError(
+                f"this decoder's static cache holds batches of {self.batch}, got {batch}: build a "
+                "StaticDecoder per batch size"
+            )
         self.batch = batch
         self.cache.reset()
         for i, layer in enumerate(cache.layers):
@@ -107,11 +130,25 @@ class StaticDecoder:
 
     def cache_bytes(self) -> int:
         """Bytes of the static cache's keys and values (allocated at the first load)."""
-        return sum(t.numel() * t.element_size() for layer in self.cache.layers
-                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
+        return sum(
+            t.numel() * t.element_size()
+            for layer in self.cache.layers
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+            if t is not None
+        )
 
-    def decode(self, first_logits, cont, mask, *, max_new_tokens: int, min_new_tokens: int = 0, eos=(),
-               pad_token_id=None, streamer=None) -> torch.Tensor:
+    def decode(
+        self,
+        first_logits,
+        cont,
+        mask,
+        *,
+        max_new_tokens: int,
+        min_new_tokens: int = 0,
+        eos=(),
+        pad_token_id=None,
+        streamer=None,
+    ) -> torch.Tensor:
         """Greedy tokens (b, t), t <= max_new_tokens: the first from ``first_logits`` (b, V), the rest from the
         compiled step, as ``generate``'s greedy search does (EOS suppressed before ``min_new_tokens``; a finished
         row gets ``pad_token_id``; stops when every row has finished)."""
@@ -168,8 +205,10 @@ def check_keywords(model, kwargs: dict) -> dict:
     a clear error for anything the compiled path does not do."""
     extra = sorted(set(kwargs) - set(KEYWORDS))
     if extra:
-        raise ValueError(f"compile=True decodes greedily with a static cache and takes only {', '.join(KEYWORDS)}; "
-                         f"got {', '.join(extra)}: use compile=False for the other generate options")
+        raise ValueError(
+            f"compile=True decodes greedily with a static cache and takes only {', '.join(KEYWORDS)}; "
+            f"got {', '.join(extra)}: use compile=False for the other generate options"
+        )
     if kwargs.get("do_sample") or kwargs.get("num_beams", 1) != 1:
         raise ValueError("compile=True decodes greedily: give do_sample=False and num_beams=1, or compile=False")
     new = kwargs.get("max_new_tokens")
@@ -181,13 +220,14 @@ def check_keywords(model, kwargs: dict) -> dict:
     config = model.generation_config
     active = [f for f, off in _PROCESSORS.items() if getattr(config, f, None) not in off]
     if active:
-        raise ValueError(f"the model's generation config sets {', '.join(active)}, which compile=True does not "
-                         "apply: use compile=False, or reset them in model.generation_config")
+        raise ValueError(
+            f"the model's generation config sets {', '.join(active)}, which compile=True does not "
+            "apply: use compile=False, or reset them in model.generation_config"
+        )
     eos = kwargs.get("eos_token_id", config.eos_token_id)
     eos = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
     pad = kwargs.get("pad_token_id", config.pad_token_id)
-    return dict(max_new_tokens=new, min_new_tokens=least, eos=eos, pad_token_id=pad,
-                streamer=kwargs.get("streamer"))
+    return dict(max_new_tokens=new, min_new_tokens=least, eos=eos, pad_token_id=pad, streamer=kwargs.get("streamer"))
 
 
 def prefill(model, handle, input_ids, attention_mask):
@@ -198,6 +238,12 @@ def prefill(model, handle, input_ids, attention_mask):
     cache = dynamic_cache(model.config)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     with torch.no_grad():
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(mask),
-                    use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions_from_mask(mask),
+            use_cache=True,
+            logits_to_keep=1,
+            **cache_kwargs(cache),
+        )
     return out.logits[:, -1, :].float(), cache

@@ -102,8 +102,15 @@ class Conversation:
             chat.ask("\\nQuestion: and when ...?", max_new_tokens=50)
     """
 
-    def __init__(self, model, method=None, tokenizer=None, protocol: str = "reselect", keep: str = "answers",
-                 max_holes: float = 0.5):
+    def __init__(
+        self,
+        model,
+        method=None,
+        tokenizer=None,
+        protocol: str = "reselect",
+        keep: str = "answers",
+        max_holes: float = 0.5,
+    ):
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
         if keep not in KEEPS:
@@ -111,12 +118,16 @@ class Conversation:
         check_causal_decoder(model, need_generate=True)
         if method is not None and not isinstance(method, Method):
             got = repr(method) if isinstance(method, str) else type(method).__name__
-            raise TypeError(f"method must be a method object such as gemfilter.get_method('gemfilter-span', topk=256), "
-                            f"or None for protocol 'full'; got {got}")
+            raise TypeError(
+                f"method must be a method object such as gemfilter.get_method('gemfilter-span', topk=256), "
+                f"or None for protocol 'full'; got {got}"
+            )
         if protocol == "full":
             if method is not None and method.name != "full":
-                raise ValueError(f"protocol 'full' runs no method (got {method.name}): pass method=None, or choose "
-                                 "'reselect' (prompt methods) or 'reuse'")
+                raise ValueError(
+                    f"protocol 'full' runs no method (got {method.name}): pass method=None, or choose "
+                    "'reselect' (prompt methods) or 'reuse'"
+                )
             method = None
         elif method is None:
             raise ValueError(f"protocol {protocol!r} needs a method, e.g. gemfilter.GemFilter(topk=1024)")
@@ -125,8 +136,9 @@ class Conversation:
         if protocol in ("reselect", "stable"):
             check_reselect(model, method)
         if isinstance(max_holes, bool) or not isinstance(max_holes, (int, float)) or not 0 <= max_holes <= 1:
-            raise ValueError(f"max_holes must be a share in [0, 1] (0: rebuild every turn, as reselect), got "
-                             f"{max_holes!r}")
+            raise ValueError(
+                f"max_holes must be a share in [0, 1] (0: rebuild every turn, as reselect), got {max_holes!r}"
+            )
         self.model, self.method, self.tokenizer, self.protocol, self.keep = model, method, tokenizer, protocol, keep
         self.max_holes = float(max_holes)
         self._layout = None  # stable: the generation cache's slots
@@ -147,8 +159,11 @@ class Conversation:
         else:
             self._cache = dynamic_cache(self.model.config)
         # reselect with a method that reads more than the last query row: the earlier tokens' rows
-        self._tail = QueryTail(self.method.query_rows) if self.protocol in ("reselect", "stable") and \
-            self.method.query_rows > 1 else None
+        self._tail = (
+            QueryTail(self.method.query_rows)
+            if self.protocol in ("reselect", "stable") and self.method.query_rows > 1
+            else None
+        )
         self._layout = Layout(self.model) if self.protocol == "stable" else None
         return self
 
@@ -192,12 +207,16 @@ class Conversation:
         if "streamer" in generate_kwargs:
             raise ValueError("Conversation.ask() times the first token with its own streamer: leave `streamer` out")
         if generate_kwargs["num_beams"] != 1:
-            raise ValueError(f"Conversation.ask() answers with one sequence per turn, as its caches go on: num_beams "
-                             f"must be 1, got {generate_kwargs['num_beams']!r}")
+            raise ValueError(
+                f"Conversation.ask() answers with one sequence per turn, as its caches go on: num_beams "
+                f"must be 1, got {generate_kwargs['num_beams']!r}"
+            )
         limit = generate_kwargs.get("max_new_tokens")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"max_new_tokens must be a whole number >= 1, got {limit!r}; to add text to the history "
-                             "without an answer, use Conversation.prefill()")
+            raise ValueError(
+                f"max_new_tokens must be a whole number >= 1, got {limit!r}; to add text to the history "
+                "without an answer, use Conversation.prefill()"
+            )
         if self.keep == "context" and self.history is None:
             raise ValueError("keep='context' asks every question over the context: call prefill(context) first")
         self._check_length(history)
@@ -218,8 +237,9 @@ class Conversation:
             answer, selection, kept, recomputed, rebuilt = self._stable(history, clock, generate_kwargs)
         elif self.protocol == "reselect":
             if self.keep == "context":  # the question is asked over the context alone: nothing of it stays
-                selection = self._select(history, copy.deepcopy(self._cache), None if self._tail is None
-                                         else self._tail.copy())
+                selection = self._select(
+                    history, copy.deepcopy(self._cache), None if self._tail is None else self._tail.copy()
+                )
             else:
                 selection = self._select(history, self._cache, self._tail)
             with apply(self.model, Preselected(self.method, selection), tokenizer=self.tokenizer) as handle:
@@ -238,8 +258,18 @@ class Conversation:
         ttft = (clock.first_token - start) if clock.first_token is not None else total
         peak = max(self._memory.peak(), clock.prompt_peak or 0.0) if measured else None
         text = self.tokenizer.decode(answer[0], skip_special_tokens=True) if self.tokenizer is not None else None
-        turn = Turn(new_tokens=answer[0], text=text, kept=int(kept), history_tokens=history.shape[1], ttft_s=ttft,
-                    total_s=total, peak_mib=peak, selection=selection, recomputed=recomputed, rebuilt=rebuilt)
+        turn = Turn(
+            new_tokens=answer[0],
+            text=text,
+            kept=int(kept),
+            history_tokens=history.shape[1],
+            ttft_s=ttft,
+            total_s=total,
+            peak_mib=peak,
+            selection=selection,
+            recomputed=recomputed,
+            rebuilt=rebuilt,
+        )
         if self.keep == "answers":
             self.history = torch.cat([history, answer], dim=1)
         elif self.keep == "questions":
@@ -269,8 +299,9 @@ class Conversation:
     @property
     def selector_tokens(self) -> int:
         """reselect, stable: how many history tokens the selector's layers 0..r cache holds (0 outside the block)."""
-        return self._cache.get_seq_length() if self.protocol in ("reselect", "stable") and self._cache is not None \
-            else 0
+        return (
+            self._cache.get_seq_length() if self.protocol in ("reselect", "stable") and self._cache is not None else 0
+        )
 
     def _encode(self, question) -> torch.Tensor:
         device = next(self.model.parameters()).device
@@ -279,30 +310,40 @@ class Conversation:
                 raise ValueError("a text question needs the tokenizer: Conversation(model, method, tokenizer)")
             # Special tokens (BOS) only at the start of the conversation, as in one long prompt.
             ids = self.tokenizer(question, return_tensors="pt", add_special_tokens=self.history is None)["input_ids"]
-        elif torch.is_tensor(question) or (isinstance(question, (list, tuple))
-                                           and all(isinstance(t, int) and not isinstance(t, bool) for t in question)):
+        elif torch.is_tensor(question) or (
+            isinstance(question, (list, tuple))
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in question)
+        ):
             ids = torch.as_tensor(question)
         else:
-            raise TypeError(f"a question is text, or token ids as a 1-D / (1, t) tensor or a list of ints; got "
-                            f"{type(question).__name__}")
+            raise TypeError(
+                f"a question is text, or token ids as a 1-D / (1, t) tensor or a list of ints; got "
+                f"{type(question).__name__}"
+            )
         ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
         if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0 or ids.dtype not in (torch.long, torch.int):
-            raise ValueError(f"a question is text or a non-empty 1-D / (1, t) tensor of token ids, got "
-                             f"{tuple(ids.shape)} {ids.dtype}: one conversation per Conversation")
+            raise ValueError(
+                f"a question is text or a non-empty 1-D / (1, t) tensor of token ids, got "
+                f"{tuple(ids.shape)} {ids.dtype}: one conversation per Conversation"
+            )
         vocab = int(self.model.config.get_text_config().vocab_size)
         bad = (ids < 0) | (ids >= vocab)
         if bool(bad.any()):
             where = int(bad[0].nonzero()[0])
-            raise ValueError(f"token ids must lie in [0, {vocab}) (the model's vocabulary); position {where} of the "
-                             f"question holds {int(ids[0, where])}")
+            raise ValueError(
+                f"token ids must lie in [0, {vocab}) (the model's vocabulary); position {where} of the "
+                f"question holds {int(ids[0, where])}"
+            )
         return ids.long().to(device)
 
     def _check_length(self, history) -> None:
         """Refuse a history longer than the model's positions (as ``gemfilter serve`` refuses such a prompt)."""
         limit = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
         if limit and history.shape[1] > limit:
-            raise ValueError(f"the conversation would hold {history.shape[1]} tokens with this question, more than "
-                             f"the model's max_position_embeddings ({limit})")
+            raise ValueError(
+                f"the conversation would hold {history.shape[1]} tokens with this question, more than "
+                f"the model's max_position_embeddings ({limit})"
+            )
 
     def _select(self, history, cache, tail) -> Selection:
         """The method's selection over ``history`` (1, L), running only the tokens ``cache`` has not seen (and
@@ -320,22 +361,29 @@ class Conversation:
         goes on from a fork; context: the whole turn runs on a fork; answers: on the history's cache itself.
         """
         if self.keep == "answers":
-            return _new(self.model.generate(history, streamer=clock, **cache_kwargs(self._cache), **kwargs), history), \
-                self._cache
+            return _new(
+                self.model.generate(history, streamer=clock, **cache_kwargs(self._cache), **kwargs), history
+            ), self._cache
         if self.keep == "context":
             fork = self._fork()
             return _new(self.model.generate(history, streamer=clock, **cache_kwargs(fork), **kwargs), history), fork
         limit = kwargs.pop("max_new_tokens", None)
-        first = _new(self.model.generate(history, streamer=clock, max_new_tokens=1, **cache_kwargs(self._cache),
-                                         **kwargs), history)
+        first = _new(
+            self.model.generate(history, streamer=clock, max_new_tokens=1, **cache_kwargs(self._cache), **kwargs),
+            history,
+        )
         eos = self.model.generation_config.eos_token_id
         stop = {eos} if isinstance(eos, int) else set(eos or ())
         if (limit is not None and limit <= 1) or int(first[0, -1]) in stop:
             return first, self._cache
         fork = self._fork()
         prompt = torch.cat([history, first], dim=1)
-        rest = _new(self.model.generate(prompt, **({} if limit is None else {"max_new_tokens": limit - 1}),
-                                        **cache_kwargs(fork), **kwargs), prompt)
+        rest = _new(
+            self.model.generate(
+                prompt, **({} if limit is None else {"max_new_tokens": limit - 1}), **cache_kwargs(fork), **kwargs
+            ),
+            prompt,
+        )
         return torch.cat([first, rest], dim=1), fork
 
     @staticmethod
@@ -348,7 +396,7 @@ class Conversation:
 def _new(out, prompt):
     """The new tokens (1, t) of a generate output (a tensor or a ModelOutput) after ``prompt`` (1, L)."""
     seq = out if torch.is_tensor(out) else out.sequences
-    return seq[:, prompt.shape[1]:]
+    return seq[:, prompt.shape[1] :]
 
 
 def _sync(memory):
@@ -363,16 +411,22 @@ def check_reselect(model, method) -> None:
     model: a model or its config (no weights needed: the benchmarks check before loading); method: a method object
     (its layer None: the model's default)."""
     if not isinstance(method, PromptMethod):
-        raise ValueError(f"protocol 'reselect' selects prompt tokens; {method.name} is not a prompt method. Use "
-                         "'reuse' for it (its compressed cache goes on), or gemfilter / gemfilter-span")
+        raise ValueError(
+            f"protocol 'reselect' selects prompt tokens; {method.name} is not a prompt method. Use "
+            "'reuse' for it (its compressed cache goes on), or gemfilter / gemfilter-span"
+        )
     if not method.selects_from_cache:
-        raise ValueError(f"protocol 'reselect' reuses the history's layers 0..r, which gives the same scores only "
-                         f"for methods that read the last query rows; {method.name} reads another row. Use 'reuse'")
+        raise ValueError(
+            f"protocol 'reselect' reuses the history's layers 0..r, which gives the same scores only "
+            f"for methods that read the last query rows; {method.name} reads another row. Use 'reuse'"
+        )
     layer = method.layer if method.layer is not None else default_layer(model)
     if sliding_window_of(model, layer) is not None and not method.scores_sliding_layers:
-        raise ValueError(f"protocol 'reselect': filter layer {layer} has a sliding window, so its cache keeps "
-                         "only the window's keys and could not select from the whole history; choose a "
-                         "full-attention layer")
+        raise ValueError(
+            f"protocol 'reselect': filter layer {layer} has a sliding window, so its cache keeps "
+            "only the window's keys and could not select from the whole history; choose a "
+            "full-attention layer"
+        )
 
 
 class _Checkpoint:
@@ -397,7 +451,9 @@ class _Checkpoint:
         self.layout = None if chat._layout is None else chat._layout.snapshot()
         self.handle = handle = chat._handle
         if handle is not None:
-            self.entries = {name: getattr(handle, name).get(cache) for name in ("_by_cache", "_consumed", "_prefilling")}
+            self.entries = {
+                name: getattr(handle, name).get(cache) for name in ("_by_cache", "_consumed", "_prefilling")
+            }
             self.objects = [(obj, _shallow(obj)) for obj in self.entries.values() if obj is not None]
             self.lengths = len(handle.calls), len(handle.budgets)
         return self
@@ -407,7 +463,7 @@ class _Checkpoint:
             return False
         chat, cache = self.chat, self.chat._cache
         chat.history = self.history
-        del chat.turns[self.turns:]
+        del chat.turns[self.turns :]
         cache.layers[:] = self.layers
         for layer, state in zip(self.layers, self.states):
             vars(layer).clear()
@@ -426,8 +482,8 @@ class _Checkpoint:
             for obj, state in self.objects:
                 vars(obj).clear()
                 vars(obj).update(state)
-            del handle.calls[self.lengths[0]:]
-            del handle.budgets[self.lengths[1]:]
+            del handle.calls[self.lengths[0] :]
+            del handle.budgets[self.lengths[1] :]
         return False
 
 

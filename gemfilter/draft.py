@@ -18,8 +18,10 @@ def drafted_begin(method, selector):
     its ``start`` on the target (the generate call's model). method: a resolved prompt filter (its ``layer``
     is the draft's)."""
     if not method.separable:
-        raise ValueError(f"a selector model works with the prompt filters (gemfilter, gemfilter-span, ...), not "
-                         f"{method.name}: a {method.kind} method changes the target's own prefill")
+        raise ValueError(
+            f"a selector model works with the prompt filters (gemfilter, gemfilter-span, ...), not "
+            f"{method.name}: a {method.kind} method changes the target's own prefill"
+        )
 
     def begin(model, input_ids, valid, tokenizer=None):
         device = next(model.parameters()).device

@@ -44,7 +44,8 @@ def give_back(model, consumed: dict, kwargs: dict):
         raise ValueError(
             f"apply(): the model passed no KV cache to this step (its RoPE switch at original_max_position_embeddings="
             f"{switch_length(model)}), and {len(live)} caches of this block consumed the same tokens, so the one to "
-            "continue is unknown: continue each fork in a block of its own")
+            "continue is unknown: continue each fork in a block of its own"
+        )
     cache = live[0] if live else None
     if cache is not None and whole and _recompute(model, consumed[cache], cache, ids.shape[1]):
         cache = None  # a cache that holds every token is rebuilt across the switch, as the model itself does
@@ -101,4 +102,5 @@ def check_switch(model, done, kwargs: dict, past: int, name: str) -> None:
         f"original_max_position_embeddings={limit}, where the model recomputes every cached key with its long "
         f"RoPE factors; {name} dropped tokens from its cache, so they cannot be recomputed. Keep a generation on "
         f"one side of it: prompt plus new tokens within {limit} positions (as the method numbers them), or a "
-        f"prompt longer than {limit}")
+        f"prompt longer than {limit}"
+    )

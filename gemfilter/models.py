@@ -32,8 +32,10 @@ def model_path(name) -> str:
     name = str(name)
     local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
     if local and not Path(name).expanduser().exists():
-        raise FileNotFoundError(f"no model folder at {name} ({Path(name).expanduser().absolute()}): give an existing "
-                                "local folder, or a Hugging Face id such as google/gemma-3-270m")
+        raise FileNotFoundError(
+            f"no model folder at {name} ({Path(name).expanduser().absolute()}): give an existing "
+            "local folder, or a Hugging Face id such as google/gemma-3-270m"
+        )
     return str(Path(name).expanduser()) if name.startswith("~") else name
 
 
@@ -70,8 +72,10 @@ def check_tokenizer(tok, where) -> None:
         return
     why = "it adds no <bos>" if got == want[1:] else f"it gives {len(got)} ids, not {len(want)}"
     hint = _convert_hint() if not compat.gguf_tokenizer_converts_right() else "delete the folder and load again"
-    raise EmbeddedTokenizerError(f"the embedded model's tokenizer in {where} is wrong: {text!r} should give "
-                                 f"{list(want)}, {why} ({list(got)[:12]}). {hint}")
+    raise EmbeddedTokenizerError(
+        f"the embedded model's tokenizer in {where} is wrong: {text!r} should give "
+        f"{list(want)}, {why} ({list(got)[:12]}). {hint}"
+    )
 
 
 def embedded_model_dir() -> Path:
@@ -102,7 +106,8 @@ def embedded_model_dir() -> Path:
     if not compat.gguf_tokenizer_converts_right():  # refused before tens of seconds of dequantizing
         raise EmbeddedTokenizerError(
             f"no usable copy of the embedded model in {target}, and this transformers cannot make one: "
-            f"{_convert_hint()}")
+            f"{_convert_hint()}"
+        )
     _convert(target)
     return target
 
@@ -113,9 +118,11 @@ def _convert_hint() -> str:
     from . import compat
 
     first = ".".join(map(str, compat.GGUF_GEMMA3_TOKENIZER))
-    return (f"transformers {transformers.__version__} converts its GGUF tokenizer wrongly (character pieces in "
-            f"5.17, no <bos> in 5.18-5.22); pip install 'transformers>={first}' once: the copy it writes then loads "
-            "right with any supported release")
+    return (
+        f"transformers {transformers.__version__} converts its GGUF tokenizer wrongly (character pieces in "
+        f"5.17, no <bos> in 5.18-5.22); pip install 'transformers>={first}' once: the copy it writes then loads "
+        "right with any supported release"
+    )
 
 
 def _convert(target: Path) -> None:
@@ -146,9 +153,11 @@ def _convert(target: Path) -> None:
 
 #: Attention kernels a command line offers: ours first, then the stock ones transformers ships.
 ATTN_CHOICES = ("banded", "sdpa", "eager", "flash_attention_2", "flex_attention")
-ATTN_HELP = ("attention kernel: 'banded' (exact block-banded sliding-window attention, full layers on SDPA; "
-             "the embedded model's default) or a stock one: sdpa, eager, flash_attention_2, flex_attention "
-             "(default: banded for the embedded model, transformers' choice for others)")
+ATTN_HELP = (
+    "attention kernel: 'banded' (exact block-banded sliding-window attention, full layers on SDPA; "
+    "the embedded model's default) or a stock one: sdpa, eager, flash_attention_2, flex_attention "
+    "(default: banded for the embedded model, transformers' choice for others)"
+)
 
 
 def _check_attn(attn: str, config) -> str:
@@ -197,16 +206,25 @@ def drop_unreachable_window(config) -> str | None:
 
 
 #: from_pretrained keywords that say where files come from (the config's loader consumes them too).
-HUB_KEYS = ("revision", "trust_remote_code", "token", "cache_dir", "force_download", "proxies", "local_files_only",
-            "subfolder")
+HUB_KEYS = (
+    "revision",
+    "trust_remote_code",
+    "token",
+    "cache_dir",
+    "force_download",
+    "proxies",
+    "local_files_only",
+    "subfolder",
+)
 
 
 def _hub_kw(kw, keys=("revision", "trust_remote_code")) -> dict:
     return {k: v for k, v in kw.items() if k in keys}
 
 
-def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: str | None = None,
-               attn_implementation=None, **kw):
+def load_model(
+    name: str | None = None, *, dtype=None, device_map=None, attn: str | None = None, attn_implementation=None, **kw
+):
     """Load a causal LM and its tokenizer.
 
     Parameters
@@ -259,8 +277,9 @@ def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: st
         ) from err
     if change:
         model.config.gemfilter_changes = [change]
-        warnings.warn(f"{name}: {change}; attention is unchanged and the cache methods can evict its layers",
-                      stacklevel=2)
+        warnings.warn(
+            f"{name}: {change}; attention is unchanged and the cache methods can evict its layers", stacklevel=2
+        )
     if attn is not None:
         set_attention(model, attn)
     if tok.pad_token_id is None:
@@ -273,8 +292,12 @@ def load_model(name: str | None = None, *, dtype=None, device_map=None, attn: st
 def add_attn_argument(parser, multiple: bool = False) -> None:
     """The ``--attn`` option every model-loading command shares (``multiple``: a comma-separated list)."""
     if multiple:
-        parser.add_argument("--attn", default=None, metavar="KERNELS",
-                            help="comma-separated kernels to compare in one run, e.g. sdpa,banded; " + ATTN_HELP)
+        parser.add_argument(
+            "--attn",
+            default=None,
+            metavar="KERNELS",
+            help="comma-separated kernels to compare in one run, e.g. sdpa,banded; " + ATTN_HELP,
+        )
     else:
         parser.add_argument("--attn", default=None, choices=ATTN_CHOICES, help=ATTN_HELP)
 

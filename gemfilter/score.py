@@ -73,14 +73,23 @@ def continuation_logits(model, context, fed, method, tokenizer=None):
             return logits, len(kept), sel.indices[0]
         with apply(model, method, tokenizer=tokenizer) as handle:
             cache = dynamic_cache(model.config)
-            out = model(input_ids=context[None], attention_mask=torch.ones(1, n, dtype=torch.long, device=device),
-                        position_ids=torch.arange(n, device=device)[None], use_cache=True, logits_to_keep=1,
-                        **cache_kwargs(cache))
+            out = model(
+                input_ids=context[None],
+                attention_mask=torch.ones(1, n, dtype=torch.long, device=device),
+                position_ids=torch.arange(n, device=device)[None],
+                use_cache=True,
+                logits_to_keep=1,
+                **cache_kwargs(cache),
+            )
             parts = [out.logits[0, -1:]]
             if len(fed):
-                out = model(input_ids=fed[None], attention_mask=torch.ones(1, n + c - 1, dtype=torch.long, device=device),
-                            position_ids=torch.arange(n, n + c - 1, device=device)[None], use_cache=True,
-                            **cache_kwargs(cache))
+                out = model(
+                    input_ids=fed[None],
+                    attention_mask=torch.ones(1, n + c - 1, dtype=torch.long, device=device),
+                    position_ids=torch.arange(n, n + c - 1, device=device)[None],
+                    use_cache=True,
+                    **cache_kwargs(cache),
+                )
                 parts.append(out.logits[0])
         call = handle.calls[-1]
         sel = call.selection
@@ -105,5 +114,9 @@ def score(model, context_ids, continuation_ids, method=None, tokenizer=None) -> 
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     target = continuation.to(logprobs.device)
     picked = logprobs.gather(1, target[:, None])[:, 0]
-    return Scored(logprobs=picked.cpu(), greedy=bool((logits.argmax(-1) == target).all()), kept=kept,
-                  indices=indices.cpu() if indices is not None else None)
+    return Scored(
+        logprobs=picked.cpu(),
+        greedy=bool((logits.argmax(-1) == target).all()),
+        kept=kept,
+        indices=indices.cpu() if indices is not None else None,
+    )

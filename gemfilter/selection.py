@@ -97,7 +97,9 @@ def as_batch(input_ids, attention_mask=None):
     must come with the attention_mask that says which tokens are padding.
     """
     if isinstance(input_ids, (list, tuple)):
-        rows = [list(r) for r in input_ids] if input_ids and isinstance(input_ids[0], (list, tuple)) else [list(input_ids)]
+        rows = (
+            [list(r) for r in input_ids] if input_ids and isinstance(input_ids[0], (list, tuple)) else [list(input_ids)]
+        )
         lengths = sorted({len(r) for r in rows})
         if len(lengths) > 1 and attention_mask is None:
             raise ValueError(
@@ -117,7 +119,9 @@ def as_batch(input_ids, attention_mask=None):
 def check_prompt(input_ids, attention_mask) -> None:
     """Validate a (b, n) prompt batch; raise ValueError/TypeError saying what is wrong and what is allowed."""
     if not torch.is_tensor(input_ids) or input_ids.dtype not in (torch.long, torch.int, torch.int32):
-        raise TypeError(f"input_ids must be an integer torch.Tensor of shape (batch, seq), got {type(input_ids).__name__}")
+        raise TypeError(
+            f"input_ids must be an integer torch.Tensor of shape (batch, seq), got {type(input_ids).__name__}"
+        )
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must have shape (batch, seq); got shape {tuple(input_ids.shape)}")
     if input_ids.shape[1] == 0:
@@ -125,13 +129,17 @@ def check_prompt(input_ids, attention_mask) -> None:
     if attention_mask is not None:
         if tuple(attention_mask.shape) != tuple(input_ids.shape):
             raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}"
+                f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape "
+                f"{tuple(input_ids.shape)}"
             )
         valid = attention_mask.bool()
         if (valid.sum(1) == 0).any():
             raise ValueError("the prompt is empty: a batch row has no real tokens in attention_mask")
         if not valid[:, -1].all():
-            raise ValueError("padding must be on the left (tokenizer.padding_side = 'left'): the last token of every row must be real")
+            raise ValueError(
+                "padding must be on the left (tokenizer.padding_side = 'left'): the last token of every row must be "
+                "real"
+            )
 
 
 def check_causal_decoder(model, need_generate: bool = False) -> None:
@@ -139,17 +147,23 @@ def check_causal_decoder(model, need_generate: bool = False) -> None:
     if ``need_generate``. An encoder such as BERT sees the whole prompt from every token, so "the last
     query row" means nothing there and GemFilter's selection would be silently meaningless."""
     if getattr(model, "config", None) is None:
-        raise TypeError(f"{type(model).__name__} has no .config: pass a transformers causal LM, not a bare torch module")
+        raise TypeError(
+            f"{type(model).__name__} has no .config: pass a transformers causal LM, not a bare torch module"
+        )
     bidirectional = [type(mod).__name__ for mod in model.modules() if getattr(mod, "is_causal", None) is False]
     if getattr(text_config(model), "is_causal", True) is False:  # transformers then builds bidirectional masks
         bidirectional.insert(0, "config (is_causal=False)")
     if bidirectional or getattr(model.config, "is_encoder_decoder", False):
         why = f"its {bidirectional[0]} attends both ways" if bidirectional else "it is an encoder-decoder"
-        raise TypeError(f"{type(model).__name__} is not a causal decoder ({why}); GemFilter needs a decoder-only "
-                        "causal LM such as Llama, Mistral, Qwen2, Phi3 or Gemma3")
+        raise TypeError(
+            f"{type(model).__name__} is not a causal decoder ({why}); GemFilter needs a decoder-only "
+            "causal LM such as Llama, Mistral, Qwen2, Phi3 or Gemma3"
+        )
     if need_generate and not callable(getattr(model, "generate", None)):
-        raise TypeError(f"{type(model).__name__} has no generate(): load the model with AutoModelForCausalLM "
-                        "(a causal LM head), not AutoModel")
+        raise TypeError(
+            f"{type(model).__name__} has no generate(): load the model with AutoModelForCausalLM "
+            "(a causal LM head), not AutoModel"
+        )
 
 
 def check_params(model, layer, topk, kernel=5) -> int:
@@ -208,8 +222,10 @@ def check_mask_kernel(model, who: str) -> None:
     """Refuse a flash-attention kernel for a method that hands the kernel its own position masks (``who``:
     the method, as the message names it); flash kernels take no explicit masks."""
     if "flash" in str(model.config._attn_implementation):
-        raise ValueError(f"{who} needs position-based masks, which flash attention kernels do not take; load the "
-                         "model with attn='sdpa', 'eager' or 'banded'")
+        raise ValueError(
+            f"{who} needs position-based masks, which flash attention kernels do not take; load the "
+            "model with attn='sdpa', 'eager' or 'banded'"
+        )
 
 
 def position_mask(q_pos, k_pos, window, dtype, key_valid=None):
@@ -245,8 +261,9 @@ def filter_pass(model, input_ids, mask, layer, score_fn, cache=None, observe=Non
     observe: optional ``(layer_idx, query, key) -> None``, called in each layer before ``layer``.
     """
     if cache is None:
-        extra = dict(attention_mask=None if bool(mask.all()) else mask, position_ids=positions_from_mask(mask),
-                     use_cache=False)
+        extra = dict(
+            attention_mask=None if bool(mask.all()) else mask, position_ids=positions_from_mask(mask), use_cache=False
+        )
     else:
         start = cache.get_seq_length()
         positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
@@ -286,7 +303,7 @@ class QueryTail:
         """``query`` (b, h, t, d), the new tokens' rows at ``layer``, after the kept ones: (b, h, t', d)."""
         kept = self.by_layer.get(layer)
         full = query if kept is None else torch.cat([kept, query], dim=2)
-        self.by_layer[layer] = full[:, :, -self.rows:]
+        self.by_layer[layer] = full[:, :, -self.rows :]
         return full
 
     def copy(self) -> "QueryTail":
@@ -309,8 +326,10 @@ def select_cached(model, method, input_ids, cache, tokenizer=None, tail: QueryTa
     if new.shape[1] == 0:
         raise ValueError(f"select_cached: the cache already holds all {seen} tokens; at least one must be new")
     if method.query_rows > 1 and tail is None:
-        raise ValueError(f"select_cached: {method.name} reads the last {method.query_rows} query rows; give the "
-                         "QueryTail of the tokens the cache holds")
+        raise ValueError(
+            f"select_cached: {method.name} reads the last {method.query_rows} query rows; give the "
+            "QueryTail of the tokens the cache holds"
+        )
     valid = torch.ones_like(input_ids, dtype=torch.bool)
     raw = method.cached_scores(model, new, cache, valid, tail)
     raw, rows = raw if isinstance(raw, tuple) else (raw, None)
@@ -337,24 +356,38 @@ def select_chunked(model, method, input_ids, attention_mask, chunk: int, tokeniz
     check_causal_decoder(model)
     check_params(model, method.layer, method.topk, method.kernel)
     if sliding_window_of(model, method.layer) is not None:
-        raise ValueError(f"{method.name}: chunk={chunk}: filter layer {method.layer} has a sliding window, so its cache "
-                         "keeps only the window's keys and the last chunk could not score the whole prompt; choose a "
-                         "full-attention layer, or leave chunk unset")
+        raise ValueError(
+            f"{method.name}: chunk={chunk}: filter layer {method.layer} has a sliding window, so its cache "
+            "keeps only the window's keys and the last chunk could not score the whole prompt; choose a "
+            "full-attention layer, or leave chunk unset"
+        )
     if attention_mask is not None and not bool(attention_mask.bool().all()):
-        raise ValueError(f"{method.name}: chunk={chunk} runs unpadded prompts only (each chunk's positions follow the "
-                         "last): give the rows one at a time, or leave chunk unset")
+        raise ValueError(
+            f"{method.name}: chunk={chunk} runs unpadded prompts only (each chunk's positions follow the "
+            "last): give the rows one at a time, or leave chunk unset"
+        )
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     cache = dynamic_cache(model.config)
     last = input_ids.shape[1] - (input_ids.shape[1] - 1) % chunk - 1  # the final chunk: at least one token
     for start in range(0, last, chunk):
-        piece = input_ids[:, start:min(start + chunk, last)]
+        piece = input_ids[:, start : min(start + chunk, last)]
         filter_pass(model, piece, torch.ones_like(piece), method.layer, lambda q, k: None, cache=cache)
     return select_cached(model, method, input_ids, cache, tokenizer)
 
 
-def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: int, kernel: int = 5, method=None,
-                  tokenizer=None, selector=None):
+def select_tokens(
+    model,
+    input_ids,
+    attention_mask=None,
+    *,
+    layer: int,
+    topk: int,
+    kernel: int = 5,
+    method=None,
+    tokenizer=None,
+    selector=None,
+):
     """GemFilter selection (Algorithm 2, steps 1-4).
 
     Parameters
@@ -379,8 +412,16 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
     """
     if selector is not None:
         check_selector(selector, model)
-        sel = select_tokens(selector, input_ids, attention_mask, layer=layer, topk=topk, kernel=kernel,
-                            method=method, tokenizer=tokenizer)
+        sel = select_tokens(
+            selector,
+            input_ids,
+            attention_mask,
+            layer=layer,
+            topk=topk,
+            kernel=kernel,
+            method=method,
+            tokenizer=tokenizer,
+        )
         return to_device(sel, next(model.parameters()).device)
     input_ids, attention_mask = as_batch(input_ids, attention_mask)
     check_prompt(input_ids, attention_mask)
@@ -398,8 +439,13 @@ def select_tokens(model, input_ids, attention_mask=None, *, layer: int, topk: in
         raw, rows = raw if isinstance(raw, tuple) else (raw, None)
         indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
         if rows is not None:
-            return Selection(indices=indices, scores=scores, layer=max(rows), layers=list(rows),
-                             kept_ids=[row[idx] for row, idx in zip(input_ids, indices)])
+            return Selection(
+                indices=indices,
+                scores=scores,
+                layer=max(rows),
+                layers=list(rows),
+                kept_ids=[row[idx] for row, idx in zip(input_ids, indices)],
+            )
     else:
         raw = filter_pass(model, input_ids, mask, layer, lambda q, k: method.score(q, k, valid))
         indices, scores = method.pick(raw.float(), valid, input_ids, tokenizer)
@@ -422,10 +468,15 @@ def check_selector(selector, model) -> None:
         raise ValueError(
             f"selector vocabulary ({vocab_size(selector)} tokens) differs from the model's ({vocab_size(model)}): "
             "the kept token ids go to the model unchanged, so the selector must use the model's tokenizer "
-            "(e.g. Llama 3.2 1B selecting for Llama 3.1 8B)")
+            "(e.g. Llama 3.2 1B selecting for Llama 3.1 8B)"
+        )
 
 
 def to_device(selection: Selection, device) -> Selection:
     """``selection`` with its tensors on ``device`` (the target's, when the draft sits elsewhere)."""
-    return dataclasses.replace(selection, indices=[i.to(device) for i in selection.indices],
-                               scores=selection.scores.to(device), kept_ids=[k.to(device) for k in selection.kept_ids])
+    return dataclasses.replace(
+        selection,
+        indices=[i.to(device) for i in selection.indices],
+        scores=selection.scores.to(device),
+        kept_ids=[k.to(device) for k in selection.kept_ids],
+    )

@@ -47,7 +47,12 @@ class Layout:
     def copy(self) -> "Layout":
         twin = Layout.__new__(Layout)
         twin.model, twin.cache = self.model, copy.deepcopy(self.cache)
-        twin.ids, twin.valid, twin.pos, twin.writes = list(self.ids), list(self.valid), list(self.pos), list(self.writes)
+        twin.ids, twin.valid, twin.pos, twin.writes = (
+            list(self.ids),
+            list(self.valid),
+            list(self.pos),
+            list(self.writes),
+        )
         return twin
 
     @property
@@ -56,8 +61,15 @@ class Layout:
 
     def snapshot(self) -> tuple:
         """What :meth:`restore` needs to undo a turn, held by reference (cache layers rebind their tensors)."""
-        return (self.cache, list(self.cache.layers), [dict(vars(layer)) for layer in self.cache.layers],
-                list(self.ids), list(self.valid), list(self.pos), list(self.writes))
+        return (
+            self.cache,
+            list(self.cache.layers),
+            [dict(vars(layer)) for layer in self.cache.layers],
+            list(self.ids),
+            list(self.valid),
+            list(self.pos),
+            list(self.writes),
+        )
 
     def restore(self, snap: tuple) -> None:
         self.cache, layers, states, self.ids, self.valid, self.pos, self.writes = snap
@@ -97,8 +109,14 @@ class Layout:
         device = tokens.device
         mask = None if all(self.valid) else torch.tensor([self.valid], dtype=torch.long, device=device)
         with torch.no_grad():
-            out = self.model(input_ids=tokens, position_ids=torch.tensor([positions], device=device), use_cache=True,
-                             attention_mask=mask, logits_to_keep=1, **cache_kwargs(self.cache))
+            out = self.model(
+                input_ids=tokens,
+                position_ids=torch.tensor([positions], device=device),
+                use_cache=True,
+                attention_mask=mask,
+                logits_to_keep=1,
+                **cache_kwargs(self.cache),
+            )
         return out.logits[:, -1, :].float()
 
     def decode(self, first_logits, settings: dict, history_len: int, streamer=None) -> torch.Tensor:

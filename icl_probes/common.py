@@ -52,4 +52,3 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-

@@ -77,8 +77,9 @@ def read_text(path, what: str = "file") -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise BadFile(path, f"this {what} is not UTF-8 text (byte {err.start})",
-                      "Save it as UTF-8 and run again") from None
+        raise BadFile(
+            path, f"this {what} is not UTF-8 text (byte {err.start})", "Save it as UTF-8 and run again"
+        ) from None
 
 
 def read_json(path, what: str = "results file") -> dict:
@@ -144,13 +145,19 @@ def read_jsonl(path, required=()) -> list:
             problem = "the line is not JSON; a write cut short by a kill?"
         else:
             lacking = [key for key in required if key not in row] if isinstance(row, dict) else []
-            problem = ("a row must be a JSON object" if not isinstance(row, dict)
-                       else f"the row lacks {', '.join(lacking)}" if lacking else None)
+            problem = (
+                "a row must be a JSON object"
+                if not isinstance(row, dict)
+                else f"the row lacks {', '.join(lacking)}"
+                if lacking
+                else None
+            )
         if problem is None:
             rows.append(row)
         else:
-            warnings.warn(f"{path}:{number}: skipping an incomplete row: {problem}; it will be recomputed",
-                          stacklevel=2)
+            warnings.warn(
+                f"{path}:{number}: skipping an incomplete row: {problem}; it will be recomputed", stacklevel=2
+            )
     return rows
 
 
@@ -177,12 +184,15 @@ def check_out_dir(path, flag: str = "--out", files=()) -> Path:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as err:
-        raise ValueError(f"{flag} {path} cannot be written ({err.strerror or err}); "
-                         "name a folder you can write to") from None
+        raise ValueError(
+            f"{flag} {path} cannot be written ({err.strerror or err}); name a folder you can write to"
+        ) from None
     taken = [name for name in files if (path / name).is_dir()]
     if taken:
-        raise ValueError(f"{flag} {path}: {path / taken[0]} is a folder, but the command writes a file there; "
-                         f"remove or rename it, or use another {flag}")
+        raise ValueError(
+            f"{flag} {path}: {path / taken[0]} is a folder, but the command writes a file there; "
+            f"remove or rename it, or use another {flag}"
+        )
     return path
 
 

@@ -5,13 +5,22 @@ import warnings
 
 import pytest
 import torch
-
 from tiny_models import BUILDERS
 
 #: The devices a device-aware test runs on: "cpu" everywhere; "cuda" marked ``cuda`` (``pytest -m cuda`` picks
 #: them, as scripts/gpu_check.sh does) and skipped where torch sees no GPU.
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu_check.sh runs these on a GPU)")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu_check.sh runs these on a GPU)"
+            ),
+        ],
+    ),
+]
 
 
 @pytest.fixture(params=DEVICES)
@@ -33,7 +42,9 @@ def tiny_model_dir(tmp_path_factory):
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 96)}}
     raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", bos_token="<s>", unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token="</s>", bos_token="<s>", unk_token="<unk>", pad_token="<pad>"
+    ).save_pretrained(path)
     return path
 
 

@@ -49,9 +49,13 @@ class FaultyEngine(StubEngine):
 
             def _answer(self, body, fault):
                 n = int(body.get("max_tokens", 16))
-                good = {"id": "cmpl-1", "object": "text_completion", "model": body.get("model"),
-                        "choices": [{"index": 0, "text": "x" * n, "finish_reason": "length"}],
-                        "usage": {"prompt_tokens": len(body.get("prompt", [])), "completion_tokens": n}}
+                good = {
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "text": "x" * n, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": len(body.get("prompt", [])), "completion_tokens": n},
+                }
                 if fault == "html":
                     return self._raw(200, "text/html", b"<html><body>gateway</body></html>")
                 if fault == "500":
@@ -69,17 +73,24 @@ class FaultyEngine(StubEngine):
                 if fault in ("html", "empty", "no-choices", "cut-body", "500"):
                     return self._answer(body, fault)
                 n = int(body.get("max_tokens", 16))
-                events = [{"id": "cmpl-1", "object": "text_completion", "model": body.get("model"),
-                           "choices": [{"index": 0, "text": "x", "finish_reason": "length" if i == n - 1 else None}]}
-                          for i in range(n)]
+                events = [
+                    {
+                        "id": "cmpl-1",
+                        "object": "text_completion",
+                        "model": body.get("model"),
+                        "choices": [{"index": 0, "text": "x", "finish_reason": "length" if i == n - 1 else None}],
+                    }
+                    for i in range(n)
+                ]
                 if (body.get("stream_options") or {}).get("include_usage"):
                     events.append({"id": "cmpl-1", "choices": [], "usage": {"completion_tokens": n}})
                 if fault == "cut-stream":
                     events = events[:2]
                 if fault == "error-event":
                     events[1] = {"error": {"message": "engine died", "code": 500}}
-                raw = b"".join(self._event(e) for e in events) + (b"" if fault in ("cut-stream", "no-done")
-                                                                   else self._event("[DONE]"))
+                raw = b"".join(self._event(e) for e in events) + (
+                    b"" if fault in ("cut-stream", "no-done") else self._event("[DONE]")
+                )
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 if fault == "stall":

@@ -4,7 +4,9 @@ small haystack, a haystack folder, and a tiny random Llama saved next to that to
 from pathlib import Path
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3: the tiny models' pad/bos/eos ids are 0/1/2
-NEEDLE_WORDS = "The best thing to do in San Francisco is eat a sandwich and sit Dolores Park on sunny day . What ?".split()
+NEEDLE_WORDS = (
+    "The best thing to do in San Francisco is eat a sandwich and sit Dolores Park on sunny day . What ?".split()
+)
 PROMPT_WORDS = "This very long story book : Based the content of Question Answer".split()
 HAY_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
 # Two small essays (sorted by name they give this order); sentences of 2 to 5 words.
@@ -28,8 +30,9 @@ def word_tokenizer(chat_template=None):
 
     raw = Tokenizer(models.WordLevel(vocab=vocab(), unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                  unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     if chat_template:
         tok.chat_template = chat_template
     return tok

@@ -11,7 +11,7 @@ import torch
 
 
 def _rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -36,7 +36,7 @@ def qk_at_layer(model, input_ids, layer, attention_mask=None):
         h, h_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         if hasattr(attn, "qkv_proj"):
             qkv = attn.qkv_proj(x)
-            q, k = qkv[..., : h * d], qkv[..., h * d: (h + h_kv) * d]
+            q, k = qkv[..., : h * d], qkv[..., h * d : (h + h_kv) * d]
         else:
             q, k = attn.q_proj(x), attn.k_proj(x)
         b, n, _ = x.shape

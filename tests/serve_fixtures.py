@@ -15,7 +15,6 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from tiny_models import BUILDERS, FILTER_LAYER
 
 LAYER = FILTER_LAYER["llama"]
@@ -40,8 +39,16 @@ class CharTokenizer:
             def fail(message):
                 raise ValueError(message)
 
-            return jinja2.Environment().from_string(chat_template).render(
-                messages=messages, bos_token="<bos>", add_generation_prompt=add_generation_prompt, raise_exception=fail)
+            return (
+                jinja2.Environment()
+                .from_string(chat_template)
+                .render(
+                    messages=messages,
+                    bos_token="<bos>",
+                    add_generation_prompt=add_generation_prompt,
+                    raise_exception=fail,
+                )
+            )
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
     def decode(self, ids, skip_special_tokens=False):
@@ -159,21 +166,36 @@ class StubEngine:
                     return self.wfile.write(raw)
                 chat = self.path.endswith("chat/completions")
                 prompt = body.get("prompt")
-                choice = ({"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-                          if chat else {"index": 0, "text": "ok", "finish_reason": "stop", "prompt_token_ids": prompt})
+                choice = (
+                    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+                    if chat
+                    else {"index": 0, "text": "ok", "finish_reason": "stop", "prompt_token_ids": prompt}
+                )
                 if not body.get("stream"):
-                    return self._json(200, {"id": "cmpl-1", "object": "chat.completion" if chat else "text_completion",
-                                            "created": 1, "model": body.get("model"), "choices": [choice],
-                                            "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+                    return self._json(
+                        200,
+                        {
+                            "id": "cmpl-1",
+                            "object": "chat.completion" if chat else "text_completion",
+                            "created": 1,
+                            "model": body.get("model"),
+                            "choices": [choice],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+                        },
+                    )
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
                 for piece in ("o", "k"):
                     for index in range(int(body.get("n") or 1)):  # one chunk per choice, as vLLM streams n > 1
-                        chunk = {"id": "cmpl-1", "object": "text_completion", "created": 1,
-                                 "model": body.get("model"),
-                                 "choices": [{"index": index, "text": piece, "finish_reason": None}]}
+                        chunk = {
+                            "id": "cmpl-1",
+                            "object": "text_completion",
+                            "created": 1,
+                            "model": body.get("model"),
+                            "choices": [{"index": index, "text": piece, "finish_reason": None}],
+                        }
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
                     if stub.mode in ("broken-stream", "stall") and not self._wait(stub.delay):
@@ -223,9 +245,12 @@ def make_proxy(model, stub):
     servers = []
 
     def make(timeout=0.5, selector=None, **options):
-        server = ProxyServer(("127.0.0.1", 0), selector or Selector(model, CharTokenizer(), LAYER),
-                             Upstream(stub.url, timeout=timeout), **{"method": "gemfilter", "topk": 16, "quiet": True,
-                                                                      **options})
+        server = ProxyServer(
+            ("127.0.0.1", 0),
+            selector or Selector(model, CharTokenizer(), LAYER),
+            Upstream(stub.url, timeout=timeout),
+            **{"method": "gemfilter", "topk": 16, "quiet": True, **options},
+        )
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}"

@@ -13,26 +13,63 @@ import pytest
 import torch
 
 import gemfilter
-from gemfilter.methods import get_method
 from gemfilter.lab.bench import archs
 from gemfilter.lab.bench.core import device_name, forced_kwargs, warmup_tokens
 from gemfilter.measure import PeakMemory
+from gemfilter.methods import get_method
 
 # Written from the published config.json files (see gemfilter/configs/SOURCES.md), not read from them.
 PUBLISHED = {
-    "llama-3.1-8b": dict(model_type="llama", num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
-                         max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=False,
-                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
-    "mistral-nemo-12b": dict(model_type="mistral", num_hidden_layers=40, hidden_size=5120, num_attention_heads=32,
-                             num_key_value_heads=8, head_dim=128, intermediate_size=14336, vocab_size=131072,
-                             max_position_embeddings=1024000, rope_theta=1000000.0, tie_word_embeddings=False,
-                             rope_scaling=None, sliding_window=None),
-    "phi-3.5-mini": dict(model_type="phi3", num_hidden_layers=32, hidden_size=3072, num_attention_heads=32,
-                         num_key_value_heads=32, head_dim=96, intermediate_size=8192, vocab_size=32064,
-                         max_position_embeddings=131072, original_max_position_embeddings=4096, rope_theta=10000.0,
-                         tie_word_embeddings=False, sliding_window=262144),
+    "llama-3.1-8b": dict(
+        model_type="llama",
+        num_hidden_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "mistral-nemo-12b": dict(
+        model_type="mistral",
+        num_hidden_layers=40,
+        hidden_size=5120,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=131072,
+        max_position_embeddings=1024000,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        rope_scaling=None,
+        sliding_window=None,
+    ),
+    "phi-3.5-mini": dict(
+        model_type="phi3",
+        num_hidden_layers=32,
+        hidden_size=3072,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        head_dim=96,
+        intermediate_size=8192,
+        vocab_size=32064,
+        max_position_embeddings=131072,
+        original_max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        sliding_window=262144,
+    ),
 }
 # Phi 3.5's longrope factors at a few positions, from the published config.json.
 PHI_LONG = {0: 1.0800000429153442, 7: 2.620000123977661, 23: 44.96000289916992, 47: 64.83999633789062}
@@ -199,8 +236,9 @@ def test_measure_warms_up_before_the_timed_run(monkeypatch, device):
         return real(model, inputs, **kw)
 
     monkeypatch.setattr(gemfilter, "generate", spy)
-    row = bench.measure("config:llama-3.1-8b", "gemfilter", 400, 3, 64, 1, layers=2, dtype="fp32", device=str(device),
-                        test_shrink=True)
+    row = bench.measure(
+        "config:llama-3.1-8b", "gemfilter", 400, 3, 64, 1, layers=2, dtype="fp32", device=str(device), test_shrink=True
+    )
     w = warmup_tokens(device, 400, 64)  # 300 on CPU; k + 256 = 320 on CUDA
     assert calls == [(w, False, 2), (400, True, 3)]  # untimed warm-up first, then the timed, streamed run
     assert row["new_tokens"] == 3 and row["warmup_tokens"] == w and row["weights"] == "random"

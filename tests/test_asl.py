@@ -4,12 +4,12 @@ relative rank variance over the last L_obs layers, the first layer after L_min b
 
 import pytest
 import torch
+from reference import qk_at_layer
+from tiny_models import _build
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import gemfilter
 from gemfilter.methods import get_method, parse_method
-from reference import qk_at_layer
-from tiny_models import _build
 
 N, W, KERNEL, L_OBS, L_MIN, TOPK = 40, 4, 3, 3, 3, 16
 
@@ -30,8 +30,9 @@ def hand_ranks(model, ids, layer):
     votes = [0.0] * p
     for hh in range(q.shape[1]):
         for row in range(n - W, n):
-            logits = torch.tensor([float(q[0, hh, row] @ k[0, hh, j]) / d ** 0.5 for j in range(row + 1)],
-                                  dtype=torch.float64)
+            logits = torch.tensor(
+                [float(q[0, hh, row] @ k[0, hh, j]) / d**0.5 for j in range(row + 1)], dtype=torch.float64
+            )
             probs = logits.softmax(0)
             for j in range(p):
                 votes[j] += float(probs[j])
@@ -68,8 +69,9 @@ def hand_asl(model, ids, threshold):
 
 
 def method(threshold):
-    return get_method("gemfilter-asl", layer=L_MIN, topk=TOPK, window=W, kernel=KERNEL, layers=L_OBS,
-                      threshold=threshold)
+    return get_method(
+        "gemfilter-asl", layer=L_MIN, topk=TOPK, window=W, kernel=KERNEL, layers=L_OBS, threshold=threshold
+    )
 
 
 @pytest.mark.parametrize("threshold", [1e-9, 0.9, 0.95, 50.0])
@@ -93,8 +95,9 @@ def test_the_target_generates_from_the_kept_tokens_and_k_ge_n_is_plain_generate(
     kept = ids[0, out.selection.indices[0]]
     plain = model.generate(kept[None], max_new_tokens=5, do_sample=False)
     assert out.new_tokens[0].tolist() == plain[0, TOPK:].tolist()
-    full = gemfilter.generate(model, ids, method=get_method("gemfilter-asl", layer=L_MIN, topk=N, window=W),
-                              max_new_tokens=5)
+    full = gemfilter.generate(
+        model, ids, method=get_method("gemfilter-asl", layer=L_MIN, topk=N, window=W), max_new_tokens=5
+    )
     assert torch.equal(full.sequences, model.generate(ids, max_new_tokens=5, do_sample=False))
 
 
@@ -115,7 +118,7 @@ def test_left_padded_rows_choose_their_own_layers():
     model = deep()
     short, long = prompt(n=32, seed=5)[0], prompt(seed=6)[0]
     ids, mask = torch.zeros((2, N), dtype=torch.long), torch.zeros((2, N), dtype=torch.long)
-    ids[0, N - 32:], mask[0, N - 32:] = short, 1
+    ids[0, N - 32 :], mask[0, N - 32 :] = short, 1
     ids[1], mask[1] = long, 1
     both = gemfilter.select_tokens(model, ids, mask, layer=L_MIN, topk=TOPK, method=method(0.9))
     for i, row in enumerate((short, long)):
@@ -125,8 +128,9 @@ def test_left_padded_rows_choose_their_own_layers():
 
 
 def test_spec_and_refusals():
-    assert parse_method("gemfilter-asl:k=2048,layer=10,threshold=0.3,layers=8,window=32") == \
-        get_method("gemfilter-asl", topk=2048, layer=10)
+    assert parse_method("gemfilter-asl:k=2048,layer=10,threshold=0.3,layers=8,window=32") == get_method(
+        "gemfilter-asl", topk=2048, layer=10
+    )
     with pytest.raises(ValueError, match="topk=32 must exceed window=32"):
         parse_method("gemfilter-asl:k=32")
     with pytest.raises(ValueError, match="threshold=0.0 must be > 0"):

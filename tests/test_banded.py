@@ -7,14 +7,14 @@ decode steps; every registered method runs on both kernels and must produce the 
 
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer, on
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 import gemfilter
-from gemfilter.compat import cache_kwargs
 from gemfilter.banded import BandedMask, banded_mask
+from gemfilter.compat import cache_kwargs
 from gemfilter.lab.inspection.core import trace
 from gemfilter.methods import REGISTRY, get_method
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer, on
 
 FAMILIES = ["mistral-sliding", "gemma3"]
 WINDOW = {"mistral-sliding": 16, "gemma3": 8}
@@ -85,9 +85,16 @@ def test_decode_steps_of_several_tokens_against_a_cache(models, family):
 def _generate(model, kernel, name, ids, mask, family):
     gemfilter.set_attention(model, kernel)
     method = get_method(name, topk=40, layer=FILTER_LAYER[family])
-    return gemfilter.generate(model, {"input_ids": ids, "attention_mask": mask}, method=method,
-                              tokenizer=DotTokenizer(), max_new_tokens=20, min_new_tokens=20,
-                              return_dict_in_generate=True, output_logits=True)
+    return gemfilter.generate(
+        model,
+        {"input_ids": ids, "attention_mask": mask},
+        method=method,
+        tokenizer=DotTokenizer(),
+        max_new_tokens=20,
+        min_new_tokens=20,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -141,21 +148,36 @@ def test_sliding_mask_is_banded_not_n_by_n():
     m = banded_mask(batch_size=b, q_length=n, kv_length=n, mask_function=fn, attention_mask=pad, local_size=w)
     assert isinstance(m, BandedMask) and m.blocked
     assert m.allowed.numel() == b * (n // w) * w * 2 * w  # 8,192 instead of n^2 b = 131,072
-    dense = sdpa_mask(batch_size=b, q_length=n, kv_length=n, mask_function=fn, attention_mask=pad,
-                      local_size=w, allow_is_causal_skip=False)[:, 0]
+    dense = sdpa_mask(
+        batch_size=b,
+        q_length=n,
+        kv_length=n,
+        mask_function=fn,
+        attention_mask=pad,
+        local_size=w,
+        allow_is_causal_skip=False,
+    )[:, 0]
     for t in range(n // w):  # block t: queries tW..tW+W-1 against keys (t-1)W..(t+1)W-1
         lo = (t - 1) * w
         ref = torch.zeros(b, w, 2 * w, dtype=torch.bool)
-        ref[:, :, max(0, -lo):] = dense[:, t * w:(t + 1) * w, max(0, lo):(t + 1) * w]
+        ref[:, :, max(0, -lo) :] = dense[:, t * w : (t + 1) * w, max(0, lo) : (t + 1) * w]
         assert torch.equal(m.allowed[:, t], ref), t
     # full-attention layers (no window) still get SDPA's own mask
     assert banded_mask(batch_size=1, q_length=n, kv_length=n, attention_mask=None) is None
 
 
 def test_soft_capped_models_are_refused_with_the_fallback_named():
-    cfg = Gemma2Config(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=8,
-                       attn_logit_softcapping=50.0)
+    cfg = Gemma2Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=8,
+        attn_logit_softcapping=50.0,
+    )
     model = Gemma2ForCausalLM(cfg).eval()
     with pytest.raises(ValueError, match="soft-capped.*attn='eager'"):
         gemfilter.set_attention(model, "banded")

@@ -10,20 +10,35 @@ from gemfilter.lab.bench.report import growth_exponent, summarize
 
 def test_growth_exponent_recovers_power_laws():
     ns = [1000, 2000, 4000, 8000]
-    assert growth_exponent(ns, [3 * n ** 1.5 for n in ns]) == pytest.approx(1.5)
+    assert growth_exponent(ns, [3 * n**1.5 for n in ns]) == pytest.approx(1.5)
     assert growth_exponent(ns, [0.01 * n for n in ns]) == pytest.approx(1.0)
     assert growth_exponent([1000], [1.0]) is None
 
 
 def _row(method, length, rep, prompt, gen, peak, layer=None):
-    return dict(method=method, length=length, repeat=rep, n=length, kept=min(length, 100), prompt_s=prompt,
-                gen_s=gen, total_s=prompt + gen, prompt_peak_mib=peak, gen_peak_mib=peak / 2, layer=layer, m=18)
+    return dict(
+        method=method,
+        length=length,
+        repeat=rep,
+        n=length,
+        kept=min(length, 100),
+        prompt_s=prompt,
+        gen_s=gen,
+        total_s=prompt + gen,
+        prompt_peak_mib=peak,
+        gen_peak_mib=peak / 2,
+        layer=layer,
+        m=18,
+    )
 
 
 def test_summary_medians_and_ratios_by_hand():
     rows = [
-        _row("full", 1000, 0, 10.0, 5.0, 400), _row("full", 1000, 1, 12.0, 5.0, 420), _row("full", 1000, 2, 30.0, 5.0, 410),
-        _row("gemfilter", 1000, 0, 7.0, 1.0, 300, layer=11), _row("snapkv", 1000, 0, 12.0, 2.0, 500),
+        _row("full", 1000, 0, 10.0, 5.0, 400),
+        _row("full", 1000, 1, 12.0, 5.0, 420),
+        _row("full", 1000, 2, 30.0, 5.0, 410),
+        _row("gemfilter", 1000, 0, 7.0, 1.0, 300, layer=11),
+        _row("snapkv", 1000, 0, 12.0, 2.0, 500),
     ]
     s = summarize(rows)
     cells = {c["method"]: c for c in s["cells"]}
@@ -38,12 +53,27 @@ def test_summary_medians_and_ratios_by_hand():
 
 
 def test_bench_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    args = ["--model", str(tiny_model_dir), "--methods", "full,gemfilter,snapkv", "--lengths", "350,500",
-            "--gen-tokens", "3", "--topk", "64", "--layer", "2", "--out", str(tmp_path)]
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--methods",
+        "full,gemfilter,snapkv",
+        "--lengths",
+        "350,500",
+        "--gen-tokens",
+        "3",
+        "--topk",
+        "64",
+        "--layer",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
     assert bench_report.main(args) == 0
     rows = [json.loads(x) for x in (tmp_path / "bench.jsonl").read_text().splitlines()]
     assert sorted((r["method"], r["length"]) for r in rows) == sorted(
-        (m, n) for m in ("full", "gemfilter", "snapkv") for n in (350, 500))
+        (m, n) for m in ("full", "gemfilter", "snapkv") for n in (350, 500)
+    )
     for r in rows:
         assert r["new_tokens"] == 3 and r["prompt_s"] > 0 and r["gen_s"] > 0
         assert r["kept"] == (r["n"] if r["method"] == "full" else 64)
@@ -71,15 +101,34 @@ def test_bench_rejects_unknown_methods(tmp_path):
         bench_report.main(["--lengths", "2.5", "--out", str(tmp_path)])
 
 
-def test_keep_going_reports_the_cells_that_ran_and_a_rerun_measures_only_the_failed_one(tmp_path, monkeypatch,
-                                                                                         capsys):
+def test_keep_going_reports_the_cells_that_ran_and_a_rerun_measures_only_the_failed_one(tmp_path, monkeypatch, capsys):
     """--keep-going (the GPU script's mode): a failed cell is one error line, the report covers the others, exit 2;
     without it the first failure ends the run."""
     from gemfilter.lab.bench import core
 
-    args = ["--model", "config:llama-3.1-8b", "--layers", "2", "--test-shrink", "--dtype", "fp32", "--device", "cpu",
-            "--methods", "full,gemfilter", "--lengths", "300", "--gen-tokens", "2", "--topk", "64", "--layer", "1",
-            "--out", str(tmp_path)]
+    args = [
+        "--model",
+        "config:llama-3.1-8b",
+        "--layers",
+        "2",
+        "--test-shrink",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+        "--methods",
+        "full,gemfilter",
+        "--lengths",
+        "300",
+        "--gen-tokens",
+        "2",
+        "--topk",
+        "64",
+        "--layer",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     real, ran = core.run_worker, []
 
     def fails_for_full(spec, timeout=None):
@@ -100,17 +149,33 @@ def test_keep_going_reports_the_cells_that_ran_and_a_rerun_measures_only_the_fai
     assert [r["method"] for r in rows] == ["gemfilter"] and "| gemfilter |" in (tmp_path / "bench.md").read_text()
     assert rows[0]["dtype"] == "float32" and rows[0]["dtype_arg"] == "fp32"  # the resolved dtype and the option
     ran.clear()
-    monkeypatch.setattr(core, "run_worker", lambda spec, timeout=None: ran.append(spec["method_name"]) or real(spec, timeout))
+    monkeypatch.setattr(
+        core, "run_worker", lambda spec, timeout=None: ran.append(spec["method_name"]) or real(spec, timeout)
+    )
     assert bench_report.main(args + ["--keep-going"]) == 0
     assert ran == ["full"]  # only the failed cell
 
 
 def test_rows_that_kept_only_the_dtype_option_are_read_with_the_dtype_they_ran_in(tmp_path):
     """Rows written before dtype_arg held --dtype in "dtype" (None for auto): auto on CUDA is bf16."""
-    base = dict(method="full", length=4096, repeat=0, n=4096, kept=4096, prompt_s=1.0, gen_s=1.0, total_s=2.0,
-                prompt_peak_mib=1.0, gen_peak_mib=1.0, threads_arg=0)
-    rows = [dict(base, dtype=None, device="cuda:0"), dict(base, length=8192, dtype="fp16", device="cpu"),
-            dict(base, length=16384, dtype=None, device="cpu")]
+    base = dict(
+        method="full",
+        length=4096,
+        repeat=0,
+        n=4096,
+        kept=4096,
+        prompt_s=1.0,
+        gen_s=1.0,
+        total_s=2.0,
+        prompt_peak_mib=1.0,
+        gen_peak_mib=1.0,
+        threads_arg=0,
+    )
+    rows = [
+        dict(base, dtype=None, device="cuda:0"),
+        dict(base, length=8192, dtype="fp16", device="cpu"),
+        dict(base, length=16384, dtype=None, device="cpu"),
+    ]
     (tmp_path / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = {r["length"]: (r["dtype"], r["dtype_arg"]) for r in bench_report.load_rows(tmp_path / "bench.jsonl")}
     assert got == {4096: ("bfloat16", None), 8192: ("float16", "fp16"), 16384: (None, None)}

@@ -21,11 +21,32 @@ def _fake_worker(specs):
         m, n = spec["method_name"], spec["length"]
         layer = spec["layer"] if m == "gemfilter" else None
         prompt = PROMPT[m] * n / 4096
-        return dict(attn="sdpa", mask_s=0.0, method=m, length=n, n=n, kept=n if m == "full" else 1024, layer=layer,
-                    m=spec["layers"] or 32, prompt_s=prompt, gen_s=GEN[m], total_s=prompt + GEN[m],
-                    prompt_peak_mib=1.0, gen_peak_mib=1.0, prompt_peak_abs_mib=PEAK[m], gen_peak_abs_mib=PEAK[m] - 5,
-                    new_tokens=spec["gen_tokens"], device="cuda:0", device_name="NVIDIA H100 80GB HBM3", threads=1,
-                    dtype="bfloat16", warmup_tokens=1280, weights="random", changes=[])
+        return dict(
+            attn="sdpa",
+            mask_s=0.0,
+            method=m,
+            length=n,
+            n=n,
+            kept=n if m == "full" else 1024,
+            layer=layer,
+            m=spec["layers"] or 32,
+            prompt_s=prompt,
+            gen_s=GEN[m],
+            total_s=prompt + GEN[m],
+            prompt_peak_mib=1.0,
+            gen_peak_mib=1.0,
+            prompt_peak_abs_mib=PEAK[m],
+            gen_peak_abs_mib=PEAK[m] - 5,
+            new_tokens=spec["gen_tokens"],
+            device="cuda:0",
+            device_name="NVIDIA H100 80GB HBM3",
+            threads=1,
+            dtype="bfloat16",
+            warmup_tokens=1280,
+            weights="random",
+            changes=[],
+        )
+
     return run
 
 
@@ -41,16 +62,38 @@ def test_preset_paper_settings_and_table(monkeypatch, tmp_path, capsys):
     assert "torch.cuda.max_memory_allocated" in table and bench_paper.H2O_LEFT_OUT in table
     row = next(line for line in table.splitlines() if line.startswith("| 4096 | 0."))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    # prompt ÷full, (r+1)/m, prompt ÷snapkv, total ÷snapkv, paper, total ÷full, paper, peak ÷snapkv, paper, peak ÷full, paper
-    assert cells[1:] == [f"{4.5 / 10:.2f}", f"{14 / 32:.2f}", f"{4.5 / 10.5:.2f}", f"{5.5 / 11.5:.2f}", "0.42",
-                         f"{5.5 / 12:.2f}", "0.42", f"{14000 / 20000:.2f}", "0.70", f"{14000 / 30000:.2f}", "0.30"]
+    # prompt ÷full, (r+1)/m, prompt ÷snapkv, total ÷snapkv, paper, total ÷full, paper, peak ÷snapkv, paper, peak ÷full,
+    # paper
+    assert cells[1:] == [
+        f"{4.5 / 10:.2f}",
+        f"{14 / 32:.2f}",
+        f"{4.5 / 10.5:.2f}",
+        f"{5.5 / 11.5:.2f}",
+        "0.42",
+        f"{5.5 / 12:.2f}",
+        "0.42",
+        f"{14000 / 20000:.2f}",
+        "0.70",
+        f"{14000 / 30000:.2f}",
+        "0.30",
+    ]
 
 
 def test_preset_layer_follows_the_architecture_and_explicit_options_win(monkeypatch, tmp_path):
     specs = []
     monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", _fake_worker(specs))
-    args = ["--model", "config:phi-3.5-mini", "--preset", "paper", "--lengths", "2048", "--gen-tokens", "7",
-            "--out", str(tmp_path)]
+    args = [
+        "--model",
+        "config:phi-3.5-mini",
+        "--preset",
+        "paper",
+        "--lengths",
+        "2048",
+        "--gen-tokens",
+        "7",
+        "--out",
+        str(tmp_path),
+    ]
     assert bench_report.main(args) == 0
     assert {(s["length"], s["gen_tokens"], s["layer"], s["topk"]) for s in specs} == {(2048, 7, 19, 1024)}
 
@@ -93,13 +136,29 @@ def test_excluded_cells_are_reported_not_measured(monkeypatch, tmp_path):
 
     def run(spec, timeout=None):
         if spec["method_name"] == "h2o":
-            return dict(method="h2o", length=spec["length"], n=spec["length"], excluded="does not fit",
-                        device="cpu", device_name="x")
+            return dict(
+                method="h2o",
+                length=spec["length"],
+                n=spec["length"],
+                excluded="does not fit",
+                device="cpu",
+                device_name="x",
+            )
         return fake(spec, timeout)
 
     monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", run)
-    args = ["--model", "config:llama-3.1-8b", "--methods", "full,snapkv,gemfilter,h2o", "--lengths", "4096",
-            "--layer", "13", "--out", str(tmp_path)]
+    args = [
+        "--model",
+        "config:llama-3.1-8b",
+        "--methods",
+        "full,snapkv,gemfilter,h2o",
+        "--lengths",
+        "4096",
+        "--layer",
+        "13",
+        "--out",
+        str(tmp_path),
+    ]
     assert bench_report.main(args) == 0
     table = (tmp_path / "bench.md").read_text()
     assert "- h2o at 4096 tokens not run: does not fit" in table
@@ -108,9 +167,29 @@ def test_excluded_cells_are_reported_not_measured(monkeypatch, tmp_path):
 
 
 def test_end_to_end_scaled_phi_generates_the_forced_tokens(tmp_path):
-    args = ["--model", "config:phi-3.5-mini", "--layers", "2", "--test-shrink", "--dtype", "fp32", "--device", "cpu",
-            "--methods", "full,gemfilter,snapkv", "--lengths", "300", "--topk", "64", "--layer", "1",
-            "--gen-tokens", "3", "--out", str(tmp_path)]
+    args = [
+        "--model",
+        "config:phi-3.5-mini",
+        "--layers",
+        "2",
+        "--test-shrink",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+        "--methods",
+        "full,gemfilter,snapkv",
+        "--lengths",
+        "300",
+        "--topk",
+        "64",
+        "--layer",
+        "1",
+        "--gen-tokens",
+        "3",
+        "--out",
+        str(tmp_path),
+    ]
     assert bench_report.main(args) == 0
     rows = [json.loads(x) for x in (tmp_path / "bench.jsonl").read_text().splitlines()]
     assert sorted(r["method"] for r in rows) == ["full", "gemfilter", "snapkv"]

@@ -8,14 +8,14 @@ selector's wait and its parallel workers, and vLLM's metrics text. The real-engi
 import threading
 
 import pytest
-
 from engine_faults import FaultyEngine
+from niah_fixtures import save_tiny_model, word_tokenizer
+
 from gemfilter.lab.bench import report as bench_report
 from gemfilter.lab.io import read_jsonl
 from gemfilter.lab.serve import turns
 from gemfilter.lab.serve.selector import Selector
 from gemfilter.lab.serve.upstream import PROBE
-from niah_fixtures import save_tiny_model, word_tokenizer
 
 pytestmark = pytest.mark.usefixtures("quiet")
 
@@ -34,8 +34,29 @@ def engine():
 
 
 def args_for(model_dir, url, out, *extra):
-    return ["--engine", url, "--model", str(model_dir), "--methods", "gemfilter", "--lengths", "300", "--topk", "16",
-            "--layer", "2", "--gen-tokens", "3", "--turns", "3", "--timeout", "5", "--out", str(out), *extra]
+    return [
+        "--engine",
+        url,
+        "--model",
+        str(model_dir),
+        "--methods",
+        "gemfilter",
+        "--lengths",
+        "300",
+        "--topk",
+        "16",
+        "--layer",
+        "2",
+        "--gen-tokens",
+        "3",
+        "--turns",
+        "3",
+        "--timeout",
+        "5",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def requests_of(rows, **match):
@@ -43,18 +64,24 @@ def requests_of(rows, **match):
 
 
 def test_each_route_mode_and_concurrency_is_a_cell_of_n_conversations(tiny_dir, tmp_path, engine):
-    assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path, "--mode", "multi-turn,multi-request",
-                                      "--concurrency", "1,2")) == 0
+    assert (
+        bench_report.main(
+            args_for(tiny_dir, engine.url, tmp_path, "--mode", "multi-turn,multi-request", "--concurrency", "1,2")
+        )
+        == 0
+    )
     rows = read_jsonl(tmp_path / "bench-turns.jsonl")
     routes = ("full", "gemfilter, cached", "gemfilter, uncached")
     cells = [r for r in rows if r["kind"] == "cell"]
     assert sorted((c["mode"], c["concurrency"], c["route"]) for c in cells) == sorted(
-        (m, n, r) for m in ("multi-turn", "multi-request") for n in (1, 2) for r in routes)
+        (m, n, r) for m in ("multi-turn", "multi-request") for n in (1, 2) for r in routes
+    )
     for c in cells:
         got = requests_of(rows, cell=c["cell"])
         assert c["requests"] == len(got) == 3 * c["concurrency"]
-        assert sorted((r["conversation"], r["turn"]) for r in got) == [(i, t) for i in range(c["concurrency"])
-                                                                       for t in (1, 2, 3)]
+        assert sorted((r["conversation"], r["turn"]) for r in got) == [
+            (i, t) for i in range(c["concurrency"]) for t in (1, 2, 3)
+        ]
     for r in requests_of(rows, route="gemfilter, cached") + requests_of(rows, route="gemfilter, uncached"):
         assert r["kept_tokens"] == 16 and r["selector_wait_seconds"] is not None
     full = requests_of(rows, route="full")
@@ -64,17 +91,22 @@ def test_each_route_mode_and_concurrency_is_a_cell_of_n_conversations(tiny_dir, 
 
 
 def test_multi_turn_sends_the_history_and_multi_request_the_document_alone(tiny_dir, tmp_path, engine):
-    assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path, "--routes", "full",
-                                      "--mode", "multi-turn,multi-request")) == 0
+    assert (
+        bench_report.main(
+            args_for(tiny_dir, engine.url, tmp_path, "--routes", "full", "--mode", "multi-turn,multi-request")
+        )
+        == 0
+    )
     sent = [b["prompt"] for b in engine.bodies if b.get("max_tokens") == 3]  # not the warm-up's (2 tokens)
     tok = word_tokenizer()
     answer = tok("x" * 3, add_special_tokens=False)["input_ids"]  # the stub's answer: 3 chunks "x"
     turn, request = sent[:3], sent[3:6]  # multi-turn's conversation first, then multi-request's
     for before, after in zip(turn, turn[1:]):  # each prompt extends the last one by its answer and a question
-        assert after[:len(before)] == before and after[len(before):len(before) + len(answer)] == answer
-    doc = request[0][:len(request[0]) - len(tok(turns.QUESTION.format(name="Amber"), add_special_tokens=False)[
-        "input_ids"])]
-    assert all(p[:len(doc)] == doc for p in request) and len({len(p) for p in request}) == 1
+        assert after[: len(before)] == before and after[len(before) : len(before) + len(answer)] == answer
+    doc = request[0][
+        : len(request[0]) - len(tok(turns.QUESTION.format(name="Amber"), add_special_tokens=False)["input_ids"])
+    ]
+    assert all(p[: len(doc)] == doc for p in request) and len({len(p) for p in request}) == 1
 
 
 def test_a_failed_cell_stores_nothing_and_a_rerun_runs_only_the_cells_not_finished(tiny_dir, tmp_path, capsys, engine):
@@ -94,12 +126,15 @@ def test_a_failed_cell_stores_nothing_and_a_rerun_runs_only_the_cells_not_finish
     assert engine.completions == before  # everything stored: the tables are written from the rows
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--mode", "chat"], "--mode 'chat': give distinct modes from multi-turn, multi-request"),
-    (["--routes", "full,engine"], "--routes 'full,engine': give distinct routes from full, cached, uncached"),
-    (["--concurrency", "0"], "--concurrency"),
-    (["--methods", "full"], "--turns compares full with a prompt method"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--mode", "chat"], "--mode 'chat': give distinct modes from multi-turn, multi-request"),
+        (["--routes", "full,engine"], "--routes 'full,engine': give distinct routes from full, cached, uncached"),
+        (["--concurrency", "0"], "--concurrency"),
+        (["--methods", "full"], "--turns compares full with a prompt method"),
+    ],
+)
 def test_bad_options_are_one_error_line(tiny_dir, tmp_path, extra, message, engine):
     with pytest.raises(SystemExit, match="error: " + message.replace("(", r"\(")):
         bench_report.main(args_for(tiny_dir, engine.url, tmp_path) + extra)
@@ -164,17 +199,23 @@ def torch_module():
 
 
 def test_engine_metrics_read_vllm_s_prometheus_text(monkeypatch):
-    text = "\n".join([
-        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
-        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25',
-        'vllm:prompt_tokens_cached_total{engine="0",model_name="m"} 4096.0',
-        'vllm:prompt_tokens_total{engine="0",model_name="m"} 8192.0',
-        'vllm:prompt_tokens_total{engine="1",model_name="m"} 8.0',
-        'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0"} 1.0',
-        'vllm:generation_tokens_total{engine="0",model_name="m"} 50.0'])
+    text = "\n".join(
+        [
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25',
+            'vllm:prompt_tokens_cached_total{engine="0",model_name="m"} 4096.0',
+            'vllm:prompt_tokens_total{engine="0",model_name="m"} 8192.0',
+            'vllm:prompt_tokens_total{engine="1",model_name="m"} 8.0',
+            'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0"} 1.0',
+            'vllm:generation_tokens_total{engine="0",model_name="m"} 50.0',
+        ]
+    )
     monkeypatch.setattr(turns, "metrics_text", lambda base, timeout=5.0: text)
-    assert turns.engine_metrics("http://x/v1") == {"kv_cache_usage_perc": 0.25, "prompt_tokens_cached_total": 4096.0,
-                                                   "prompt_tokens_total": 8200.0}
+    assert turns.engine_metrics("http://x/v1") == {
+        "kv_cache_usage_perc": 0.25,
+        "prompt_tokens_cached_total": 4096.0,
+        "prompt_tokens_total": 8200.0,
+    }
     assert turns.prefix_caching("http://x/v1") is True
     monkeypatch.setattr(turns, "metrics_text", lambda base, timeout=5.0: "")
     assert turns.engine_metrics("http://x/v1") == {} and turns.prefix_caching("http://x/v1") is None
@@ -192,9 +233,23 @@ def test_no_cell_meets_another_cell_s_document(tiny_dir, tmp_path, monkeypatch, 
     head = len(tok("Document 0123456789ab.\n", add_special_tokens=False)["input_ids"]) + 1
     assert a[:head] != b[:head] and a[head:] == b[head:] and facts == same
     salts, make = [], turns.make_document
-    monkeypatch.setattr(turns, "make_document", lambda *a, **k: salts.append(a[5] if len(a) > 5 else "") or make(*a, **k))
+    monkeypatch.setattr(
+        turns, "make_document", lambda *a, **k: salts.append(a[5] if len(a) > 5 else "") or make(*a, **k)
+    )
     for out in ("a", "b"):
-        assert bench_report.main(args_for(tiny_dir, engine.url, tmp_path / out, "--routes", "full,cached",
-                                          "--mode", "multi-turn,multi-request")) == 0
+        assert (
+            bench_report.main(
+                args_for(
+                    tiny_dir,
+                    engine.url,
+                    tmp_path / out,
+                    "--routes",
+                    "full,cached",
+                    "--mode",
+                    "multi-turn,multi-request",
+                )
+            )
+            == 0
+        )
     cells = [s for s in salts if s != "warm-up"]
     assert len(cells) == 2 * 4 and len(set(cells)) == 8  # 2 runs x 2 modes x 2 routes, each its own first line

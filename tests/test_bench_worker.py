@@ -60,8 +60,9 @@ def wait_for(test, seconds: float):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_the_worker_dies_with_its_parent(tiny_model_dir, sig):
     # a worker that would generate for minutes: 100000 forced tokens on the tiny model
-    spec = dict(model_name=str(tiny_model_dir), method_name="full", length=300, gen_tokens=100000, topk=16, layer=2,
-                threads=1)
+    spec = dict(
+        model_name=str(tiny_model_dir), method_name="full", length=300, gen_tokens=100000, topk=16, layer=2, threads=1
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(spec)], env=env, stderr=subprocess.DEVNULL)
     worker = None

@@ -7,21 +7,24 @@ a full layer what the method keeps there.
 
 import pytest
 import torch
+from tiny_models import BUILDERS
 
 import gemfilter
 from gemfilter.methods import get_method
-from tiny_models import BUILDERS
 
 pytestmark = pytest.mark.usefixtures("quiet")
 N = 48
 
 
-@pytest.mark.parametrize("name,params,rows,propagated", [
-    ("full", {}, [7, 48, 7, 48], 48),
-    ("gemfilter", dict(layer=1, topk=16), [7, 16, 7, 16], 16),        # the kept tokens, at positions 0..15
-    ("snapkv", dict(topk=40), [7, 40, 7, 40], 48),                   # the full prefill, then eviction
-    ("fastkv", dict(layer=1, topk=24, tsp_len=32), [7, 24, 7, 24], 32),  # TSP fires: 32 go on past layer 1
-])
+@pytest.mark.parametrize(
+    "name,params,rows,propagated",
+    [
+        ("full", {}, [7, 48, 7, 48], 48),
+        ("gemfilter", dict(layer=1, topk=16), [7, 16, 7, 16], 16),  # the kept tokens, at positions 0..15
+        ("snapkv", dict(topk=40), [7, 40, 7, 40], 48),  # the full prefill, then eviction
+        ("fastkv", dict(layer=1, topk=24, tsp_len=32), [7, 24, 7, 24], 32),  # TSP fires: 32 go on past layer 1
+    ],
+)
 def test_rows_per_layer_and_propagated_tokens_are_measured(name, params, rows, propagated):
     model = BUILDERS["gemma3"]()
     ids = torch.randint(3, 96, (1, N), generator=torch.Generator().manual_seed(0))

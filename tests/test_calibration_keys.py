@@ -48,7 +48,10 @@ def test_the_same_model_by_absolute_and_relative_path_has_one_key(two_folders, m
     assert identity["name"] == str((two_folders / "a" / "m").resolve())
     import hashlib
 
-    assert identity["config_sha"] == hashlib.sha256((two_folders / "a" / "m" / "config.json").read_bytes()).hexdigest()[:16]
+    assert (
+        identity["config_sha"]
+        == hashlib.sha256((two_folders / "a" / "m" / "config.json").read_bytes()).hexdigest()[:16]
+    )
 
 
 def test_an_edited_config_is_another_model(two_folders, monkeypatch):

@@ -7,12 +7,24 @@ from eval.longbench.cli import main as lb_main
 
 
 def test_max_length_per_method_must_name_a_method_of_the_run(tmp_path, capsys):
-    argv = ["run", "--model", str(tmp_path / "no-such-model"), "--tasks", "hotpotqa", "--methods", "full,gemfilter",
-            "--max-length-per-method", "nosuch=5", "--out", str(tmp_path / "out")]
+    argv = [
+        "run",
+        "--model",
+        str(tmp_path / "no-such-model"),
+        "--tasks",
+        "hotpotqa",
+        "--methods",
+        "full,gemfilter",
+        "--max-length-per-method",
+        "nosuch=5",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert lb_main(argv) == 2
     err = capsys.readouterr().err
-    assert err.strip() == ("error: --max-length-per-method names nosuch, which --methods does not run; allowed: "
-                           "full, gemfilter")
+    assert err.strip() == (
+        "error: --max-length-per-method names nosuch, which --methods does not run; allowed: full, gemfilter"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -77,17 +89,22 @@ def test_every_figure_in_the_tree_is_written_through_save_png():
 
     root = Path(__file__).resolve().parents[1]
     writers = {Path("gemfilter/lab/io.py"), Path("icl_probes/io.py")}
-    calls = [f"{p.relative_to(root)}:{i}" for folder in ("gemfilter", "eval", "icl_probes", "feature_probes")
-             for p in (root / folder).rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
-             if re.search(r"\.savefig\(", line) and p.relative_to(root) not in writers]
+    calls = [
+        f"{p.relative_to(root)}:{i}"
+        for folder in ("gemfilter", "eval", "icl_probes", "feature_probes")
+        for p in (root / folder).rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"\.savefig\(", line) and p.relative_to(root) not in writers
+    ]
     assert calls == []
 
 
 def test_niah_length_too_short_fails_before_the_model_loads_and_before_config_json(tmp_path, capsys, monkeypatch):
+    from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
+
     import gemfilter
     from eval.niah.cli import main as niah_main
     from gemfilter.lab.haystack import NEEDLE
-    from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded")
@@ -96,13 +113,28 @@ def test_niah_length_too_short_fails_before_the_model_loads_and_before_config_js
     monkeypatch.setattr(gemfilter, "load_model", no_load)
     monkeypatch.setattr("gemfilter.models.load_model", no_load)
     needle = len(word_tokenizer().encode(NEEDLE, add_special_tokens=False))
-    argv = ["--model", str(model_dir), "--methods", "full", "--lengths", f"{200 + needle - 1},400", "--depths", "50",
-            "--haystack-dir", str(write_haystack(tmp_path / "hay")), "--out", str(tmp_path / "out"), "--no-progress"]
+    argv = [
+        "--model",
+        str(model_dir),
+        "--methods",
+        "full",
+        "--lengths",
+        f"{200 + needle - 1},400",
+        "--depths",
+        "50",
+        "--haystack-dir",
+        str(write_haystack(tmp_path / "hay")),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
     assert niah_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (f"error: --lengths: {200 + needle - 1} tokens is too short for the needle test: a context "
-                       f"needs the 200-token buffer (template, question, answer) plus the {needle}-token needle; "
-                       f"allowed: {200 + needle} tokens or more with this tokenizer")
+    assert err[-1] == (
+        f"error: --lengths: {200 + needle - 1} tokens is too short for the needle test: a context "
+        f"needs the 200-token buffer (template, question, answer) plus the {needle}-token needle; "
+        f"allowed: {200 + needle} tokens or more with this tokenizer"
+    )
     assert not (tmp_path / "out" / "config.json").exists()
 
 
@@ -115,7 +147,17 @@ def test_bench_length_too_short_fails_before_any_worker(tmp_path, capsys, monkey
 
     monkeypatch.setattr(core, "run_worker", no_worker)
     with pytest.raises(SystemExit) as exit_:
-        bench_main(["--model", str(tiny_model_dir), "--methods", "full", "--lengths", "150,400",
-                    "--out", str(tmp_path / "out")])
+        bench_main(
+            [
+                "--model",
+                str(tiny_model_dir),
+                "--methods",
+                "full",
+                "--lengths",
+                "150,400",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().startswith("error: --lengths: 150 tokens is too short for the needle test")

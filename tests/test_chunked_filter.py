@@ -5,10 +5,10 @@ import warnings
 
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer, on
 
 import gemfilter
 from gemfilter.methods import parse_spec
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer, on
 
 N = 48
 

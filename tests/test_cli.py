@@ -16,8 +16,22 @@ def test_methods_lists_the_registry(capsys):
 def test_generate_reports_kept_tokens_and_selection(tiny_model_dir, tmp_path, capsys):
     prompt = tmp_path / "p.txt"
     prompt.write_text(" ".join(f"w{3 + i % 90}" for i in range(30)))
-    rc = main(["generate", "--prompt-file", str(prompt), "--model", str(tiny_model_dir), "--layer", "2",
-               "--topk", "7", "--max-new-tokens", "3", "--show-selection"])
+    rc = main(
+        [
+            "generate",
+            "--prompt-file",
+            str(prompt),
+            "--model",
+            str(tiny_model_dir),
+            "--layer",
+            "2",
+            "--topk",
+            "7",
+            "--max-new-tokens",
+            "3",
+            "--show-selection",
+        ]
+    )
     assert rc == 0
     err = capsys.readouterr().err
     assert "[gemfilter] kept 7/30 prompt tokens (filter layer 2)" in err

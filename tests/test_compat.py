@@ -9,11 +9,11 @@ through whichever spelling the installed transformers passes.
 
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER
 
 import gemfilter
 from gemfilter import compat
 from gemfilter.methods import get_method
-from tiny_models import BUILDERS, FILTER_LAYER
 
 STEPS = 5
 
@@ -34,9 +34,10 @@ def _manual_greedy(model, ids, keyword):
     step_ids, tokens = ids, []
     with torch.no_grad():
         for _ in range(STEPS):
-            positions = (mask.cumsum(1) - 1)[:, -step_ids.shape[1]:]
-            out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                        **{keyword: cache})
+            positions = (mask.cumsum(1) - 1)[:, -step_ids.shape[1] :]
+            out = model(
+                input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True, **{keyword: cache}
+            )
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             tokens.append(int(nxt))
             step_ids, mask = nxt, torch.cat([mask, torch.ones_like(nxt)], 1)

@@ -5,12 +5,12 @@ import warnings
 
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer, on
 
 import gemfilter
 from gemfilter.compiled import StaticDecoder, decoder_for, release
 from gemfilter.measure import FirstTokenClock
 from gemfilter.methods import parse_spec
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer, on
 
 pytestmark = pytest.mark.slow  # torch.compile: tens of seconds per model on two cores
 
@@ -44,8 +44,16 @@ def padded_batch(device, seed=1):
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
 
 
-SPECS = ["full", "gemfilter:k=16", "gemfilter:k=64", "gemfilter-span:k=16", "gemfilter-orig-pos:k=16", "snapkv:k=36",
-         "h2o:k=36", "gemfilter-claa:k=16"]
+SPECS = [
+    "full",
+    "gemfilter:k=16",
+    "gemfilter:k=64",
+    "gemfilter-span:k=16",
+    "gemfilter-orig-pos:k=16",
+    "snapkv:k=36",
+    "h2o:k=36",
+    "gemfilter-claa:k=16",
+]
 
 
 def test_compiled_equals_eager_on_a_padded_batch(llama, device):
@@ -125,19 +133,29 @@ def test_eos_stops_and_pads_as_generate_does(llama):
 def test_streamer_sees_the_prompt_then_each_token(llama):
     clock = FirstTokenClock(None)
     ids = padded_batch("cpu")["input_ids"][1:]
-    out = gemfilter.generate(llama, ids, method=gemfilter.GemFilter(layer=2, topk=16), max_new_tokens=5,
-                             min_new_tokens=5, compile=True, streamer=clock)
+    out = gemfilter.generate(
+        llama,
+        ids,
+        method=gemfilter.GemFilter(layer=2, topk=16),
+        max_new_tokens=5,
+        min_new_tokens=5,
+        compile=True,
+        streamer=clock,
+    )
     assert clock.calls == 1 + 5 and clock.first_token is not None
     assert out.new_tokens.shape == (1, 5)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(do_sample=True), "greedily"),
-    (dict(num_beams=2), "greedily"),
-    (dict(max_new_tokens=None), "max_new_tokens"),
-    (dict(output_scores=True), "output_scores"),
-    (dict(repetition_penalty=1.2), "repetition_penalty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(do_sample=True), "greedily"),
+        (dict(num_beams=2), "greedily"),
+        (dict(max_new_tokens=None), "max_new_tokens"),
+        (dict(output_scores=True), "output_scores"),
+        (dict(repetition_penalty=1.2), "repetition_penalty"),
+    ],
+)
 def test_refusals_name_the_keyword(llama, kwargs, message):
     ids = padded_batch("cpu")["input_ids"][1:]
     kw = {"max_new_tokens": 4, **kwargs}
@@ -148,14 +166,13 @@ def test_refusals_name_the_keyword(llama, kwargs, message):
 def test_refusals_name_the_method_and_the_capacity(llama):
     ids = padded_batch("cpu")["input_ids"][1:]
     with pytest.raises(ValueError, match="snapkv-per-head keeps one set per query head"):
-        gemfilter.generate(llama, ids, method=parse_spec("snapkv-per-head:k=36").method(N), max_new_tokens=4,
-                           compile=True)
+        gemfilter.generate(
+            llama, ids, method=parse_spec("snapkv-per-head:k=36").method(N), max_new_tokens=4, compile=True
+        )
     small = StaticDecoder(llama, capacity=10, compile=False)
     with pytest.raises(ValueError, match="holds 10 rows per layer.*capacity >= 19"):
-        gemfilter.generate(llama, ids, method=gemfilter.GemFilter(layer=2, topk=16), max_new_tokens=4,
-                           compile=small)
+        gemfilter.generate(llama, ids, method=gemfilter.GemFilter(layer=2, topk=16), max_new_tokens=4, compile=small)
     with pytest.raises(TypeError, match="compile must be False, True or a gemfilter.compiled.StaticDecoder"):
-        gemfilter.generate(llama, ids, method=gemfilter.GemFilter(layer=2, topk=16), max_new_tokens=4,
-                           compile="yes")
+        gemfilter.generate(llama, ids, method=gemfilter.GemFilter(layer=2, topk=16), max_new_tokens=4, compile="yes")
     with pytest.raises(ValueError, match="capacity must be an int >= 1"):
         StaticDecoder(llama, capacity=0)

@@ -8,10 +8,10 @@
 
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 import gemfilter
 from gemfilter.methods import get_method
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 pytestmark = pytest.mark.usefixtures("quiet")
 TURNS, T = 5, 4
@@ -26,8 +26,9 @@ def greedy(**kw):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-@pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter", 400), ("gemfilter-span", 24),
-                                       ("gemfilter-orig-pos", 12)])
+@pytest.mark.parametrize(
+    "name,topk", [("gemfilter", 12), ("gemfilter", 400), ("gemfilter-span", 24), ("gemfilter-orig-pos", 12)]
+)
 def test_reselect_equals_a_fresh_run_on_the_whole_history(family, name, topk):
     model = gemfilter.set_attention(BUILDERS[family](), "banded")
     method = get_method(name, layer=FILTER_LAYER[family], topk=topk)
@@ -35,7 +36,7 @@ def test_reselect_equals_a_fresh_run_on_the_whole_history(family, name, topk):
     with gemfilter.Conversation(model, method, tok, protocol="reselect") as chat:
         for t in range(TURNS):
             turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
-            history = chat.history[:, :turn.history_tokens]
+            history = chat.history[:, : turn.history_tokens]
             fresh = gemfilter.generate(model, history, method=method, tokenizer=tok, **greedy())
             assert torch.equal(turn.selection.indices[0], fresh.selection.indices[0]), t
             assert torch.equal(turn.new_tokens, fresh.new_tokens[0]), t
@@ -50,8 +51,8 @@ def test_full_equals_plain_generate_on_the_growing_conversation(family):
     with gemfilter.Conversation(model, None, protocol="full") as chat:
         for t in range(TURNS):
             turn = chat.ask(question(t, 30 if t == 0 else 5), **greedy())
-            history = chat.history[:, :turn.history_tokens]
-            plain = model.generate(history, **greedy())[0, history.shape[1]:]
+            history = chat.history[:, : turn.history_tokens]
+            plain = model.generate(history, **greedy())[0, history.shape[1] :]
             assert torch.equal(turn.new_tokens, plain), t
             assert turn.kept == history.shape[1] or family == "gemma3"  # Gemma's sliding layers hold windows
 
@@ -67,8 +68,8 @@ def test_reuse_continues_turn_one_s_compressed_cache():
     kept = gemfilter.select_tokens(model, question(0, 40), layer=2, topk=12).kept_ids[0][None]
     assert chat.turns[0].kept == 12
     for t, turn in enumerate(chat.turns[1:], 1):
-        plain = torch.cat([kept, chat.history[:, 40:turn.history_tokens]], dim=1)
-        assert torch.equal(turn.new_tokens, model.generate(plain, **greedy())[0, plain.shape[1]:]), t
+        plain = torch.cat([kept, chat.history[:, 40 : turn.history_tokens]], dim=1)
+        assert torch.equal(turn.new_tokens, model.generate(plain, **greedy())[0, plain.shape[1] :]), t
         assert turn.kept == plain.shape[1]
 
 
@@ -105,10 +106,20 @@ def test_a_machine_without_proc_reports_no_peak_but_still_times_the_turn(monkeyp
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-@pytest.mark.parametrize("name,topk", [("gemfilter-qwin", 12), ("gemfilter-qwin", 400), ("gemfilter-span-qwin", 24),
-                                       ("gemfilter-span-qmax", 24), ("gemfilter-span-qmax", 400),
-                                       ("gemfilter-claa", 12), ("gemfilter-span-claa", 24), ("gemfilter-asl", 12),
-                                       ("gemfilter-asl", 400)])
+@pytest.mark.parametrize(
+    "name,topk",
+    [
+        ("gemfilter-qwin", 12),
+        ("gemfilter-qwin", 400),
+        ("gemfilter-span-qwin", 24),
+        ("gemfilter-span-qmax", 24),
+        ("gemfilter-span-qmax", 400),
+        ("gemfilter-claa", 12),
+        ("gemfilter-span-claa", 24),
+        ("gemfilter-asl", 12),
+        ("gemfilter-asl", 400),
+    ],
+)
 def test_methods_that_read_more_rows_or_layers_reselect_as_a_fresh_run(family, name, topk):
     """Window methods keep the history's last query rows (QueryTail), CLAA reads the last row at several layers,
     ASL runs every layer: turn t equals a from-scratch run on the concatenated history, follow-ups (7 tokens)
@@ -122,7 +133,7 @@ def test_methods_that_read_more_rows_or_layers_reselect_as_a_fresh_run(family, n
     with gemfilter.Conversation(model, method, tok, protocol="reselect") as chat:
         for t in range(TURNS):
             turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
-            history = chat.history[:, :turn.history_tokens]
+            history = chat.history[:, : turn.history_tokens]
             fresh = gemfilter.generate(model, history, method=method, tokenizer=tok, **greedy())
             assert torch.equal(turn.selection.indices[0], fresh.selection.indices[0]), t
             assert torch.equal(turn.new_tokens, fresh.new_tokens[0]), t

@@ -6,11 +6,11 @@ indices, answer tokens, kept count) and the history must be the same tokens."""
 
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER
 from transformers import LogitsProcessor, LogitsProcessorList
 
 import gemfilter
 from gemfilter.methods import get_method
-from tiny_models import BUILDERS, FILTER_LAYER
 
 pytestmark = pytest.mark.usefixtures("quiet")
 T = 4
@@ -37,14 +37,22 @@ FAILURES = {
     "refused keyword": lambda: {"bogus_keyword": 1},  # generate refuses it before any token, after reselect's pass
     "Ctrl-C mid-answer": lambda: {"logits_processor": LogitsProcessorList([Interrupt(at=3)])},
 }
-SETUPS = [("reselect", "gemfilter", "answers"), ("reselect", "gemfilter", "questions"),
-          ("reselect", "gemfilter", "context"), ("reuse", "gemfilter", "answers"), ("reuse", "snapkv", "questions"),
-          ("reuse", "gemfilter", "context"), ("full", None, "answers"), ("full", None, "questions")]
+SETUPS = [
+    ("reselect", "gemfilter", "answers"),
+    ("reselect", "gemfilter", "questions"),
+    ("reselect", "gemfilter", "context"),
+    ("reuse", "gemfilter", "answers"),
+    ("reuse", "snapkv", "questions"),
+    ("reuse", "gemfilter", "context"),
+    ("full", None, "answers"),
+    ("full", None, "questions"),
+]
 
 
 def run(model, protocol, name, keep, family, fail=None):
-    method = None if name is None else get_method(name, layer=FILTER_LAYER[family], topk=16 if name == "gemfilter"
-                                                  else 40)
+    method = (
+        None if name is None else get_method(name, layer=FILTER_LAYER[family], topk=16 if name == "gemfilter" else 40)
+    )
     with gemfilter.Conversation(model, method, protocol=protocol, keep=keep) as chat:
         if keep == "context":
             chat.prefill(ids(0, 60))

@@ -10,11 +10,11 @@
 
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 import gemfilter
 from gemfilter.compat import cache_kwargs, dynamic_cache
 from gemfilter.methods import get_method
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 pytestmark = pytest.mark.usefixtures("quiet")
 TURNS, T = 4, 4
@@ -39,13 +39,21 @@ def reuse_reference(model, method, prompts, last):
         for p in prompts:
             model.generate(p, max_new_tokens=1, do_sample=False, **cache_kwargs(cache))
         out = model.generate(last, **cache_kwargs(cache), **greedy())
-    return out[0, last.shape[1]:]
+    return out[0, last.shape[1] :]
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-@pytest.mark.parametrize("protocol,name,topk", [("full", None, None), ("reselect", "gemfilter", 12),
-                                                ("reuse", "gemfilter", 12), ("reuse", "snapkv", 36),
-                                                ("reuse", "fastkv", 36), ("reuse", "h2o", 36)])
+@pytest.mark.parametrize(
+    "protocol,name,topk",
+    [
+        ("full", None, None),
+        ("reselect", "gemfilter", 12),
+        ("reuse", "gemfilter", 12),
+        ("reuse", "snapkv", 36),
+        ("reuse", "fastkv", 36),
+        ("reuse", "h2o", 36),
+    ],
+)
 def test_keep_questions_drops_every_answer(family, protocol, name, topk):
     model = gemfilter.set_attention(BUILDERS[family](), "banded")
     method = None if name is None else get_method(name, layer=FILTER_LAYER[family], topk=topk)
@@ -56,21 +64,22 @@ def test_keep_questions_drops_every_answer(family, protocol, name, topk):
         turns = []
         for t in range(TURNS):
             turns.append(chat.ask(QUESTIONS[t], **greedy()))
-            assert torch.equal(chat.history, torch.cat(QUESTIONS[:t + 1], dim=1))  # no answer kept
+            assert torch.equal(chat.history, torch.cat(QUESTIONS[: t + 1], dim=1))  # no answer kept
     for t, turn in enumerate(turns):  # references outside the conversation's apply() block
-        history = torch.cat(QUESTIONS[:t + 1], dim=1)
+        history = torch.cat(QUESTIONS[: t + 1], dim=1)
         if protocol == "full":
-            ref = model.generate(history, **greedy())[0, history.shape[1]:]
+            ref = model.generate(history, **greedy())[0, history.shape[1] :]
         elif protocol == "reselect":
             ref = gemfilter.generate(model, history, method=method, tokenizer=tok, **greedy()).new_tokens[0]
         else:
-            ref = reuse_reference(model, method, [torch.cat(QUESTIONS[:i + 1], 1) for i in range(t)], history)
+            ref = reuse_reference(model, method, [torch.cat(QUESTIONS[: i + 1], 1) for i in range(t)], history)
         assert torch.equal(turn.new_tokens, ref), (t, turn.new_tokens, ref)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-@pytest.mark.parametrize("protocol,name,topk", [("full", None, None), ("reselect", "gemfilter", 12),
-                                                ("reuse", "snapkv", 36)])
+@pytest.mark.parametrize(
+    "protocol,name,topk", [("full", None, None), ("reselect", "gemfilter", 12), ("reuse", "snapkv", 36)]
+)
 def test_keep_context_asks_each_question_over_the_context_alone(family, protocol, name, topk):
     model = gemfilter.set_attention(BUILDERS[family](), "banded")
     method = None if name is None else get_method(name, layer=FILTER_LAYER[family], topk=topk)
@@ -86,7 +95,7 @@ def test_keep_context_asks_each_question_over_the_context_alone(family, protocol
         prompt = torch.cat([context, QUESTIONS[t]], dim=1)
         assert turn.history_tokens == prompt.shape[1]
         if protocol == "full":
-            ref = model.generate(prompt, **greedy())[0, prompt.shape[1]:]
+            ref = model.generate(prompt, **greedy())[0, prompt.shape[1] :]
         elif protocol == "reselect":
             ref = gemfilter.generate(model, prompt, method=method, tokenizer=tok, **greedy()).new_tokens[0]
         else:

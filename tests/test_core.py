@@ -4,13 +4,13 @@ import warnings
 
 import pytest
 import torch
+from reference import reference_indices
+from tiny_models import BUILDERS, FILTER_LAYER, on
 from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 
 import gemfilter
 from gemfilter.compat import cache_in
-from reference import reference_indices
-from tiny_models import BUILDERS, FILTER_LAYER, on
 
 N = 48
 FAMILIES = sorted(BUILDERS)
@@ -75,7 +75,7 @@ def test_generation_from_kept_tokens_equals_generate_on_them(family, device):
     out = gemfilter.generate(model, ids, layer=FILTER_LAYER[name], topk=12, max_new_tokens=8)
     kept = ids[0, out.selection.indices[0]].unsqueeze(0)
     direct = model.generate(kept, max_new_tokens=8, do_sample=False)
-    assert torch.equal(out.new_tokens, direct[:, kept.shape[1]:])
+    assert torch.equal(out.new_tokens, direct[:, kept.shape[1] :])
 
 
 def test_c_stops_inside_filter_layer_without_cache(family):
@@ -88,8 +88,7 @@ def test_c_stops_inside_filter_layer_without_cache(family):
     for i, block in enumerate(model.model.layers):
         hooks.append(block.register_forward_pre_hook(lambda m, a, i=i: entered.__setitem__(i, entered[i] + 1)))
         hooks.append(block.register_forward_hook(lambda m, a, o, i=i: finished.__setitem__(i, finished[i] + 1)))
-    hooks.append(model.model.register_forward_pre_hook(
-        lambda m, a, kw: seen_kwargs.update(kw), with_kwargs=True))
+    hooks.append(model.model.register_forward_pre_hook(lambda m, a, kw: seen_kwargs.update(kw), with_kwargs=True))
     try:
         gemfilter.select_tokens(model, prompt(), layer=layer, topk=8)
     finally:
@@ -106,7 +105,7 @@ def test_d_left_padded_batch_equals_rows_alone(family):
     short, long = prompt(n=30, seed=5)[0], prompt(n=N, seed=6)[0]
     ids = torch.zeros((2, N), dtype=torch.long)
     mask = torch.zeros((2, N), dtype=torch.long)
-    ids[0, N - 30:], mask[0, N - 30:] = short, 1
+    ids[0, N - 30 :], mask[0, N - 30 :] = short, 1
     ids[1], mask[1] = long, 1
     for topk in (8, 40):  # 40: the short row keeps all 30, so the kept batch itself is padded
         sel = gemfilter.select_tokens(model, ids, mask, layer=layer, topk=topk)
@@ -115,10 +114,11 @@ def test_d_left_padded_batch_equals_rows_alone(family):
         assert (sel.indices[0] - (N - 30)).tolist() == alone0.indices[0].tolist()
         assert sel.indices[1].tolist() == alone1.indices[0].tolist()
         # pooled scores of the padded row equal the row alone (padding pools as zeros, ends at -inf)
-        assert torch.allclose(sel.scores[0, N - 30:], alone0.scores[0], atol=1e-4, rtol=1e-4)
+        assert torch.allclose(sel.scores[0, N - 30 :], alone0.scores[0], atol=1e-4, rtol=1e-4)
         assert torch.isinf(sel.scores[0, : N - 30]).all()
-        out = gemfilter.generate(model, {"input_ids": ids, "attention_mask": mask}, layer=layer, topk=topk,
-                                 max_new_tokens=6)
+        out = gemfilter.generate(
+            model, {"input_ids": ids, "attention_mask": mask}, layer=layer, topk=topk, max_new_tokens=6
+        )
         g0 = gemfilter.generate(model, short[None], layer=layer, topk=topk, max_new_tokens=6)
         g1 = gemfilter.generate(model, long[None], layer=layer, topk=topk, max_new_tokens=6)
         assert out.new_tokens[0].tolist() == g0.new_tokens[0].tolist()
@@ -173,7 +173,9 @@ def test_selections_in_threads_that_share_a_model_each_reach_their_layer(family)
         try:
             for i in range(part, len(prompts), 2):
                 for _ in range(3):
-                    got[i] = gemfilter.select_tokens(model, prompts[i], layer=method.layer, topk=5, method=method).kept_ids
+                    got[i] = gemfilter.select_tokens(
+                        model, prompts[i], layer=method.layer, topk=5, method=method
+                    ).kept_ids
         except Exception as err:  # noqa: BLE001 - reported below
             errors.append(err)
 
@@ -189,13 +191,16 @@ def test_selections_in_threads_that_share_a_model_each_reach_their_layer(family)
 
 # ---- (e) bad input ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def llama():
     return BUILDERS["llama"]()
 
 
-@pytest.mark.parametrize("layer, msg", [(-1, r"layer=-1 (must be >= 0|is outside \[0, 4\))"), (4, r"outside \[0, 4\)"),
-                                        (100, r"outside \[0, 4\)")])
+@pytest.mark.parametrize(
+    "layer, msg",
+    [(-1, r"layer=-1 (must be >= 0|is outside \[0, 4\))"), (4, r"outside \[0, 4\)"), (100, r"outside \[0, 4\)")],
+)
 def test_e_layer_out_of_range(llama, layer, msg):
     # a negative layer is refused where the method is built; one past the model's layers, against the model
     with pytest.raises(ValueError, match=msg):
@@ -295,8 +300,9 @@ def test_apply_passes_streamers_and_stopping_criteria_through():
 
     streamer, stop = Collect(), StopAfter(3)
     with gemfilter.apply(model, gemfilter.GemFilter(layer=2, topk=10)):
-        out = model.generate(ids, max_new_tokens=20, do_sample=False, streamer=streamer,
-                             stopping_criteria=StoppingCriteriaList([stop]))
+        out = model.generate(
+            ids, max_new_tokens=20, do_sample=False, streamer=streamer, stopping_criteria=StoppingCriteriaList([stop])
+        )
     assert out.shape[1] == N + 3  # our criterion stopped it, not max_new_tokens
     assert streamer.chunks[0] == ids[0].tolist()  # generate streams the original prompt first
     assert [c[0] for c in streamer.chunks[1:]] == out[0, N:].tolist() and streamer.ended

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 import gemfilter
 from gemfilter.lab.cli import main
 from gemfilter.methods import parse_method
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB = ROOT / "gemfilter" / "hub"
@@ -34,8 +34,9 @@ def test_custom_generate_equals_gemfilter_generate(family):
     spec = f"gemfilter:k=12,layer={FILTER_LAYER[family]}"
     enc = prompt()
     ref = gemfilter.generate(model, enc, method=parse_method(spec), max_new_tokens=6)
-    out = model.generate(**enc, custom_generate=str(HUB), trust_remote_code=True, gemfilter_method=spec,
-                         max_new_tokens=6)
+    out = model.generate(
+        **enc, custom_generate=str(HUB), trust_remote_code=True, gemfilter_method=spec, max_new_tokens=6
+    )
     assert torch.equal(out, ref.output)
     assert ref.kept == [12]  # the filter ran: 12 of 40 prompt tokens
 
@@ -44,8 +45,13 @@ def test_generate_without_custom_generate_is_untouched():
     model = BUILDERS["llama"]()
     enc = prompt()
     before = model.generate(**enc, max_new_tokens=6, do_sample=False)
-    model.generate(**enc, custom_generate=str(HUB), trust_remote_code=True, gemfilter_method="gemfilter:k=12,layer=2",
-                   max_new_tokens=6)
+    model.generate(
+        **enc,
+        custom_generate=str(HUB),
+        trust_remote_code=True,
+        gemfilter_method="gemfilter:k=12,layer=2",
+        max_new_tokens=6,
+    )
     after = model.generate(**enc, max_new_tokens=6, do_sample=False)
     assert torch.equal(before, after)
     assert "generate" not in model.__dict__
@@ -59,15 +65,28 @@ def test_custom_generate_takes_positional_ids_a_batch_a_method_object_and_return
     enc["attention_mask"][1, :5] = 0  # left padding in the second row
     method = gemfilter.GemFilter(layer=2, topk=10)
     ref = gemfilter.generate(model, enc, method=method, max_new_tokens=4)
-    out = model.generate(enc["input_ids"], attention_mask=enc["attention_mask"], custom_generate=str(HUB),
-                         trust_remote_code=True, gemfilter_method=method, gemfilter_output=True, max_new_tokens=4)
+    out = model.generate(
+        enc["input_ids"],
+        attention_mask=enc["attention_mask"],
+        custom_generate=str(HUB),
+        trust_remote_code=True,
+        gemfilter_method=method,
+        gemfilter_output=True,
+        max_new_tokens=4,
+    )
     assert isinstance(out, gemfilter.GemFilterOutput)
     assert torch.equal(out.sequences, ref.sequences) and out.kept == ref.kept
-    span = model.generate(**prompt(), custom_generate=str(HUB), trust_remote_code=True,
-                          gemfilter_method="gemfilter-span:k=12,layer=2", gemfilter_tokenizer=DotTokenizer(),
-                          max_new_tokens=4)
-    ref = gemfilter.generate(model, prompt(), method=parse_method("gemfilter-span:k=12,layer=2"),
-                             tokenizer=DotTokenizer(), max_new_tokens=4)
+    span = model.generate(
+        **prompt(),
+        custom_generate=str(HUB),
+        trust_remote_code=True,
+        gemfilter_method="gemfilter-span:k=12,layer=2",
+        gemfilter_tokenizer=DotTokenizer(),
+        max_new_tokens=4,
+    )
+    ref = gemfilter.generate(
+        model, prompt(), method=parse_method("gemfilter-span:k=12,layer=2"), tokenizer=DotTokenizer(), max_new_tokens=4
+    )
     assert torch.equal(span, ref.output)
 
 
@@ -94,10 +113,16 @@ def test_export_hub_writes_the_repo_and_it_runs(tmp_path, capsys):
     assert f"hf upload acme/gemfilter {out} ." in capsys.readouterr().out
     model = BUILDERS["llama"]()
     enc = prompt()
-    got = model.generate(**enc, custom_generate=str(out), trust_remote_code=True,
-                         gemfilter_method="gemfilter:k=12,layer=2", max_new_tokens=5)
-    assert torch.equal(got, gemfilter.generate(model, enc, method=parse_method("gemfilter:k=12,layer=2"),
-                                               max_new_tokens=5).output)
+    got = model.generate(
+        **enc,
+        custom_generate=str(out),
+        trust_remote_code=True,
+        gemfilter_method="gemfilter:k=12,layer=2",
+        max_new_tokens=5,
+    )
+    assert torch.equal(
+        got, gemfilter.generate(model, enc, method=parse_method("gemfilter:k=12,layer=2"), max_new_tokens=5).output
+    )
 
 
 def test_export_hub_refuses_a_folder_with_files_in_one_line(tmp_path, capsys):
@@ -122,15 +147,31 @@ def test_custom_generate_under_transformers_5_17(tmp_path):
     shutil.copytree(ROOT / "gemfilter", src / "gemfilter", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheel),
-                    str(src)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheel), str(src)],
+        check=True,
+        capture_output=True,
+    )
     target = tmp_path / "site"
-    subprocess.run([str(TRANSFORMERS_517), "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                    *map(str, wheel.glob("*.whl"))], check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(TRANSFORMERS_517),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            *map(str, wheel.glob("*.whl")),
+        ],
+        check=True,
+        capture_output=True,
+    )
     shutil.copytree(ROOT / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__", "data"))
     code = f"""
 import sys, torch, transformers
-sys.path[:0] = [{str(target)!r}, {str(tmp_path / 'tests')!r}]
+sys.path[:0] = [{str(target)!r}, {str(tmp_path / "tests")!r}]
 import gemfilter
 from gemfilter.methods import parse_method
 from tiny_models import BUILDERS

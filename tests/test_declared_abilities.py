@@ -19,15 +19,22 @@ KIND_TEST = re.compile(r"\b(spec|method|m|cls|\))\.kind\s*(==|!=|not in|in)\s*[\
 
 
 def test_no_ability_is_guessed_with_hasattr_or_getattr():
-    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in SOURCES
-             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if GUESS.search(line)]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for p in SOURCES
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if GUESS.search(line)
+    ]
     assert not found, "\n".join(found)
 
 
 def test_no_string_test_of_a_method_kind():
-    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in SOURCES
-             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-             if KIND_TEST.search(line)]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for p in SOURCES
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if KIND_TEST.search(line)
+    ]
     assert not found, "\n".join(found)
 
 
@@ -57,8 +64,10 @@ def test_every_registered_method_answers_every_declared_ability(name):
     cost = method.prompt_cost(4096, 18)
     assert cost is None or len(cost) == 2
     assert method.serves_engine == (base is not CacheMethod)
-    assert method.protocols == {PromptMethod: ("reselect", "reuse", "stable"), CacheMethod: ("reuse",),
-                                FullMethod: ("full",)}[base]
+    assert (
+        method.protocols
+        == {PromptMethod: ("reselect", "reuse", "stable"), CacheMethod: ("reuse",), FullMethod: ("full",)}[base]
+    )
     if base is PromptMethod:
         assert method.separable and method.selects_from_cache in (True, False)
 

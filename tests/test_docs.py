@@ -28,8 +28,24 @@ from tiny_models import load_toml
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("*_probes/*/README.md"))]
 #: programs that are not this project's: recognised, never run
-EXTERNAL = {"curl", "pip", "git", "cd", "cp", "mkdir", "bash", "for", "do", "done", "export", "ls", "cat", "nvidia-smi",
-            "hf", "vllm"}  # the Hub's command line (publishing the custom_generate repo) and vLLM's
+EXTERNAL = {
+    "curl",
+    "pip",
+    "git",
+    "cd",
+    "cp",
+    "mkdir",
+    "bash",
+    "for",
+    "do",
+    "done",
+    "export",
+    "ls",
+    "cat",
+    "nvidia-smi",
+    "hf",
+    "vllm",
+}  # the Hub's command line (publishing the custom_generate repo) and vLLM's
 #: python modules of other projects that the docs start (the serving engine)
 EXTERNAL_MODULES = ("vllm.",)
 SCRIPTS = load_toml(REPO / "pyproject.toml")["project"]["scripts"]
@@ -44,8 +60,11 @@ def _slug(heading: str) -> str:
 
 
 def _anchors(path: Path) -> set:
-    heads = [line.lstrip("#").strip() for line in path.read_text(encoding="utf-8").splitlines()
-             if line.startswith("#") and not line.startswith("#!")]
+    heads = [
+        line.lstrip("#").strip()
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.startswith("#") and not line.startswith("#!")
+    ]
     return {_slug(h) for h in heads}
 
 
@@ -58,7 +77,9 @@ def _links():
                 yield doc, target
 
 
-@pytest.mark.parametrize("doc,target", list(_links()), ids=lambda v: str(v.relative_to(REPO)) if isinstance(v, Path) else v)
+@pytest.mark.parametrize(
+    "doc,target", list(_links()), ids=lambda v: str(v.relative_to(REPO)) if isinstance(v, Path) else v
+)
 def test_relative_link_resolves(doc, target):
     path, _, anchor = target.partition("#")
     dest = (doc.parent / path).resolve() if path else doc
@@ -98,10 +119,10 @@ def _program(line: str):
             words.pop(0)
     name = Path(words[0]).name
     if name in ("torchrun", "accelerate"):
-        words = words[words.index("-m"):] if "-m" in words else words
+        words = words[words.index("-m") :] if "-m" in words else words
         name = "python"
     if name.startswith("python") and "-m" in words:
-        words = words[words.index("-m"):]
+        words = words[words.index("-m") :]
         name = words.pop(1)
     sub = words[1] if len(words) > 1 and not words[1].startswith("-") else None  # a subcommand, or a value
     if words[0] == "-m":
@@ -151,14 +172,19 @@ def _repo_script(line: str) -> bool:
 
 
 def test_every_shell_line_names_a_known_program():
-    unknown = [(doc.relative_to(REPO), line) for doc, line in _shell_lines()
-               if _program(line)[0] == "external" and _program(line)[1] not in EXTERNAL
-               and not _repo_script(line)]
+    unknown = [
+        (doc.relative_to(REPO), line)
+        for doc, line in _shell_lines()
+        if _program(line)[0] == "external" and _program(line)[1] not in EXTERNAL and not _repo_script(line)
+    ]
     assert not unknown, f"shell lines naming no console script, module, make target or known tool: {unknown}"
 
 
-@pytest.mark.parametrize("kind,name,sub", [c for c in COMMANDS if c[0] in ("script", "module")
-                                           and not c[1].startswith(EXTERNAL_MODULES)], ids=str)
+@pytest.mark.parametrize(
+    "kind,name,sub",
+    [c for c in COMMANDS if c[0] in ("script", "module") and not c[1].startswith(EXTERNAL_MODULES)],
+    ids=str,
+)
 def test_documented_command_runs_its_help(kind, name, sub):
     code, out = _run_help(kind, name, sub)
     assert code == 0, f"{name} {sub or ''} --help exited {code}:\n{out[-2000:]}"
@@ -175,13 +201,20 @@ def test_documented_make_targets_exist():
 DOC_PATH = r"[\w./-]*(?:README|docs/[\w.-]+)\.md"
 #: a cited section: the document's path, then the section's name in quotes (``docs/evals.md, "Choosing ..."``)
 CITED_SECTION = re.compile(rf"({DOC_PATH})(?:'s)?,?\s+(?:section\s+)?[\"“]([^\"”\n]+)[\"”]")
-CITING = [p for folder in ("gemfilter", "eval", "icl_probes", "feature_probes", "tests")
-          for p in sorted((REPO / folder).rglob("*.py")) if p != Path(__file__).resolve()] + DOCS
+CITING = [
+    p
+    for folder in ("gemfilter", "eval", "icl_probes", "feature_probes", "tests")
+    for p in sorted((REPO / folder).rglob("*.py"))
+    if p != Path(__file__).resolve()
+] + DOCS
 
 
 def _headings(path: Path) -> list:
-    return [re.sub(r"[`*]", "", line.lstrip("#").strip()) for line in path.read_text(encoding="utf-8").splitlines()
-            if re.match(r"#{1,6} ", line)]
+    return [
+        re.sub(r"[`*]", "", line.lstrip("#").strip())
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if re.match(r"#{1,6} ", line)
+    ]
 
 
 def citation_problems(text: str, source: Path) -> list:
@@ -204,8 +237,11 @@ def citation_problems(text: str, source: Path) -> list:
 
 def test_every_cited_document_and_section_exists():
     """Docstrings, comments and documents that name a document, or a section of one, name what is there."""
-    problems = [f"{source.relative_to(REPO)}: {problem}" for source in CITING
-                for problem in citation_problems(source.read_text(encoding="utf-8"), source)]
+    problems = [
+        f"{source.relative_to(REPO)}: {problem}"
+        for source in CITING
+        for problem in citation_problems(source.read_text(encoding="utf-8"), source)
+    ]
     assert not problems, "cited documents or sections that are not there:\n" + "\n".join(problems)
 
 
@@ -215,7 +251,8 @@ def test_the_citation_check_finds_a_moved_section():
     assert citation_problems('as icl_probes/label_flip/README.md "Deviations and choices" says', here) == []
     assert citation_problems('feature_probes/mrp/README.md, "Choices"', here) == []  # a heading's first words
     assert citation_problems('README.md, "Choosing the embedded model\'s layer"', here) == [
-        'README.md, "Choosing the embedded model\'s layer": no such section']
+        'README.md, "Choosing the embedded model\'s layer": no such section'
+    ]
     assert citation_problems("measured in docs/nowhere.md", here) == ["docs/nowhere.md: no such file"]
 
 
@@ -227,8 +264,11 @@ def _lock() -> dict:
 
 def _ci_row(job: str) -> str:
     """The row of docs/setup.md's CI table for ``job`` (its first cell, without backticks)."""
-    rows = [line for line in (REPO / "docs" / "setup.md").read_text(encoding="utf-8").splitlines()
-            if line.startswith(f"| `{job}` |")]
+    rows = [
+        line
+        for line in (REPO / "docs" / "setup.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith(f"| `{job}` |")
+    ]
     assert len(rows) == 1, f"docs/setup.md has {len(rows)} CI table rows for {job}"
     return rows[0]
 

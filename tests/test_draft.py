@@ -2,20 +2,27 @@
 
 import pytest
 import torch
+from reference import reference_indices
+from tiny_models import BUILDERS, DotTokenizer, _build
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import gemfilter
 from gemfilter.methods import get_method
-from reference import reference_indices
-from tiny_models import BUILDERS, DotTokenizer, _build
 
 N = 48
 
 
 def target():
     """Wider and deeper than the 4-layer draft, with its vocabulary (96 ids)."""
-    return _build(LlamaForCausalLM, LlamaConfig, hidden_size=96, intermediate_size=128, num_hidden_layers=6,
-                  num_attention_heads=6, num_key_value_heads=3)
+    return _build(
+        LlamaForCausalLM,
+        LlamaConfig,
+        hidden_size=96,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+    )
 
 
 def prompt(n=N, seed=1):
@@ -61,10 +68,11 @@ def test_left_padded_batch_equals_rows_alone():
     draft, big = BUILDERS["llama"](), target()
     short, long = prompt(n=40, seed=5)[0], prompt(seed=6)[0]
     ids, mask = torch.zeros((2, N), dtype=torch.long), torch.zeros((2, N), dtype=torch.long)
-    ids[0, N - 40:], mask[0, N - 40:] = short, 1
+    ids[0, N - 40 :], mask[0, N - 40 :] = short, 1
     ids[1], mask[1] = long, 1
-    both = gemfilter.generate(big, {"input_ids": ids, "attention_mask": mask}, layer=2, topk=20, selector=draft,
-                              max_new_tokens=5)
+    both = gemfilter.generate(
+        big, {"input_ids": ids, "attention_mask": mask}, layer=2, topk=20, selector=draft, max_new_tokens=5
+    )
     for i, row in enumerate((short, long)):
         alone = gemfilter.generate(big, row[None], layer=2, topk=20, selector=draft, max_new_tokens=5)
         assert both.new_tokens[i].tolist() == alone.new_tokens[0].tolist()
@@ -78,5 +86,6 @@ def test_a_vocabulary_mismatch_and_a_cache_method_are_refused():
     with pytest.raises(ValueError, match="selector vocabulary"):
         gemfilter.generate(big, ids, layer=2, topk=12, selector=other, max_new_tokens=2)
     with pytest.raises(ValueError, match="works with the prompt filters .* not snapkv"):
-        gemfilter.generate(big, ids, method=get_method("snapkv", topk=40), selector=BUILDERS["llama"](),
-                           max_new_tokens=2)
+        gemfilter.generate(
+            big, ids, method=get_method("snapkv", topk=40), selector=BUILDERS["llama"](), max_new_tokens=2
+        )

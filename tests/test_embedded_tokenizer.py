@@ -30,8 +30,9 @@ def test_the_trained_ids_pass():
     check_tokenizer(Fixed(IDS), "here")
 
 
-@pytest.mark.parametrize("version,hint", [((5, 17), "pip install 'transformers>=5.23' once"),
-                                          ((5, 24), "delete the folder and load again")])
+@pytest.mark.parametrize(
+    "version,hint", [((5, 17), "pip install 'transformers>=5.23' once"), ((5, 24), "delete the folder and load again")]
+)
 def test_a_tokenizer_without_bos_is_named_with_what_to_do(monkeypatch, version, hint):
     monkeypatch.setattr(compat, "_version", lambda: version)
     with pytest.raises(EmbeddedTokenizerError, match="adds no <bos>") as err:

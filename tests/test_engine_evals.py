@@ -7,16 +7,20 @@ methods) or with the whole prompt (``full``). The real engine is exercised in te
 
 import pytest
 import torch
-
-import gemfilter
-from eval.longbench.runner import RunConfig as LongBenchConfig, run as run_longbench
-from eval.niah.runner import RunConfig as NiahConfig, run as run_niah
-from eval.ruler.runner import RunConfig as RulerConfig, method_specs, run as run_ruler
-from gemfilter.lab.serve.upstream import PROBE
 from niah_fixtures import word_tokenizer, write_haystack
 from serve_fixtures import StubEngine
 from test_ruler_runner import TASKS, write_samples
 from tiny_models import BUILDERS
+
+import gemfilter
+from eval.longbench.runner import RunConfig as LongBenchConfig
+from eval.longbench.runner import run as run_longbench
+from eval.niah.runner import RunConfig as NiahConfig
+from eval.niah.runner import run as run_niah
+from eval.ruler.runner import RunConfig as RulerConfig
+from eval.ruler.runner import method_specs
+from eval.ruler.runner import run as run_ruler
+from gemfilter.lab.serve.upstream import PROBE
 
 
 @pytest.fixture
@@ -28,8 +32,17 @@ def niah_setup(tmp_path):
 
 
 def niah_config(hay, engine=None, methods=("full", "gemfilter")):
-    return NiahConfig(model="tiny", methods=methods, lengths=(260,), depths=(0, 100), topk=40, layer=2,
-                      max_new_tokens=3, haystack_dir=hay, engine=engine)
+    return NiahConfig(
+        model="tiny",
+        methods=methods,
+        lengths=(260,),
+        depths=(0, 100),
+        topk=40,
+        layer=2,
+        max_new_tokens=3,
+        haystack_dir=hay,
+        engine=engine,
+    )
 
 
 def test_niah_sends_the_kept_ids_to_the_engine_and_records_it(niah_setup, tmp_path):
@@ -59,8 +72,9 @@ def test_an_engine_folder_and_a_local_folder_do_not_mix(niah_setup, tmp_path):
     tiny, engine, hay = niah_setup
     run_niah(niah_config(hay, methods=("full",)), tmp_path / "out", model_and_tokenizer=tiny, progress=False)
     with pytest.raises(ValueError, match=r"another setup \(engine: None there, 'http://127.0.0.1:\d+/v1' now\)"):
-        run_niah(niah_config(hay, engine.url, methods=("full",)), tmp_path / "out", model_and_tokenizer=tiny,
-                 progress=False)
+        run_niah(
+            niah_config(hay, engine.url, methods=("full",)), tmp_path / "out", model_and_tokenizer=tiny, progress=False
+        )
 
 
 @pytest.mark.parametrize("runner", ["niah", "ruler", "longbench"])
@@ -69,16 +83,41 @@ def test_kv_cache_methods_are_refused_with_an_engine_before_any_request(niah_set
     pattern = "--engine runs the selection here .* not snapkv"
     with pytest.raises(ValueError, match=pattern):
         if runner == "niah":
-            run_niah(niah_config(hay, engine.url, methods=("full", "snapkv")), tmp_path / "o", model_and_tokenizer=tiny,
-                     progress=False)
+            run_niah(
+                niah_config(hay, engine.url, methods=("full", "snapkv")),
+                tmp_path / "o",
+                model_and_tokenizer=tiny,
+                progress=False,
+            )
         elif runner == "ruler":
-            run_ruler(RulerConfig(model=str(tiny_model_dir), methods=method_specs(("snapkv",), (40,)), tasks=TASKS,
-                                  lengths=(512,), num_samples=1, layer=2, engine=engine.url), tmp_path / "o",
-                      model_and_tokenizer=tiny, progress=False)
+            run_ruler(
+                RulerConfig(
+                    model=str(tiny_model_dir),
+                    methods=method_specs(("snapkv",), (40,)),
+                    tasks=TASKS,
+                    lengths=(512,),
+                    num_samples=1,
+                    layer=2,
+                    engine=engine.url,
+                ),
+                tmp_path / "o",
+                model_and_tokenizer=tiny,
+                progress=False,
+            )
         else:
-            run_longbench(LongBenchConfig(model=str(tiny_model_dir), methods=("snapkv",), tasks=("hotpotqa",),
-                                          limit=1, max_length=400, engine=engine.url), tmp_path / "o",
-                          model_and_tokenizer=tiny, progress=False)
+            run_longbench(
+                LongBenchConfig(
+                    model=str(tiny_model_dir),
+                    methods=("snapkv",),
+                    tasks=("hotpotqa",),
+                    limit=1,
+                    max_length=400,
+                    engine=engine.url,
+                ),
+                tmp_path / "o",
+                model_and_tokenizer=tiny,
+                progress=False,
+            )
     assert engine.bodies == []
 
 
@@ -87,8 +126,15 @@ def test_ruler_sends_the_kept_ids_and_records_the_engine(tmp_path, tiny_model_di
     engine = StubEngine(tokens=tok(PROBE)["input_ids"])
     try:
         out = write_samples(tmp_path / "out")
-        config = RulerConfig(model=str(tiny_model_dir), methods=method_specs(("full", "gemfilter"), (8,)),
-                             tasks=TASKS, lengths=(512,), num_samples=2, layer=2, engine=engine.url)
+        config = RulerConfig(
+            model=str(tiny_model_dir),
+            methods=method_specs(("full", "gemfilter"), (8,)),
+            tasks=TASKS,
+            lengths=(512,),
+            num_samples=2,
+            layer=2,
+            engine=engine.url,
+        )
         merged = run_ruler(config, out, model_and_tokenizer=(model, tok), progress=False)
     finally:
         engine.close()

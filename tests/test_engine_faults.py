@@ -6,13 +6,13 @@ is one ``error:`` line and exit 2, or an error row that a rerun retries; never a
 import json
 
 import pytest
-
 from engine_faults import FaultyEngine
+from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
+
 from eval.niah.cli import main as niah_main
 from gemfilter.lab.bench import report as bench_report
 from gemfilter.lab.io import read_jsonl
 from gemfilter.lab.serve.upstream import PROBE
-from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
 
 pytestmark = pytest.mark.usefixtures("quiet")
 
@@ -30,8 +30,27 @@ def engine_for(fault=None, after=0):
 
 
 def bench_args(model_dir, url, out, *extra):
-    return ["--engine", url, "--model", str(model_dir), "--methods", "gemfilter", "--lengths", "300",
-            "--topk", "16", "--layer", "2", "--gen-tokens", "4", "--timeout", "1", "--out", str(out), *extra]
+    return [
+        "--engine",
+        url,
+        "--model",
+        str(model_dir),
+        "--methods",
+        "gemfilter",
+        "--lengths",
+        "300",
+        "--topk",
+        "16",
+        "--layer",
+        "2",
+        "--gen-tokens",
+        "4",
+        "--timeout",
+        "1",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("fault", STREAM_FAULTS)
@@ -79,8 +98,10 @@ def test_bench_engine_rows_without_the_proof_are_measured_again(tiny_dir, tmp_pa
     try:
         assert bench_report.main(bench_args(tiny_dir, engine.url, tmp_path)) == 0
         path = tmp_path / "bench-engine.jsonl"
-        old = [{k: v for k, v in r.items() if k not in ("done", "finish_reason", "tokens", "tokens_from")}
-               for r in read_jsonl(path)]
+        old = [
+            {k: v for k, v in r.items() if k not in ("done", "finish_reason", "tokens", "tokens_from")}
+            for r in read_jsonl(path)
+        ]
         path.write_text("".join(json.dumps(r) + "\n" for r in old))
         before = engine.completions
         assert bench_report.main(bench_args(tiny_dir, engine.url, tmp_path)) == 0
@@ -97,16 +118,36 @@ def test_bench_engine_says_which_of_several_methods_it_measures(tiny_dir, tmp_pa
         assert bench_report.main(args) == 0
     finally:
         engine.close()
-    assert "measures full against one prompt method, the last of --methods: gemfilter (not gemfilter-span)" in \
-        capsys.readouterr().err
+    assert (
+        "measures full against one prompt method, the last of --methods: gemfilter (not gemfilter-span)"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("fault", ANSWER_FAULTS)
 def test_niah_engine_fault_is_one_error_line_and_the_cell_is_retried(tiny_dir, tmp_path, capsys, fault):
     hay = write_haystack(tmp_path / "hay")
-    args = ["--model", str(tiny_dir), "--methods", "full,gemfilter", "--lengths", "260", "--depths", "0,100",
-            "--topk", "40", "--layer", "2", "--max-new-tokens", "3", "--haystack-dir", str(hay),
-            "--out", str(tmp_path / "out"), "--no-progress"]
+    args = [
+        "--model",
+        str(tiny_dir),
+        "--methods",
+        "full,gemfilter",
+        "--lengths",
+        "260",
+        "--depths",
+        "0,100",
+        "--topk",
+        "40",
+        "--layer",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--haystack-dir",
+        str(hay),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
     engine = engine_for(fault, after=1)
     try:
         assert niah_main(args + ["--engine", engine.url]) == 2
@@ -125,12 +166,16 @@ def test_niah_engine_fault_is_one_error_line_and_the_cell_is_retried(tiny_dir, t
 @pytest.mark.parametrize("fault", ["empty", "no-choices", "cut-body"])
 @pytest.mark.parametrize("runner", ["ruler", "longbench"])
 def test_ruler_and_longbench_engine_faults_are_an_error_and_no_row(tiny_model_dir, tmp_path, runner, fault):
-    import gemfilter
-    from eval.longbench.runner import RunConfig as LongBenchConfig, run as run_longbench
-    from eval.ruler.runner import RunConfig as RulerConfig, method_specs, run as run_ruler
-    from gemfilter.lab.serve.upstream import UpstreamError
     from longbench_fixtures import write_words
     from test_ruler_runner import TASKS, write_samples
+
+    import gemfilter
+    from eval.longbench.runner import RunConfig as LongBenchConfig
+    from eval.longbench.runner import run as run_longbench
+    from eval.ruler.runner import RunConfig as RulerConfig
+    from eval.ruler.runner import method_specs
+    from eval.ruler.runner import run as run_ruler
+    from gemfilter.lab.serve.upstream import UpstreamError
 
     model, tok = gemfilter.load_model(str(tiny_model_dir))
     engine = FaultyEngine(fault, after=1, tokens=tok(PROBE)["input_ids"])
@@ -138,13 +183,26 @@ def test_ruler_and_longbench_engine_faults_are_an_error_and_no_row(tiny_model_di
     try:
         with pytest.raises(UpstreamError, match="the engine") as err:  # an OSError: one 'error:' line in the CLIs
             if runner == "ruler":
-                config = RulerConfig(model=str(tiny_model_dir), methods=method_specs(("full",), (8,)), tasks=TASKS[:1],
-                                     lengths=(512,), num_samples=2, layer=2, engine=engine.url)
+                config = RulerConfig(
+                    model=str(tiny_model_dir),
+                    methods=method_specs(("full",), (8,)),
+                    tasks=TASKS[:1],
+                    lengths=(512,),
+                    num_samples=2,
+                    layer=2,
+                    engine=engine.url,
+                )
                 run_ruler(config, write_samples(out), model_and_tokenizer=(model, tok), progress=False)
             else:
-                config = LongBenchConfig(model=str(tiny_model_dir), methods=("full",), tasks=("hotpotqa",), limit=2,
-                                         max_length=400, data_dir=str(write_words(tmp_path / "data")),
-                                         engine=engine.url)
+                config = LongBenchConfig(
+                    model=str(tiny_model_dir),
+                    methods=("full",),
+                    tasks=("hotpotqa",),
+                    limit=2,
+                    max_length=400,
+                    data_dir=str(write_words(tmp_path / "data")),
+                    engine=engine.url,
+                )
                 run_longbench(config, out, model_and_tokenizer=(model, tok), progress=False)
     finally:
         engine.close()

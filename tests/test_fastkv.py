@@ -16,6 +16,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import BUILDERS, FILTER_LAYER, on
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -23,7 +24,6 @@ import gemfilter
 from gemfilter.compat import output_cache
 from gemfilter.methods import FastKV, get_method
 from gemfilter.methods.fastkv import tsp_default_layer
-from tiny_models import BUILDERS, FILTER_LAYER, on
 
 N = 48
 pytestmark = pytest.mark.usefixtures("quiet_sliding_filter_layer")
@@ -87,14 +87,16 @@ class Reference:
         self.model.set_attn_implementation(self.name)
         try:
             with torch.no_grad():
-                return self.model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=position_ids,
-                                  use_cache=False).logits
+                return self.model(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=position_ids, use_cache=False
+                ).logits
         finally:
             self.model.set_attn_implementation(base)
 
 
 def windows_of(model):
     from gemfilter.selection import num_layers, sliding_window_of
+
     return [sliding_window_of(model, i) for i in range(num_layers(model))]
 
 
@@ -103,8 +105,6 @@ def masked_reference(model, method, ids, generated):
     n, tsp, win = ids.shape[1], method.layer, windows_of(model)
     ref = Reference(model)
     T = n
-    pos = torch.arange(n)
-    causal = pos[None, :] <= pos[:, None]
 
     def base(i, T):
         p = torch.arange(T)
@@ -118,8 +118,9 @@ def masked_reference(model, method, ids, generated):
     h_kv = ref.qk[0][1].shape[1]
     groups = ref.qk[0][0].shape[1] // h_kv
     scaling = model.model.layers[0].self_attn.scaling
-    _, kept = official_update_kv(*ref.qk[tsp], method.window, method.kernel, method.pooling, method.topk,
-                                 method.tsp_len, scaling, groups, True)
+    _, kept = official_update_kv(
+        *ref.qk[tsp], method.window, method.kernel, method.pooling, method.topk, method.tsp_len, scaling, groups, True
+    )
     in_p = torch.zeros(n, dtype=torch.bool)
     in_p[kept] = True
 
@@ -136,8 +137,9 @@ def masked_reference(model, method, ids, generated):
             continue
         if i > tsp:
             q, k = q[:, :, kept], k[:, :, kept]
-        rows, _ = official_update_kv(q, k, method.window, method.kernel, method.pooling, method.topk,
-                                     method.tsp_len, scaling, groups, False)
+        rows, _ = official_update_kv(
+            q, k, method.window, method.kernel, method.pooling, method.topk, method.tsp_len, scaling, groups, False
+        )
         prompt_pos = torch.arange(n) if i <= tsp else kept
         caches[i] = prompt_pos[rows] if rows is not None else prompt_pos.expand(h_kv, -1)
     seq = torch.cat([ids, generated[None, :-1]], dim=1)
@@ -155,7 +157,7 @@ def masked_reference(model, method, ids, generated):
         ok[:, n:, :n] &= cached[:, None, :]
         return ok
 
-    logits = ref.forward(seq, step_allowed)[0, n - 1:]
+    logits = ref.forward(seq, step_allowed)[0, n - 1 :]
     return logits, kept, caches
 
 
@@ -166,8 +168,7 @@ def test_fastkv_equals_the_masked_reference_and_the_official_indices(family, top
     ids = prompt()
     method = FastKV(layer=FILTER_LAYER[family], topk=topk, tsp_len=tsp_len)
     with gemfilter.apply(model, method) as handle:
-        out = model.generate(ids, max_new_tokens=6, do_sample=False, return_dict_in_generate=True,
-                             output_scores=True)
+        out = model.generate(ids, max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True)
     generated = out.sequences[0, N:]
     logits, kept, caches = masked_reference(model, method, ids, generated)
     assert torch.equal(handle.selection.indices[0], kept)
@@ -190,8 +191,9 @@ def test_kept_kv_rows_equal_the_official_code_path():
     ref.forward(ids, lambda i: (torch.arange(N)[None, :] <= torch.arange(N)[:, None])[None])
     for i in (0, 1, 2):
         q, k = ref.qk[i]
-        rows, _ = official_update_kv(q, k, 8, 7, "avg", 24, 32, model.model.layers[i].self_attn.scaling,
-                                     q.shape[1] // k.shape[1], False)
+        rows, _ = official_update_kv(
+            q, k, 8, 7, "avg", 24, 32, model.model.layers[i].self_attn.scaling, q.shape[1] // k.shape[1], False
+        )
         want = k.gather(2, rows[None, :, :, None].expand(-1, -1, -1, k.shape[-1]))
         assert torch.allclose(cache.layers[i].keys, want, atol=1e-5), i
     assert cache.layers[3].keys.shape[2] == 24  # the later layer compressed its 32 propagated tokens to 24
@@ -203,8 +205,9 @@ def test_budgets_at_least_n_equal_plain_generate(family, device):
     ids = prompt().to(device)
     full = model.generate(ids, max_new_tokens=8, do_sample=False)
     for topk, tsp_len in [(N, N), (N + 16, 2048), (1024, N)]:
-        out = gemfilter.generate(model, ids, method=FastKV(layer=FILTER_LAYER[family], topk=topk, tsp_len=tsp_len),
-                                 max_new_tokens=8)
+        out = gemfilter.generate(
+            model, ids, method=FastKV(layer=FILTER_LAYER[family], topk=topk, tsp_len=tsp_len), max_new_tokens=8
+        )
         assert torch.equal(out.sequences, full), (topk, tsp_len)
 
 
@@ -214,8 +217,10 @@ def test_banded_kernel_gives_the_same_fastkv_answer():
     gemfilter.set_attention(banded, "banded")
     ids = prompt(n=64)
     method = FastKV(layer=1, topk=24, tsp_len=32)
-    outs = [gemfilter.generate(m, ids, method=method, max_new_tokens=6, output_scores=True,
-                               return_dict_in_generate=True) for m in (sdpa, banded)]
+    outs = [
+        gemfilter.generate(m, ids, method=method, max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
+        for m in (sdpa, banded)
+    ]
     assert torch.equal(outs[0].sequences, outs[1].sequences)
     assert torch.allclose(torch.stack(outs[0].output.scores), torch.stack(outs[1].output.scores), atol=1e-4)
     assert banded.config._attn_implementation == "banded"
@@ -228,21 +233,24 @@ def test_gemfilter_orig_pos_keeps_original_positions(family):
     model = BUILDERS[family]()
     ids = prompt()
     layer = FILTER_LAYER[family]
-    out = gemfilter.generate(model, ids, method=get_method("gemfilter-orig-pos", layer=layer, topk=20),
-                             max_new_tokens=6)
+    out = gemfilter.generate(
+        model, ids, method=get_method("gemfilter-orig-pos", layer=layer, topk=20), max_new_tokens=6
+    )
     kept = out.selection.indices[0]
     plain = gemfilter.generate(model, ids, method=get_method("gemfilter", layer=layer, topk=20), max_new_tokens=6)
     assert torch.equal(plain.selection.indices[0], kept)  # the same selection; only the positions differ
     win, ref = windows_of(model), Reference(model)
     seq, pos = ids[:, kept], kept
     for t in range(6):
+
         def allowed(i, p=pos):
             ok = p[None, :] <= p[:, None]
             return (ok & (p[None, :] > p[:, None] - win[i]) if win[i] is not None else ok)[None]
+
         logits = ref.forward(seq, allowed, position_ids=pos[None])
         seq = torch.cat([seq, logits[:, -1:].argmax(-1)], dim=1)
         pos = torch.cat([pos, torch.tensor([N + t])])
-    assert torch.equal(out.new_tokens[0], seq[0, len(kept):])
+    assert torch.equal(out.new_tokens[0], seq[0, len(kept) :])
 
 
 def test_gemfilter_orig_pos_padded_batch_equals_single_rows():
@@ -262,15 +270,20 @@ def test_default_tsp_layer_is_the_official_choice():
     from transformers import AutoConfig
 
     from gemfilter.lab.bench.archs import arch_config
+
     for name, layer in [("llama-3.1-8b", 15), ("mistral-nemo-12b", 19)]:
         assert tsp_default_layer(arch_config(f"config:{name}")) == layer
     gemma = BUILDERS["gemma3"]().config  # 4 layers, full attention at 1 and 3: m/2 - 1 = 1
     assert tsp_default_layer(gemma) == 1
-    cfg = AutoConfig.for_model("gemma3_text", num_hidden_layers=18, layer_types=[
-        "full_attention" if i in (5, 11, 17) else "sliding_attention" for i in range(18)])
+    cfg = AutoConfig.for_model(
+        "gemma3_text",
+        num_hidden_layers=18,
+        layer_types=["full_attention" if i in (5, 11, 17) else "sliding_attention" for i in range(18)],
+    )
     assert tsp_default_layer(cfg) == 11  # the embedded model: m/2 - 1 = 8 is a sliding layer
     model = BUILDERS["llama"]()
     from gemfilter.apply import resolve
+
     # resolve() fills in the TSP rule (1 on the tiny Llama: m/2 - 1), not GemFilter's filter layer (2)
     assert resolve(model, FastKV()).layer == 1 != resolve(model, get_method("gemfilter")).layer
 
@@ -287,8 +300,12 @@ def test_bad_parameters_are_refused_with_what_is_allowed():
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
     with pytest.raises(ValueError, match="left-padded batches are not supported"):
-        gemfilter.generate(model, {"input_ids": ids, "attention_mask": mask},
-                           method=FastKV(layer=2, topk=24, tsp_len=32), max_new_tokens=1)
+        gemfilter.generate(
+            model,
+            {"input_ids": ids, "attention_mask": mask},
+            method=FastKV(layer=2, topk=24, tsp_len=32),
+            max_new_tokens=1,
+        )
 
 
 def test_batch_rows_equal_single_rows():
@@ -297,8 +314,8 @@ def test_batch_rows_equal_single_rows():
     method = FastKV(layer=2, topk=24, tsp_len=32)
     both = gemfilter.generate(model, ids, method=method, max_new_tokens=5).sequences
     for r in range(2):
-        one = gemfilter.generate(model, ids[r:r + 1], method=method, max_new_tokens=5).sequences
-        assert torch.equal(both[r:r + 1], one)
+        one = gemfilter.generate(model, ids[r : r + 1], method=method, max_new_tokens=5).sequences
+        assert torch.equal(both[r : r + 1], one)
 
 
 def test_replace_keeps_validation():
@@ -359,14 +376,16 @@ def test_half_precision_kept_rows_follow_the_official_casts(dtype, device):
         topk, tsp_len = (24, 40) if case % 4 < 2 else (16, 20)
         want_rows, want_tsp = official_update_kv_casts(query, key, 8, 7, "avg", topk, tsp_len, h // h_kv)
         method = FastKV(layer=0, topk=topk, tsp_len=tsp_len)
-        pooled = method.scores(query, key, valid, d ** -0.5)
+        pooled = method.scores(query, key, valid, d**-0.5)
         assert pooled.dtype == dtype
         assert torch.equal(method.keep_plan(pooled, h_kv, valid)[0], want_rows), case
         assert torch.equal(method.propagate(pooled, h_kv, valid)[0][0], want_tsp), case
         fp32 = dataclasses.replace(method, score_dtype="fp32")
-        pooled32 = fp32.scores(query, key, valid, d ** -0.5)
-        differs += not (torch.equal(fp32.keep_plan(pooled32, h_kv, valid)[0], want_rows)
-                        and torch.equal(fp32.propagate(pooled32, h_kv, valid)[0][0], want_tsp))
+        pooled32 = fp32.scores(query, key, valid, d**-0.5)
+        differs += not (
+            torch.equal(fp32.keep_plan(pooled32, h_kv, valid)[0], want_rows)
+            and torch.equal(fp32.propagate(pooled32, h_kv, valid)[0][0], want_tsp)
+        )
     assert (differs > 0) == (dtype != torch.float32), differs
 
 
@@ -378,15 +397,17 @@ def test_score_dtype_is_checked():
 def test_all_sliding_model_with_a_wide_window_is_refused_not_reported_as_compressed():
     """Mistral-style config, every layer a 48-token window, n=60, topk=24: each layer would cache 47 rows under
     'kept 24'. fastkv refuses by name; with topk >= 47 it runs and every layer caches at most topk rows."""
-    from transformers import MistralConfig, MistralForCausalLM
-
     from tiny_models import COMMON
+    from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
     model = MistralForCausalLM(MistralConfig(**{**COMMON, "sliding_window": 48, "head_dim": 16})).eval()
     ids = prompt(60)
-    with pytest.raises(ValueError, match=r"fastkv compresses only full-attention layers.*each would cache 47 rows, "
-                                         r"more than topk=24"):
+    with pytest.raises(
+        ValueError,
+        match=r"fastkv compresses only full-attention layers.*each would cache 47 rows, "
+        r"more than topk=24",
+    ):
         gemfilter.generate(model, ids, method=FastKV(layer=2, topk=24, tsp_len=32), max_new_tokens=1)
     with gemfilter.apply(model, FastKV(layer=2, topk=47, tsp_len=32)):
         out = model.generate(ids, max_new_tokens=1, do_sample=False, return_dict_in_generate=True)

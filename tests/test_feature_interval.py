@@ -24,10 +24,15 @@ DOCS = MEASURED.parents[1] / "docs" / "feature-probes.md"
 
 def test_labels_by_hand():
     A = torch.tensor([0, 2, 3, 5])
-    phi = torch.tensor([[1, 1, 1, 0, 0, 1, 0],   # sum over A: 1+1+0+1 = 3
-                        [0, 1, 0, 0, 1, 0, 1],   # 0
-                        [1, 0, 1, 1, 0, 1, 1],   # 4
-                        [1, 0, 0, 1, 0, 0, 0]], dtype=torch.float)  # 2
+    phi = torch.tensor(
+        [
+            [1, 1, 1, 0, 0, 1, 0],  # sum over A: 1+1+0+1 = 3
+            [0, 1, 0, 0, 1, 0, 1],  # 0
+            [1, 0, 1, 1, 0, 1, 1],  # 4
+            [1, 0, 0, 1, 0, 0, 0],
+        ],
+        dtype=torch.float,
+    )  # 2
     assert interval_labels(phi, A, 2, 3).tolist() == [1.0, -1.0, -1.0, 1.0]
     assert interval_labels(phi, A, 3, 4).tolist() == [1.0, -1.0, 1.0, -1.0]
     gen = torch.Generator().manual_seed(0)
@@ -55,7 +60,8 @@ def test_exact_law_numbers_written_out():
     mu = (es_pos / pos + es_neg / (1 - pos)) / 2 / 30
     assert SPEC.centre_and_scale()[1] ** 2 == pytest.approx(30 * mu * (1 - mu) + 70 / 4)
     assert replace(SPEC, structured=False, balanced=False).positive_share() == pytest.approx(
-        sum(math.comb(30, s) for s in range(20, 31)) / 2 ** 30)
+        sum(math.comb(30, s) for s in range(20, 31)) / 2**30
+    )
     # t2 = k: the label is a threshold on s; an interval inside [0, k] is not (k = 2, [1, 1]: XOR of two bits)
     assert SPEC.linear_ceiling() == pytest.approx(1.0) and natural.majority_share() == pytest.approx(pos)
     xor = IntervalSpec(d=4, D=2, k=2, t1=1, t2=1, p_a=0.5, balanced=False)  # P(s) = 1/4, 1/2, 1/4
@@ -88,8 +94,8 @@ def test_sampled_law_matches_the_exact_numbers(balanced):
 def test_hyper_parameters_come_from_the_structured_law():
     h = hyper(replace(PRESETS["cpu"], laws=(False,)))
     gamma, sigma = SPEC.gamma(), SPEC.centre_and_scale()[1]
-    assert h["sigma_a"] == pytest.approx(sigma ** 2 / (gamma * 900)) and h["sigma_w"] == pytest.approx(1 / 30)
-    assert h["eta1"] == pytest.approx(gamma ** 2 * sigma ** 2 / (30 * 100 ** 3))
+    assert h["sigma_a"] == pytest.approx(sigma**2 / (gamma * 900)) and h["sigma_w"] == pytest.approx(1 / 30)
+    assert h["eta1"] == pytest.approx(gamma**2 * sigma**2 / (30 * 100**3))
     assert h["eta3"] == pytest.approx(900 / (200 * 100 ** (1 / 3)))
     with pytest.raises(ValueError, match="t1=31"):
         IntervalSpec(t1=31, t2=31).check()
@@ -139,8 +145,10 @@ def test_the_committed_runs_are_there():
 def test_committed_interval_summaries_are_their_results_tables(folder):
     """Each committed table is what its committed result gives, and the result's rows are the JSONL's."""
     result = json.loads((MEASURED / folder / "interval_result.json").read_text())
-    assert cli.markdown(result["runs"], result["config"], result["command"]) == (
-        MEASURED / folder / "interval_summary.md").read_text()
+    assert (
+        cli.markdown(result["runs"], result["config"], result["command"])
+        == (MEASURED / folder / "interval_summary.md").read_text()
+    )
     rows = [json.loads(line) for line in (MEASURED / folder / "interval_runs.jsonl").read_text().splitlines()]
     slim = [{k: v for k, v in r.items() if k != "mds"} for r in rows]
     assert all(r in slim for r in result["runs"])

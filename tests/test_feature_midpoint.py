@@ -9,8 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from feature_probes.midpoint_mixup import cli
-from feature_probes.midpoint_mixup.data import (MultiViewSpec, concat_views, fixed_extras, make_multiview, pair_classes,
-                                                single_view)
+from feature_probes.midpoint_mixup.data import (
+    MultiViewSpec,
+    concat_views,
+    fixed_extras,
+    make_multiview,
+    pair_classes,
+    single_view,
+)
 from feature_probes.midpoint_mixup.model import MultiViewNet, SmallCNN, batch_mixup_loss, mixup_loss, relu_tilde
 
 SPEC = MultiViewSpec(k=5, P=12, C_P=2, Q=2, delta1=0.1, delta2=1.0, delta3=0.02, delta4=0.05)
@@ -60,9 +66,9 @@ def test_single_view_zeroes_exactly_the_other_features_patches():
 def test_relu_tilde_by_hand():
     alpha, rho = 8.0, 0.1
     z = torch.tensor([-1.0, 0.0, 0.05, 0.1, 0.3])
-    expect = [0.0, 0.0, 0.05 ** 8 / (8 * 0.1 ** 7), 0.1 - 0.875 * 0.1, 0.3 - 0.875 * 0.1]
+    expect = [0.0, 0.0, 0.05**8 / (8 * 0.1**7), 0.1 - 0.875 * 0.1, 0.3 - 0.875 * 0.1]
     assert relu_tilde(z, alpha, rho).tolist() == pytest.approx(expect, rel=1e-5, abs=1e-12)
-    assert 0.1 ** 8 / (8 * 0.1 ** 7) == pytest.approx(0.1 - 0.875 * 0.1)  # continuous at rho
+    assert 0.1**8 / (8 * 0.1**7) == pytest.approx(0.1 - 0.875 * 0.1)  # continuous at rho
 
 
 def _g_loops(model, x):
@@ -107,10 +113,11 @@ def test_midpoint_loss_is_cross_entropy_against_the_half_half_label_mix():
                 terms.append(ce)
                 if data.y[i] != data.y[j]:
                     diff.append(ce)
-        assert float(mixup_loss(model, data.x, data.y, "midpoint")) == pytest.approx(sum(terms) / n ** 2, rel=1e-5)
+        assert float(mixup_loss(model, data.x, data.y, "midpoint")) == pytest.approx(sum(terms) / n**2, rel=1e-5)
         assert float(mixup_loss(model, data.x, data.y, "midpoint", pairs="different", chunk=4)) == pytest.approx(
-            sum(diff) / len(diff), rel=1e-5)
-        erm = sum(float(F.cross_entropy(_g_loops(model, data.x[i:i + 1]), data.y[i:i + 1])) for i in range(n)) / n
+            sum(diff) / len(diff), rel=1e-5
+        )
+        erm = sum(float(F.cross_entropy(_g_loops(model, data.x[i : i + 1]), data.y[i : i + 1])) for i in range(n)) / n
         assert float(mixup_loss(model, data.x, data.y, "erm")) == pytest.approx(erm, rel=1e-5)
 
 
@@ -123,8 +130,10 @@ def test_uniform_mixup_loss_by_hand_with_the_same_lambdas():
         for i in range(5):
             for j in range(5):
                 out = _g_loops(model, (lam[i, j] * data.x[i] + (1 - lam[i, j]) * data.x[j])[None])
-                total += float(lam[i, j] * F.cross_entropy(out, data.y[i:i + 1])
-                               + (1 - lam[i, j]) * F.cross_entropy(out, data.y[j:j + 1]))
+                total += float(
+                    lam[i, j] * F.cross_entropy(out, data.y[i : i + 1])
+                    + (1 - lam[i, j]) * F.cross_entropy(out, data.y[j : j + 1])
+                )
         got = mixup_loss(model, data.x, data.y, "uniform", torch.Generator().manual_seed(9))
     assert float(got) == pytest.approx(total / 25, rel=1e-5)
     with pytest.raises(ValueError, match="allowed"):

@@ -6,10 +6,10 @@ import itertools
 import pytest
 import torch
 
+from feature_probes.common import smoothed_relu
 from feature_probes.mrp import cli
 from feature_probes.mrp.data import PatchSpec, apply_mask, make_patch_data, sample_mask
 from feature_probes.mrp.model import Encoder, capture, class_scores, mrp_loss_expected, mrp_loss_sampled, teacher_tau
-from feature_probes.common import smoothed_relu
 
 CLEAN = PatchSpec(k=4, d=12, P=16, C_p=2, mu=0.5, s=2.0, gamma=0.0, noise_scale=0.0)
 
@@ -45,11 +45,11 @@ def test_patch_data_follows_definition_3_1_without_noise():
 def test_noise_has_the_stated_scales():
     spec = PatchSpec(k=4, d=400, P=16, C_p=2, gamma=0.05)
     data = make_patch_data(spec, 200, torch.Generator().manual_seed(1))
-    tail = data.x[:, :, 2 * spec.k:]  # coordinates orthogonal to every feature: pure Gaussian noise
+    tail = data.x[:, :, 2 * spec.k :]  # coordinates orthogonal to every feature: pure Gaussian noise
     on = tail[data.owner >= 0]
     off = tail[data.owner < 0]
     assert float(on.std()) == pytest.approx(spec.sigma_p(), rel=0.05)
-    assert float(off.std()) == pytest.approx(spec.gamma * spec.k / spec.d ** 0.5, rel=0.05)
+    assert float(off.std()) == pytest.approx(spec.gamma * spec.k / spec.d**0.5, rel=0.05)
 
 
 def test_masked_patches_are_exactly_zero():

@@ -14,8 +14,19 @@ import torch
 from feature_probes.parity import cli
 from feature_probes.parity.data import ParitySpec, make_problem, make_split, normalise, parity_labels, sample_phi
 from feature_probes.parity.experiments import PRESETS, _stage3, cos_to_star, hyper
-from feature_probes.parity.model import (FixedFeatureHead, LinearisedNet, NTKFeatures, TwoLayerNet, clip_relu, gd_step,
-                                        hinge, ntk_predict, ntk_ridge, regulariser, smoothed_clip_relu)
+from feature_probes.parity.model import (
+    FixedFeatureHead,
+    LinearisedNet,
+    NTKFeatures,
+    TwoLayerNet,
+    clip_relu,
+    gd_step,
+    hinge,
+    ntk_predict,
+    ntk_ridge,
+    regulariser,
+    smoothed_clip_relu,
+)
 
 SPEC = ParitySpec()  # the simulation's d = 500, D = 100, k = 5, p_o = 1/2
 
@@ -24,7 +35,9 @@ MEASURED = Path(__file__).resolve().parents[1] / "measured" / "feature_probes"
 
 def test_labels_by_hand():
     A = torch.tensor([1, 3, 4])
-    phi = torch.tensor([[0, 1, 0, 1, 1, 0], [0, 0, 0, 0, 0, 1], [1, 1, 1, 0, 0, 1], [0, 1, 0, 0, 0, 0]], dtype=torch.float)
+    phi = torch.tensor(
+        [[0, 1, 0, 1, 1, 0], [0, 0, 0, 0, 0, 1], [1, 1, 1, 0, 0, 1], [0, 1, 0, 0, 0, 0]], dtype=torch.float
+    )
     # sums over A: 3 (odd), 0 (even), 1 (odd), 1 (odd)
     assert parity_labels(phi, A).tolist() == [1.0, -1.0, 1.0, 1.0]
     gen = torch.Generator().manual_seed(0)
@@ -47,7 +60,7 @@ def test_structured_law_statistics():
     block = phi[:, problem.A]
     constant = ((block.sum(dim=1) == 0) | (block.sum(dim=1) == SPEC.k)).float().mean()
     # D^(1) always has a constant block; D^(0) has one with probability 2/2^k
-    assert float(constant) == pytest.approx(0.5 + 0.5 * 2 / 2 ** SPEC.k, abs=0.01)
+    assert float(constant) == pytest.approx(0.5 + 0.5 * 2 / 2**SPEC.k, abs=0.01)
     cov = (y[:, None] * phi).mean(dim=0) - y.mean() * phi.mean(dim=0)
     on_a = torch.zeros(SPEC.D, dtype=torch.bool)
     on_a[problem.A] = True
@@ -98,7 +111,9 @@ def _small():
 def test_symmetric_init_and_the_first_two_steps():
     x, y, net = _small()
     m = 8
-    assert torch.equal(net.w[:m], net.w[m:]) and torch.equal(net.b[:m], net.b[m:]) and torch.equal(net.a[:m], -net.a[m:])
+    assert (
+        torch.equal(net.w[:m], net.w[m:]) and torch.equal(net.b[:m], net.b[m:]) and torch.equal(net.a[:m], -net.a[m:])
+    )
     assert float(net(x).detach().abs().max()) < 1e-6  # g = 0 at init
     eta, s = 1e-3, 1 / 9
 
@@ -126,9 +141,9 @@ def test_linearised_net_is_the_first_order_taylor_expansion():
             p.copy_(torch.randn(p.shape, generator=gen))
     for i in range(5):
         net.zero_grad()
-        net(x[i:i + 1]).sum().backward()  # plain sigma: its derivative is 1 on (0, 1), as in LinearisedNet
+        net(x[i : i + 1]).sum().backward()  # plain sigma: its derivative is 1 on (0, 1), as in LinearisedNet
         expect = (net.w.grad * lin.dw).sum() + (net.b.grad * lin.db).sum() + (net.a.grad * lin.da).sum()
-        assert float(lin(x[i:i + 1]).detach()) == pytest.approx(float(expect.detach()), rel=1e-4, abs=1e-5)
+        assert float(lin(x[i : i + 1]).detach()) == pytest.approx(float(expect.detach()), rel=1e-4, abs=1e-5)
 
 
 def test_fixed_feature_head_standardises_with_training_statistics():
@@ -145,12 +160,17 @@ def test_fixed_feature_head_standardises_with_training_statistics():
 
 def test_hyper_parameters_of_the_simulation():
     h = hyper(PRESETS["cpu"])
-    assert h["sigma_a"] == pytest.approx(4.0) and h["sigma_w"] == pytest.approx(0.2) and h["sigma_b"] == pytest.approx(0.04)
-    assert h["eta1"] == pytest.approx((1 / 16) * 25 / (5 * 300 ** 3))
+    assert (
+        h["sigma_a"] == pytest.approx(4.0)
+        and h["sigma_w"] == pytest.approx(0.2)
+        and h["sigma_b"] == pytest.approx(0.04)
+    )
+    assert h["eta1"] == pytest.approx((1 / 16) * 25 / (5 * 300**3))
     assert h["eta3"] == pytest.approx(25 / (600 * 300 ** (1 / 3)))
     star = torch.tensor([1.0, 1.0, 0.0])
     assert cos_to_star(torch.tensor([[1.0, 0.0, 0.0], [-1.0, -1.0, 0.0], [2.0, 2.0, 0.1]]), star) == pytest.approx(
-        4 / (math.sqrt(8.01) * math.sqrt(2)))
+        4 / (math.sqrt(8.01) * math.sqrt(2))
+    )
 
 
 def test_cli_help_bad_input_and_resume(tmp_path, capsys):
@@ -175,7 +195,7 @@ def test_ntk_features_are_the_networks_gradient_at_initialisation():
     dense = feats.dense(x[:6])
     for i in range(6):
         net.zero_grad()
-        net(x[i:i + 1]).sum().backward()  # plain sigma, derivative 1 on (0, 1)
+        net(x[i : i + 1]).sum().backward()  # plain sigma, derivative 1 on (0, 1)
         grad = torch.cat([net.a.grad, net.w.grad.reshape(-1), net.b.grad])
         assert torch.allclose(dense[i], grad, atol=1e-6)
 
@@ -254,8 +274,10 @@ def test_report_writes_the_summary_again_and_refuses_a_folder_without_a_result(t
 def test_committed_parity_summaries_are_their_results_tables(folder):
     """Each committed table under measured/feature_probes/parity* is what its committed result gives."""
     result = json.loads((MEASURED / folder / "parity_result.json").read_text())
-    assert cli.markdown(result["runs"], result["config"], result["command"]) == (
-        MEASURED / folder / "parity_summary.md").read_text()
+    assert (
+        cli.markdown(result["runs"], result["config"], result["command"])
+        == (MEASURED / folder / "parity_summary.md").read_text()
+    )
 
 
 def test_docs_gd_sweep_rows_are_the_committed_results():
@@ -272,8 +294,12 @@ def test_docs_gd_sweep_rows_are_the_committed_results():
             folder = cells[0].strip("|` ")
             result = json.loads((MEASURED / folder / "parity_result.json").read_text())
             net = next(u for u in result["runs"] if u["structured"] == structured)["methods"]["network"]
-            want = [str(result["config"]["steps"]), f"{100 * net['train_acc']:.1f}", f"{100 * net['test_acc']:.1f}",
-                    f"{net['cos']:.3f}"]
+            want = [
+                str(result["config"]["steps"]),
+                f"{100 * net['train_acc']:.1f}",
+                f"{100 * net['test_acc']:.1f}",
+                f"{net['cos']:.3f}",
+            ]
             assert [c.strip("| ") for c in cells[2:]] == want, (marker, folder)
     paper = re.search(r"<!-- parity-paper -->(.*?)<!-- /parity-paper -->", text, re.S).group(1).strip()
     assert paper in (MEASURED / "parity-paper" / "parity_summary.md").read_text()

@@ -9,12 +9,12 @@ import warnings
 
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER, _build
 from transformers import MistralConfig, MistralForCausalLM
 
 import gemfilter
 from gemfilter import compat
 from gemfilter.methods import get_method
-from tiny_models import BUILDERS, FILTER_LAYER, _build
 
 PROMPT = 48
 NEW = 6
@@ -88,16 +88,22 @@ def test_a_cache_filled_outside_the_block_is_refused(models, name):
             model.generate(ids_of(), max_new_tokens=NEW, do_sample=False, **compat.cache_kwargs(cache))
     assert handle.calls == []
     with pytest.raises(ValueError, match="already holds 20 tokens"):
-        gemfilter.generate(model, ids_of(), method=method_for(name, "llama"), max_new_tokens=NEW,
-                           **compat.cache_kwargs(_prefilled(model)))
+        gemfilter.generate(
+            model,
+            ids_of(),
+            method=method_for(name, "llama"),
+            max_new_tokens=NEW,
+            **compat.cache_kwargs(_prefilled(model)),
+        )
 
 
 def test_an_empty_cache_passed_in_still_runs_the_method(models):
     model = models["llama"]
     method = method_for("gemfilter", "llama")
     ref = gemfilter.generate(model, ids_of(), method=method, max_new_tokens=NEW).sequences
-    got = gemfilter.generate(model, ids_of(), method=method, max_new_tokens=NEW,
-                             **compat.cache_kwargs(compat.dynamic_cache(model.config)))
+    got = gemfilter.generate(
+        model, ids_of(), method=method, max_new_tokens=NEW, **compat.cache_kwargs(compat.dynamic_cache(model.config))
+    )
     assert torch.equal(got.sequences, ref) and got.kept == [20]
 
 
@@ -110,8 +116,14 @@ def test_banded_with_a_static_cache_equals_sdpa(models, family, n):
     try:
         for kernel in ("sdpa", "banded"):
             gemfilter.set_attention(model, kernel)
-            outs[kernel] = model.generate(ids, max_new_tokens=NEW, do_sample=False, cache_implementation="static",
-                                          output_logits=True, return_dict_in_generate=True)
+            outs[kernel] = model.generate(
+                ids,
+                max_new_tokens=NEW,
+                do_sample=False,
+                cache_implementation="static",
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
     finally:
         gemfilter.set_attention(model, "sdpa")
     assert torch.equal(outs["banded"].sequences, outs["sdpa"].sequences)
@@ -134,8 +146,12 @@ def test_a_mask_that_is_not_a_tensor_is_refused_by_type(models):
     model = models["llama"]
     with gemfilter.apply(model, method_for("gemfilter", "llama")):
         with pytest.raises(ValueError, match="only 2-D .batch, seq. attention masks are supported, got a dict"):
-            model(input_ids=ids_of(), attention_mask={"full_attention": None}, use_cache=True,
-                  **compat.cache_kwargs(compat.dynamic_cache(model.config)))
+            model(
+                input_ids=ids_of(),
+                attention_mask={"full_attention": None},
+                use_cache=True,
+                **compat.cache_kwargs(compat.dynamic_cache(model.config)),
+            )
 
 
 @pytest.fixture(scope="module")
@@ -182,5 +198,9 @@ def test_window_of_one_with_a_cache_is_refused_with_the_reason():
     with torch.no_grad():
         model(ids, use_cache=True, **compat.cache_kwargs(cache))
         with pytest.raises(ValueError, match="with sliding_window=1, transformers' sliding cache layer keeps every"):
-            model(ids_of(1, seed=9), attention_mask=torch.ones(1, 13, dtype=torch.long), use_cache=True,
-                  **compat.cache_kwargs(cache))
+            model(
+                ids_of(1, seed=9),
+                attention_mask=torch.ones(1, 13, dtype=torch.long),
+                use_cache=True,
+                **compat.cache_kwargs(cache),
+            )

@@ -44,10 +44,12 @@ def test_the_sentences_ratios_are_the_rows():
     by = {(r["method"], r["length"]): r for r in rows}
     r120 = next(r for r in ratios(rows) if r["length"] == 122880)
     full, gem, snap, fast = (by[(m, 122880)] for m in ("full", "gemfilter", "snapkv", "fastkv:layer=15"))
-    for text, value in [("is 2.41× faster than full in the prompt phase", full["prompt_s"] / gem["prompt_s"]),
-                        ("1.72× faster than full", full["total_s"] / gem["total_s"]),
-                        ("1.76× faster than SnapKV", snap["total_s"] / gem["total_s"]),
-                        ("here 1.95× prefill", full["prompt_s"] / fast["prompt_s"])]:
+    for text, value in [
+        ("is 2.41× faster than full in the prompt phase", full["prompt_s"] / gem["prompt_s"]),
+        ("1.72× faster than full", full["total_s"] / gem["total_s"]),
+        ("1.76× faster than SnapKV", snap["total_s"] / gem["total_s"]),
+        ("here 1.95× prefill", full["prompt_s"] / fast["prompt_s"]),
+    ]:
         assert text in DOC.replace("\n  ", " ")
         assert f"{value:.2f}" in text, (text, value)
     assert f"{r120['peak_abs_mib/full']:.2f}× full's" in DOC and f"{r120['prompt_s/full']:.2f}× full" in DOC

@@ -22,9 +22,11 @@ def _cell(value):
 
 def line(row) -> str:
     last = row["history"][-1]
-    return (f"| {row['k']} | {row['p']} | {last['step']} | {row['settings']['train']['weight_decay']:g} | "
-            f"{_cell(row['train_step'])} | {_cell(row['test_step'])} | {_cell(row['delay'])} | {row['gap_area']:.0f} | "
-            f"{last['train_acc']:.3f} / {last['test_acc']:.3f} |")
+    return (
+        f"| {row['k']} | {row['p']} | {last['step']} | {row['settings']['train']['weight_decay']:g} | "
+        f"{_cell(row['train_step'])} | {_cell(row['test_step'])} | {_cell(row['delay'])} | {row['gap_area']:.0f} | "
+        f"{last['train_acc']:.3f} / {last['test_acc']:.3f} |"
+    )
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"k{r['k']}-steps{r['history'][-1]['step']}")

@@ -1,14 +1,15 @@
 """Inspection and calibration on tiny models where the needle position is controlled."""
 
 import json
+
 import pytest
 import torch
+from reference import qk_at_layer, reference_indices
+from tiny_models import BUILDERS
 
 import gemfilter
 from gemfilter.lab.inspection.calibrate import calibrate, coverage_table, format_table, recommend
 from gemfilter.lab.inspection.core import CAPTURE_NAMES, needle_distances, trace
-from reference import qk_at_layer, reference_indices
-from tiny_models import BUILDERS
 
 N = 64
 

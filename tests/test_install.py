@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
+from tiny_models import load_toml
 
 from gemfilter.lab import entry
-from tiny_models import load_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements.lock"
@@ -34,8 +34,11 @@ def lock_pins() -> dict[str, str]:
 def top_level(dist: str) -> frozenset:
     """The top-level modules an installed distribution's files hold (read from its RECORD)."""
     files = md.distribution(dist).files or ()
-    return frozenset(f.parts[0].removesuffix(".py") for f in files
-                     if f.parts and not f.parts[0].endswith((".dist-info", ".data")) and f.parts[0] != "..")
+    return frozenset(
+        f.parts[0].removesuffix(".py")
+        for f in files
+        if f.parts and not f.parts[0].endswith((".dist-info", ".data")) and f.parts[0] != ".."
+    )
 
 
 def test_lock_has_no_local_version_labels():
@@ -60,8 +63,9 @@ def test_extras_match_the_modules_commands_check():
         names = sorted(Requirement(r).name for r in extras[extra])
         installed = {top_level(name) for name in names}
         for module in modules:
-            assert any(module in tops for tops in installed), \
+            assert any(module in tops for tops in installed), (
                 f"extra {extra!r} lists {names}, none of which installs module {module!r}"
+            )
     all_extras = Requirement(extras["all"][0]).extras
     assert all_extras == set(entry.EXTRAS)
     core = {Requirement(r).name for r in PYPROJECT["project"]["dependencies"]}
@@ -69,9 +73,11 @@ def test_extras_match_the_modules_commands_check():
 
 
 def test_import_gemfilter_loads_no_extra():
-    code = ("import sys, gemfilter, gemfilter.lab.cli, gemfilter.lab.serve.cli; "
-            "print(','.join(m for m in ('matplotlib', 'nltk', 'lm_eval', 'datasets', 'sklearn', 'rouge_score', "
-            "'wonderwords', 'gguf', 'pandas') if m in sys.modules))")
+    code = (
+        "import sys, gemfilter, gemfilter.lab.cli, gemfilter.lab.serve.cli; "
+        "print(','.join(m for m in ('matplotlib', 'nltk', 'lm_eval', 'datasets', 'sklearn', 'rouge_score', "
+        "'wonderwords', 'gguf', 'pandas') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "", f"import gemfilter loaded {out.stdout.strip()}"
 
@@ -91,8 +97,10 @@ def test_command_names_the_missing_extra_in_one_line(fake_extra, capsys):
 
     assert main(["--out", "x"]) == 2 and not ran
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: tool needs the 'fake' extra (module 'gemfilter_no_such_module' is not installed): "
-                   "pip install 'gemfilter-lab[fake]'"]
+    assert err == [
+        "error: tool needs the 'fake' extra (module 'gemfilter_no_such_module' is not installed): "
+        "pip install 'gemfilter-lab[fake]'"
+    ]
     assert main(["--help"]) == 0 and ran == [["--help"]]  # help teaches even without the extra
 
 
@@ -128,16 +136,30 @@ def sigint_as_from_a_terminal():
 def test_ctrl_c_ends_a_command_with_one_line_and_exit_130(tmp_path):
     """A real command interrupted mid-run (SIGINT, as Ctrl-C sends it): one line, exit 130, no traceback."""
     import signal
-    import time
-
     import threading
+    import time
 
     # Adam steps on small tensors: the interpreter runs Python between short torch calls, so SIGINT is acted
     # on at once (inside one long native call it would wait for the call to return).
-    proc = subprocess.Popen([sys.executable, "-m", "icl_probes.looped", "train", "--steps", "100000", "--threads", "1",
-                             "--out", str(tmp_path / "run")],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=sigint_as_from_a_terminal)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "icl_probes.looped",
+            "train",
+            "--steps",
+            "100000",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_from_a_terminal,
+    )
     err = []
     reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
     reader.start()

@@ -6,20 +6,24 @@ import re
 
 import pytest
 import torch
+from tiny_models import BUILDERS
 
 from icl_probes.label_flip import ablation, llm, theory
 from icl_probes.label_flip.cli import main
 from icl_probes.label_flip.data import Example, Task, get_task, load_examples, synthetic_examples
 from icl_probes.label_flip.prompts import class_index, make_prompt, n_flips
-from tiny_models import BUILDERS
 
 SST2 = get_task("sst2")
-SPEC_PROMPT = ("sentence: show us a good time\nThe answer is positive.\n\n"
-               "sentence: as dumb and cheesy\nThe answer is negative.\n\n"
-               "sentence: it 's a charming and often affecting journey\nThe answer is")
-SPEC_SWAPPED = ("sentence: as dumb and cheesy\nThe answer is negative.\n\n"
-                "sentence: show us a good time\nThe answer is positive.\n\n"
-                "sentence: it 's a charming and often affecting journey\nThe answer is")
+SPEC_PROMPT = (
+    "sentence: show us a good time\nThe answer is positive.\n\n"
+    "sentence: as dumb and cheesy\nThe answer is negative.\n\n"
+    "sentence: it 's a charming and often affecting journey\nThe answer is"
+)
+SPEC_SWAPPED = (
+    "sentence: as dumb and cheesy\nThe answer is negative.\n\n"
+    "sentence: show us a good time\nThe answer is positive.\n\n"
+    "sentence: it 's a charming and often affecting journey\nThe answer is"
+)
 
 
 def test_prompt_matches_the_spec_template_character_for_character():
@@ -33,7 +37,11 @@ def test_prompt_matches_the_spec_template_character_for_character():
         assert p.text.startswith(p.prefix)
         seen.add(p.text)
         flipped = make_prompt(SST2, train, by_class, query, 2, 100, seed, 0).text
-        expect = p.text.replace("is positive.", "is TMP.").replace("is negative.", "is positive.").replace("is TMP.", "is negative.")
+        expect = (
+            p.text.replace("is positive.", "is TMP.")
+            .replace("is negative.", "is positive.")
+            .replace("is TMP.", "is negative.")
+        )
         assert flipped == expect
     assert seen == {SPEC_PROMPT, SPEC_SWAPPED}
 
@@ -49,7 +57,9 @@ def test_exactly_the_requested_share_is_flipped_and_never_the_query(per_prompt):
         for i, q in enumerate(queries):
             flipped_sets = []
             for share, k in expected.items():
-                p = make_prompt(get_task("synthetic"), train, class_index(train), q, 16, share, seed, i, per_prompt=per_prompt)
+                p = make_prompt(
+                    get_task("synthetic"), train, class_index(train), q, 16, share, seed, i, per_prompt=per_prompt
+                )
                 blocks = p.text.split("\n\n")
                 assert len(blocks) == 17 and blocks[-1] == f"sentence: {q.inputs[0]}\nThe answer is"
                 assert p.query_label == q.label
@@ -77,13 +87,20 @@ def test_bad_user_input_gets_clear_errors(tmp_path, monkeypatch, capsys):
     with pytest.raises(FileNotFoundError, match="sst2/train.jsonl"):
         load_examples(SST2, "train", data_dir=tmp_path)
     (tmp_path / "sst2").mkdir()
-    (tmp_path / "sst2" / "train.jsonl").write_text('{"sentence": "fine", "label": 1}\n\n{"sentence": "bad", "label": -1}\n')
+    (tmp_path / "sst2" / "train.jsonl").write_text(
+        '{"sentence": "fine", "label": 1}\n\n{"sentence": "bad", "label": -1}\n'
+    )
     with pytest.raises(ValueError, match="label must be an int in 0..1"):
         load_examples(SST2, "train", data_dir=tmp_path)
-    (tmp_path / "sst2" / "train.jsonl").write_text('{"sentence": " fine ", "label": 1}\n\n{"sentence": "bad", "label": 0}\n')
+    (tmp_path / "sst2" / "train.jsonl").write_text(
+        '{"sentence": " fine ", "label": 1}\n\n{"sentence": "bad", "label": 0}\n'
+    )
     assert load_examples(SST2, "train", data_dir=tmp_path) == [Example(("fine",), 1), Example(("bad",), 0)]
-    for argv, msg in ((["llm", "--shares", "0,150"], "0..100"), (["llm", "--datasets", "imdb"], "unknown dataset"),
-                      (["theory", "--ranks", "0,3"], "ranks must be")):
+    for argv, msg in (
+        (["llm", "--shares", "0,150"], "0..100"),
+        (["llm", "--datasets", "imdb"], "unknown dataset"),
+        (["theory", "--ranks", "0,3"], "ranks must be"),
+    ):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2 and msg in capsys.readouterr().err
@@ -96,8 +113,10 @@ WTASK = Task("wtask", (("sentence", "sentence"),), ("w10", "w11"))
 
 def wloader(task, split):
     g = torch.Generator().manual_seed(0 if split == "train" else 1)
-    return [{"sentence": " ".join(f"w{int(i)}" for i in torch.randint(20, 90, (5,), generator=g)), "label": j % 2}
-            for j in range(40)]
+    return [
+        {"sentence": " ".join(f"w{int(i)}" for i in torch.randint(20, 90, (5,), generator=g)), "label": j % 2}
+        for j in range(40)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +157,9 @@ def test_sweep_writes_one_row_per_cell_resumes_and_plots(tiny, tmp_path):
         loads.append(name)
         return (tiny[0] if name == "tiny-llama" else BUILDERS["gemma3"]()), tiny[1]
 
-    cfg = llm.SweepConfig(models=("tiny-llama", "tiny-gemma"), datasets=("wtask",), shares=(0, 50, 100), seeds=(1, 2), m=4, n_eval=3)
+    cfg = llm.SweepConfig(
+        models=("tiny-llama", "tiny-gemma"), datasets=("wtask",), shares=(0, 50, 100), seeds=(1, 2), m=4, n_eval=3
+    )
     from icl_probes.label_flip import data
 
     data.TASKS["wtask"] = WTASK
@@ -156,13 +177,20 @@ def test_sweep_writes_one_row_per_cell_resumes_and_plots(tiny, tmp_path):
         by_key = {(r["model"], r["share"], r["seed"], r["index"]): r for r in rows}
         for r in rows2:  # recomputed rows equal the first run's
             assert r["pred"] == by_key[(r["model"], r["share"], r["seed"], r["index"])]["pred"]
-            assert r["pred"] == max(range(2), key=lambda j: r["logprobs"][j]) and r["correct"] == int(r["pred"] == r["label"])
+            assert r["pred"] == max(range(2), key=lambda j: r["logprobs"][j]) and r["correct"] == int(
+                r["pred"] == r["label"]
+            )
             assert r["n_flipped"] == {0: 0, 50: 2, 100: 4}[r["share"]]
         with pytest.raises(ValueError, match="other settings"):
-            llm.run_sweep(llm.SweepConfig(**{**cfg.__dict__, "m": 2}), tmp_path, loader=wloader, model_loader=model_loader)
+            llm.run_sweep(
+                llm.SweepConfig(**{**cfg.__dict__, "m": 2}), tmp_path, loader=wloader, model_loader=model_loader
+            )
         summary = llm.summarize(rows2)
         for model in ("tiny-llama", "tiny-gemma"):  # mean over seeds of per-seed accuracy, by hand
-            per_seed = [sum(r["correct"] for r in rows2 if r["model"] == model and r["share"] == 50 and r["seed"] == s) / 3 for s in (1, 2)]
+            per_seed = [
+                sum(r["correct"] for r in rows2 if r["model"] == model and r["share"] == 50 and r["seed"] == s) / 3
+                for s in (1, 2)
+            ]
             assert summary[model]["wtask"][50][0] == pytest.approx(sum(per_seed) / 2)
         llm.plot(summary, tmp_path / "fig.png")
         assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -171,14 +199,18 @@ def test_sweep_writes_one_row_per_cell_resumes_and_plots(tiny, tmp_path):
 
 
 def test_average_over_datasets_is_per_seed_then_over_seeds():
-    rows = [dict(model="m", dataset=d, share=0, seed=s, correct=c)
-            for d, s, cs in (("a", 1, [1, 1]), ("b", 1, [0, 0, 0, 1]), ("a", 2, [1, 0]), ("b", 2, [1, 1, 1, 1])) for c in cs]
+    rows = [
+        dict(model="m", dataset=d, share=0, seed=s, correct=c)
+        for d, s, cs in (("a", 1, [1, 1]), ("b", 1, [0, 0, 0, 1]), ("a", 2, [1, 0]), ("b", 2, [1, 1, 1, 1]))
+        for c in cs
+    ]
     avg = llm.summarize(rows)["m"]["average"][0]
     # seed 1: (1 + 0.25)/2 = 0.625; seed 2: (0.5 + 1)/2 = 0.75; mean 0.6875, population std 0.0625
     assert avg[0] == pytest.approx(0.6875) and avg[1] == pytest.approx(0.0625)
 
 
 # ---- Fig. 5.3: per-head last rows and the span norms ----
+
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_per_head_last_row_equals_the_models_own_eager_attentions(family):
@@ -222,15 +254,40 @@ def test_ablation_norms_equal_eager_attention_on_the_right_tokens(tiny, tmp_path
 
     data.TASKS["wtask"] = WTASK
     try:
-        rows = ablation.run_ablation(["tiny"], "wtask", tmp_path, n_prompts=3, m=4, loader=wloader,
-                                     model_loader=lambda n, d: tiny, progress=False)
+        rows = ablation.run_ablation(
+            ["tiny"],
+            "wtask",
+            tmp_path,
+            n_prompts=3,
+            m=4,
+            loader=wloader,
+            model_loader=lambda n, d: tiny,
+            progress=False,
+        )
         assert sorted((r["index"], r["kind"]) for r in rows) == [(i, k) for i in range(3) for k in ("correct", "wrong")]
-        again = ablation.run_ablation(["tiny"], "wtask", tmp_path, n_prompts=3, m=4, loader=wloader,
-                                      model_loader=lambda n, d: pytest.fail("nothing left to do"), progress=False)
+        again = ablation.run_ablation(
+            ["tiny"],
+            "wtask",
+            tmp_path,
+            n_prompts=3,
+            m=4,
+            loader=wloader,
+            model_loader=lambda n, d: pytest.fail("nothing left to do"),
+            progress=False,
+        )
         assert len(again) == 6 and len((tmp_path / "ablation.jsonl").read_text().splitlines()) == 6
         # another seed draws other exemplars: its rows are computed, not taken from seed 100's
-        other = ablation.run_ablation(["tiny"], "wtask", tmp_path, n_prompts=3, m=4, seed=101, loader=wloader,
-                                      model_loader=lambda n, d: tiny, progress=False)
+        other = ablation.run_ablation(
+            ["tiny"],
+            "wtask",
+            tmp_path,
+            n_prompts=3,
+            m=4,
+            seed=101,
+            loader=wloader,
+            model_loader=lambda n, d: tiny,
+            progress=False,
+        )
         assert {r["seed"] for r in other} == {101} and len(other) == 6
         assert len((tmp_path / "ablation.jsonl").read_text().splitlines()) == 12
         ablation.plot(rows, tmp_path / "ab.png")
@@ -240,6 +297,7 @@ def test_ablation_norms_equal_eager_attention_on_the_right_tokens(tiny, tmp_path
 
 
 # ---- Sec. 5.4 theory against a Monte Carlo written here ----
+
 
 def mc_loss(q, lam, v, w, sigma, m, n, seed):
     """Independent Monte Carlo of E[(x_q^T U h - <w, x_q>)^2], h = (1/M) sum x_i (<w, x_i> + eps_i)."""
@@ -325,13 +383,16 @@ def test_theory_run_reports_consistent_tables(tmp_path):
     assert [(x["r"], x["sigma"]) for x in res["loss"]] == [(r, s) for r in (1, 3, 5) for s in (0.0, 1.0)]
     assert all(abs(x["z"]) < 4.5 for x in res["loss"])
     assert [round(x["closed_form"], 9) for x in res["slopes"]] == [
-        round(sum((1000 / (1001 + sum(1 / j for j in range(1, 6)) * i)) ** 2 for i in range(1, r + 1)) / 16, 9) for r in (1, 3, 5)]
+        round(sum((1000 / (1001 + sum(1 / j for j in range(1, 6)) * i)) ** 2 for i in range(1, r + 1)) / 16, 9)
+        for r in (1, 3, 5)
+    ]
     theory.plot(res, tmp_path / "t.png")
     json.dumps(res)
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # ---- the embedded Gemma 3 270M ----
+
 
 @pytest.mark.slow
 def test_embedded_model_scores_single_token_labels_and_runs_all_five_shares(tmp_path):
@@ -343,7 +404,7 @@ def test_embedded_model_scores_single_token_labels_and_runs_all_five_shares(tmp_
     base = tok(prompt)["input_ids"]
     for word in ("positive", "negative"):
         full = tok(prompt + " " + word)["input_ids"]
-        assert full[:len(base)] == base and len(full) == len(base) + 1  # one token after "The answer is"
+        assert full[: len(base)] == base and len(full) == len(base) + 1  # one token after "The answer is"
     cfg = llm.SweepConfig(datasets=("synthetic",), seeds=(100,), n_eval=4)
     rows = llm.run_sweep(cfg, tmp_path, model_loader=lambda n, d: (model, tok), progress=False)
     assert sorted({r["share"] for r in rows}) == [0, 25, 50, 75, 100] and len(rows) == 20

@@ -84,8 +84,9 @@ def cycles(edges: dict) -> list:
 
 
 def test_the_library_never_imports_eval():
-    bad = {name: sorted(t for t in targets if t == "eval" or t.startswith("eval."))
-           for name, targets in graph().items()}
+    bad = {
+        name: sorted(t for t in targets if t == "eval" or t.startswith("eval.")) for name, targets in graph().items()
+    }
     assert {k: v for k, v in bad.items() if v} == {}
 
 
@@ -101,11 +102,16 @@ def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path):
     src.mkdir(parents=True)
     (src / "__init__.py").write_text("from . import cache\n")
     (src / "cache.py").write_text("def f():\n    from . import register\n    from ..selection import x\n")
-    modules = {"gemfilter.methods": src / "__init__.py", "gemfilter.methods.cache": src / "cache.py",
-               "gemfilter.selection": None}
+    modules = {
+        "gemfilter.methods": src / "__init__.py",
+        "gemfilter.methods.cache": src / "cache.py",
+        "gemfilter.selection": None,
+    }
     assert imports_of("gemfilter.methods", src / "__init__.py", modules) == {"gemfilter.methods.cache"}
     assert imports_of("gemfilter.methods.cache", src / "cache.py", modules) == {
-        "gemfilter.methods", "gemfilter.selection"}
+        "gemfilter.methods",
+        "gemfilter.selection",
+    }
 
 
 #: The lab: command lines, benchmarks, inspection, serving, result files. Everything else in ``gemfilter`` is the
@@ -113,10 +119,18 @@ def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path):
 #: measure, extras), which imports nothing of the lab.
 LAB = ("gemfilter.lab",)
 #: command-line modules: what parses arguments and prints for a person
-CLI = ("gemfilter.lab.cli", "gemfilter.lab.options", "gemfilter.lab.serve.cli", "gemfilter.lab.serve.bench", "gemfilter.lab.serve.turns",
-       "gemfilter.lab.serve.burst",
-       "gemfilter.lab.bench.report", "gemfilter.lab.bench.decode", "gemfilter.lab.bench.conversation",
-       "gemfilter.lab.inspection.report")
+CLI = (
+    "gemfilter.lab.cli",
+    "gemfilter.lab.options",
+    "gemfilter.lab.serve.cli",
+    "gemfilter.lab.serve.bench",
+    "gemfilter.lab.serve.turns",
+    "gemfilter.lab.serve.burst",
+    "gemfilter.lab.bench.report",
+    "gemfilter.lab.bench.decode",
+    "gemfilter.lab.bench.conversation",
+    "gemfilter.lab.inspection.report",
+)
 
 
 def in_group(name: str, group) -> bool:
@@ -142,8 +156,13 @@ def test_the_package_s_public_api_is_the_core_s():
 def test_only_command_modules_import_command_modules():
     """The proxy, the engine path, the selector and every other library module are used by commands, never
     the reverse (serve/engine.py, for instance, must not import serve/cli.py for its tokenizer check)."""
-    found = {(src, dst) for src, targets in graph().items() if not in_group(src, CLI)
-             for dst in targets if in_group(dst, CLI)}
+    found = {
+        (src, dst)
+        for src, targets in graph().items()
+        if not in_group(src, CLI)
+        for dst in targets
+        if in_group(dst, CLI)
+    }
     assert not found, f"library modules import command-line modules: {sorted(found)}"
 
 
@@ -151,27 +170,41 @@ def test_no_benchmark_imports_another_benchmark_s_report():
     benches = ("eval.niah", "eval.ruler", "eval.longbench", "eval.harness", "eval.scbench")
     modules = module_files("eval")
     edges = {name: imports_of(name, path, modules) for name, path in modules.items()}
-    found = {(src, dst) for src, targets in edges.items() for dst in targets
-             for a in benches for b in benches
-             if a != b and in_group(src, (a,)) and in_group(dst, (b + ".report",))}
+    found = {
+        (src, dst)
+        for src, targets in edges.items()
+        for dst in targets
+        for a in benches
+        for b in benches
+        if a != b and in_group(src, (a,)) and in_group(dst, (b + ".report",))
+    }
     assert not found, f"a benchmark imports another's report: {sorted(found)}"
 
 
 def probe_modules() -> dict:
-    """The probes' modules, plus the plugin's so that ``from gemfilter.lab import io`` resolves to ``gemfilter.lab.io``."""
+    """The probes' modules, plus the plugin's so that ``from gemfilter.lab import io`` resolves to
+    ``gemfilter.lab.io``."""
     return {**module_files(), **module_files("icl_probes"), **module_files("feature_probes")}
 
 
 def test_no_probe_imports_the_plugin_s_file_module():
     """The probes write their files through ``icl_probes.io``; ``gemfilter.lab.io`` serves the plugin and the evals."""
     modules = probe_modules()
-    found = sorted(f"{name} imports gemfilter.lab.io" for name, path in modules.items() if not in_group(name, (PACKAGE,))
-                   if "gemfilter.lab.io" in imports_of(name, path, modules))
+    found = sorted(
+        f"{name} imports gemfilter.lab.io"
+        for name, path in modules.items()
+        if not in_group(name, (PACKAGE,))
+        if "gemfilter.lab.io" in imports_of(name, path, modules)
+    )
     assert found == []
 
 
 def test_the_probe_check_sees_every_spelling_of_the_import(tmp_path):
     modules = probe_modules()
-    for source in ("from gemfilter.lab import io\n", "import gemfilter.lab.io\n", "def f():\n    from gemfilter.lab.io import x\n"):
+    for source in (
+        "from gemfilter.lab import io\n",
+        "import gemfilter.lab.io\n",
+        "def f():\n    from gemfilter.lab.io import x\n",
+    ):
         (tmp_path / "m.py").write_text(source)
         assert "gemfilter.lab.io" in imports_of("icl_probes.m", tmp_path / "m.py", modules), source

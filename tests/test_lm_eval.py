@@ -6,14 +6,14 @@ References: the harness's own ``hf`` model (k >= n), plain ``model(...)`` forwar
 
 import json
 
+import lm_eval  # noqa: E402  (a declared dependency: a missing one must fail, not skip)
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 import gemfilter
 from gemfilter.methods import REGISTRY, get_method
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
-import lm_eval  # noqa: E402  (a declared dependency: a missing one must fail, not skip)
 pytestmark = pytest.mark.usefixtures("quiet")
 
 GEN_YAML = """task: gf_local_gen
@@ -59,8 +59,10 @@ def tasks(tmp_path_factory):
     rng = random.Random(0)
     folder = tmp_path_factory.mktemp("lm-eval-tasks")
     gen = [{"context": words(rng, 30 + 5 * i), "answer": words(rng, 2)} for i in range(4)]
-    mc = [{"context": words(rng, 30 + 5 * i), "choices": [words(rng, 1 + j) for j in range(3)], "label": i % 3}
-          for i in range(4)]
+    mc = [
+        {"context": words(rng, 30 + 5 * i), "choices": [words(rng, 1 + j) for j in range(3)], "label": i % 3}
+        for i in range(4)
+    ]
     for name, rows, yaml in (("gen", gen, GEN_YAML), ("mc", mc, MC_YAML)):
         data = folder / f"{name}.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -82,18 +84,26 @@ def model_dirs(tiny_model_dir, tmp_path_factory):
 
 
 def evaluate(model, model_args, tasks, task_names=("gf_local_gen", "gf_local_mc"), batch_size=1):
-    import eval.harness.adapter  # noqa: F401  (registers 'gemfilter')
     from lm_eval.tasks import TaskManager
 
-    out = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=list(task_names), batch_size=batch_size,
-                                  task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
-                                  log_samples=True, device="cpu")
+    import eval.harness.adapter  # noqa: F401  (registers 'gemfilter')
+
+    out = lm_eval.simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=list(task_names),
+        batch_size=batch_size,
+        task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+        log_samples=True,
+        device="cpu",
+    )
     return out
 
 
 def per_sample(out, task):
-    return [(s["doc_id"], s["resps"], s["filtered_resps"], s.get("acc", s.get("exact_match")))
-            for s in out["samples"][task]]
+    return [
+        (s["doc_id"], s["resps"], s["filtered_resps"], s.get("acc", s.get("exact_match"))) for s in out["samples"][task]
+    ]
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
@@ -101,8 +111,9 @@ def per_sample(out, task):
 def test_k_at_least_n_equals_the_harness_hf_model(model_dirs, tasks, method, family):
     path = model_dirs[family]
     hf = evaluate("hf", f"pretrained={path},dtype=float32", tasks)
-    ours = evaluate("gemfilter", f"pretrained={path},dtype=float32,method={method},topk=512,"
-                    f"layer={FILTER_LAYER[family]}", tasks)
+    ours = evaluate(
+        "gemfilter", f"pretrained={path},dtype=float32,method={method},topk=512,layer={FILTER_LAYER[family]}", tasks
+    )
     for task in ("gf_local_gen", "gf_local_mc"):
         a, b = per_sample(hf, task), per_sample(ours, task)
         assert len(a) == len(b) == 4
@@ -133,7 +144,7 @@ def test_k_below_n_scores_the_context_tokens_select_tokens_keeps(model_dirs, tas
             assert len(kept) == 12 < len(ctx)
             ids = torch.cat([kept, torch.tensor(cont)])[None]
             with torch.no_grad():
-                logp = torch.log_softmax(lm.model(input_ids=ids[:, :-1]).logits[0, len(kept) - 1:].float(), -1)
+                logp = torch.log_softmax(lm.model(input_ids=ids[:, :-1]).logits[0, len(kept) - 1 :].float(), -1)
             want = float(logp.gather(1, torch.tensor(cont)[:, None]).sum())
             assert float(resp[0][0]) == pytest.approx(want, abs=1e-4)
             checked += 1
@@ -150,10 +161,12 @@ def test_left_padded_generation_batch_equals_single_rows(tiny_model_dir, tasks):
 def test_model_args_are_checked_with_what_is_allowed(tiny_model_dir):
     from eval.harness.adapter import GemFilterLM
 
-    for kwargs, msg in [({"method": "magic"}, "unknown method 'magic'; allowed: .*gemfilter"),
-                        ({"topk": 8, "ratio": 0.5}, "topk or ratio, not both"),
-                        ({"ratio": 2.0}, r"gemfilter: ratio=2 must be in \(0, 1\]"),
-                        ({"layer": 9}, r"layer=9 is outside \[0, 4\)")]:
+    for kwargs, msg in [
+        ({"method": "magic"}, "unknown method 'magic'; allowed: .*gemfilter"),
+        ({"topk": 8, "ratio": 0.5}, "topk or ratio, not both"),
+        ({"ratio": 2.0}, r"gemfilter: ratio=2 must be in \(0, 1\]"),
+        ({"layer": 9}, r"layer=9 is outside \[0, 4\)"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             GemFilterLM(pretrained=str(tiny_model_dir), dtype="float32", **kwargs)
 
@@ -167,8 +180,9 @@ def test_score_equals_the_plain_model_when_nothing_is_dropped(family):
         logits = model(torch.cat([ctx, cont[:-1]])[None]).logits[0, 39:].float()
     want = torch.log_softmax(logits, -1).gather(1, cont[:, None])[:, 0]
     for name in sorted(REGISTRY):
-        got = gemfilter.score(model, ctx, cont, get_method(name, topk=40, layer=FILTER_LAYER[family]),
-                              tokenizer=DotTokenizer())
+        got = gemfilter.score(
+            model, ctx, cont, get_method(name, topk=40, layer=FILTER_LAYER[family]), tokenizer=DotTokenizer()
+        )
         one_pass = getattr(REGISTRY[name], "one_pass_scoring", False)
         assert torch.allclose(got.logprobs, want, atol=0 if one_pass else 1e-5), name
         assert got.kept == 40
@@ -185,8 +199,9 @@ def test_score_of_the_methods_own_greedy_answer_matches_generate(name):
     method = get_method(name, topk=40, layer=2)
     if name == "fastkv":
         method = dataclasses.replace(method, tsp_len=48)
-    out = gemfilter.generate(model, ctx, method=method, max_new_tokens=5, output_scores=True,
-                             return_dict_in_generate=True)
+    out = gemfilter.generate(
+        model, ctx, method=method, max_new_tokens=5, output_scores=True, return_dict_in_generate=True
+    )
     cont = out.new_tokens[0]
     want = torch.stack([torch.log_softmax(s[0].float(), -1)[t] for s, t in zip(out.output.scores, cont)])
     got = gemfilter.score(model, ctx[0], cont, method)
@@ -206,10 +221,26 @@ def test_cli_forwards_to_the_harness_and_writes_its_results_json(tiny_model_dir,
     from eval.harness.cli import main
 
     out = tmp_path / "out"
-    rc = main(["run", "--model", "gemfilter", "--model_args",
-               f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter-span,topk=12,layer=2",
-               "--tasks", "gf_local_mc", "--include_path", str(tasks), "--output_path", str(out), "--log_samples",
-               "--limit", "2", "--device", "cpu"])
+    rc = main(
+        [
+            "run",
+            "--model",
+            "gemfilter",
+            "--model_args",
+            f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter-span,topk=12,layer=2",
+            "--tasks",
+            "gf_local_mc",
+            "--include_path",
+            str(tasks),
+            "--output_path",
+            str(out),
+            "--log_samples",
+            "--limit",
+            "2",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     results = list(out.rglob("results_*.json"))
     assert len(results) == 1
@@ -240,16 +271,37 @@ def test_embedded_model_runs_a_local_task_end_to_end(tmp_path):
     from eval.harness.cli import main
 
     filler = "The grass is green and the sky is blue. The sun is yellow. " * 40
-    rows = [{"context": f"{filler}The secret fruit is {fruit}. {filler}Question: what is the secret fruit? Answer:",
-             "choices": ["apple", "banana", "cherry"], "label": i} for i, fruit in enumerate(["apple", "banana"])]
+    rows = [
+        {
+            "context": f"{filler}The secret fruit is {fruit}. {filler}Question: what is the secret fruit? Answer:",
+            "choices": ["apple", "banana", "cherry"],
+            "label": i,
+        }
+        for i, fruit in enumerate(["apple", "banana"])
+    ]
     data = tmp_path / "mc.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "mc.yaml").write_text(MC_YAML.format(data=data).replace("gf_local_mc", "gf_embedded_mc"))
     out = tmp_path / "out"
-    rc = main(["run", "--model", "gemfilter", "--model_args", "pretrained=embedded,method=gemfilter-span,topk=256",
-               "--tasks", "gf_embedded_mc", "--include_path", str(tmp_path / "tasks"), "--output_path", str(out),
-               "--log_samples", "--device", "cpu"])
+    rc = main(
+        [
+            "run",
+            "--model",
+            "gemfilter",
+            "--model_args",
+            "pretrained=embedded,method=gemfilter-span,topk=256",
+            "--tasks",
+            "gf_embedded_mc",
+            "--include_path",
+            str(tmp_path / "tasks"),
+            "--output_path",
+            str(out),
+            "--log_samples",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     data = json.loads(next(out.rglob("results_*.json")).read_text())
     assert 0.0 <= data["results"]["gf_embedded_mc"]["acc,none"] <= 1.0

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_lm_eval import evaluate, tasks  # noqa: F401  (the local task folder fixture)
 
 import gemfilter
-from test_lm_eval import evaluate, tasks  # noqa: F401  (the local task folder fixture)
 
 pytestmark = pytest.mark.usefixtures("quiet")
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,19 +59,41 @@ def test_every_bad_model_arg_is_refused_before_the_model_loads(tiny_model_dir, n
     from eval.harness.adapter import GemFilterLM
 
     with pytest.raises(ValueError, match=msg):
-        GemFilterLM.create_from_arg_string(f"pretrained={tiny_model_dir},{args}",
-                                           {"batch_size": 1, "max_batch_size": None, "device": "cpu"})
+        GemFilterLM.create_from_arg_string(
+            f"pretrained={tiny_model_dir},{args}", {"batch_size": 1, "max_batch_size": None, "device": "cpu"}
+        )
 
 
 # Through the command line, once per kind of check (each run indexes the harness's task folders, ~4 s): a
 # value checked against the model's config, and a key the harness passes itself.
 @pytest.mark.parametrize("args, msg", [BAD_ARGS[0], BAD_ARGS[6]])
-def test_a_bad_model_arg_is_one_error_line_of_the_command(tiny_model_dir, tasks, capsys, no_load,  # noqa: F811
-                                                          args, msg):
+def test_a_bad_model_arg_is_one_error_line_of_the_command(
+    tiny_model_dir,
+    tasks,
+    capsys,
+    no_load,  # noqa: F811
+    args,
+    msg,
+):
     from eval.harness.cli import main
 
-    rc = main(["run", "--model", "gemfilter", "--model_args", f"pretrained={tiny_model_dir},{args}",
-               "--tasks", "gf_local_mc", "--include_path", str(tasks), "--limit", "1", "--device", "cpu"])
+    rc = main(
+        [
+            "run",
+            "--model",
+            "gemfilter",
+            "--model_args",
+            f"pretrained={tiny_model_dir},{args}",
+            "--tasks",
+            "gf_local_mc",
+            "--include_path",
+            str(tasks),
+            "--limit",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     # without the "--- Logging error ---" blocks of the harness's logger, which writes to an earlier test's
     # captured (closed) stream: an artefact of running in-process under pytest
     err = re.sub(r"--- Logging error ---.*?\nArguments: [^\n]*\n", "", capsys.readouterr().err, flags=re.S)
@@ -82,8 +104,9 @@ def test_a_bad_model_arg_is_one_error_line_of_the_command(tiny_model_dir, tasks,
 
 def test_whole_document_tasks_are_refused_by_name_for_a_compressing_method(tiny_model_dir, tmp_path):
     data = tmp_path / "ppl.jsonl"
-    data.write_text("".join(json.dumps({"text": " ".join(f"w{4 + (i * j) % 90}" for j in range(40))}) + "\n"
-                            for i in range(2)))
+    data.write_text(
+        "".join(json.dumps({"text": " ".join(f"w{4 + (i * j) % 90}" for j in range(40))}) + "\n" for i in range(2))
+    )
     (tmp_path / "ppl.yaml").write_text(ROLLING_YAML.format(data=data))
     args = f"pretrained={tiny_model_dir},dtype=float32,layer=2"
     with pytest.raises(ValueError, match="gf_local_ppl score whole documents .* run them with method=full"):
@@ -103,8 +126,13 @@ def test_ratio_gives_each_row_of_a_batch_its_own_budget(tiny_model_dir, tasks, m
         return real(model, method, **kwargs)
 
     monkeypatch.setattr(gemfilter, "apply", spy)
-    out = evaluate("gemfilter", f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter,ratio=0.3,layer=2",
-                   tasks, task_names=("gf_local_gen",), batch_size=4)
+    out = evaluate(
+        "gemfilter",
+        f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter,ratio=0.3,layer=2",
+        tasks,
+        task_names=("gf_local_gen",),
+        batch_size=4,
+    )
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [s["doc"]["context"] for s in out["samples"]["gf_local_gen"]]  # doc_to_text: the context
     expected = sorted(max(1, round(0.3 * len(tok(p)["input_ids"]))) for p in prompts)
@@ -114,18 +142,43 @@ def test_ratio_gives_each_row_of_a_batch_its_own_budget(tiny_model_dir, tasks, m
 def test_the_defaults_are_recorded_in_the_results(tiny_model_dir, tasks):  # noqa: F811
     out = evaluate("gemfilter", f"pretrained={tiny_model_dir},dtype=float32", tasks, task_names=("gf_local_mc",))
     config = out["config"]
-    assert (config["gemfilter_method"], config["gemfilter_topk"], config["gemfilter_ratio"]) == ("gemfilter", 1024, None)
+    assert (config["gemfilter_method"], config["gemfilter_topk"], config["gemfilter_ratio"]) == (
+        "gemfilter",
+        1024,
+        None,
+    )
     model = gemfilter.load_model(str(tiny_model_dir))[0]
     assert config["gemfilter_layer"] == gemfilter.default_layer(model)
 
 
 def test_python_m_eval_harness_runs_the_harness_with_the_class_registered(tiny_model_dir, tasks, tmp_path):  # noqa: F811
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "eval.harness", "run", "--model", "gemfilter", "--model_args",
-                           f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter,topk=12,layer=2",
-                           "--tasks", "gf_local_mc", "--include_path", str(tasks), "--output_path", str(out),
-                           "--limit", "1", "--device", "cpu"], capture_output=True, text=True, cwd=ROOT,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eval.harness",
+            "run",
+            "--model",
+            "gemfilter",
+            "--model_args",
+            f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter,topk=12,layer=2",
+            "--tasks",
+            "gf_local_mc",
+            "--include_path",
+            str(tasks),
+            "--output_path",
+            str(out),
+            "--limit",
+            "1",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(list(out.rglob("results_*.json"))) == 1
 
@@ -133,12 +186,21 @@ def test_python_m_eval_harness_runs_the_harness_with_the_class_registered(tiny_m
 def test_what_was_kept_is_measured_into_the_results(tiny_model_dir, tasks):  # noqa: F811
     """The results' config says what the method kept, read from the caches (not from topk): at k=12 every
     generate prefill of the 4-layer Llama caches 12 rows per layer and runs 12 positions through the last layer."""
-    out = evaluate("gemfilter", f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter:k=12,layer=2", tasks,
-                   task_names=("gf_local_gen",), batch_size=1)
+    out = evaluate(
+        "gemfilter",
+        f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter:k=12,layer=2",
+        tasks,
+        task_names=("gf_local_gen",),
+        batch_size=1,
+    )
     kept = out["config"]["gemfilter_kept"]
     docs = len(out["samples"]["gf_local_gen"])
     assert kept["generate_prefills"] == docs and kept["loglikelihood_rows"] == 0
     assert kept["kv_rows_per_layer"] == [[12, 12]] * 4 and kept["propagated"] == [12, 12]
-    mc = evaluate("gemfilter", f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter:k=12,layer=2", tasks,
-                  task_names=("gf_local_mc",))["config"]["gemfilter_kept"]
+    mc = evaluate(
+        "gemfilter",
+        f"pretrained={tiny_model_dir},dtype=float32,method=gemfilter:k=12,layer=2",
+        tasks,
+        task_names=("gf_local_mc",),
+    )["config"]["gemfilter_kept"]
     assert mc["generate_prefills"] == 0 and mc["loglikelihood_rows"] > 0 and mc["kept"][1] <= 12

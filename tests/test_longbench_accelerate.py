@@ -11,9 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gemfilter.lab.io import read_jsonl
 from longbench_fixtures import TASKS, write_words
 from test_niah_accelerate import free_port
+
+from gemfilter.lab.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,8 +25,26 @@ def test_two_processes_resume_and_merge_to_the_single_process_result(tiny_model_
     from eval.longbench.cli import main
 
     words = write_words(tmp_path / "data", words=80)
-    args = ["--model", str(tiny_model_dir), "--data-dir", str(words), "--tasks", ",".join(TASKS), "--limit", "3",
-            "--methods", "full,gemfilter", "--topk", "8", "--layer", "2", "--max-length", "64", "--threads", "1"]
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--data-dir",
+        str(words),
+        "--tasks",
+        ",".join(TASKS),
+        "--limit",
+        "3",
+        "--methods",
+        "full,gemfilter",
+        "--topk",
+        "8",
+        "--layer",
+        "2",
+        "--max-length",
+        "64",
+        "--threads",
+        "1",
+    ]
     single = tmp_path / "single"
     threads = torch.get_num_threads()
     try:  # in-process single run with 1 thread, like each launched process
@@ -42,9 +61,28 @@ def test_two_processes_resume_and_merge_to_the_single_process_result(tiny_model_
     first = read_jsonl(single / "pred" / "full" / "hotpotqa.jsonl")[0]
     (sharded / "pred" / "full" / "hotpotqa.jsonl.rank0").write_text(json.dumps(first) + "\n")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(free_port()), "-m", "eval.longbench", "run", *args, "--out", str(sharded)]
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "eval.longbench",
+        "run",
+        *args,
+        "--out",
+        str(sharded),
+    ]
     # With progress on, the main process prints how the work was dealt (the bar itself goes to stderr).
     r = subprocess.run(launch, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

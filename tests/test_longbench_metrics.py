@@ -5,8 +5,20 @@ import math
 import pytest
 
 from eval.longbench.metrics import (
-    METRICS, bucket, classification, code_sim, count, fuzz_ratio, get_metric, normalize_answer, qa_f1, retrieval,
-    rouge_l, score_rows, score_sample, task_score,
+    METRICS,
+    bucket,
+    classification,
+    code_sim,
+    count,
+    fuzz_ratio,
+    get_metric,
+    normalize_answer,
+    qa_f1,
+    retrieval,
+    rouge_l,
+    score_rows,
+    score_sample,
+    task_score,
 )
 from eval.longbench.tasks import BY_NAME, TASKS
 
@@ -41,7 +53,9 @@ def test_rouge_l_is_the_rouge_package_union_lcs_over_unique_words():
     # {the, cat, sat, on, mat}, hyp n = 4 {the, cat, sat, dog}; union LCS = {the, cat, sat} = 3.
     # P = 3/4, R = 3/5, F = 2PR / (P + R + 1e-8)
     p, r = 3 / 4, 3 / 5
-    assert rouge_l("the cat sat. the dog", "the cat sat on the mat") == pytest.approx(2 * p * r / (p + r + 1e-8), abs=1e-12)
+    assert rouge_l("the cat sat. the dog", "the cat sat on the mat") == pytest.approx(
+        2 * p * r / (p + r + 1e-8), abs=1e-12
+    )
     # Unique words: "a a a b" has the word set {a, b}, so P = R = 2/2 = 1 and F = 2 / (2 + 1e-8);
     # counting repeats would give P = 2/4.
     assert rouge_l("a a a b", "a b") == pytest.approx(2 / (2 + 1e-8), abs=1e-12)
@@ -118,9 +132,11 @@ def test_task_score_and_length_buckets():
     assert task_score([2 / 3]) == 66.67  # 66.666.. -> 66.67
     assert math.isnan(task_score([]))
     assert [bucket(n) for n in (0, 3999, 4000, 7999, 8000, 50000)] == ["0-4k", "0-4k", "4-8k", "4-8k", "8k+", "8k+"]
-    rows = [{"pred": "Paris", "answers": ["Paris"], "length": 100},  # 1.0 in 0-4k
-            {"pred": "Rome", "answers": ["Paris"], "length": 3000},  # 0.0 in 0-4k
-            {"pred": "x Paris", "answers": ["Paris"], "length": 9000}]  # [x, paris] vs [paris]: 2/3 in 8k+
+    rows = [
+        {"pred": "Paris", "answers": ["Paris"], "length": 100},  # 1.0 in 0-4k
+        {"pred": "Rome", "answers": ["Paris"], "length": 3000},  # 0.0 in 0-4k
+        {"pred": "x Paris", "answers": ["Paris"], "length": 9000},
+    ]  # [x, paris] vs [paris]: 2/3 in 8k+
     hotpotqa = BY_NAME["hotpotqa"]
     assert score_rows(hotpotqa, rows) == 55.56  # (1 + 0 + 2/3) / 3 = 0.5556
     e = score_rows(hotpotqa, rows, e=True)

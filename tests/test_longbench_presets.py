@@ -1,13 +1,13 @@
 """LongBench per-method max length and the gemfilter-paper preset (issue 16), on the tiny Llama."""
 
 import pytest
+from longbench_fixtures import TASKS, write_words
 
 from eval.longbench import cli, runner
 from eval.longbench.pipeline import truncate_middle
 from eval.longbench.presets import paper_max_length, parse_method_lengths
 from eval.longbench.runner import RunConfig, run
 from eval.longbench.tasks import PAPER_TASKS, get_task
-from longbench_fixtures import TASKS, write_words
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +20,16 @@ def tiny(tiny_model_dir):
 def test_each_method_is_truncated_to_its_own_max_length(tiny, tiny_model_dir, tmp_path):
     data = write_words(tmp_path / "data", e=False, words=80)
     model, tok = tiny
-    config = RunConfig(model=str(tiny_model_dir), methods=("full", "h2o"), tasks=TASKS[:1], limit=2, topk=40,
-                       max_length=64, data_dir=str(data), method_max_length={"h2o": 41})
+    config = RunConfig(
+        model=str(tiny_model_dir),
+        methods=("full", "h2o"),
+        tasks=TASKS[:1],
+        limit=2,
+        topk=40,
+        max_length=64,
+        data_dir=str(data),
+        method_max_length={"h2o": 41},
+    )
     rows = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
     from eval.longbench.data import load_records
 
@@ -60,8 +68,24 @@ def test_paper_preset_settings_and_explicit_options_win(tmp_path, monkeypatch):
     assert c.tasks == PAPER_TASKS and c.methods == ("full", "gemfilter", "snapkv-per-head", "h2o-per-head")
     assert c.method_max_length == {"h2o-per-head": 8192} and c.max_length is None and c.dtype == "float16"
     assert not c.chat_template
-    assert cli.main(["run", "--preset", "gemfilter-paper", "--model", "meta-llama/Llama-3.1-8B-Instruct",
-                     "--methods", "full,h2o", "--max-length-per-method", "full=9000", "--out", str(tmp_path)]) == 0
+    assert (
+        cli.main(
+            [
+                "run",
+                "--preset",
+                "gemfilter-paper",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--methods",
+                "full,h2o",
+                "--max-length-per-method",
+                "full=9000",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     c = seen[-1]
     assert c.max_length == 128000 and c.method_max_length == {"h2o": 8192, "full": 9000}
     assert cli.main(["run", "--tasks", "hotpotqa", "--out", str(tmp_path)]) == 0  # no preset: today's defaults

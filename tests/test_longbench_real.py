@@ -7,12 +7,12 @@ keeps the run short without altering the table. Slow: loads the real model.
 import json
 
 import pytest
+from longbench_fixtures import TASKS, write_english
 
 from eval.longbench.cli import main
 from eval.longbench.pipeline import generation_kwargs, truncate_middle
 from eval.longbench.tasks import BY_NAME
 from gemfilter.lab.io import read_jsonl
-from longbench_fixtures import TASKS, write_english
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +29,27 @@ def test_three_tasks_end_to_end_with_gemfilter(embedded, tmp_path, capsys):
 
     data = write_english(tmp_path / "data")
     out = tmp_path / "out"
-    assert main(["run", "--data-dir", str(data), "--tasks", ",".join(TASKS), "--limit", "2", "--methods", "gemfilter",
-                 "--topk", "64", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--data-dir",
+                str(data),
+                "--tasks",
+                ",".join(TASKS),
+                "--limit",
+                "2",
+                "--methods",
+                "gemfilter",
+                "--topk",
+                "64",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     for task in TASKS:
         rows = read_jsonl(out / "pred" / "gemfilter" / f"{task}.jsonl")

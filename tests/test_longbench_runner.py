@@ -4,13 +4,13 @@ import csv
 import json
 
 import pytest
+from longbench_fixtures import TASKS, word_records, write_words
 
 from eval.longbench import report
 from eval.longbench.cli import main
 from eval.longbench.runner import RunConfig, run
 from eval.longbench.tasks import PAPER_TASKS
 from gemfilter.lab.io import read_jsonl
-from longbench_fixtures import TASKS, word_records, write_words
 
 FAST = ["--topk", "8", "--layer", "2", "--max-length", "64", "--threads", "1", "--no-progress"]
 
@@ -28,15 +28,39 @@ def words(tmp_path):
 
 
 def config(words, tiny_model_dir, **over):
-    base = dict(model=str(tiny_model_dir), methods=("full", "gemfilter"), tasks=TASKS, limit=2, topk=8, layer=2,
-                max_length=64, data_dir=str(words))
+    base = dict(
+        model=str(tiny_model_dir),
+        methods=("full", "gemfilter"),
+        tasks=TASKS,
+        limit=2,
+        topk=8,
+        layer=2,
+        max_length=64,
+        data_dir=str(words),
+    )
     return RunConfig(**{**base, **over})
 
 
 def test_cli_run_writes_the_official_layout_and_a_report(tiny_model_dir, words, tmp_path, capsys):
     out = tmp_path / "out"
-    rc = main(["run", "--model", str(tiny_model_dir), "--data-dir", str(words), "--tasks", ",".join(TASKS),
-               "--limit", "2", "--methods", "full,gemfilter", "--out", str(out), *FAST])
+    rc = main(
+        [
+            "run",
+            "--model",
+            str(tiny_model_dir),
+            "--data-dir",
+            str(words),
+            "--tasks",
+            ",".join(TASKS),
+            "--limit",
+            "2",
+            "--methods",
+            "full,gemfilter",
+            "--out",
+            str(out),
+            *FAST,
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     for method in ("full", "gemfilter"):
@@ -45,8 +69,22 @@ def test_cli_run_writes_the_official_layout_and_a_report(tiny_model_dir, words, 
             expected = word_records(task, words=80)[:2]
             assert [r["_id"] for r in rows] == [r["_id"] for r in expected]  # dataset order, --limit 2
             assert [r["answers"] for r in rows] == [r["answers"] for r in expected]
-            assert all(set(r) == {"pred", "answers", "all_classes", "length", "_id", "kept", "prompt_tokens", "layer",
-                                  "kv_rows", "propagated"} for r in rows)
+            assert all(
+                set(r)
+                == {
+                    "pred",
+                    "answers",
+                    "all_classes",
+                    "length",
+                    "_id",
+                    "kept",
+                    "prompt_tokens",
+                    "layer",
+                    "kv_rows",
+                    "propagated",
+                }
+                for r in rows
+            )
             # measured from the cache: every layer of the tiny Llama holds what its prefill ran (no sliding window)
             assert all(r["kv_rows"] == [r["propagated"]] * 4 and r["propagated"] == r["kept"] for r in rows)
             # Middle truncation: the prompt holds at most 64 tokens (fewer: template words are <unk>, skipped).
@@ -97,8 +135,12 @@ def test_resume_computes_only_missing_samples_and_repairs_a_cut_line(tiny, tiny_
 
 def test_longbench_e_writes_pred_e_and_scores_per_length_bucket(tiny, tiny_model_dir, words, tmp_path):
     out = tmp_path / "out"
-    rows = run(config(words, tiny_model_dir, e=True, limit=None, methods=("full",), tasks=("hotpotqa",)), out,
-               model_and_tokenizer=tiny, progress=False)
+    rows = run(
+        config(words, tiny_model_dir, e=True, limit=None, methods=("full",), tasks=("hotpotqa",)),
+        out,
+        model_and_tokenizer=tiny,
+        progress=False,
+    )
     assert [r["length"] for r in rows["full", "hotpotqa"]] == [1200, 5000, 9000]  # from hotpotqa_e.jsonl
     paths = report.write_report(out)
     assert [p.name for p in paths] == ["report_e.md", "report_e.csv"]
@@ -117,8 +159,11 @@ def _row(pred, answer, classes=None, length=100):
 
 
 def test_report_layout_and_average_of_the_14_paper_tasks(tmp_path):
-    right = {"classification": ("Food", "Food", ["Animal", "Food"]), "count": ("3", "3", None),
-             "retrieval": ("Paragraph 2", "Paragraph 2", None)}
+    right = {
+        "classification": ("Food", "Food", ["Animal", "Food"]),
+        "count": ("3", "3", None),
+        "retrieval": ("Paragraph 2", "Paragraph 2", None),
+    }
     from eval.longbench.tasks import BY_NAME
 
     def perfect(task):
@@ -137,11 +182,15 @@ def test_report_layout_and_average_of_the_14_paper_tasks(tmp_path):
     with pytest.warns(UserWarning, match="lsht.jsonl: not an English LongBench v1 task"):
         assert main(["score", str(tmp_path / "pred")]) == 0
     md = (tmp_path / "pred" / "report.md").read_text().splitlines()
-    assert md[2] == ("|  | Single-Document QA |  |  | Multi-Document QA |  |  | Summarization |  |  "
-                     "| Few-shot Learning |  |  | Synthetic |  |  |")
-    assert md[4] == ("| **Method** | **NrtvQA** | **Qasper** | **MF-en** | **HotpotQA** | **2WikiMQA** | **Musique** "
-                     "| **GovReport** | **QMSum** | **MultiNews** | **TREC** | **TriviaQA** | **SAMSum** | **PCount** "
-                     "| **PRe** | **Average** |")
+    assert md[2] == (
+        "|  | Single-Document QA |  |  | Multi-Document QA |  |  | Summarization |  |  "
+        "| Few-shot Learning |  |  | Synthetic |  |  |"
+    )
+    assert md[4] == (
+        "| **Method** | **NrtvQA** | **Qasper** | **MF-en** | **HotpotQA** | **2WikiMQA** | **Musique** "
+        "| **GovReport** | **QMSum** | **MultiNews** | **TREC** | **TriviaQA** | **SAMSum** | **PCount** "
+        "| **PRe** | **Average** |"
+    )
     assert md[5] == "| m1 | 0.00 |" + " 100.00 |" * 13 + " 92.86 |"
     assert md[6] == "| m2 | - | - | - | 50.00 | - | - | - | - | - | - | - | - | 66.67 | - | - |"
     with open(tmp_path / "pred" / "report.csv") as f:
@@ -156,21 +205,26 @@ def test_score_accepts_one_method_folder_and_forces_e(tmp_path, capsys):
     _write_preds(folder, {"passage_count": [_row("7", "7"), _row("1 2", "7", length=5000)]})
     assert main(["score", str(folder), "--e"]) == 0
     assert "| mine | 0-4k | 100.00 |" in capsys.readouterr().out
-    assert json.loads((folder / "result.json").read_text()) == {"passage_count": {"0-4k": 100.0, "4-8k": 0.0, "8k+": None}}
+    assert json.loads((folder / "result.json").read_text()) == {
+        "passage_count": {"0-4k": 100.0, "4-8k": 0.0, "8k+": None}
+    }
     assert main(["score", str(folder)]) == 0
     assert json.loads((folder / "result.json").read_text()) == {"passage_count": 50.0}  # (1 + 0) / 2
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run", "--methods", "full,magic"], "unknown method 'magic'; allowed: fastkv, full, gemfilter"),
-    (["run", "--tasks", "hotpotqa,lsht"], "unknown LongBench task 'lsht'; allowed: narrativeqa"),
-    (["run", "--e", "--tasks", "narrativeqa"], "--e: narrativeqa has no LongBench-E variant"),
-    (["run", "--tasks", "hotpotqa", "--limit", "0"], "--limit must be an int >= 1"),
-    (["run", "--tasks", "hotpotqa", "--max-length", "1"], "--max-length must be an int >= 2"),
-    (["run", "--tasks", "hotpotqa", "--topk", "0"], "gemfilter: topk=0 must be >= 1"),
-    (["run", "--tasks", "hotpotqa", "--threads", "-1"], "--threads must be >= 0"),
-    (["score", "nowhere"], "nowhere is not a folder"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--methods", "full,magic"], "unknown method 'magic'; allowed: fastkv, full, gemfilter"),
+        (["run", "--tasks", "hotpotqa,lsht"], "unknown LongBench task 'lsht'; allowed: narrativeqa"),
+        (["run", "--e", "--tasks", "narrativeqa"], "--e: narrativeqa has no LongBench-E variant"),
+        (["run", "--tasks", "hotpotqa", "--limit", "0"], "--limit must be an int >= 1"),
+        (["run", "--tasks", "hotpotqa", "--max-length", "1"], "--max-length must be an int >= 2"),
+        (["run", "--tasks", "hotpotqa", "--topk", "0"], "gemfilter: topk=0 must be >= 1"),
+        (["run", "--tasks", "hotpotqa", "--threads", "-1"], "--threads must be >= 0"),
+        (["score", "nowhere"], "nowhere is not a folder"),
+    ],
+)
 def test_cli_errors_say_what_is_wrong(args, message, tmp_path, capsys):
     args = [a if a != "nowhere" else str(tmp_path / "nowhere") for a in args]
     if args[0] == "run":
@@ -181,8 +235,23 @@ def test_cli_errors_say_what_is_wrong(args, message, tmp_path, capsys):
 
 def test_cli_reports_a_missing_data_file_and_an_empty_prediction_folder(tiny_model_dir, words, tmp_path, capsys):
     (words / "triviaqa.jsonl").unlink()
-    assert main(["run", "--model", str(tiny_model_dir), "--data-dir", str(words), "--tasks", "triviaqa",
-                 "--out", str(tmp_path / "out"), *FAST]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                str(tiny_model_dir),
+                "--data-dir",
+                str(words),
+                "--tasks",
+                "triviaqa",
+                "--out",
+                str(tmp_path / "out"),
+                *FAST,
+            ]
+        )
+        == 2
+    )
     assert "triviaqa.jsonl not found; --data-dir must hold one <config>.jsonl per task" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main(["score", str(tmp_path / "empty")]) == 2
@@ -194,17 +263,32 @@ def test_cli_reports_a_missing_data_file_and_an_empty_prediction_folder(tiny_mod
 
 def test_a_full_run_on_incomplete_data_warns_that_scores_are_not_comparable(tiny, tiny_model_dir, words, tmp_path):
     with pytest.warns(UserWarning, match=r"sizes differ.*passage_retrieval_en \(3 of 200\)"):
-        rows = run(config(words, tiny_model_dir, limit=None, methods=("full",), tasks=("passage_retrieval_en",)),
-                   tmp_path / "out", model_and_tokenizer=tiny, progress=False)
+        rows = run(
+            config(words, tiny_model_dir, limit=None, methods=("full",), tasks=("passage_retrieval_en",)),
+            tmp_path / "out",
+            model_and_tokenizer=tiny,
+            progress=False,
+        )
     assert len(rows["full", "passage_retrieval_en"]) == 3
 
 
-@pytest.mark.parametrize("command, needles", [
-    ([], ["run", "score", "examples:"]),
-    (["run"], ["passage_retrieval_en  synthetic, retrieval, 32 *", "aliases: all", "gemfilter-span",
-               "accelerate launch --multi_gpu", "pred/<method>/<task>.jsonl"]),
-    (["score"], ["one method folder of <task>.jsonl files", "per length bucket 0-4k, 4-8k, 8k+"]),
-])
+@pytest.mark.parametrize(
+    "command, needles",
+    [
+        ([], ["run", "score", "examples:"]),
+        (
+            ["run"],
+            [
+                "passage_retrieval_en  synthetic, retrieval, 32 *",
+                "aliases: all",
+                "gemfilter-span",
+                "accelerate launch --multi_gpu",
+                "pred/<method>/<task>.jsonl",
+            ],
+        ),
+        (["score"], ["one method folder of <task>.jsonl files", "per length bucket 0-4k, 4-8k, 8k+"]),
+    ],
+)
 def test_every_command_has_a_help_that_teaches(command, needles, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([*command, "--help"])

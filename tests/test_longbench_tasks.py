@@ -3,29 +3,55 @@
 import json
 
 import pytest
+from longbench_fixtures import write_words
 
 from eval.longbench import data
 from eval.longbench.pipeline import (
-    apply_chat_template, default_max_length, generation_kwargs, prepare, truncate_middle,
+    apply_chat_template,
+    default_max_length,
+    generation_kwargs,
+    prepare,
+    truncate_middle,
 )
 from eval.longbench.tasks import BY_NAME, E_TASKS, PAPER_TASKS, TASKS, get_task, parse_tasks
-from longbench_fixtures import write_words
 
 
 def test_task_table_matches_the_spec():
     table = [(t.config, t.category, t.metric, t.max_new_tokens) for t in TASKS]
     assert table == [
-        ("narrativeqa", "single-doc QA", "qa_f1", 128), ("qasper", "single-doc QA", "qa_f1", 128),
-        ("multifieldqa_en", "single-doc QA", "qa_f1", 64), ("hotpotqa", "multi-doc QA", "qa_f1", 32),
-        ("2wikimqa", "multi-doc QA", "qa_f1", 32), ("musique", "multi-doc QA", "qa_f1", 32),
-        ("gov_report", "summarization", "rouge", 512), ("qmsum", "summarization", "rouge", 512),
-        ("multi_news", "summarization", "rouge", 512), ("trec", "few-shot", "classification", 64),
-        ("triviaqa", "few-shot", "qa_f1", 32), ("samsum", "few-shot", "rouge", 128),
-        ("passage_count", "synthetic", "count", 32), ("passage_retrieval_en", "synthetic", "retrieval", 32),
-        ("lcc", "code", "code_sim", 64), ("repobench-p", "code", "code_sim", 64)]
+        ("narrativeqa", "single-doc QA", "qa_f1", 128),
+        ("qasper", "single-doc QA", "qa_f1", 128),
+        ("multifieldqa_en", "single-doc QA", "qa_f1", 64),
+        ("hotpotqa", "multi-doc QA", "qa_f1", 32),
+        ("2wikimqa", "multi-doc QA", "qa_f1", 32),
+        ("musique", "multi-doc QA", "qa_f1", 32),
+        ("gov_report", "summarization", "rouge", 512),
+        ("qmsum", "summarization", "rouge", 512),
+        ("multi_news", "summarization", "rouge", 512),
+        ("trec", "few-shot", "classification", 64),
+        ("triviaqa", "few-shot", "qa_f1", 32),
+        ("samsum", "few-shot", "rouge", 128),
+        ("passage_count", "synthetic", "count", 32),
+        ("passage_retrieval_en", "synthetic", "retrieval", 32),
+        ("lcc", "code", "code_sim", 64),
+        ("repobench-p", "code", "code_sim", 64),
+    ]
     assert PAPER_TASKS == tuple(t[0] for t in table[:14])
-    assert set(E_TASKS) == {"qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "gov_report", "multi_news", "trec",
-                            "triviaqa", "samsum", "passage_count", "passage_retrieval_en", "lcc", "repobench-p"}
+    assert set(E_TASKS) == {
+        "qasper",
+        "multifieldqa_en",
+        "hotpotqa",
+        "2wikimqa",
+        "gov_report",
+        "multi_news",
+        "trec",
+        "triviaqa",
+        "samsum",
+        "passage_count",
+        "passage_retrieval_en",
+        "lcc",
+        "repobench-p",
+    }
     assert {t.config for t in TASKS if t.first_line} == {"trec", "triviaqa", "samsum"}
     assert {t.config for t in TASKS if not t.chat} == {"trec", "triviaqa", "samsum", "lcc", "repobench-p"}
 
@@ -38,14 +64,16 @@ def test_templates_keep_the_official_characters():
     assert t["passage_count"].endswith("\n\nThe final answer is: ")  # trailing space
     assert t["passage_retrieval_en"].endswith('like "Paragraph 1", "Paragraph 2", etc.\n\nThe answer is: ')
     assert t["lcc"] == "Please complete the code given below. \n{context}Next line of code:\n"
-    assert t["trec"] == ("Please determine the type of the question below. Here are some examples of questions."
-                         "\n\n{context}\n{input}")
+    assert t["trec"] == (
+        "Please determine the type of the question below. Here are some examples of questions.\n\n{context}\n{input}"
+    )
     assert t["hotpotqa"] == t["2wikimqa"] == t["musique"]
     assert t["multifieldqa_en"].endswith("do not output any other words.\n\nQuestion: {input}\nAnswer:")
     # str.format fills the fields once: braces inside the record stay literal.
     record = {"context": "def f(x): return {x}\n", "input": "y = {input}", "answers": []}
     assert BY_NAME["repobench-p"].prompt(record) == (
-        "Please complete the code given below. \ndef f(x): return {x}\ny = {input}Next line of code:\n")
+        "Please complete the code given below. \ndef f(x): return {x}\ny = {input}Next line of code:\n"
+    )
 
 
 def test_task_names_aliases_and_errors():
@@ -64,20 +92,28 @@ def test_local_folder_loading_and_errors(tmp_path):
     folder = write_words(tmp_path / "data", e=True)
     recs = data.load_records("hotpotqa_e", folder, limit=2)
     assert [r["_id"] for r in recs] == ["hotpotqa-000", "hotpotqa-001"] and recs[1]["length"] == 5000
-    (folder / "trec.jsonl").write_text(json.dumps({"input": "q", "context": "c", "answers": ["Food"], "length": 3,
-                                                   "all_classes": ["Food"]}) + "\n\n")
+    (folder / "trec.jsonl").write_text(
+        json.dumps({"input": "q", "context": "c", "answers": ["Food"], "length": 3, "all_classes": ["Food"]}) + "\n\n"
+    )
     assert data.load_records("trec", folder)[0]["_id"] == "trec#1"  # synthesized from the line number
     with pytest.raises(FileNotFoundError, match=r"qasper.jsonl not found; .*found: hotpotqa.jsonl, hotpotqa_e.jsonl"):
         data.load_records("qasper", folder)
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         data.load_records("qasper", tmp_path / "nowhere")
-    bad = {"bad1": '{"input": "q", "context": "c", "length": 3}', "bad2": '{"input": "q",',
-           "bad3": '{"input": "q", "context": "c", "answers": "x", "length": 3}',
-           "dup": '{"input": "q", "context": "c", "answers": [], "length": 3, "_id": "a"}\n' * 2}
+    bad = {
+        "bad1": '{"input": "q", "context": "c", "length": 3}',
+        "bad2": '{"input": "q",',
+        "bad3": '{"input": "q", "context": "c", "answers": "x", "length": 3}',
+        "dup": '{"input": "q", "context": "c", "answers": [], "length": 3, "_id": "a"}\n' * 2,
+    }
     for name, text in bad.items():
         (folder / f"{name}.jsonl").write_text(text + "\n")
-    for name, msg in [("bad1", r"bad1.jsonl:1: record lacks answers"), ("bad2", r"bad2.jsonl:1: not valid JSON"),
-                      ("bad3", "'answers' must be a list"), ("dup", "_id 'a' appears twice")]:
+    for name, msg in [
+        ("bad1", r"bad1.jsonl:1: record lacks answers"),
+        ("bad2", r"bad2.jsonl:1: not valid JSON"),
+        ("bad3", "'answers' must be a list"),
+        ("dup", "_id 'a' appears twice"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             data.load_records(name, folder)
     with pytest.raises(ValueError, match="--limit must be an int >= 1"):
@@ -104,8 +140,10 @@ def test_hub_records_come_from_load_dataset(monkeypatch):
 
     def fake_load_dataset(repo, config, split):
         calls.append((repo, config, split))
-        return [{"input": "q", "context": "c", "answers": ["a"], "length": 9, "all_classes": None, "_id": f"id{i}"}
-                for i in range(3)]
+        return [
+            {"input": "q", "context": "c", "answers": ["a"], "length": 9, "all_classes": None, "_id": f"id{i}"}
+            for i in range(3)
+        ]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     assert [r["_id"] for r in data.load_records("trec_e", limit=2)] == ["id0", "id1"]
@@ -122,8 +160,9 @@ def bos_tokenizer():
     raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     raw.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
-    return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
 
 
 def test_middle_truncation_keeps_both_halves_and_skips_special_tokens(bos_tokenizer):
@@ -164,8 +203,11 @@ def test_samsum_stops_at_newline_and_generates_at_least_one_token():
             assert text == "\n" and add_special_tokens is False
             return [5, 108]  # e.g. a prefix-space piece then the newline: pred.py takes the last id
 
-    assert generation_kwargs(BY_NAME["samsum"], Tok()) == {"max_new_tokens": 128, "eos_token_id": [1, 108],
-                                                          "min_new_tokens": 1}
+    assert generation_kwargs(BY_NAME["samsum"], Tok()) == {
+        "max_new_tokens": 128,
+        "eos_token_id": [1, 108],
+        "min_new_tokens": 1,
+    }
     assert generation_kwargs(BY_NAME["trec"], Tok()) == {"max_new_tokens": 64}
 
 

@@ -8,12 +8,12 @@ passes the cache itself (the step that drops it never runs).
 
 import pytest
 import torch
+from tiny_models import COMMON, DotTokenizer
 from transformers import Phi3Config, Phi3ForCausalLM
 
 import gemfilter
 from gemfilter.compat import cache_in, cache_kwargs, dynamic_cache
 from gemfilter.methods import REGISTRY, get_method
-from tiny_models import COMMON, DotTokenizer
 
 SWITCH = 48  # original_max_position_embeddings: the RoPE factors switch beyond it
 N = 72
@@ -25,9 +25,11 @@ pytestmark = pytest.mark.usefixtures("quiet")
 def phi():
     torch.manual_seed(0)
     half = 8  # head_dim 16 / 2
-    cfg = Phi3Config(**{**COMMON, "pad_token_id": 0}, original_max_position_embeddings=SWITCH,
-                     rope_scaling={"type": "longrope", "short_factor": [1.0] * half,
-                                   "long_factor": [1.0 + i for i in range(half)]})
+    cfg = Phi3Config(
+        **{**COMMON, "pad_token_id": 0},
+        original_max_position_embeddings=SWITCH,
+        rope_scaling={"type": "longrope", "short_factor": [1.0] * half, "long_factor": [1.0 + i for i in range(half)]},
+    )
     model = Phi3ForCausalLM(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -53,8 +55,9 @@ def test_the_factors_really_switch(phi):
 def test_every_method_with_k_ge_n_equals_plain_generate_past_the_switch(phi, name):
     ids = prompt(N)
     plain = phi.generate(ids, max_new_tokens=6, do_sample=False)
-    out = gemfilter.generate(phi, ids, method=get_method(name, topk=N, layer=2), tokenizer=DotTokenizer(),
-                             max_new_tokens=6, min_new_tokens=6)
+    out = gemfilter.generate(
+        phi, ids, method=get_method(name, topk=N, layer=2), tokenizer=DotTokenizer(), max_new_tokens=6, min_new_tokens=6
+    )
     assert torch.equal(out.sequences, plain), name
 
 
@@ -69,8 +72,13 @@ def greedy_by_hand(model, method, ids, steps):
                 tokens.append(out.logits[:, -1].argmax(-1))
                 if step == steps - 1:
                     break
-                out = model(input_ids=tokens[-1][:, None], attention_mask=torch.ones(1, n + step + 1, dtype=torch.long),
-                            position_ids=torch.tensor([[n + step]]), use_cache=True, **cache_kwargs(cache))
+                out = model(
+                    input_ids=tokens[-1][:, None],
+                    attention_mask=torch.ones(1, n + step + 1, dtype=torch.long),
+                    position_ids=torch.tensor([[n + step]]),
+                    use_cache=True,
+                    **cache_kwargs(cache),
+                )
     return torch.stack(tokens, 1)
 
 
@@ -86,7 +94,9 @@ def test_compressing_methods_past_the_switch_decode_on_their_own_cache(phi, name
 @pytest.mark.parametrize("name", ["snapkv", "gemfilter-orig-pos"])
 def test_a_generation_that_crosses_the_switch_with_a_compressed_cache_is_refused(phi, name):
     ids = prompt(SWITCH - 2)  # the prefill is below the switch; the third new token crosses it
-    with pytest.raises(ValueError, match=f"across the model's RoPE switch at original_max_position_embeddings={SWITCH}"):
+    with pytest.raises(
+        ValueError, match=f"across the model's RoPE switch at original_max_position_embeddings={SWITCH}"
+    ):
         gemfilter.generate(phi, ids, method=get_method(name, topk=40, layer=2), max_new_tokens=6, min_new_tokens=6)
 
 
@@ -95,7 +105,8 @@ def inputs_when_dropped(model, ids):
     sequence (releases from 5.24) or only the new token (5.17, cut at its cache_position)."""
     seen = []
     hook = model.register_forward_pre_hook(
-        lambda module, args, kw: seen.append((cache_in(kw)[1] is None, kw["input_ids"].shape[1])), with_kwargs=True)
+        lambda module, args, kw: seen.append((cache_in(kw)[1] is None, kw["input_ids"].shape[1])), with_kwargs=True
+    )
     try:
         model.generate(ids, max_new_tokens=6, do_sample=False)
     finally:

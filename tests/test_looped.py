@@ -16,8 +16,15 @@ import pytest
 import torch
 
 from icl_probes.looped.cli import main
-from icl_probes.looped.model import (attention_mask, build_input, construction, linear_attention, looped_forward,
-                                     looped_forward_fast, sample_tasks)
+from icl_probes.looped.model import (
+    attention_mask,
+    build_input,
+    construction,
+    linear_attention,
+    looped_forward,
+    looped_forward_fast,
+    sample_tasks,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +104,9 @@ def test_fast_loop_equals_definition():
 def test_sampler_task_definition():
     tasks = sample_tasks(500, 6, 4, torch.Generator().manual_seed(5), dtype=torch.float64)
     np.testing.assert_allclose(tasks.theta.norm(dim=1).numpy(), 1, atol=1e-12)
-    np.testing.assert_allclose(tasks.y.numpy(), np.einsum("bnd,bd->bn", tasks.X.numpy(), tasks.theta.numpy()), atol=1e-12)
+    np.testing.assert_allclose(
+        tasks.y.numpy(), np.einsum("bnd,bd->bn", tasks.X.numpy(), tasks.theta.numpy()), atol=1e-12
+    )
     assert (tasks.alpha.abs() >= 0.5).all() and (tasks.alpha > 0).any() and (tasks.alpha < 0).any()
     Z = build_input(tasks.X, tasks.y, tasks.alpha)
     assert torch.equal(Z[:, -1, :-1], torch.zeros(500, 4, dtype=torch.float64))
@@ -112,8 +121,14 @@ def test_eta_shape_error():
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "icl_probes.looped", *args], capture_output=True, text=True,
-                          cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "icl_probes.looped", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
 
 
 def test_cli_help_teaches():
@@ -134,8 +149,22 @@ def main_help(sub):
 
 def test_cli_fig81_tiny_run_and_resume(tmp_path):
     out, png = tmp_path / "a", tmp_path / "fig.png"
-    args = ["fig81", "--n", "6,12", "--T", "30", "--trials", "2", "--kappa-trials", "5", "--out", str(out),
-            "--png", str(png), "--no-progress"]
+    args = [
+        "fig81",
+        "--n",
+        "6,12",
+        "--T",
+        "30",
+        "--trials",
+        "2",
+        "--kappa-trials",
+        "5",
+        "--out",
+        str(out),
+        "--png",
+        str(png),
+        "--no-progress",
+    ]
     assert main(args) == 0
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
     res = json.loads((out / "results.json").read_text())
@@ -162,7 +191,18 @@ def test_cli_fig81_tiny_run_and_resume(tmp_path):
 
 def test_cli_train_smoke_and_resume(tmp_path):
     out = tmp_path / "b"
-    args = ["train", "--preset", "smoke", "--losses", "last", "--eta-modes", "shared", "--out", str(out), "--no-progress"]
+    args = [
+        "train",
+        "--preset",
+        "smoke",
+        "--losses",
+        "last",
+        "--eta-modes",
+        "shared",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(args) == 0
     assert (out / "train.png").read_bytes()[:4] == b"\x89PNG"
     assert "learned last/shared" in (out / "table.md").read_text()
@@ -185,7 +225,20 @@ def test_cli_bad_input(tmp_path, capsys):
         main(["train", "--eta-modes", "cyclic", "--out", str(tmp_path / "d")])
     assert "subset of per-loop,shared" in capsys.readouterr().err
     # A changed config into the same folder is refused instead of mixing two runs.
-    base = ["fig81", "--n", "6", "--T", "5", "--trials", "1", "--kappa-trials", "1", "--no-progress", "--out", str(tmp_path / "e")]
+    base = [
+        "fig81",
+        "--n",
+        "6",
+        "--T",
+        "5",
+        "--trials",
+        "1",
+        "--kappa-trials",
+        "1",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "e"),
+    ]
     assert main(base) == 0
     with pytest.raises(SystemExit):
         main(base + ["--seed", "7"])

@@ -4,8 +4,18 @@ import dataclasses
 
 import pytest
 
-from gemfilter.methods import (REGISTRY, CacheMethod, FastKV, FullMethod, GemFilter, GemFilterSpan, PromptMethod,
-                               SnapKV, parse_method, spec_of)
+from gemfilter.methods import (
+    REGISTRY,
+    CacheMethod,
+    FastKV,
+    FullMethod,
+    GemFilter,
+    GemFilterSpan,
+    PromptMethod,
+    SnapKV,
+    parse_method,
+    spec_of,
+)
 from gemfilter.methods.spec import split_defaults
 
 KINDS = {"prompt": PromptMethod, "cache": CacheMethod, "full": FullMethod}
@@ -16,17 +26,30 @@ def test_every_method_has_one_kind_checked_by_isinstance():
         assert isinstance(cls(), KINDS[cls.kind]), name
         assert sum(isinstance(cls(), k) for k in KINDS.values()) == 1, name
     assert {n for n, c in REGISTRY.items() if c.kind == "prompt"} == {
-        "gemfilter", "gemfilter-span", "gemfilter-orig-pos", "middle-row", "largest-row", "gemfilter-qwin", "gemfilter-asl",
-        "gemfilter-claa", "gemfilter-span-qwin", "gemfilter-span-claa", "gemfilter-span-qmax"}
+        "gemfilter",
+        "gemfilter-span",
+        "gemfilter-orig-pos",
+        "middle-row",
+        "largest-row",
+        "gemfilter-qwin",
+        "gemfilter-asl",
+        "gemfilter-claa",
+        "gemfilter-span-qwin",
+        "gemfilter-span-claa",
+        "gemfilter-span-qmax",
+    }
 
 
-@pytest.mark.parametrize("spec,want", [
-    ("gemfilter-span:k=256", GemFilterSpan(topk=256)),
-    ("snapkv:topk=512,pooling=max", SnapKV(topk=512, pooling="max")),
-    ("fastkv:k=512,tsp_len=2048,layer=11", FastKV(layer=11, topk=512, tsp_len=2048)),
-    ("fastkv:score_dtype=fp32,layer=none", FastKV(score_dtype="fp32")),
-    (" gemfilter ", GemFilter()),
-])
+@pytest.mark.parametrize(
+    "spec,want",
+    [
+        ("gemfilter-span:k=256", GemFilterSpan(topk=256)),
+        ("snapkv:topk=512,pooling=max", SnapKV(topk=512, pooling="max")),
+        ("fastkv:k=512,tsp_len=2048,layer=11", FastKV(layer=11, topk=512, tsp_len=2048)),
+        ("fastkv:score_dtype=fp32,layer=none", FastKV(score_dtype="fp32")),
+        (" gemfilter ", GemFilter()),
+    ],
+)
 def test_a_spec_builds_the_method_and_round_trips(spec, want):
     method = parse_method(spec)
     assert method == want
@@ -47,15 +70,18 @@ def test_command_line_defaults_apply_where_a_method_has_the_parameter():
     assert split_defaults(["snapkv", "gemfilter", "full"], layer=5, topk=None) == {"layer": ["snapkv", "full"]}
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("gemfilter:k=0", "gemfilter: topk=0 must be >= 1"),
-    ("snapkv:layer=99", "snapkv has no parameter 'layer'; its parameters: topk, window, kernel, pooling, gqa"),
-    ("fastkv:pooling=foo", "fastkv: pooling must be 'avg' (v1) or 'max' (v3), got 'foo'"),
-    ("gemfilter:k=ten", "gemfilter: topk='ten' is not an int"),
-    ("gemfilter:layer=2.5", "gemfilter: layer='2.5' is not an int (or none)"),
-    ("gemfilter:topk", "gemfilter: 'topk' is not key=value"),
-    ("gemfiltr:k=3", "unknown method 'gemfiltr'; allowed: fastkv, full, gemfilter"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("gemfilter:k=0", "gemfilter: topk=0 must be >= 1"),
+        ("snapkv:layer=99", "snapkv has no parameter 'layer'; its parameters: topk, window, kernel, pooling, gqa"),
+        ("fastkv:pooling=foo", "fastkv: pooling must be 'avg' (v1) or 'max' (v3), got 'foo'"),
+        ("gemfilter:k=ten", "gemfilter: topk='ten' is not an int"),
+        ("gemfilter:layer=2.5", "gemfilter: layer='2.5' is not an int (or none)"),
+        ("gemfilter:topk", "gemfilter: 'topk' is not key=value"),
+        ("gemfiltr:k=3", "unknown method 'gemfiltr'; allowed: fastkv, full, gemfilter"),
+    ],
+)
 def test_bad_specs_get_one_message_naming_what_is_allowed(spec, message):
     with pytest.raises(ValueError) as err:
         parse_method(spec)

@@ -2,13 +2,13 @@
 
 import pytest
 import torch
+from reference import qk_at_layer
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer, on
 
 import gemfilter
 from gemfilter.compat import cache_kwargs, output_cache
 from gemfilter.methods import REGISTRY, get_method
 from gemfilter.methods.cache import column_sums
-from reference import qk_at_layer
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer, on
 
 N = 48
 
@@ -25,8 +25,16 @@ def run(model, method, ids, **kw):
 
 
 def test_registry_lists_every_method_with_a_description():
-    expected = {"full", "gemfilter", "gemfilter-span", "snapkv", "h2o", "gemfilter-one-run", "middle-row",
-                "largest-row"}
+    expected = {
+        "full",
+        "gemfilter",
+        "gemfilter-span",
+        "snapkv",
+        "h2o",
+        "gemfilter-one-run",
+        "middle-row",
+        "largest-row",
+    }
     assert expected <= set(REGISTRY)
     for name, desc in gemfilter.describe():
         assert desc and len(desc) > 20, name
@@ -102,7 +110,7 @@ def test_snapkv_and_h2o_plans_match_explicit_softmax(family):
             if name == "snapkv":
                 votes = probs[0, :, -window:, :].sum(1)  # (h, n)
                 m = votes.shape[1] - window  # avg-pool 5 with zero padding, by hand, over the prefix only
-                pooled = torch.stack([votes[:, max(0, j - 2): min(j + 3, m)].sum(1) / 5 for j in range(m)], 1)
+                pooled = torch.stack([votes[:, max(0, j - 2) : min(j + 3, m)].sum(1) / 5 for j in range(m)], 1)
                 ref = _ref_keep(torch.cat([pooled, torch.zeros(pooled.shape[0], window)], 1), g, budget, window)
             else:
                 ref = _ref_keep(probs[0].sum(1), g, budget, window)  # column sums
@@ -140,8 +148,12 @@ def test_snapkv_decodes_at_original_positions():
             layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
         tokens = [int(out.logits[0, -1].argmax())]
         for t in range(5):
-            step = model(torch.tensor([[tokens[-1]]]), **cache_kwargs(cache), use_cache=True,
-                         position_ids=torch.tensor([[64 + t]]))
+            step = model(
+                torch.tensor([[tokens[-1]]]),
+                **cache_kwargs(cache),
+                use_cache=True,
+                position_ids=torch.tensor([[64 + t]]),
+            )
             tokens.append(int(step.logits[0, -1].argmax()))
     assert got[0, 64:].tolist() == tokens
 
@@ -152,7 +164,7 @@ def test_left_padded_batch_equals_rows_alone(name):
     short, long = prompt(n=40, seed=5)[0], prompt(n=N, seed=6)[0]
     ids = torch.zeros((2, N), dtype=torch.long)
     mask = torch.zeros((2, N), dtype=torch.long)
-    ids[0, N - 40:], mask[0, N - 40:] = short, 1
+    ids[0, N - 40 :], mask[0, N - 40 :] = short, 1
     ids[1], mask[1] = long, 1
     for budget in (36, 44):  # 44: the short row has fewer real tokens than the budget
         method = get_method(name, topk=budget, layer=2)
@@ -182,6 +194,7 @@ def test_span_keeps_sink_tail_and_whole_sentences():
     assert kept[:4] == [0, 1, 2, 3] and kept[-8:] == list(range(88, 96))
     # every kept token outside sink/tail belongs to a fully kept sentence
     from gemfilter.methods.prompt import sentence_ends
+
     ends = sentence_ends(ids[0], DotTokenizer(), 64)
     begin, kept_set = 0, set(kept)
     for end in ends:
@@ -198,7 +211,7 @@ def test_ablation_rows_score_the_chosen_query_row():
     kk = k.repeat_interleave(2, dim=1)
     norms = q[0].pow(2).sum(dim=(0, 2))
     for name, row in (("middle-row", N // 2), ("largest-row", int(norms.argmax()))):
-        raw = (q[0, :, row] [:, None, :] * kk[0]).sum(-1).sum(0)  # (n,)
+        raw = (q[0, :, row][:, None, :] * kk[0]).sum(-1).sum(0)  # (n,)
         pooled = torch.nn.functional.avg_pool1d(raw[None, None], 5, 1, 2)[0, 0]
         ref = sorted(pooled.topk(10).indices.tolist())
         sel = run(model, get_method(name, topk=10, layer=2), ids).selection
@@ -214,5 +227,4 @@ def test_bad_budgets_are_refused():
     with pytest.raises(ValueError, match="pooling must be 'avg' or 'max'"):
         get_method("snapkv", pooling="mean")
     with pytest.raises(ValueError, match="needs the tokenizer"):
-        gemfilter.generate(model, prompt(n=96), method=get_method("gemfilter-span", topk=20, layer=2),
-                           max_new_tokens=2)
+        gemfilter.generate(model, prompt(n=96), method=get_method("gemfilter-span", topk=20, layer=2), max_new_tokens=2)

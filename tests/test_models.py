@@ -2,16 +2,17 @@
 
 import pytest
 import torch
+from tiny_models import BUILDERS
 
 import gemfilter
 from gemfilter.models import EMBEDDED_NAME
-from tiny_models import BUILDERS
 
 
 def test_local_path_passes_dtype_and_attention_through(tiny_model_dir):
     model = BUILDERS["llama"]()
-    loaded, tok = gemfilter.load_model(str(tiny_model_dir), dtype=torch.float16, attn_implementation="eager",
-                                       device_map="cpu")
+    loaded, tok = gemfilter.load_model(
+        str(tiny_model_dir), dtype=torch.float16, attn_implementation="eager", device_map="cpu"
+    )
     assert loaded.dtype == torch.float16
     assert loaded.config._attn_implementation == "eager"
     assert tok.padding_side == "left" and tok.pad_token is not None

@@ -14,7 +14,14 @@ import torch
 from icl_probes.modular import cli, experiments
 from icl_probes.modular.data import all_inputs, check_kp, labels, make_split
 from icl_probes.modular.experiments import grokking_delay
-from icl_probes.modular.fourier import dft2_interaction_share, dft2_sparsity, frequency_histogram, max_normalised_power, neuron_power, one_sided_power
+from icl_probes.modular.fourier import (
+    dft2_interaction_share,
+    dft2_sparsity,
+    frequency_histogram,
+    max_normalised_power,
+    neuron_power,
+    one_sided_power,
+)
 from icl_probes.modular.mlp import PowerMLP, paper_width
 from icl_probes.modular.train import TrainConfig, train
 from icl_probes.modular.transformer import ModularTransformer
@@ -151,14 +158,17 @@ def test_training_stops_at_the_deadline_and_marks_the_row():
     import time
 
     split = make_split(2, 5, 0.5, seed=0)
-    hist = train(PowerMLP(2, 5, 8), split, TrainConfig(steps=1000, eval_every=500), progress=False,
-                 deadline=time.time() - 1)
+    hist = train(
+        PowerMLP(2, 5, 8), split, TrainConfig(steps=1000, eval_every=500), progress=False, deadline=time.time() - 1
+    )
     assert [r["step"] for r in hist] == [0, 1] and hist[-1]["time_limit"] is True
 
 
 def test_grokking_delay_from_a_hand_made_history():
-    hist = [dict(step=s, train_acc=tr, test_acc=te) for s, tr, te in
-            [(0, 0.0, 0.0), (100, 0.5, 0.0), (200, 0.995, 0.1), (300, 1.0, 0.5), (400, 1.0, 0.992)]]
+    hist = [
+        dict(step=s, train_acc=tr, test_acc=te)
+        for s, tr, te in [(0, 0.0, 0.0), (100, 0.5, 0.0), (200, 0.995, 0.1), (300, 1.0, 0.5), (400, 1.0, 0.992)]
+    ]
     # gap area by hand, left sums over 100-step intervals: 0 + 0.5*100 + 0.895*100 + 0.5*100 = 189.5
     assert grokking_delay(hist, 0.99) == dict(train_step=200, test_step=400, delay=200, gap_area=189.5)
     assert grokking_delay(hist[:4], 0.99)["delay"] is None
@@ -204,14 +214,35 @@ def test_cli_grok_and_transformer_resume(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="rerun"):
         cli.main(args[:2] + ["2,5;2,7"] + args[3:])  # (2, 7) is new
     monkeypatch.undo()
-    tf = ["transformer", "--k", "2", "--p", "5", "--heads", "2", "--d-model", "8", "--steps", "10", "--out", str(tmp_path)]
+    tf = [
+        "transformer",
+        "--k",
+        "2",
+        "--p",
+        "5",
+        "--heads",
+        "2",
+        "--d-model",
+        "8",
+        "--steps",
+        "10",
+        "--out",
+        str(tmp_path),
+    ]
     assert cli.main(tf + ["--quiet"]) == 0
     assert len(json.loads((tmp_path / "transformer_result.json").read_text())["init_kq"]["share"]) == 2
     assert (tmp_path / "modular_fig43_wkq.png").exists()
 
 
-@pytest.mark.parametrize("bad,message", [(["--p", "9"], "odd prime"), (["--k", "1"], "k=1"),
-                                         (["--steps", "0"], "steps=0"), (["--device", "tpu"], "unknown device")])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (["--p", "9"], "odd prime"),
+        (["--k", "1"], "k=1"),
+        (["--steps", "0"], "steps=0"),
+        (["--device", "tpu"], "unknown device"),
+    ],
+)
 def test_cli_rejects_bad_input(tmp_path, capsys, bad, message):
     with pytest.raises(SystemExit) as exc:
         cli.main(["mlp", "--out", str(tmp_path), "--quiet", *bad])

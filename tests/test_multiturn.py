@@ -11,11 +11,11 @@ import copy
 
 import pytest
 import torch
+from tiny_models import BUILDERS
 
 import gemfilter
 from gemfilter.compat import cache_kwargs, dynamic_cache
 from gemfilter.methods import get_method
-from tiny_models import BUILDERS
 
 pytestmark = pytest.mark.usefixtures("quiet")
 N, Q, T = 48, 6, 5  # turn-1 prompt, turn-2 question, tokens per answer
@@ -62,18 +62,17 @@ def test_second_turn_continues_the_compressed_cache_exactly(name, prefix):
                 model(input_ids=first, use_cache=True, **cache_kwargs(cache))
             consumed, turn1 = N, first
         else:
-            turn1 = model.generate(first, max_new_tokens=T, min_new_tokens=T, do_sample=False,
-                                   **cache_kwargs(cache))
+            turn1 = model.generate(first, max_new_tokens=T, min_new_tokens=T, do_sample=False, **cache_kwargs(cache))
             consumed = N + T - 1  # generate never feeds its last token
         after1, compressed = copy.deepcopy(cache), cache.get_seq_length()
         history = torch.cat([turn1, question], dim=1)
         turn2 = model.generate(history, max_new_tokens=T, min_new_tokens=T, do_sample=False, **cache_kwargs(cache))
-    got = turn2[0, history.shape[1]:].tolist()
+    got = turn2[0, history.shape[1] :].tolist()
     fed = history[:, consumed:]  # what was never fed: turn 1's last token and the question
     if positions == "renumbered":  # gemfilter: plain generation on the kept tokens, the answer, the question
         kept = handle.calls[0].selection.kept_ids[0][None]
         plain = torch.cat([kept, turn1[:, N:consumed], fed], dim=1)
-        want = model.generate(plain, max_new_tokens=T, min_new_tokens=T, do_sample=False)[0, plain.shape[1]:].tolist()
+        want = model.generate(plain, max_new_tokens=T, min_new_tokens=T, do_sample=False)[0, plain.shape[1] :].tolist()
     else:
         want = hand_loop(model, after1, fed, consumed, T)
     assert got == want
@@ -97,17 +96,20 @@ def two_turns(model, method, first, question):
     mask = (first != 0).long()
     with gemfilter.apply(model, method):
         cache = dynamic_cache(model.config)
-        turn1 = model.generate(first, attention_mask=mask, max_new_tokens=T, min_new_tokens=T, do_sample=False,
-                               **cache_kwargs(cache))
+        turn1 = model.generate(
+            first, attention_mask=mask, max_new_tokens=T, min_new_tokens=T, do_sample=False, **cache_kwargs(cache)
+        )
         history = torch.cat([turn1, question], dim=1)
         mask = torch.cat([mask, torch.ones(mask.shape[0], history.shape[1] - mask.shape[1], dtype=torch.long)], 1)
-        turn2 = model.generate(history, attention_mask=mask, max_new_tokens=T, min_new_tokens=T, do_sample=False,
-                               **cache_kwargs(cache))
-    return turn2[:, history.shape[1]:]
+        turn2 = model.generate(
+            history, attention_mask=mask, max_new_tokens=T, min_new_tokens=T, do_sample=False, **cache_kwargs(cache)
+        )
+    return turn2[:, history.shape[1] :]
 
 
-@pytest.mark.parametrize("family,name", [("gemma3", "gemfilter"), ("gemma3", "snapkv"), ("gemma3", "full"),
-                                         ("mistral-sliding", "gemfilter")])
+@pytest.mark.parametrize(
+    "family,name", [("gemma3", "gemfilter"), ("gemma3", "snapkv"), ("gemma3", "full"), ("mistral-sliding", "gemfilter")]
+)
 def test_second_turn_on_sliding_window_models(family, name):
     """Gemma 3 (sliding and full layers) and Mistral (every layer slides): turn 2 equals the same conversation
     from a turn-1 cache copied and continued by hand (gemfilter: plain generate)."""
@@ -122,7 +124,7 @@ def test_second_turn_on_sliding_window_models(family, name):
     fed = torch.cat([turn1[:, -1:], question], dim=1)
     if name == "gemfilter":
         plain = torch.cat([handle.calls[0].selection.kept_ids[0][None], turn1[:, N:-1], fed], dim=1)
-        want = model.generate(plain, max_new_tokens=T, min_new_tokens=T, do_sample=False)[0, plain.shape[1]:].tolist()
+        want = model.generate(plain, max_new_tokens=T, min_new_tokens=T, do_sample=False)[0, plain.shape[1] :].tolist()
     else:
         want = hand_loop(model, cache, fed, N + T - 1, T)
     assert got == want
@@ -135,7 +137,9 @@ def test_batch_rows_continue_as_single_rows(name):
     first, question = torch.cat([ids(N, 5), ids(N, 6)]), torch.cat([ids(Q, 7), ids(Q, 8)])
     both = two_turns(model, get_method(name, **params), first, question)
     for r in range(2):
-        assert torch.equal(both[r], two_turns(model, get_method(name, **params), first[r:r + 1], question[r:r + 1])[0])
+        assert torch.equal(
+            both[r], two_turns(model, get_method(name, **params), first[r : r + 1], question[r : r + 1])[0]
+        )
 
 
 def test_left_padded_batch_continues_as_single_rows():

@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gemfilter.lab.io import read_jsonl
 from niah_fixtures import save_tiny_model, write_haystack
+
+from gemfilter.lab.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,14 +30,38 @@ def strip(rows):
 
 def test_two_processes_resume_and_merge_to_the_single_process_result(tmp_path):
     model_dir = save_tiny_model(tmp_path / "model")
-    args = ["--model", str(model_dir), "--haystack-dir", str(write_haystack(tmp_path / "hay")),
-            "--lengths", "240,260", "--depths", "0,50,100", "--methods", "full,gemfilter,snapkv", "--topk", "40",
-            "--layer", "2", "--max-new-tokens", "3", "--threads", "1", "--no-progress"]
+    args = [
+        "--model",
+        str(model_dir),
+        "--haystack-dir",
+        str(write_haystack(tmp_path / "hay")),
+        "--lengths",
+        "240,260",
+        "--depths",
+        "0,50,100",
+        "--methods",
+        "full,gemfilter,snapkv",
+        "--topk",
+        "40",
+        "--layer",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # both runs on CPU, same kernels
 
     single = tmp_path / "single"
-    r = subprocess.run([sys.executable, "-m", "eval.niah", *args, "--out", str(single)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "eval.niah", *args, "--out", str(single)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows1 = read_jsonl(single / "results.jsonl")
     assert len(rows1) == 18
@@ -46,9 +71,27 @@ def test_two_processes_resume_and_merge_to_the_single_process_result(tmp_path):
     sharded.mkdir()
     (sharded / "config.json").write_text((single / "config.json").read_text())
     (sharded / "results.rank0.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows1[:4]))
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(free_port()), "-m", "eval.niah", *args, "--out", str(sharded)]
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "eval.niah",
+        *args,
+        "--out",
+        str(sharded),
+    ]
     r = subprocess.run(launch, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows2 = read_jsonl(sharded / "results.jsonl")

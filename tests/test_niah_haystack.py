@@ -1,31 +1,39 @@
 """NIAH context building against hand-worked token cases (Kamradt insertion, needlehaystack 0.1.0)."""
 
 import pytest
+from niah_fixtures import ESSAYS, word_tokenizer, write_haystack
 
 from eval.niah.haystack import (
-    NEEDLE, build_case, insert_needle, make_haystack, period_token_ids, read_haystack,
+    NEEDLE,
+    build_case,
+    insert_needle,
+    make_haystack,
+    period_token_ids,
+    read_haystack,
 )
-from niah_fixtures import ESSAYS, word_tokenizer, write_haystack
 
 P = 0  # the '.' token in the hand-built cases
 CTX = [10, 11, P, 12, 13, P, 14, 15, 16, 17]  # sentence breaks after positions 2 and 5
 NEEDLE_IDS = [90, 91]
 
 
-@pytest.mark.parametrize("depth, expected", [
-    # ip = int(10 * .5) = 5; ctx[4] = 13, ctx[3] = 12 are not '.', ctx[2] is: insert at 3.
-    (50, [10, 11, P, 90, 91, 12, 13, P, 14, 15, 16, 17]),
-    # ip = 3 and ctx[2] is '.' already: no step back.
-    (30, [10, 11, P, 90, 91, 12, 13, P, 14, 15, 16, 17]),
-    # ip = int(10 * .9) = 9: back over 16, 15, 14 to just after the '.' at position 5.
-    (90, [10, 11, P, 12, 13, P, 90, 91, 14, 15, 16, 17]),
-    # ip = 6 is right after a '.'.
-    (60, [10, 11, P, 12, 13, P, 90, 91, 14, 15, 16, 17]),
-    # ip = 2: ctx[1] = 11 is not '.', ctx[0] neither: back to the start.
-    (20, [90, 91, 10, 11, P, 12, 13, P, 14, 15, 16, 17]),
-    (0, [90, 91] + CTX),
-    (100, CTX + [90, 91]),  # appended, no sentence search
-])
+@pytest.mark.parametrize(
+    "depth, expected",
+    [
+        # ip = int(10 * .5) = 5; ctx[4] = 13, ctx[3] = 12 are not '.', ctx[2] is: insert at 3.
+        (50, [10, 11, P, 90, 91, 12, 13, P, 14, 15, 16, 17]),
+        # ip = 3 and ctx[2] is '.' already: no step back.
+        (30, [10, 11, P, 90, 91, 12, 13, P, 14, 15, 16, 17]),
+        # ip = int(10 * .9) = 9: back over 16, 15, 14 to just after the '.' at position 5.
+        (90, [10, 11, P, 12, 13, P, 90, 91, 14, 15, 16, 17]),
+        # ip = 6 is right after a '.'.
+        (60, [10, 11, P, 12, 13, P, 90, 91, 14, 15, 16, 17]),
+        # ip = 2: ctx[1] = 11 is not '.', ctx[0] neither: back to the start.
+        (20, [90, 91, 10, 11, P, 12, 13, P, 14, 15, 16, 17]),
+        (0, [90, 91] + CTX),
+        (100, CTX + [90, 91]),  # appended, no sentence search
+    ],
+)
 def test_insertion_backs_up_to_a_period(depth, expected):
     # target 200 + 12 leaves exactly room for 10 context + 2 needle tokens: no truncation.
     assert insert_needle(CTX, NEEDLE_IDS, depth, 212, {P}) == expected
@@ -77,15 +85,20 @@ def test_haystack_repeats_the_whole_corpus_text(tmp_path):
     assert tok.convert_ids_to_tokens(hay.ids[15:17]) == ["mu", "nu"]  # a_first.txt before b_second.txt
 
 
-NEEDLE_WORDS = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day .".split()
+NEEDLE_WORDS = (
+    "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day .".split()
+)
 
 
-@pytest.mark.parametrize("depth, before", [
-    (50, 4),   # 10 context tokens; ip = 5 -> 'delta' -> back to 4, after 'alpha beta gamma .'
-    (95, 7),   # ip = 9 -> 'eta', 'zeta' -> back to 7, after 'delta epsilon .'
-    (0, 0),
-    (100, 10),
-])
+@pytest.mark.parametrize(
+    "depth, before",
+    [
+        (50, 4),  # 10 context tokens; ip = 5 -> 'delta' -> back to 4, after 'alpha beta gamma .'
+        (95, 7),  # ip = 9 -> 'eta', 'zeta' -> back to 7, after 'delta epsilon .'
+        (0, 0),
+        (100, 10),
+    ],
+)
 def test_build_case_with_a_word_tokenizer(tmp_path, depth, before):
     tok = word_tokenizer()
     # 22 needle tokens; L = 200 + 22 + 10 leaves 10 haystack tokens.
@@ -94,9 +107,12 @@ def test_build_case_with_a_word_tokenizer(tmp_path, depth, before):
     expected = ctx[:before] + NEEDLE_WORDS + ctx[before:]
     assert tok.convert_ids_to_tokens(tok.encode(case.context, add_special_tokens=False)) == expected
     assert case.needle_token_span == (before, before + 22)
-    assert case.prompt == ("<|im_start|> This is a very long story book: <book> " + case.context
-                           + " </book>.\n Based on the content of the book, Question: What is the best thing to do "
-                           "in San Francisco?\nAnswer:")
+    assert case.prompt == (
+        "<|im_start|> This is a very long story book: <book> "
+        + case.context
+        + " </book>.\n Based on the content of the book, Question: What is the best thing to do "
+        "in San Francisco?\nAnswer:"
+    )
     assert case.add_special_tokens is True
 
 
@@ -105,13 +121,19 @@ def test_period_ids_are_encode_of_a_period():
     assert period_token_ids(tok) == {tok.convert_tokens_to_ids(".")}
 
 
-SIMPLE_CHAT = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
-               "{% if add_generation_prompt %}[assistant]{% endif %}")
-ALTERNATING_CHAT = ("{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]['role'] %}"
-                    "{{ raise_exception('roles must alternate') }}{% endif %}[{{ m['role'] }}]{{ m['content'] }}"
-                    "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+SIMPLE_CHAT = (
+    "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+ALTERNATING_CHAT = (
+    "{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]['role'] %}"
+    "{{ raise_exception('roles must alternate') }}{% endif %}[{{ m['role'] }}]{{ m['content'] }}"
+    "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+)
 SYSTEM = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct"
-ASK = "What is the best thing to do in San Francisco? Don't give information outside the document or repeat your findings"
+ASK = (
+    "What is the best thing to do in San Francisco? Don't give information outside the document or repeat your findings"
+)
 
 
 def test_kamradt_chat_prompt(tmp_path):

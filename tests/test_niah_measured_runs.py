@@ -16,8 +16,14 @@ from eval.niah.scoring import score_all
 REPO = Path(__file__).resolve().parents[1]
 RUNS = {  # run folder (and docs marker) -> its methods
     "niah-g3": [f"{m}:k={k}" for k in (256, 1024) for m in ("gemfilter", "middle-row", "largest-row")],
-    "niah-variants": ["gemfilter-claa:k=256", "gemfilter-asl:k=256", "gemfilter-qwin:k=256", "gemfilter-span-qwin:k=256",
-                      "gemfilter-span-claa:layers=7,k=256", "gemfilter-span-qmax:k=256"],
+    "niah-variants": [
+        "gemfilter-claa:k=256",
+        "gemfilter-asl:k=256",
+        "gemfilter-qwin:k=256",
+        "gemfilter-span-qwin:k=256",
+        "gemfilter-span-claa:layers=7,k=256",
+        "gemfilter-span-qmax:k=256",
+    ],
 }
 
 

@@ -9,9 +9,9 @@ It shares no code with ``gemfilter.lab.haystack``: only the tokenizer and the es
 from pathlib import Path
 
 import pytest
+from niah_fixtures import word_tokenizer, write_haystack
 
 from gemfilter.lab.haystack import NEEDLE, QUESTION, build_case, default_haystack_dir, make_haystack
-from niah_fixtures import word_tokenizer, write_haystack
 
 LENGTHS = (1000, 2000, 4000)
 DEPTHS = (0, 25, 50, 75, 100)
@@ -51,7 +51,7 @@ class RepoHarness:
         tokens_context = self.enc.encode(context)
         context_length -= self.buffer
         if len(tokens_context) + len(tokens_needle) > context_length:
-            tokens_context = tokens_context[:context_length - len(tokens_needle)]
+            tokens_context = tokens_context[: context_length - len(tokens_needle)]
         if depth_percent == 100:
             new = tokens_context + tokens_needle
         else:
@@ -66,8 +66,10 @@ class RepoHarness:
 
     def prompt_ids(self, context_length, depth_percent):
         context = self.context(context_length, depth_percent)
-        prompt = (f"<|im_start|> This is a very long story book: <book> {context} </book>.\n "
-                  f"Based on the content of the book, Question: {QUESTION}\nAnswer:")
+        prompt = (
+            f"<|im_start|> This is a very long story book: <book> {context} </book>.\n "
+            f"Based on the content of the book, Question: {QUESTION}\nAnswer:"
+        )
         return self.enc(prompt)["input_ids"]
 
 
@@ -91,7 +93,7 @@ def test_gemfilter_repo_protocol_equals_the_official_harness_on_the_embedded_tok
         # The markers: the prompt's BOS, two at the context start, one right before the needle.
         bos_at = [i for i, t in enumerate(ours) if t == bos]
         assert len(bos_at) == 4 and bos_at[0] == 0, (length, depth)
-        before_needle = [i for i in bos_at if tok.decode(ours[i + 1:i + 6]).startswith(NEEDLE[:15])]
+        before_needle = [i for i in bos_at if tok.decode(ours[i + 1 : i + 6]).startswith(NEEDLE[:15])]
         assert len(before_needle) == 1, (length, depth)
         # needle_token_span points at the needle's own tokens in the context ids (its BOS excluded)
         start, end = case.needle_token_span
@@ -103,7 +105,7 @@ def test_embedded_tokenizer_at_2k_depth_50_has_the_bos_markers_measured_in_the_i
     case = build_case(tok, 2000, 50, haystack=hay, protocol="gemfilter-repo")
     ids = tok(case.prompt)["input_ids"]
     assert [i for i, t in enumerate(ids) if t == tok.bos_token_id] == [0, 19, 20, 893]
-    assert ids[894:894 + 3] == tok.encode(NEEDLE, add_special_tokens=False)[:3]
+    assert ids[894 : 894 + 3] == tok.encode(NEEDLE, add_special_tokens=False)[:3]
     clean = build_case(tok, 2000, 50, haystack=hay)  # the default protocol stays clean
     assert [t for t in tok(clean.prompt)["input_ids"] if t == tok.bos_token_id] == [tok.bos_token_id]
     assert clean.protocol == "kamradt" and case.protocol == "gemfilter-repo"
@@ -130,7 +132,7 @@ def test_protocols_differ_only_by_special_tokens_on_a_word_tokenizer(tmp_path):
         repo_ids = tok(repo.prompt)["input_ids"]
         s, e = repo.needle_token_span
         ctx_ids = tok.encode(repo.context, add_special_tokens=False)  # the ids before decoding
-        assert tok.convert_ids_to_tokens(ctx_ids[s - 1: s + 2]) == ["<s>", "The", "best"], depth
+        assert tok.convert_ids_to_tokens(ctx_ids[s - 1 : s + 2]) == ["<s>", "The", "best"], depth
         assert e - s == len(tok.encode(NEEDLE, add_special_tokens=False))
         assert repo_ids.count(tok.bos_token_id) == 4
 
@@ -144,14 +146,24 @@ def test_unknown_protocol_is_refused(tmp_path):
 def test_runner_records_the_protocol_and_refuses_mixing_it(tmp_path):
     import json
 
+    from tiny_models import BUILDERS
+
     from eval.niah.runner import RunConfig, run
     from eval.rundir import CONFIG
-    from tiny_models import BUILDERS
 
     tiny = BUILDERS["llama"](), bos_word_tokenizer()
     hay = str(write_haystack(tmp_path / "hay"))
-    config = RunConfig(model="tiny", methods=("full",), lengths=(240,), depths=(50,), topk=40, layer=2,
-                       max_new_tokens=2, haystack_dir=hay, protocol="gemfilter-repo")
+    config = RunConfig(
+        model="tiny",
+        methods=("full",),
+        lengths=(240,),
+        depths=(50,),
+        topk=40,
+        layer=2,
+        max_new_tokens=2,
+        haystack_dir=hay,
+        protocol="gemfilter-repo",
+    )
     rows = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
     assert rows[0]["protocol"] == "gemfilter-repo" and rows[0]["dtype"] == "float32"
     # the BOS markers count inside the L - 200 context tokens (as in the repo); + the prompt's own BOS
@@ -189,8 +201,12 @@ def test_paper_preset_sets_the_paper_protocol_methods_and_dtype(tmp_path, monkey
     assert cli.main(["--preset", "cpu-demo", "--out", str(tmp_path)]) == 0
     c = seen["config"]
     assert (c.protocol, c.methods, c.dtype) == ("kamradt", ("full", "gemfilter"), None)  # today's defaults
-    assert cli.main(["--preset", "gemfilter-paper", "--protocol", "kamradt", "--methods", "snapkv",
-                     "--out", str(tmp_path)]) == 0
+    assert (
+        cli.main(
+            ["--preset", "gemfilter-paper", "--protocol", "kamradt", "--methods", "snapkv", "--out", str(tmp_path)]
+        )
+        == 0
+    )
     assert (seen["config"].protocol, seen["config"].methods) == ("kamradt", ("snapkv",))  # explicit options win
 
 

@@ -12,8 +12,17 @@ from eval.niah.report import draw, markdown_table, pivot, summarize, write_repor
 
 
 def row(method, length, depth, recall, seconds=1.0, rouge1=0.0, hit=0.0, kept=100, n=200):
-    return {"method": method, "length": length, "depth": depth, "recall": recall, "rouge1": rouge1, "hit": hit,
-            "seconds": seconds, "kept": kept, "prompt_tokens": n}
+    return {
+        "method": method,
+        "length": length,
+        "depth": depth,
+        "recall": recall,
+        "rouge1": rouge1,
+        "hit": hit,
+        "seconds": seconds,
+        "kept": kept,
+        "prompt_tokens": n,
+    }
 
 
 ROWS = [

@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from niah_fixtures import word_tokenizer, write_haystack
+from tiny_models import BUILDERS
 
 from eval.niah import runner
 from eval.niah.cli import main
@@ -10,8 +12,6 @@ from eval.niah.grid import PRESETS, parse_depths, parse_lengths, resolve_grid
 from eval.niah.runner import RunConfig, run
 from eval.niah.scoring import score_all
 from gemfilter.lab.io import read_jsonl
-from niah_fixtures import word_tokenizer, write_haystack
-from tiny_models import BUILDERS
 
 LENGTHS, DEPTHS = (240, 260), (0, 50, 100)  # >= 200 buffer + 22 needle tokens
 
@@ -23,8 +23,16 @@ def tiny():
 
 @pytest.fixture
 def config(tmp_path):
-    return RunConfig(model="tiny", methods=("full", "gemfilter"), lengths=LENGTHS, depths=DEPTHS, topk=40, layer=2,
-                     max_new_tokens=3, haystack_dir=str(write_haystack(tmp_path / "hay")))
+    return RunConfig(
+        model="tiny",
+        methods=("full", "gemfilter"),
+        lengths=LENGTHS,
+        depths=DEPTHS,
+        topk=40,
+        layer=2,
+        max_new_tokens=3,
+        haystack_dir=str(write_haystack(tmp_path / "hay")),
+    )
 
 
 def strip(rows):
@@ -46,8 +54,12 @@ def test_grid_parsing_and_errors():
     assert parse_lengths("4k, 1000,2K,1000") == (1000, 2000, 4000)
     assert parse_depths("100,0,12.5,50.0") == (0, 12.5, 50, 100)
     assert resolve_grid("cpu-demo", depths="10") == ((1000, 2000, 4000, 8000), (10,))
-    for bad, msg in [("1000,abc", "'abc' is not a number"), ("0", "positive whole number"), (",", "is empty"),
-                     ("1.5", "positive whole number")]:
+    for bad, msg in [
+        ("1000,abc", "'abc' is not a number"),
+        ("0", "positive whole number"),
+        (",", "is empty"),
+        ("1.5", "positive whole number"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             parse_lengths(bad)
     with pytest.raises(ValueError, match=r"'101' is outside \[0, 100\]"):
@@ -140,20 +152,26 @@ def test_a_resume_whose_default_layer_changed_is_refused(tiny, config, tmp_path)
     assert rows[6]["layer"] == 2
     rows[6]["layer"] = 1  # as if a calibration had changed the default since that cell ran
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ValueError, match="finished gemfilter cells used filter layer 1, but this run resolves to "
-                                         "layer 2.*Pass --layer 1 to resume"):
+    with pytest.raises(
+        ValueError,
+        match="finished gemfilter cells used filter layer 1, but this run resolves to "
+        "layer 2.*Pass --layer 1 to resume",
+    ):
         run(default, out, model_and_tokenizer=tiny, progress=False)
 
 
-@pytest.mark.parametrize("change, msg", [
-    ({"methods": ("full", "magic")}, "unknown method 'magic'; allowed: .*gemfilter.*snapkv"),
-    ({"methods": ("full", "full")}, "lists a method twice"),
-    ({"methods": ()}, "--methods is empty"),
-    ({"prompt": "chat"}, "unknown --prompt 'chat'; allowed: gemfilter, kamradt-chat"),
-    ({"topk": 0}, "gemfilter: topk=0 must be >= 1"),
-    ({"max_new_tokens": 0}, "--max-new-tokens must be an int >= 1"),
-    ({"layer": -1}, "gemfilter: layer=-1 must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "change, msg",
+    [
+        ({"methods": ("full", "magic")}, "unknown method 'magic'; allowed: .*gemfilter.*snapkv"),
+        ({"methods": ("full", "full")}, "lists a method twice"),
+        ({"methods": ()}, "--methods is empty"),
+        ({"prompt": "chat"}, "unknown --prompt 'chat'; allowed: gemfilter, kamradt-chat"),
+        ({"topk": 0}, "gemfilter: topk=0 must be >= 1"),
+        ({"max_new_tokens": 0}, "--max-new-tokens must be an int >= 1"),
+        ({"layer": -1}, "gemfilter: layer=-1 must be >= 0"),
+    ],
+)
 def test_bad_settings_are_refused_before_any_work(config, tmp_path, change, msg):
     with pytest.raises(ValueError, match=msg):
         run(RunConfig(**{**config.__dict__, **change}), tmp_path / "out", model_and_tokenizer=(None, None))
@@ -165,26 +183,53 @@ def test_cli_end_to_end_on_a_saved_tiny_model(tmp_path, capsys):
 
     model_dir = save_tiny_model(tmp_path / "model")
     out = tmp_path / "out"
-    argv = ["--model", str(model_dir), "--haystack-dir", str(write_haystack(tmp_path / "hay")), "--lengths", "240",
-            "--depths", "0,100", "--methods", "full,gemfilter", "--topk", "40", "--layer", "2",
-            "--max-new-tokens", "2", "--out", str(out), "--no-progress"]
+    argv = [
+        "--model",
+        str(model_dir),
+        "--haystack-dir",
+        str(write_haystack(tmp_path / "hay")),
+        "--lengths",
+        "240",
+        "--depths",
+        "0,100",
+        "--methods",
+        "full,gemfilter",
+        "--topk",
+        "40",
+        "--layer",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "| full |" in printed and "| gemfilter |" in printed
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["config.json", "heatmap_full.png", "heatmap_gemfilter.png", "heatmaps.png", "results.jsonl",
-                     "summary.md"]
+    assert names == [
+        "config.json",
+        "heatmap_full.png",
+        "heatmap_gemfilter.png",
+        "heatmaps.png",
+        "results.jsonl",
+        "summary.md",
+    ]
     assert len(read_jsonl(out / "results.jsonl")) == 4
     (out / "heatmaps.png").unlink()
     assert main(["--report-only", "--out", str(out)]) == 0 and (out / "heatmaps.png").is_file()
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["--methods", "full,nope"], "error: unknown method 'nope'; allowed:"),
-    (["--lengths", "1k,x"], "error: --lengths: 'x' is not a number"),
-    (["--depths", "120"], "error: --depths: '120' is outside [0, 100]"),
-    (["--max-cells", "0"], "error: --max-cells must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["--methods", "full,nope"], "error: unknown method 'nope'; allowed:"),
+        (["--lengths", "1k,x"], "error: --lengths: 'x' is not a number"),
+        (["--depths", "120"], "error: --depths: '120' is outside [0, 100]"),
+        (["--max-cells", "0"], "error: --max-cells must be >= 1"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_a_clear_message(tmp_path, capsys, argv, msg):
     assert main(argv + ["--out", str(tmp_path / "out")]) == 2
     assert msg in capsys.readouterr().err
@@ -200,8 +245,17 @@ def test_cli_help_teaches(capsys):
         main(["--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    for needle in ("cpu-demo", "gemfilter-paper", "kamradt", "gemfilter-span", "snapkv", "--haystack-dir",
-                   "accelerate launch", "resumes", "heatmap"):
+    for needle in (
+        "cpu-demo",
+        "gemfilter-paper",
+        "kamradt",
+        "gemfilter-span",
+        "snapkv",
+        "--haystack-dir",
+        "accelerate launch",
+        "resumes",
+        "heatmap",
+    ):
         assert needle in text
 
 

@@ -13,8 +13,13 @@ from feature_probes.parity import cli
 from feature_probes.parity.data import make_problem, make_split
 from feature_probes.parity.experiments import PRESETS, cos_to_star, hyper
 from feature_probes.parity.model import NTKFeatures, TwoLayerNet, hinge
-from feature_probes.parity.studies import (NTKStudy, Step1Variant, ntk_markdown, ntk_spread, step1_cosines,
-                                           step1_markdown)
+from feature_probes.parity.studies import (
+    Step1Variant,
+    ntk_markdown,
+    ntk_spread,
+    step1_cosines,
+    step1_markdown,
+)
 from icl_probes.common import seed_everything
 
 TINY = PRESETS["tiny"]
@@ -33,19 +38,28 @@ def _start(cfg, seed):
     return x, y, problem.star(), TwoLayerNet(spec.d, cfg.m, h["sigma_w"], h["sigma_b"], h["sigma_a"], gen), h
 
 
-@pytest.mark.parametrize("variant", [Step1Variant("all"), Step1Variant("first 100", n=100),
-                                     Step1Variant("keeps half", keep=0.5), Step1Variant("lemma", rule="lemma_a17"),
-                                     Step1Variant("float32 sum", float32_sum=True)])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        Step1Variant("all"),
+        Step1Variant("first 100", n=100),
+        Step1Variant("keeps half", keep=0.5),
+        Step1Variant("lemma", rule="lemma_a17"),
+        Step1Variant("float32 sum", float32_sum=True),
+    ],
+)
 def test_step1_cosine_is_that_of_the_step_written_out(variant):
     """w^(1) = keep w^(0) - eta1 grad_w L(first n points), with autograd's gradient of the smoothed hinge loss."""
-    row, = step1_cosines(TINY, 3, [variant])
+    (row,) = step1_cosines(TINY, 3, [variant])
     x, y, star, net, _ = _start(TINY, 3)
     h = hyper(replace(TINY, step1=variant.rule))
     n = variant.n or TINY.n_train
     hinge(net(x[:n], h["smooth12"]), y[:n]).backward()
     w0 = net.w.detach()
     w1 = variant.keep * w0 - h["eta1"] * net.w.grad
-    if variant.float32_sum:  # the two w terms cancel only up to float32 rounding (at the paper's size it swamps eta1 grad)
+    if (
+        variant.float32_sum
+    ):  # the two w terms cancel only up to float32 rounding (at the paper's size it swamps eta1 grad)
         w1 = w0 - h["eta1"] * (net.w.grad + 2 * h["lam_w1"] * w0)
     assert row["n"] == n and row["init"]["cos"] == pytest.approx(cos_to_star(net.w.detach(), star), abs=1e-6)
     assert row["step1"]["cos"] == pytest.approx(cos_to_star(w1, star), abs=1e-4)
@@ -89,13 +103,30 @@ def test_study_cli_help_bad_input_and_resume(tmp_path, capsys):
             cli.main([sub, "--help"])
         assert exc.value.code == 0
     assert "0.848" in capsys.readouterr().out
-    for bad, why in ((["--n-train", "5,x"], "expected integers"), (["--subset", "0"], "subset=0"),
-                     (["--n-train", "5"], "training sizes >= 10")):
+    for bad, why in (
+        (["--n-train", "5,x"], "expected integers"),
+        (["--subset", "0"], "subset=0"),
+        (["--n-train", "5"], "training sizes >= 10"),
+    ):
         with pytest.raises(SystemExit) as exc:
             cli.main(["ntk", "--preset", "tiny", "--out", str(tmp_path / "bad"), *bad])
         assert exc.value.code == 2 and why in capsys.readouterr().err
-    argv = ["ntk", "--preset", "tiny", "--seeds", "0", "--n-train", "100,200", "--n-test", "200", "--subset", "50",
-            "--out", str(tmp_path / "ntk"), "--quiet"]
+    argv = [
+        "ntk",
+        "--preset",
+        "tiny",
+        "--seeds",
+        "0",
+        "--n-train",
+        "100,200",
+        "--n-test",
+        "200",
+        "--subset",
+        "50",
+        "--out",
+        str(tmp_path / "ntk"),
+        "--quiet",
+    ]
     assert cli.main(argv) == 0
     rows = (tmp_path / "ntk" / "ntk_rows.jsonl").read_text().splitlines()
     assert len(rows) == 2
@@ -120,8 +151,9 @@ def test_committed_study_tables_are_their_rows_and_in_the_docs(study, build):
 def test_docs_no_structure_training_size_rows_are_the_committed_results():
     """docs/feature-probes.md's no-structure table: each row's n_train and both third stages' train / test / cos
     are its run's result."""
-    block = re.search(r"<!-- parity-nostruct-n -->(.*?)<!-- /parity-nostruct-n -->", DOCS.read_text(encoding="utf-8"),
-                      re.S).group(1)
+    block = re.search(
+        r"<!-- parity-nostruct-n -->(.*?)<!-- /parity-nostruct-n -->", DOCS.read_text(encoding="utf-8"), re.S
+    ).group(1)
     rows = [line.split(" | ") for line in block.strip().splitlines()[2:]]
     assert len(rows) >= 4
     for cells in rows:
@@ -129,5 +161,6 @@ def test_docs_no_structure_training_size_rows_are_the_committed_results():
         unit = next(u for u in result["runs"] if not u["structured"])["methods"]
         want = [str(result["config"]["n_train"])] + [
             f"{100 * unit[m]['train_acc']:.1f} / {100 * unit[m]['test_acc']:.1f} / {unit[m]['cos']:.3f}"
-            for m in ("network", "network_adam")]
+            for m in ("network", "network_adam")
+        ]
         assert [c.strip("| ") for c in cells[1:]] == want, cells[0]

@@ -8,13 +8,13 @@ projections repeated (multi-head attention, g = 1), where one set per KV head *i
 
 import pytest
 import torch
+from reference import qk_at_layer
+from tiny_models import BUILDERS
 
 import gemfilter
 from gemfilter.compat import output_cache
 from gemfilter.methods import get_method
 from gemfilter.methods.cache import SnapKV
-from reference import qk_at_layer
-from tiny_models import BUILDERS
 
 WINDOW = 32
 
@@ -38,7 +38,7 @@ def dense_probs(model, ids, layer):
 def pool_prefix_by_hand(votes, window):
     """avg-pool 5, zero padding, over the first n - window columns only; (h, n - window)."""
     m = votes.shape[-1] - window
-    return torch.stack([votes[:, max(0, j - 2): min(j + 3, m)].sum(1) / 5 for j in range(m)], 1)
+    return torch.stack([votes[:, max(0, j - 2) : min(j + 3, m)].sum(1) / 5 for j in range(m)], 1)
 
 
 def top_plus_window(scores, n, budget, window):
@@ -134,17 +134,35 @@ def test_decoding_reads_the_h_head_cache_like_a_multi_head_twin(family, attn):
     with torch.no_grad():  # the twin is the same function
         assert torch.allclose(model(ids).logits, twin(ids).logits, atol=1e-4)
     for per_head, twin_method in (("snapkv-per-head", "snapkv"), ("h2o-per-head", "h2o")):
-        got = gemfilter.generate(model, ids, method=get_method(per_head, topk=budget), max_new_tokens=10,
-                                 output_scores=True, return_dict_in_generate=True)
+        got = gemfilter.generate(
+            model,
+            ids,
+            method=get_method(per_head, topk=budget),
+            max_new_tokens=10,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
         # In the twin every KV head serves one query head, so its one-set-per-KV-head cache is the
         # per-query-head cache, read by the unmodified kernel.
-        ref = gemfilter.generate(twin, ids, method=get_method(twin_method, topk=budget), max_new_tokens=10,
-                                 output_scores=True, return_dict_in_generate=True)
+        ref = gemfilter.generate(
+            twin,
+            ids,
+            method=get_method(twin_method, topk=budget),
+            max_new_tokens=10,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
         assert got.new_tokens.tolist() == ref.new_tokens.tolist(), (per_head, attn)
         for a, b in zip(got.output.scores, ref.output.scores):
             assert torch.allclose(a, b, atol=1e-4), (per_head, attn)
-        group = gemfilter.generate(model, ids, method=get_method(twin_method, topk=budget), max_new_tokens=10,
-                                   output_scores=True, return_dict_in_generate=True)
+        group = gemfilter.generate(
+            model,
+            ids,
+            method=get_method(twin_method, topk=budget),
+            max_new_tokens=10,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
         # and the group-mean cache gives other logits: the test can tell the two layouts apart
         assert not all(torch.allclose(a, b, atol=1e-4) for a, b in zip(got.output.scores, group.output.scores))
 
@@ -167,7 +185,7 @@ def test_snapkv_pools_only_the_scores_before_the_window():
     b, h, n, d, window = 1, 2, 40, 8, 8
     q = torch.randn(b, h, n, d, generator=g)
     k = torch.randn(b, h, n, d, generator=g)
-    k[:, :, n - window:] = q[:, :, -1:].expand(-1, -1, window, -1) * 3  # the window votes for itself
+    k[:, :, n - window :] = q[:, :, -1:].expand(-1, -1, window, -1) * 3  # the window votes for itself
     valid = torch.ones(b, n, dtype=torch.bool)
     budget = window + 6
     method = SnapKV(topk=budget, window=window, gqa="repeat-kv")
@@ -177,7 +195,7 @@ def test_snapkv_pools_only_the_scores_before_the_window():
     votes = logits.float().softmax(-1)[:, -window:, :].sum(1)  # (h, n)
     assert got == top_plus_window(pool_prefix_by_hand(votes, window), n, budget, window)
     # Pooling all n (the old edge) keeps the two positions before the window: a different set.
-    all_n = torch.stack([votes[:, max(0, j - 2): j + 3].sum(1) / 5 for j in range(n)], 1)[:, : n - window]
+    all_n = torch.stack([votes[:, max(0, j - 2) : j + 3].sum(1) / 5 for j in range(n)], 1)[:, : n - window]
     old = top_plus_window(all_n, n, budget, window)
     assert old != got
     assert all({n - window - 2, n - window - 1} <= set(row) for row in old)
@@ -206,6 +224,6 @@ def test_embedded_model_per_head_cache_reads_like_its_multi_head_twin():
     heads = {layer.keys.shape[1] for layer in output_cache(got).layers if not getattr(layer, "is_sliding", False)}
     assert heads == {4}
     ref = gemfilter.generate(twin, ids, method=get_method("snapkv", topk=256), **kw)
-    assert got.sequences[0, ids.shape[1]:].tolist() == ref.new_tokens[0].tolist()
+    assert got.sequences[0, ids.shape[1] :].tolist() == ref.new_tokens[0].tolist()
     for a, b in zip(got.scores, ref.output.scores):
         assert torch.allclose(a, b, atol=1e-3)

@@ -1,6 +1,5 @@
 """Real-behaviour checks on the embedded Gemma 3 270M (slow: marked, and run in CI)."""
 
-
 import pytest
 import torch
 
@@ -27,7 +26,7 @@ def answer(model, tok, prompt, method=None, max_new_tokens=24):
     enc = tok(prompt, return_tensors="pt")
     if method is None:
         out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
-        return tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True), enc["input_ids"].shape[1]
+        return tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True), enc["input_ids"].shape[1]
     out = gemfilter.generate(model, enc, method=method, tokenizer=tok, max_new_tokens=max_new_tokens)
     return tok.decode(out.new_tokens[0], skip_special_tokens=True), out.kept[0]
 

@@ -9,12 +9,12 @@ weights, so a refusal that came any later would be a loading error instead.
 import json
 
 import pytest
+from tiny_models import COMMON
 from transformers import LlamaConfig, MistralConfig
 
 from gemfilter import get_method
 from gemfilter.methods import check_for_model
 from gemfilter.models import load_config
-from tiny_models import COMMON
 
 WINDOW, BUDGET = 64, 40
 REFUSED = rf"every layer of this model has a sliding window \({WINDOW}\).*longer than topk={BUDGET}"
@@ -48,8 +48,9 @@ def test_other_methods_and_bad_budgets():
 def test_niah_refuses_before_loading(windowed_dir, tmp_path):
     from eval.niah.runner import RunConfig, run
 
-    cfg = RunConfig(model=str(windowed_dir), methods=("full", "snapkv"), lengths=(128,), depths=(50,),
-                    topk=BUDGET, layer=1)
+    cfg = RunConfig(
+        model=str(windowed_dir), methods=("full", "snapkv"), lengths=(128,), depths=(50,), topk=BUDGET, layer=1
+    )
     with pytest.raises(ValueError, match=REFUSED):
         run(cfg, tmp_path / "niah", progress=False)
     assert not (tmp_path / "niah" / "config.json").exists()  # nothing pinned
@@ -58,14 +59,26 @@ def test_niah_refuses_before_loading(windowed_dir, tmp_path):
 def test_ruler_refuses_before_loading(windowed_dir, tmp_path):
     from eval.ruler.runner import RunConfig, method_specs, run
 
-    cfg = RunConfig(model=str(windowed_dir), methods=method_specs(("full", "h2o"), topks=(BUDGET,)),
-                    tasks=("vt",), lengths=(128,), num_samples=1, layer=1)
+    cfg = RunConfig(
+        model=str(windowed_dir),
+        methods=method_specs(("full", "h2o"), topks=(BUDGET,)),
+        tasks=("vt",),
+        lengths=(128,),
+        num_samples=1,
+        layer=1,
+    )
     with pytest.raises(ValueError, match=REFUSED):
         run(cfg, tmp_path / "ruler", progress=False)
     assert not (tmp_path / "ruler" / "config.json").exists()
     # A ratio budget is a share of each length: 0.5 x 128 = 64 tokens, checked against that length.
-    ratio = RunConfig(model=str(windowed_dir), methods=method_specs(("snapkv",), ratio=0.5), tasks=("vt",),
-                      lengths=(128,), num_samples=1, layer=1)
+    ratio = RunConfig(
+        model=str(windowed_dir),
+        methods=method_specs(("snapkv",), ratio=0.5),
+        tasks=("vt",),
+        lengths=(128,),
+        num_samples=1,
+        layer=1,
+    )
     with pytest.raises(ValueError, match=r"every layer of this model has a sliding window \(64\).*topk=64"):
         run(ratio, tmp_path / "ruler", progress=False)
 
@@ -76,11 +89,25 @@ def test_longbench_refuses_before_loading(windowed_dir, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "hotpotqa.jsonl").write_text(json.dumps({"_id": "a"}) + "\n")
-    cfg = RunConfig(model=str(windowed_dir), methods=("snapkv",), tasks=("hotpotqa",), topk=BUDGET, layer=1,
-                    max_length=100, data_dir=str(data))
+    cfg = RunConfig(
+        model=str(windowed_dir),
+        methods=("snapkv",),
+        tasks=("hotpotqa",),
+        topk=BUDGET,
+        layer=1,
+        max_length=100,
+        data_dir=str(data),
+    )
     with pytest.raises(ValueError, match=REFUSED):
         run(cfg, tmp_path / "lb", progress=False)
-    fits = RunConfig(model=str(windowed_dir), methods=("snapkv",), tasks=("hotpotqa",), topk=BUDGET, layer=1,
-                     max_length=BUDGET, data_dir=str(data))  # prompts are cut to the budget: nothing to evict
+    fits = RunConfig(
+        model=str(windowed_dir),
+        methods=("snapkv",),
+        tasks=("hotpotqa",),
+        topk=BUDGET,
+        layer=1,
+        max_length=BUDGET,
+        data_dir=str(data),
+    )  # prompts are cut to the budget: nothing to evict
     with pytest.raises(ValueError, match="record lacks"):  # past the check: it fails later, on the data
         run(fits, tmp_path / "lb2", progress=False)

@@ -8,17 +8,18 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from eval.longbench.cli import main as lb_main
-from eval.niah.cli import main as niah_main
-from eval.niah.runner import RunConfig, run
 from longbench_fixtures import write_words
 from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
 from tiny_models import BUILDERS
 
+from eval.longbench.cli import main as lb_main
+from eval.niah.cli import main as niah_main
+from eval.niah.runner import RunConfig, run
+
 ROOT = Path(__file__).resolve().parents[1]
-NIAH_ROW = dict(method="full", depth=0, response="x", recall=0.0, rouge1=0.0, hit=0, kept=1, prompt_tokens=1,
-                seconds=0.0)
+NIAH_ROW = dict(
+    method="full", depth=0, response="x", recall=0.0, rouge1=0.0, hit=0, kept=1, prompt_tokens=1, seconds=0.0
+)
 
 APPENDER = """
 import sys, time
@@ -62,8 +63,9 @@ def test_two_processes_sharing_one_out_lose_no_row(tmp_path, kind, merged):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     n = 300
     merger = subprocess.Popen([sys.executable, "-c", MERGER, str(tmp_path), kind], env=env, stderr=subprocess.PIPE)
-    appender = subprocess.Popen([sys.executable, "-c", APPENDER, str(tmp_path), kind, str(n)], env=env,
-                                stderr=subprocess.PIPE)
+    appender = subprocess.Popen(
+        [sys.executable, "-c", APPENDER, str(tmp_path), kind, str(n)], env=env, stderr=subprocess.PIPE
+    )
     assert appender.wait(timeout=60) == 0, appender.stderr.read().decode()
     assert merger.wait(timeout=60) == 0, merger.stderr.read().decode()
     lines = (tmp_path / merged).read_text().splitlines()
@@ -79,8 +81,16 @@ def tiny():
 
 @pytest.fixture
 def config(tmp_path):
-    return RunConfig(model="tiny", methods=("full",), lengths=(240,), depths=(0, 100), topk=40, layer=2,
-                     max_new_tokens=2, haystack_dir=str(write_haystack(tmp_path / "hay")))
+    return RunConfig(
+        model="tiny",
+        methods=("full",),
+        lengths=(240,),
+        depths=(0, 100),
+        topk=40,
+        layer=2,
+        max_new_tokens=2,
+        haystack_dir=str(write_haystack(tmp_path / "hay")),
+    )
 
 
 def test_a_failed_first_niah_run_leaves_its_out_free(tiny, config, tmp_path):
@@ -97,8 +107,24 @@ def test_a_failed_first_niah_run_leaves_its_out_free(tiny, config, tmp_path):
 
 def test_a_failed_first_longbench_run_leaves_its_out_free(tiny_model_dir, tmp_path, capsys):
     data = write_words(tmp_path / "data", words=40)
-    base = ["run", "--model", str(tiny_model_dir), "--tasks", "hotpotqa", "--limit", "1", "--methods", "full",
-            "--max-length", "64", "--data-dir", str(data), "--out", str(tmp_path / "out"), "--no-progress"]
+    base = [
+        "run",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        "hotpotqa",
+        "--limit",
+        "1",
+        "--methods",
+        "full",
+        "--max-length",
+        "64",
+        "--data-dir",
+        str(data),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
     assert lb_main(base + ["--layer", "9"]) == 2
     assert "--layer 9 is outside [0, 4)" in capsys.readouterr().err
     assert lb_main(base + ["--layer", "2"]) == 0
@@ -108,19 +134,39 @@ def _no_model(*a, **k):
     raise AssertionError("the model was loaded before the options were checked")
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["--layer", "4"], "--layer 4 is outside [0, 4)"),  # upper bound, from the config alone
-    (["--lengths", "1k"], "--lengths: 1000 tokens exceed this model's context window of 512 tokens"),
-    (["--lengths", "inf"], "--lengths: 'inf' is not a finite number"),
-    (["--lengths", "1e9"], "more than any model's context window"),
-    (["--lengths", "300.9"], "must be a positive whole number of tokens"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["--layer", "4"], "--layer 4 is outside [0, 4)"),  # upper bound, from the config alone
+        (["--lengths", "1k"], "--lengths: 1000 tokens exceed this model's context window of 512 tokens"),
+        (["--lengths", "inf"], "--lengths: 'inf' is not a finite number"),
+        (["--lengths", "1e9"], "more than any model's context window"),
+        (["--lengths", "300.9"], "must be a positive whole number of tokens"),
+    ],
+)
 def test_niah_checks_layer_and_lengths_before_the_model_loads(tmp_path, monkeypatch, capsys, argv, msg):
     model_dir = save_tiny_model(tmp_path / "model")
     monkeypatch.setattr("gemfilter.load_model", _no_model)
     out = tmp_path / "out"
-    assert niah_main(["--model", str(model_dir), "--haystack-dir", str(write_haystack(tmp_path / "hay")),
-                      "--lengths", "240", "--depths", "0", "--out", str(out), "--no-progress", *argv]) == 2
+    assert (
+        niah_main(
+            [
+                "--model",
+                str(model_dir),
+                "--haystack-dir",
+                str(write_haystack(tmp_path / "hay")),
+                "--lengths",
+                "240",
+                "--depths",
+                "0",
+                "--out",
+                str(out),
+                "--no-progress",
+                *argv,
+            ]
+        )
+        == 2
+    )
     assert msg in capsys.readouterr().err
     assert not (out / "config.json").exists()
 
@@ -128,9 +174,32 @@ def test_niah_checks_layer_and_lengths_before_the_model_loads(tmp_path, monkeypa
 def test_report_only_reports_the_stored_settings(tmp_path, capsys):
     model_dir = save_tiny_model(tmp_path / "model")
     out = tmp_path / "out"
-    assert niah_main(["--model", str(model_dir), "--haystack-dir", str(write_haystack(tmp_path / "hay")),
-                      "--lengths", "240", "--depths", "0,100", "--methods", "full", "--topk", "40", "--layer", "2",
-                      "--max-new-tokens", "2", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        niah_main(
+            [
+                "--model",
+                str(model_dir),
+                "--haystack-dir",
+                str(write_haystack(tmp_path / "hay")),
+                "--lengths",
+                "240",
+                "--depths",
+                "0,100",
+                "--methods",
+                "full",
+                "--topk",
+                "40",
+                "--layer",
+                "2",
+                "--max-new-tokens",
+                "2",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     (out / "summary.md").unlink()
     assert niah_main(["--report-only", "--out", str(out)]) == 0  # the command line's defaults differ
     summary = (out / "summary.md").read_text()
@@ -164,8 +233,25 @@ def test_non_utf8_haystack_data_and_results_files_are_named(tiny, config, tiny_m
         run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
     data = write_words(tmp_path / "data", words=40)
     (data / "hotpotqa.jsonl").write_bytes((data / "hotpotqa.jsonl").read_bytes() + b'{"input": "caf\xe9"}\n')
-    assert lb_main(["run", "--model", str(tiny_model_dir), "--tasks", "hotpotqa", "--data-dir", str(data), "--layer", "2",
-                    "--out", str(tmp_path / "lb"), "--no-progress"]) == 2
+    assert (
+        lb_main(
+            [
+                "run",
+                "--model",
+                str(tiny_model_dir),
+                "--tasks",
+                "hotpotqa",
+                "--data-dir",
+                str(data),
+                "--layer",
+                "2",
+                "--out",
+                str(tmp_path / "lb"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "hotpotqa.jsonl:4: not UTF-8 text" in capsys.readouterr().err
     folder = _preds(tmp_path / "pred" / "full", GOOD + "\n")
     (folder / "trec.jsonl").write_bytes(b'{"pred": "caf\xe9", "answers": ["x"]}\n')
@@ -182,12 +268,15 @@ def _preds(folder, rows_text):
 GOOD = json.dumps({"pred": "Food", "answers": ["Food"], "all_classes": ["Food", "Other"], "length": 3})
 
 
-@pytest.mark.parametrize("bad, msg", [
-    ('{"pred": "Food", "answers": ["Fo', "trec.jsonl:2: the line is not valid JSON"),
-    ('{"pred": null, "answers": ["Food"]}', "trec.jsonl: row 2 cannot be scored: 'pred' is null, not a string"),
-    ('["Food"]', "trec.jsonl:2: a row must be a JSON object, got list"),
-    ("null", "trec.jsonl:2: a row must be a JSON object, got null"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        ('{"pred": "Food", "answers": ["Fo', "trec.jsonl:2: the line is not valid JSON"),
+        ('{"pred": null, "answers": ["Food"]}', "trec.jsonl: row 2 cannot be scored: 'pred' is null, not a string"),
+        ('["Food"]', "trec.jsonl:2: a row must be a JSON object, got list"),
+        ("null", "trec.jsonl:2: a row must be a JSON object, got null"),
+    ],
+)
 def test_longbench_score_refuses_an_unscorable_row(tmp_path, capsys, bad, msg):
     folder = _preds(tmp_path / "pred" / "full", GOOD + "\n" + bad + "\n")
     assert lb_main(["score", str(folder)]) == 2
@@ -196,13 +285,36 @@ def test_longbench_score_refuses_an_unscorable_row(tmp_path, capsys, bad, msg):
     assert not (folder / "result.json").exists()  # no half-true score was written
 
 
-@pytest.mark.parametrize("value, msg", [("1k", "--max-length: 1000 tokens exceed this model's context window of 512"),
-                                        ("inf", "--max-length: 'inf' is not a finite number"),
-                                        ("1e9", "more than any model's context window")])
-def test_longbench_max_length_takes_the_same_forms_and_fits_the_window(tiny_model_dir, tmp_path, monkeypatch, capsys,
-                                                                       value, msg):
+@pytest.mark.parametrize(
+    "value, msg",
+    [
+        ("1k", "--max-length: 1000 tokens exceed this model's context window of 512"),
+        ("inf", "--max-length: 'inf' is not a finite number"),
+        ("1e9", "more than any model's context window"),
+    ],
+)
+def test_longbench_max_length_takes_the_same_forms_and_fits_the_window(
+    tiny_model_dir, tmp_path, monkeypatch, capsys, value, msg
+):
     monkeypatch.setattr("gemfilter.load_model", _no_model)
     data = write_words(tmp_path / "data", words=40)
-    assert lb_main(["run", "--model", str(tiny_model_dir), "--tasks", "hotpotqa", "--data-dir", str(data),
-                    "--max-length", value, "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert (
+        lb_main(
+            [
+                "run",
+                "--model",
+                str(tiny_model_dir),
+                "--tasks",
+                "hotpotqa",
+                "--data-dir",
+                str(data),
+                "--max-length",
+                value,
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert msg in capsys.readouterr().err

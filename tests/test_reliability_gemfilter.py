@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import BUILDERS
 
 import gemfilter
 from gemfilter import GemFilter, apply
 from gemfilter.lab.bench import report as bench_report
 from gemfilter.lab.cli import main as gf_main
-from tiny_models import BUILDERS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,9 @@ def llama():
 def test_nested_apply_is_refused_not_silently_wrong(llama):
     ids = torch.randint(4, 90, (1, 40), generator=torch.Generator().manual_seed(0))
     with apply(llama, GemFilter(layer=2, topk=8)):
-        with pytest.raises(RuntimeError, match=r"already inside `with apply\(model, \.\.\.\)`; nesting is not supported"):
+        with pytest.raises(
+            RuntimeError, match=r"already inside `with apply\(model, \.\.\.\)`; nesting is not supported"
+        ):
             gemfilter.generate(llama, ids, layer=2, topk=20, max_new_tokens=2)
         with pytest.raises(RuntimeError, match="nesting is not supported"):
             with apply(llama, gemfilter.get_method("snapkv", topk=16)):
@@ -48,11 +50,14 @@ def test_apply_refuses_a_name_a_bare_module_and_an_encoder(llama):
             pass
     from transformers import BertConfig, BertModel
 
-    bert = BertModel(BertConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                intermediate_size=32)).eval()
+    bert = BertModel(
+        BertConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    ).eval()
     ids = torch.randint(4, 90, (1, 20))
-    for call in (lambda: gemfilter.select_tokens(bert, ids, layer=1, topk=5),
-                 lambda: gemfilter.generate(bert, ids, layer=1, topk=5, max_new_tokens=2)):
+    for call in (
+        lambda: gemfilter.select_tokens(bert, ids, layer=1, topk=5),
+        lambda: gemfilter.generate(bert, ids, layer=1, topk=5, max_new_tokens=2),
+    ):
         with pytest.raises(TypeError, match="BertModel is not a causal decoder"):
             call()
 
@@ -73,12 +78,15 @@ def no_model(monkeypatch):
     monkeypatch.setattr("gemfilter.models.load_model", refuse)
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["--threads", "-2"], "--threads must be a whole number >= 0, got -2"),
-    (["--topk", "0"], "gemfilter: topk=0 must be >= 1"),  # the method checks its own budget
-    (["--layer", "4"], "--layer 4 is outside [0, 4)"),
-    (["--method", "gemfilter:layer=4"], "gemfilter:layer=4: layer=4 is outside [0, 4)"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["--threads", "-2"], "--threads must be a whole number >= 0, got -2"),
+        (["--topk", "0"], "gemfilter: topk=0 must be >= 1"),  # the method checks its own budget
+        (["--layer", "4"], "--layer 4 is outside [0, 4)"),
+        (["--method", "gemfilter:layer=4"], "gemfilter:layer=4: layer=4 is outside [0, 4)"),
+    ],
+)
 def test_generate_checks_options_before_loading(tiny_model_dir, tmp_path, capsys, no_model, argv, msg):
     prompt = tmp_path / "p.txt"
     prompt.write_text("w4 w5 w6")
@@ -93,21 +101,36 @@ def test_generate_names_a_prompt_file_that_is_not_utf8(tiny_model_dir, tmp_path,
     assert "p.txt: this prompt file is not UTF-8 text" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["inspect", "--topk", "0"], "--topk must be a whole number >= 1"),
-    (["inspect", "--length", "inf"], "--length: 'inf' is not a finite number"),
-    (["inspect", "--length", "1k"], "--length: 1000 tokens exceed this model's context window of 512"),
-    (["inspect", "--print-selection", "4"], "--print-selection 4 is outside [0, 4)"),
-    (["calibrate", "--threshold", "1.5"], "--threshold 1.5 is outside (0, 1]"),
-    (["calibrate", "--topk-grid", "256,0"], "--topk-grid: '0' must be a whole number >= 1"),
-    (["calibrate", "--depths", "10,120"], "--depths: '120' is outside [0, 100]"),
-    (["calibrate", "--lengths", "300.9"], "--lengths: '300.9' must be a positive whole number of tokens"),
-    (["calibrate", "--lengths", "1e9"], "more than any model's context window"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["inspect", "--topk", "0"], "--topk must be a whole number >= 1"),
+        (["inspect", "--length", "inf"], "--length: 'inf' is not a finite number"),
+        (["inspect", "--length", "1k"], "--length: 1000 tokens exceed this model's context window of 512"),
+        (["inspect", "--print-selection", "4"], "--print-selection 4 is outside [0, 4)"),
+        (["calibrate", "--threshold", "1.5"], "--threshold 1.5 is outside (0, 1]"),
+        (["calibrate", "--topk-grid", "256,0"], "--topk-grid: '0' must be a whole number >= 1"),
+        (["calibrate", "--depths", "10,120"], "--depths: '120' is outside [0, 100]"),
+        (["calibrate", "--lengths", "300.9"], "--lengths: '300.9' must be a positive whole number of tokens"),
+        (["calibrate", "--lengths", "1e9"], "more than any model's context window"),
+    ],
+)
 def test_inspect_and_calibrate_check_options_before_loading(tiny_model_dir, tmp_path, capsys, no_model, argv, msg):
     extra = ["--out", str(tmp_path / "out")] if argv[0] == "inspect" else ["--dry-run"]
-    assert gf_main([argv[0], "--model", str(tiny_model_dir), "--length" if argv[0] == "inspect" else "--lengths",
-                    "300", *extra, *argv[1:]]) == 2
+    assert (
+        gf_main(
+            [
+                argv[0],
+                "--model",
+                str(tiny_model_dir),
+                "--length" if argv[0] == "inspect" else "--lengths",
+                "300",
+                *extra,
+                *argv[1:],
+            ]
+        )
+        == 2
+    )
     assert msg in capsys.readouterr().err
 
 
@@ -132,22 +155,38 @@ def test_a_corrupt_calibration_file_names_the_file_and_the_fix(llama, tmp_path, 
 
 
 def _bench_args(model_dir, out, *extra):
-    return ["--model", str(model_dir), "--methods", "full", "--lengths", "300", "--gen-tokens", "2", "--topk", "16",
-            "--out", str(out), *extra]
+    return [
+        "--model",
+        str(model_dir),
+        "--methods",
+        "full",
+        "--lengths",
+        "300",
+        "--gen-tokens",
+        "2",
+        "--topk",
+        "16",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _never(*a, **k):
     raise AssertionError("a measurement ran before the options were checked")
 
 
-@pytest.mark.parametrize("extra, msg", [
-    (["--methods", "gemfilter", "--topk", "0"], "gemfilter: topk=0 must be >= 1"),
-    (["--threads", "-1"], "--threads must be a whole number >= 0"),
-    (["--lengths", "inf"], "--lengths: 'inf' is not a finite number"),
-    (["--lengths", "300.9"], "--lengths: '300.9' must be a positive whole number"),
-    (["--lengths", "1k"], "1000 tokens exceed this model's context window of 512"),
-    (["--timeout", "0"], "--timeout must be > 0"),
-])
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        (["--methods", "gemfilter", "--topk", "0"], "gemfilter: topk=0 must be >= 1"),
+        (["--threads", "-1"], "--threads must be a whole number >= 0"),
+        (["--lengths", "inf"], "--lengths: 'inf' is not a finite number"),
+        (["--lengths", "300.9"], "--lengths: '300.9' must be a positive whole number"),
+        (["--lengths", "1k"], "1000 tokens exceed this model's context window of 512"),
+        (["--timeout", "0"], "--timeout must be > 0"),
+    ],
+)
 def test_bench_checks_options_before_measuring(tiny_model_dir, tmp_path, monkeypatch, extra, msg):
     monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", _never)
     with pytest.raises(SystemExit, match=msg.replace("(", r"\(").replace(")", r"\)")):
@@ -165,10 +204,33 @@ def test_bench_checks_out_before_measuring(tiny_model_dir, tmp_path, monkeypatch
 
 
 def _row(model_dir, prompt_s, repeat=0, method="full", length=300):
-    return dict(method=method, length=length, repeat=repeat, n=length, kept=length, layer=None, m=4, prompt_s=prompt_s,
-                gen_s=1.0, total_s=prompt_s + 1.0, prompt_peak_mib=10.0, gen_peak_mib=5.0, new_tokens=2,
-                device="cpu", threads=0, model=str(model_dir), topk=16, gen_tokens=2, layer_arg=None, threads_arg=0,
-                layers=None, dtype=None, device_arg=None, test_shrink=False, attn_arg=None)
+    return dict(
+        method=method,
+        length=length,
+        repeat=repeat,
+        n=length,
+        kept=length,
+        layer=None,
+        m=4,
+        prompt_s=prompt_s,
+        gen_s=1.0,
+        total_s=prompt_s + 1.0,
+        prompt_peak_mib=10.0,
+        gen_peak_mib=5.0,
+        new_tokens=2,
+        device="cpu",
+        threads=0,
+        model=str(model_dir),
+        topk=16,
+        gen_tokens=2,
+        layer_arg=None,
+        threads_arg=0,
+        layers=None,
+        dtype=None,
+        device_arg=None,
+        test_shrink=False,
+        attn_arg=None,
+    )
 
 
 def test_bench_counts_a_duplicated_row_once(tiny_model_dir, tmp_path, monkeypatch):
@@ -255,13 +317,22 @@ def test_json_results_survive_a_failed_write(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), GEMFILTER_CACHE=str(cache), OMP_NUM_THREADS="1")
     (cache / "calibration").mkdir(parents=True)
     (cache / "calibration" / "model.json").write_text("{}")
-    proc = subprocess.run([sys.executable, "-c", WRITERS, str(tmp_path), str(ROOT / "tests")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITERS, str(tmp_path), str(ROOT / "tests")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert len(lines) == 4 and all(" failed: " in ln and ln.endswith("File too large") for ln in lines), proc.stdout
-    for path in (tmp_path / "niah" / "config.json", cache / "calibration" / "model.json",
-                 tmp_path / "pred" / "full" / "result.json", tmp_path / "probe.json"):
+    for path in (
+        tmp_path / "niah" / "config.json",
+        cache / "calibration" / "model.json",
+        tmp_path / "pred" / "full" / "result.json",
+        tmp_path / "probe.json",
+    ):
         if path.exists():
             assert json.loads(path.read_text()) == {}, path  # the old file, intact
     assert not (tmp_path / "niah" / "config.json").exists()

@@ -80,8 +80,18 @@ class _Payload:
 
 def test_a_crafted_checkpoint_is_refused_not_unpickled(tmp_path, capsys):
     out = tmp_path / "b"
-    args = ["train", "--preset", "smoke", "--losses", "last", "--eta-modes", "shared", "--out", str(out),
-            "--no-progress"]
+    args = [
+        "train",
+        "--preset",
+        "smoke",
+        "--losses",
+        "last",
+        "--eta-modes",
+        "shared",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     marker = tmp_path / "pwned"
     out.mkdir()
     torch.save({"model": _Payload(marker), "opt": {}, "data_rng": None, "step": 0}, out / "ckpt_last_shared.pt")
@@ -93,8 +103,10 @@ def test_a_crafted_checkpoint_is_refused_not_unpickled(tmp_path, capsys):
     assert "Delete it to restart" in err
 
 
-@pytest.mark.parametrize("argv", [["looped", "fig81", "--n", "6", "--T", "5", "--trials", "1", "--kappa-trials", "1"],
-                                  ["label_flip", "theory"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["looped", "fig81", "--n", "6", "--T", "5", "--trials", "1", "--kappa-trials", "1"], ["label_flip", "theory"]],
+)
 def test_every_probe_command_checks_out_before_computing(tmp_path, monkeypatch, capsys, argv):
     from icl_probes.label_flip import cli as lf_cli
     from icl_probes.label_flip import theory
@@ -132,8 +144,9 @@ def test_feature_probe_force_recomputes_only_its_own_rows(tmp_path):
         return {"seed": seed, "tag": tag}
 
     def sweep(cfg, seeds, tag, force=False):
-        return run_resumable(cfg, path, ("seeds",), [(s,) for s in seeds], lambda r: (r["seed"],),
-                             lambda s: compute(s, tag), force=force)
+        return run_resumable(
+            cfg, path, ("seeds",), [(s,) for s in seeds], lambda r: (r["seed"],), lambda s: compute(s, tag), force=force
+        )
 
     sweep(Cfg(0.1), (0, 1), "old")
     sweep(Cfg(0.2), (0,), "other settings")
@@ -144,15 +157,19 @@ def test_feature_probe_force_recomputes_only_its_own_rows(tmp_path):
     assert sorted(stored) == [(0.1, 0, "old"), (0.1, 1, "new"), (0.2, 0, "other settings")]
 
 
-@pytest.mark.parametrize("probe, argv", [("mrp", ["run", "--preset", "tiny"]),
-                                         ("parity", ["table", "--preset", "tiny"]),
-                                         ("midpoint_mixup", ["sweep"])])
+@pytest.mark.parametrize(
+    "probe, argv",
+    [("mrp", ["run", "--preset", "tiny"]), ("parity", ["table", "--preset", "tiny"]), ("midpoint_mixup", ["sweep"])],
+)
 def test_a_feature_probe_out_or_fig_dir_naming_a_file_is_a_clear_error(tmp_path, capsys, probe, argv):
     import importlib
 
     main = importlib.import_module(f"feature_probes.{probe}.cli").main
     (tmp_path / "file").write_text("x")
-    for extra in (["--out", str(tmp_path / "file")], ["--out", str(tmp_path / "o"), "--fig-dir", str(tmp_path / "file")]):
+    for extra in (
+        ["--out", str(tmp_path / "file")],
+        ["--out", str(tmp_path / "o"), "--fig-dir", str(tmp_path / "file")],
+    ):
         with pytest.raises(SystemExit) as exc:
             main(argv + extra)
         err = capsys.readouterr().err

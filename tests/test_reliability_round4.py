@@ -21,8 +21,19 @@ def test_bench_engine_refuses_a_timeout_that_is_no_time(tiny_model_dir, tmp_path
     """bench --engine (with and without --turns) took --timeout 0 and nan, then reported "engine unreachable:
     Operation now in progress" / "Invalid value NaN"."""
     monkeypatch.setattr("gemfilter.lab.bench.core.run_worker", _never)
-    argv = ["--model", str(tiny_model_dir), "--engine", "http://127.0.0.1:9/v1", "--methods", "full,gemfilter",
-            "--timeout", timeout, "--out", str(tmp_path / "out"), *route]
+    argv = [
+        "--model",
+        str(tiny_model_dir),
+        "--engine",
+        "http://127.0.0.1:9/v1",
+        "--methods",
+        "full,gemfilter",
+        "--timeout",
+        timeout,
+        "--out",
+        str(tmp_path / "out"),
+        *route,
+    ]
     with pytest.raises(SystemExit, match="--timeout must be > 0 seconds, finite and at most 86400"):
         bench_report.main(argv)
 
@@ -30,16 +41,23 @@ def test_bench_engine_refuses_a_timeout_that_is_no_time(tiny_model_dir, tmp_path
 GOOD_TURN = {"turn_idx": 0, "prediction": "7", "ground_truth": "7", "score": 1.0, "ttft_s": 0.1}
 
 
-@pytest.mark.parametrize("line, problem", [
-    (b'[1, 2]', "a row must be a JSON object, got list"),
-    (json.dumps({"_id": "0", "turns": [{k: v for k, v in GOOD_TURN.items() if k != "prediction"}]}).encode(),
-     "turns\\[0\\] lacks prediction"),
-    (json.dumps({"_id": "0", "turns": []}).encode(), "'turns' must be a non-empty list of turns"),
-    (json.dumps({"_id": "0", "turns": [{**GOOD_TURN, "ttft_s": None}]}).encode(),
-     "turns\\[0\\].ttft_s must be a number of seconds >= 0, got None"),
-    (b'{"_id": "0", "turns": [', "the line is not valid JSON"),
-    (b'{"_id": "\xff"}', "the line is not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        (b"[1, 2]", "a row must be a JSON object, got list"),
+        (
+            json.dumps({"_id": "0", "turns": [{k: v for k, v in GOOD_TURN.items() if k != "prediction"}]}).encode(),
+            "turns\\[0\\] lacks prediction",
+        ),
+        (json.dumps({"_id": "0", "turns": []}).encode(), "'turns' must be a non-empty list of turns"),
+        (
+            json.dumps({"_id": "0", "turns": [{**GOOD_TURN, "ttft_s": None}]}).encode(),
+            "turns\\[0\\].ttft_s must be a number of seconds >= 0, got None",
+        ),
+        (b'{"_id": "0", "turns": [', "the line is not valid JSON"),
+        (b'{"_id": "\xff"}', "the line is not UTF-8 text"),
+    ],
+)
 def test_scbench_report_names_the_file_and_line_of_a_row_it_cannot_score(tmp_path, capsys, line, problem):
     """gemfilter-scbench report tracebacked on a row that is a list, a turn without prediction, empty turns or a
     null ttft_s; a non-JSON or non-UTF-8 line gave an error that named no file or line (item 9)."""
@@ -52,7 +70,7 @@ def test_scbench_report_names_the_file_and_line_of_a_row_it_cannot_score(tmp_pat
     assert main(["report", str(tmp_path / "run"), "--no-plot"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ")
-    assert f"scbench_kv.jsonl:2: " in err
+    assert "scbench_kv.jsonl:2: " in err
     import re
 
     assert re.search(problem, err), err
@@ -61,13 +79,15 @@ def test_scbench_report_names_the_file_and_line_of_a_row_it_cannot_score(tmp_pat
 def test_the_cut_chunk_error_says_what_was_cut():
     """The proxy's cut-chunk error said "0 bytes, None more expected" (item 9)."""
     from engine_faults import FaultyEngine
+
     from gemfilter.lab.serve.upstream import Upstream, UpstreamError
 
     engine = FaultyEngine("cut-chunk")
     try:
         with pytest.raises(UpstreamError) as err:
-            list(Upstream(engine.url, timeout=5).stream("/completions", {"prompt": [5], "max_tokens": 4,
-                                                                          "stream": True}))
+            list(
+                Upstream(engine.url, timeout=5).stream("/completions", {"prompt": [5], "max_tokens": 4, "stream": True})
+            )
     finally:
         engine.close()
     message = str(err.value)
@@ -86,8 +106,10 @@ def test_a_write_that_fails_names_its_file(tmp_path, monkeypatch):
         raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
 
     monkeypatch.setattr(os, "fsync", full)
-    for write, name in ((lambda p: append_jsonl(p, {"a": 1}), "rows.jsonl"),
-                        (lambda p: write_json_atomic(p, {"a": 1}), "config.json")):
+    for write, name in (
+        (lambda p: append_jsonl(p, {"a": 1}), "rows.jsonl"),
+        (lambda p: write_json_atomic(p, {"a": 1}), "config.json"),
+    ):
         with pytest.raises(OSError) as err:
             write(tmp_path / name)
         assert err.value.errno == errno.EFBIG
@@ -146,10 +168,10 @@ def test_a_cache_method_reports_the_rows_its_cache_holds(spec, n):
     """fastkv on a model whose every layer slides (window 16 <= topk + 1) ran as full, correctly, but reported
     kept = topk where each layer holds window - 1 rows (the Methods item); with TSP firing and without."""
     import torch
+    from tiny_models import BUILDERS
 
     import gemfilter
     from gemfilter.methods import parse_spec
-    from tiny_models import BUILDERS
 
     model = BUILDERS["mistral-sliding"]()
     ids = torch.randint(3, 96, (1, n), generator=torch.Generator().manual_seed(7))

@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gemfilter.lab.io import read_jsonl
 from test_niah_accelerate import free_port
 from test_ruler_runner import TASKS, write_samples
+
+from gemfilter.lab.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,8 +27,24 @@ def test_two_processes_resume_and_merge_to_the_single_process_result(tiny_model_
 
     from eval.ruler.cli import main
 
-    args = ["--model", str(tiny_model_dir), "--tasks", ",".join(TASKS), "--num-samples", "3", "--lengths", "512",
-            "--methods", "full,gemfilter", "--topk", "8", "--layer", "2", "--threads", "1"]
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        ",".join(TASKS),
+        "--num-samples",
+        "3",
+        "--lengths",
+        "512",
+        "--methods",
+        "full,gemfilter",
+        "--topk",
+        "8",
+        "--layer",
+        "2",
+        "--threads",
+        "1",
+    ]
     single = write_samples(tmp_path / "single")
     threads = torch.get_num_threads()
     try:
@@ -45,9 +62,28 @@ def test_two_processes_resume_and_merge_to_the_single_process_result(tiny_model_
     first = read_jsonl(single / "512" / "pred" / "full" / "vt.jsonl")[0]
     (folder / "vt.jsonl.rank0").write_text(json.dumps(first) + "\n")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(free_port()), "-m", "eval.ruler", "run", *args, "--out", str(sharded)]
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "eval.ruler",
+        "run",
+        *args,
+        "--out",
+        str(sharded),
+    ]
     r = subprocess.run(launch, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "1 already done, 17 to compute over 2 process(es)" in r.stdout

@@ -21,14 +21,20 @@ def _row(i, pred, outputs, kept=None):
 def folder(tmp_path):
     pred = tmp_path / "4096" / "pred"
     # full passes S1 samples 0 and 2 (1: wrong number), and MV sample 1 only (0 finds one of two values)
-    _write(pred / "full", "niah_single_1", [_row(0, "7531", ["7531"]), _row(1, "99", ["1234"]),
-                                            _row(2, " The number is 4242.\n", ["4242"])])
+    _write(
+        pred / "full",
+        "niah_single_1",
+        [_row(0, "7531", ["7531"]), _row(1, "99", ["1234"]), _row(2, " The number is 4242.\n", ["4242"])],
+    )
     _write(pred / "full", "niah_multivalue", [_row(0, "11 and 3", ["11", "22"]), _row(1, "11, 22", ["11", "22"])])
     # m: written out of order; misses S1 sample 2 (answer dropped: kept 0.0) and MV 1 (half found, all kept);
     # passes S1 0 (a control character does not matter: "\x00" becomes a newline) and S1 1, which
     # full does not pass, so it is no miss either way
-    _write(pred / "m_k8", "niah_single_1", [_row(2, "12", ["4242"], 0.0), _row(1, "1234", ["1234"], 1.0),
-                                            _row(0, "x\x007531", ["7531"], 1.0)])
+    _write(
+        pred / "m_k8",
+        "niah_single_1",
+        [_row(2, "12", ["4242"], 0.0), _row(1, "1234", ["1234"], 1.0), _row(0, "x\x007531", ["7531"], 1.0)],
+    )
     _write(pred / "m_k8", "niah_multivalue", [_row(1, "22|", ["11", "22"], 1.0), _row(0, "", ["11", "22"], 0.5)])
     # a cache method: no answers_kept; it has only sample 0 of S1, which it passes
     _write(pred / "c_k8", "niah_single_1", [_row(0, "7531", ["7531"])])
@@ -43,9 +49,13 @@ def test_lists_exactly_the_samples_full_passes_and_the_method_misses(folder):
     assert c.passed == {("4096", "niah_single_1"): (2, 3), ("4096", "niah_multivalue"): (1, 2)}
     assert c.methods == {"4096": ["c_k8", "m_k8"]}
     assert [(x.method, x.task, x.index, x.score, x.answers_kept) for x in c.misses] == [
-        ("m_k8", "niah_single_1", 2, 0.0, 0.0), ("m_k8", "niah_multivalue", 1, 0.5, 1.0)]
-    assert c.kept == {("4096", "m_k8", "niah_single_1"): pytest.approx(2 / 3),
-                      ("4096", "m_k8", "niah_multivalue"): 0.75}
+        ("m_k8", "niah_single_1", 2, 0.0, 0.0),
+        ("m_k8", "niah_multivalue", 1, 0.5, 1.0),
+    ]
+    assert c.kept == {
+        ("4096", "m_k8", "niah_single_1"): pytest.approx(2 / 3),
+        ("4096", "m_k8", "niah_multivalue"): 0.75,
+    }
 
 
 def test_cli_writes_failures_md_and_refuses_an_unknown_reference(folder, capsys):
@@ -76,12 +86,17 @@ def test_num_samples_per_length_scopes_each_length_on_its_own(folder, capsys):
     c = find_misses(folder, num_samples=scope)
     assert c.compared == {("4096", "c_k8"): 1, ("4096", "m_k8"): 1, ("8192", "c_k8"): 1, ("8192", "m_k8"): 3}
     assert [(x.length, x.method, x.task, x.index) for x in c.misses] == [
-        ("8192", "m_k8", "niah_single_1", 2), ("8192", "m_k8", "niah_multivalue", 1)]
+        ("8192", "m_k8", "niah_single_1", 2),
+        ("8192", "m_k8", "niah_multivalue", 1),
+    ]
     assert {k: {t: e["n"] for t, e in v.items()} for k, v in collect(folder, scope).items()} == {
-        ("4096", "full"): {"niah_single_1": 1, "niah_multivalue": 1}, ("4096", "c_k8"): {"niah_single_1": 1},
+        ("4096", "full"): {"niah_single_1": 1, "niah_multivalue": 1},
+        ("4096", "c_k8"): {"niah_single_1": 1},
         ("4096", "m_k8"): {"niah_single_1": 1, "niah_multivalue": 1},
-        ("8192", "full"): {"niah_single_1": 3, "niah_multivalue": 2}, ("8192", "c_k8"): {"niah_single_1": 1},
-        ("8192", "m_k8"): {"niah_single_1": 3, "niah_multivalue": 2}}
+        ("8192", "full"): {"niah_single_1": 3, "niah_multivalue": 2},
+        ("8192", "c_k8"): {"niah_single_1": 1},
+        ("8192", "m_k8"): {"niah_single_1": 3, "niah_multivalue": 2},
+    }
     with pytest.warns(UserWarning, match="8192/pred/c_k8/niah_single_1.jsonl: 1 of the first 2 samples"):
         assert main(["failures", str(folder), "--num-samples", "4096=1,8k=2"]) == 0
     text = (folder / "failures.md").read_text()
@@ -91,10 +106,19 @@ def test_num_samples_per_length_scopes_each_length_on_its_own(folder, capsys):
     assert "Samples per task: 1, 2, 3." in (folder / "report.md").read_text()
 
 
-@pytest.mark.parametrize("text, error", [
-    ("0", "--num-samples must be >= 1"), ("4k=0", "got '4k=0'; allowed"), ("x", "'x' is not a sample count"),
-    ("4k=x", "'4k=x' is not a sample count"), ("=3", "'=3' is not LENGTH=N"), ("4k=2,3", "'3' is not LENGTH=N"),
-    ("4k=2,4096=3", "names length 4096 twice"), ("100=2", "'100=2': '100' is too small")])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("0", "--num-samples must be >= 1"),
+        ("4k=0", "got '4k=0'; allowed"),
+        ("x", "'x' is not a sample count"),
+        ("4k=x", "'4k=x' is not a sample count"),
+        ("=3", "'=3' is not LENGTH=N"),
+        ("4k=2,3", "'3' is not LENGTH=N"),
+        ("4k=2,4096=3", "names length 4096 twice"),
+        ("100=2", "'100=2': '100' is too small"),
+    ],
+)
 def test_num_samples_scope_refuses_bad_input_and_says_what_is_allowed(text, error):
     from eval.ruler.report import parse_scope
 

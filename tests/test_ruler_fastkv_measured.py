@@ -23,21 +23,49 @@ REPO = Path(__file__).resolve().parents[1]
 MAIN = "ruler"
 CASES = [
     ("ruler-fastkv", {f"{m}_k{k}" for m in ("fastkv", "gemfilter-orig-pos") for k in (256, 1024)}, {MAIN: None}),
-    ("ruler-variants", {"gemfilter-span-qwin_k256", "gemfilter-span-claa_k256", "gemfilter-span-claa:layers=7_k256"},
-     {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}}),
-    ("ruler-variants20", {"gemfilter-span-claa:layers=7_k256", "gemfilter-claa_k256", "gemfilter-asl_k256",
-                          "gemfilter-qwin_k256", "gemfilter-span-qwin_k256"},
-     {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}}),
-    ("ruler-variants8k", {"full", "gemfilter-span_k256", "gemfilter-span-claa:layers=7_k256",
-                          "gemfilter-span-qwin_k256"}, {}),
-    ("ruler-variants1024", {"gemfilter-claa_k1024", "gemfilter-span-claa:layers=7_k1024",
-                            "gemfilter-span-qmax:max_span=96_k1024", "gemfilter-asl_k1024", "gemfilter-qwin_k1024",
-                            "gemfilter-span-qwin_k1024"},
-     {MAIN: {"full", "gemfilter_k1024", "gemfilter-span_k1024"}}),
-    ("ruler-qmax", {"gemfilter-span-qmax_k256", "gemfilter-span-qmax:max_span=96_k256"},
-     {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}, "ruler-variants20": {"gemfilter-span-qwin_k256"}}),
-    ("ruler-qmax8k", {"gemfilter-span-qmax_k256", "gemfilter-span-qmax:max_span=96_k256"},
-     {"ruler-variants8k": {"full", "gemfilter-span_k256"}}),
+    (
+        "ruler-variants",
+        {"gemfilter-span-qwin_k256", "gemfilter-span-claa_k256", "gemfilter-span-claa:layers=7_k256"},
+        {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}},
+    ),
+    (
+        "ruler-variants20",
+        {
+            "gemfilter-span-claa:layers=7_k256",
+            "gemfilter-claa_k256",
+            "gemfilter-asl_k256",
+            "gemfilter-qwin_k256",
+            "gemfilter-span-qwin_k256",
+        },
+        {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}},
+    ),
+    (
+        "ruler-variants8k",
+        {"full", "gemfilter-span_k256", "gemfilter-span-claa:layers=7_k256", "gemfilter-span-qwin_k256"},
+        {},
+    ),
+    (
+        "ruler-variants1024",
+        {
+            "gemfilter-claa_k1024",
+            "gemfilter-span-claa:layers=7_k1024",
+            "gemfilter-span-qmax:max_span=96_k1024",
+            "gemfilter-asl_k1024",
+            "gemfilter-qwin_k1024",
+            "gemfilter-span-qwin_k1024",
+        },
+        {MAIN: {"full", "gemfilter_k1024", "gemfilter-span_k1024"}},
+    ),
+    (
+        "ruler-qmax",
+        {"gemfilter-span-qmax_k256", "gemfilter-span-qmax:max_span=96_k256"},
+        {MAIN: {"full", "gemfilter_k256", "gemfilter-span_k256"}, "ruler-variants20": {"gemfilter-span-qwin_k256"}},
+    ),
+    (
+        "ruler-qmax8k",
+        {"gemfilter-span-qmax_k256", "gemfilter-span-qmax:max_span=96_k256"},
+        {"ruler-variants8k": {"full", "gemfilter-span_k256"}},
+    ),
     ("ruler-seed43", {"full", "gemfilter-span-qmax_k256", "gemfilter-span-qmax:max_span=96_k256"}, {}),
 ]
 #: the document of each folder's table, when it is not docs/ruler.md
@@ -53,8 +81,12 @@ def test_rows_in_the_docs_are_the_score_of_the_committed_predictions(name, new_m
     scope = parse_scope(marker[1])
     new = collect(REPO / "measured" / name, scope)
     assert {m for _, m in new} == new_methods
-    old = {k: v for folder, shown in beside.items() for k, v in collect(REPO / "measured" / folder, scope).items()
-           if k[0] in scope and (shown is None or k[1] in shown)}
+    old = {
+        k: v
+        for folder, shown in beside.items()
+        for k, v in collect(REPO / "measured" / folder, scope).items()
+        if k[0] in scope and (shown is None or k[1] in shown)
+    }
     _, rows, _ = table({**old, **new})
     section = text.split(marker[0], 1)[1]
     for row in rows:
@@ -77,8 +109,10 @@ def test_the_seed43_folder_holds_samples_unseen_by_the_seed42_runs():
     """The held-out rows are other samples: prepared with seed 43, and no NIAH answer of theirs is a seed-42 one."""
     held = REPO / "measured" / "ruler-seed43"
     assert json.loads((held / "prepare.json").read_text())["seed"] == 43
-    seen = {"4096": REPO / "measured" / "ruler" / "4096" / "pred" / "full",
-            "8192": REPO / "measured" / "ruler-variants8k" / "8192" / "pred" / "full"}
+    seen = {
+        "4096": REPO / "measured" / "ruler" / "4096" / "pred" / "full",
+        "8192": REPO / "measured" / "ruler-variants8k" / "8192" / "pred" / "full",
+    }
     lengths = sorted(p.name for p in held.iterdir() if p.is_dir())
     assert lengths and set(lengths) <= set(seen), lengths
     for length in lengths:

@@ -26,30 +26,35 @@ N = 3
 # Official templates + answer prefixes (RULER scripts/data/synthetic/constants.py), as prepare.py joins them.
 OFFICIAL = {
     "niah": "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I will "
-            "quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} "
-            "for {query} mentioned in the provided text? The special magic {type_needle_v} for {query} mentioned in "
-            "the provided text are",
+    "quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} "
+    "for {query} mentioned in the provided text? The special magic {type_needle_v} for {query} mentioned in "
+    "the provided text are",
     "variable_tracking": "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
-                         "{context}\nQuestion: Find all variables that are assigned the value {query} in the text "
-                         "above. Answer: According to the chain(s) of variable assignment in the text above, {num_v} "
-                         "variables are assigned the value {query}, they are: ",
+    "{context}\nQuestion: Find all variables that are assigned the value {query} in the text "
+    "above. Answer: According to the chain(s) of variable assignment in the text above, {num_v} "
+    "variables are assigned the value {query}, they are: ",
     "common_words_extraction": "Below is a numbered list of words. In these words, some appear more often than others. "
-                               "Memorize the ones that appear most often.\n{context}\nQuestion: What are the 10 most "
-                               "common words in the above list? Answer: The top 10 words that appear most often in the "
-                               "list are:",
+    "Memorize the ones that appear most often.\n{context}\nQuestion: What are the 10 most "
+    "common words in the above list? Answer: The top 10 words that appear most often in the "
+    "list are:",
     "freq_words_extraction": "Read the following coded text and track the frequency of each coded word. Find the three "
-                             "most frequently appeared coded words. {context}\nQuestion: Do not provide any "
-                             "explanation. Please ignore the dots '....'. What are the three most frequently appeared "
-                             "words in the above coded text? Answer: According to the coded text above, the three most "
-                             "frequently appeared words are:",
+    "most frequently appeared coded words. {context}\nQuestion: Do not provide any "
+    "explanation. Please ignore the dots '....'. What are the three most frequently appeared "
+    "words in the above coded text? Answer: According to the coded text above, the three most "
+    "frequently appeared words are:",
 }
 TOKENS_TO_GENERATE = {"niah": 128, "variable_tracking": 30, "common_words_extraction": 120, "freq_words_extraction": 50}
 # synthetic.yaml: (haystack, key type, value type, keys, values, queries)
-NIAH = {"niah_single_1": ("noise", "words", "numbers", 1, 1, 1), "niah_single_2": ("essay", "words", "numbers", 1, 1, 1),
-        "niah_single_3": ("essay", "words", "uuids", 1, 1, 1), "niah_multikey_1": ("essay", "words", "numbers", 4, 1, 1),
-        "niah_multikey_2": ("needle", "words", "numbers", 1, 1, 1),
-        "niah_multikey_3": ("needle", "uuids", "uuids", 1, 1, 1),
-        "niah_multivalue": ("essay", "words", "numbers", 1, 4, 1), "niah_multiquery": ("essay", "words", "numbers", 1, 1, 4)}
+NIAH = {
+    "niah_single_1": ("noise", "words", "numbers", 1, 1, 1),
+    "niah_single_2": ("essay", "words", "numbers", 1, 1, 1),
+    "niah_single_3": ("essay", "words", "uuids", 1, 1, 1),
+    "niah_multikey_1": ("essay", "words", "numbers", 4, 1, 1),
+    "niah_multikey_2": ("needle", "words", "numbers", 1, 1, 1),
+    "niah_multikey_3": ("needle", "uuids", "uuids", 1, 1, 1),
+    "niah_multivalue": ("essay", "words", "numbers", 1, 4, 1),
+    "niah_multiquery": ("essay", "words", "numbers", 1, 1, 4),
+}
 VALUE_RE = {"numbers": r"\d{7}", "uuids": r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"}
 KEY_RE = {"words": r"[^,]+-[^,]+", "uuids": VALUE_RE["uuids"]}  # a few wonderwords entries hold spaces
 
@@ -93,17 +98,19 @@ def test_niah_template_answers_and_counts(samples, name):
     singular = num_v * num_q == 1
     template = OFFICIAL["niah"]
     if singular:  # niah.py's replacements, in its order
-        template = template.replace("Some", "A").replace("are all", "is").replace("are", "is").replace("answers", "answer")
+        template = (
+            template.replace("Some", "A").replace("are all", "is").replace("are", "is").replace("answers", "answer")
+        )
     shown = vtype[:-1] if singular else vtype
     for row in samples[name]:
         text = row["input"] + row["answer_prefix"]
         query = re.search(r"for (.+) mentioned in the provided text\?", row["input"]).group(1)
         head, tail = _split(template, type_needle_v=shown, query=query)
         assert text.startswith(head) and text.endswith(tail)
-        assert row["answer_prefix"] == tail[tail.index(" The special magic"):]
+        assert row["answer_prefix"] == tail[tail.index(" The special magic") :]
         keys = query.replace(", and ", ", ").split(", ")
         assert len(keys) == num_q and all(re.fullmatch(KEY_RE[ktype], k) for k in keys)
-        context = text[len(head):len(text) - len(tail)]
+        context = text[len(head) : len(text) - len(tail)]
         needles = re.findall(rf"One of the special magic {vtype} for (.+?) is: ([0-9a-f-]+)\.", context)
         expected = [v for k in keys for kk, v in needles if kk == k]
         assert sorted(expected) == sorted(row["outputs"]) and len(row["outputs"]) == num_q * num_v
@@ -116,7 +123,8 @@ def test_niah_template_answers_and_counts(samples, name):
             assert len({k for k, _ in needles}) == max(num_k, num_q)
         if hay == "noise":
             assert set(context.split("\n")) - {n for n in context.split("\n") if n.startswith("One of")} == {
-                "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."}
+                "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+            }
         position = row["token_position_answer"]
         assert 0 <= position < row["length"]
 
@@ -128,7 +136,7 @@ def test_vt_chain_resolves_to_the_outputs(samples):
         head, tail = _split(OFFICIAL["variable_tracking"], query=value, num_v=5)
         assert text.endswith(tail)
         assert text.count(head) == 2 and text.startswith(head)  # the one-shot example, then the task
-        main = text[text.rindex(head) + len(head):len(text) - len(tail)]
+        main = text[text.rindex(head) + len(head) : len(text) - len(tail)]
         # follow the assignments independently
         assign = dict(re.findall(r"VAR (\w+) = (VAR \w+|\d+)", main))
         assert len(assign) == 5  # num_chains 1 x (num_hops 4 + 1)
@@ -141,7 +149,7 @@ def test_vt_chain_resolves_to_the_outputs(samples):
         assert sorted(v for v in assign if resolve(v) == value) == sorted(row["outputs"])
         assert all(re.fullmatch(r"[A-Z]{5}", v) for v in row["outputs"])
         # the example (3-letter names) answered with its own variables
-        example = text[:text.rindex(head)]
+        example = text[: text.rindex(head)]
         shown = example.rsplit("they are: ", 1)[1].split()
         ex_assign = dict(re.findall(r"VAR (\w+) = (VAR \w+|\d+)", example))
         assert len(shown) == 5 and set(shown) == set(ex_assign) and all(len(v) == 3 for v in shown)
@@ -158,11 +166,11 @@ def test_cwe_outputs_are_the_ten_most_common_words(samples):
         text = row["input"] + row["answer_prefix"]
         head, tail = _split(OFFICIAL["common_words_extraction"])
         assert text.startswith(head) and text.endswith(tail) and text.count(head) == 2
-        main = text[text.rindex(head) + len(head):len(text) - len(tail)]
+        main = text[text.rindex(head) + len(head) : len(text) - len(tail)]
         counts = Counter(_numbered(main))
         assert sorted(w for w, c in counts.items() if c == 30) == sorted(row["outputs"])  # freq_cw 30, num_cw 10
         assert len(row["outputs"]) == 10 and set(counts.values()) == {30, 3}  # freq_ucw 3
-        example = text[len(head):text.rindex(head)]
+        example = text[len(head) : text.rindex(head)]
         ex_list, ex_answer = example.split(tail)
         ex_counts = Counter(_numbered(ex_list))
         assert sorted(_numbered(ex_answer.strip())) == sorted(w for w, c in ex_counts.items() if c == 10)
@@ -174,7 +182,7 @@ def test_fwe_outputs_are_the_three_most_frequent_coded_words(samples):
         text = row["input"] + row["answer_prefix"]
         head, tail = _split(OFFICIAL["freq_words_extraction"])
         assert text.startswith(head) and text.endswith(tail)
-        counts = Counter(text[len(head):len(text) - len(tail)].split(" "))
+        counts = Counter(text[len(head) : len(text) - len(tail)].split(" "))
         ranked = [w for w, _ in counts.most_common() if w != "..."]
         assert ranked[:3] == row["outputs"] and len(row["outputs"]) == 3
         assert counts["..."] > counts[ranked[0]] > counts[ranked[1]] > counts[ranked[2]] > counts[ranked[3]]

@@ -27,8 +27,10 @@ def measured():
     text = (REPO / "docs" / "ruler.md").read_text(encoding="utf-8")
     marker = re.search(r"<!-- ruler-measured: --num-samples (\S+) -->", text)
     if marker is None:
-        pytest.fail("docs/ruler.md has no <!-- ruler-measured: --num-samples N --> marker (or 4096=N,8192=M, "
-                    "one count per length) before its table")
+        pytest.fail(
+            "docs/ruler.md has no <!-- ruler-measured: --num-samples N --> marker (or 4096=N,8192=M, "
+            "one count per length) before its table"
+        )
     scope = parse_scope(marker[1])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -77,4 +79,5 @@ def test_committed_failures_md_is_the_failures_command_over_the_stated_samples(m
     command = f"gemfilter-ruler failures {ROOT.relative_to(REPO)} --num-samples {marked}"
     assert path.is_file(), f"run: {command}"
     assert path.read_text(encoding="utf-8") == markdown(find_misses(ROOT, num_samples=scope)), (
-        f"{path} is stale: rerun {command}")
+        f"{path} is stale: rerun {command}"
+    )

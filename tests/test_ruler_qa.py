@@ -11,32 +11,90 @@ from eval.ruler import qa as qa_mod
 from eval.ruler.prepare import generate
 from eval.ruler.tasks import get_task
 
-SQUAD = {"version": "v2.0", "data": [
-    {"title": "Paris", "paragraphs": [
-        {"context": "Paris is the capital of France. It lies on the Seine.", "qas": [
-            {"question": "What is the capital of France?", "id": "q1", "is_impossible": False,
-             "answers": [{"text": "Paris", "answer_start": 0}, {"text": "Paris", "answer_start": 0}]},
-            {"question": "What is the capital of Mars?", "id": "q2", "is_impossible": True, "answers": [],
-             "plausible_answers": [{"text": "Paris", "answer_start": 0}]}]},
-        {"context": "The Eiffel Tower was finished in 1889 for the World's Fair.", "qas": [
-            {"question": "When was the Eiffel Tower finished?", "id": "q3", "is_impossible": False,
-             "answers": [{"text": "1889", "answer_start": 33}, {"text": "in 1889", "answer_start": 30}]}]}]},
-    {"title": "Nile", "paragraphs": [
-        {"context": "The Nile flows north into the Mediterranean Sea.", "qas": [
-            {"question": "Into which sea does the Nile flow?", "id": "q4", "is_impossible": False,
-             "answers": [{"text": "the Mediterranean Sea", "answer_start": 25}]}]}]}]}
+SQUAD = {
+    "version": "v2.0",
+    "data": [
+        {
+            "title": "Paris",
+            "paragraphs": [
+                {
+                    "context": "Paris is the capital of France. It lies on the Seine.",
+                    "qas": [
+                        {
+                            "question": "What is the capital of France?",
+                            "id": "q1",
+                            "is_impossible": False,
+                            "answers": [{"text": "Paris", "answer_start": 0}, {"text": "Paris", "answer_start": 0}],
+                        },
+                        {
+                            "question": "What is the capital of Mars?",
+                            "id": "q2",
+                            "is_impossible": True,
+                            "answers": [],
+                            "plausible_answers": [{"text": "Paris", "answer_start": 0}],
+                        },
+                    ],
+                },
+                {
+                    "context": "The Eiffel Tower was finished in 1889 for the World's Fair.",
+                    "qas": [
+                        {
+                            "question": "When was the Eiffel Tower finished?",
+                            "id": "q3",
+                            "is_impossible": False,
+                            "answers": [{"text": "1889", "answer_start": 33}, {"text": "in 1889", "answer_start": 30}],
+                        }
+                    ],
+                },
+            ],
+        },
+        {
+            "title": "Nile",
+            "paragraphs": [
+                {
+                    "context": "The Nile flows north into the Mediterranean Sea.",
+                    "qas": [
+                        {
+                            "question": "Into which sea does the Nile flow?",
+                            "id": "q4",
+                            "is_impossible": False,
+                            "answers": [{"text": "the Mediterranean Sea", "answer_start": 25}],
+                        }
+                    ],
+                }
+            ],
+        },
+    ],
+}
 HOTPOT = [
-    {"_id": "h1", "question": "Which river flows through the capital of France?", "answer": "the Seine",
-     "type": "bridge", "level": "easy", "supporting_facts": [["Paris", 0], ["Seine", 0]],
-     "context": [["Paris", ["Paris is the capital of France.", " It lies on the Seine."]],
-                 ["Seine", ["The Seine flows through Paris."]], ["Rome", ["Rome is in Italy."]]]},
-    {"_id": "h2", "question": "In which country is Rome?", "answer": "Italy", "type": "bridge", "level": "easy",
-     "supporting_facts": [["Rome", 0]],
-     "context": [["Rome", ["Rome is in Italy."]], ["Oslo", ["Oslo is the capital of Norway."]]]},
+    {
+        "_id": "h1",
+        "question": "Which river flows through the capital of France?",
+        "answer": "the Seine",
+        "type": "bridge",
+        "level": "easy",
+        "supporting_facts": [["Paris", 0], ["Seine", 0]],
+        "context": [
+            ["Paris", ["Paris is the capital of France.", " It lies on the Seine."]],
+            ["Seine", ["The Seine flows through Paris."]],
+            ["Rome", ["Rome is in Italy."]],
+        ],
+    },
+    {
+        "_id": "h2",
+        "question": "In which country is Rome?",
+        "answer": "Italy",
+        "type": "bridge",
+        "level": "easy",
+        "supporting_facts": [["Rome", 0]],
+        "context": [["Rome", ["Rome is in Italy."]], ["Oslo", ["Oslo is the capital of Norway."]]],
+    },
 ]
-OFFICIAL_QA = ("Answer the question based on the given documents. Only give me the answer and do not output any other "
-               "words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given "
-               "documents. Only give me the answer and do not output any other words.\n\nQuestion: {query} Answer:")
+OFFICIAL_QA = (
+    "Answer the question based on the given documents. Only give me the answer and do not output any other "
+    "words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given "
+    "documents. Only give me the answer and do not output any other words.\n\nQuestion: {query} Answer:"
+)
 
 
 @pytest.fixture()
@@ -49,8 +107,11 @@ def data_dir(tmp_path):
 def test_local_files_read_as_the_official_readers(data_dir):
     squad = qa_mod.load_qa("squad", data_dir)
     # answerable questions only, in file order; documents = the unique paragraphs, sorted
-    assert [q["query"] for q in squad.qas] == ["What is the capital of France?", "When was the Eiffel Tower finished?",
-                                               "Into which sea does the Nile flow?"]
+    assert [q["query"] for q in squad.qas] == [
+        "What is the capital of France?",
+        "When was the Eiffel Tower finished?",
+        "Into which sea does the Nile flow?",
+    ]
     assert list(squad.docs) == sorted(p["context"] for d in SQUAD["data"] for p in d["paragraphs"])
     assert squad.qas[1]["outputs"] == ["1889", "in 1889"]
     eiffel, paris = (squad.docs.index(SQUAD["data"][0]["paragraphs"][i]["context"]) for i in (1, 0))
@@ -66,13 +127,30 @@ def test_local_files_read_as_the_official_readers(data_dir):
 def test_hub_rows_give_the_same_data_as_the_files(data_dir, monkeypatch):
     import datasets
 
-    squad_rows = [{"id": q["id"], "title": d["title"], "context": p["context"], "question": q["question"],
-                   "answers": {"text": [a["text"] for a in q["answers"]],
-                               "answer_start": [a["answer_start"] for a in q["answers"]]}}
-                  for d in SQUAD["data"] for p in d["paragraphs"] for q in p["qas"]]
-    hotpot_rows = [{"id": h["_id"], "question": h["question"], "answer": h["answer"],
-                    "context": {"title": [t for t, _ in h["context"]], "sentences": [s for _, s in h["context"]]}}
-                   for h in HOTPOT]
+    squad_rows = [
+        {
+            "id": q["id"],
+            "title": d["title"],
+            "context": p["context"],
+            "question": q["question"],
+            "answers": {
+                "text": [a["text"] for a in q["answers"]],
+                "answer_start": [a["answer_start"] for a in q["answers"]],
+            },
+        }
+        for d in SQUAD["data"]
+        for p in d["paragraphs"]
+        for q in p["qas"]
+    ]
+    hotpot_rows = [
+        {
+            "id": h["_id"],
+            "question": h["question"],
+            "answer": h["answer"],
+            "context": {"title": [t for t, _ in h["context"]], "sentences": [s for _, s in h["context"]]},
+        }
+        for h in HOTPOT
+    ]
     calls = []
 
     def fake(repo, config=None, split=None):
@@ -100,7 +178,7 @@ def test_offline_hub_error_names_data_dir(tmp_path, monkeypatch):
 def test_missing_or_bad_local_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="squad.json not found; --data-dir must hold .*hotpotqa.json"):
         qa_mod.load_qa("squad", tmp_path)
-    (tmp_path / "hotpotqa.json").write_text("[{\"question\": \"q\"}]")
+    (tmp_path / "hotpotqa.json").write_text('[{"question": "q"}]')
     with pytest.raises(ValueError, match="hotpotqa data is not in the official layout"):
         qa_mod.load_qa("hotpotqa", tmp_path)
 
@@ -123,7 +201,7 @@ def test_generated_qa_prompts(data_dir, tokenizer, name, dataset):
         assert text.startswith(head) and text.endswith(tail.format(query=q["query"]))
         assert row["answer_prefix"] == " Answer:" and row["outputs"] == q["outputs"]
         assert row["length"] == len(tokenizer.tokenize(text)) + 32 <= 1024
-        context = text[len(head):len(text) - len(tail.format(query=q["query"]))]
+        context = text[len(head) : len(text) - len(tail.format(query=q["query"]))]
         docs = re.split(r"\n\nDocument \d+:\n", "\n\n" + context)[1:]
         assert [int(n) for n in re.findall(r"(?:^|\n\n)Document (\d+):\n", context)] == list(range(1, len(docs) + 1))
         # the data has fewer documents than the budget holds, so it is repeated: every gold doc is there

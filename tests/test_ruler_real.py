@@ -15,8 +15,9 @@ def test_niah_single_1_at_1k_full_finds_the_needle_and_big_k_gemfilter_agrees(tm
     from eval.ruler.runner import RunConfig, method_specs, run
 
     model_and_tok = gemfilter.load_model()
-    config = RunConfig(methods=method_specs(("full", "gemfilter"), (2048,)), tasks=("niah_single_1",),
-                       lengths=(1024,), num_samples=1)
+    config = RunConfig(
+        methods=method_specs(("full", "gemfilter"), (2048,)), tasks=("niah_single_1",), lengths=(1024,), num_samples=1
+    )
     rows = run(config, tmp_path, model_and_tokenizer=model_and_tok, progress=False)
     full, gem = rows[1024, "full", "niah_single_1"][0], rows[1024, "gemfilter_k2048", "niah_single_1"][0]
     assert full["outputs"][0] in full["pred"], full

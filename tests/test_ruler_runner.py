@@ -11,10 +11,10 @@ import random
 
 import pytest
 
-from gemfilter.lab.io import read_jsonl
 from eval.ruler.cli import main
 from eval.ruler.prepare import data_file, write_rows
 from eval.ruler.runner import MethodSpec, RunConfig, method_specs, run
+from gemfilter.lab.io import read_jsonl
 
 TASKS = ("niah_single_1", "vt", "fwe")
 FAST = ["--topk", "8,16", "--layer", "2", "--threads", "1", "--no-progress", "--lengths", "512"]
@@ -26,8 +26,16 @@ def write_samples(out, n=3, words=60, length=512):  # the tiny model's whole win
         rows = []
         for i in range(n):
             text = " ".join(f"w{rnd.randrange(4, 96)}" for _ in range(words))
-            rows.append({"index": i, "input": text, "answer_prefix": " w9 w10", "outputs": [f"w{4 + i}", "w5"],
-                         "length": words + 2, "length_w_model_temp": words + 2})
+            rows.append(
+                {
+                    "index": i,
+                    "input": text,
+                    "answer_prefix": " w9 w10",
+                    "outputs": [f"w{4 + i}", "w5"],
+                    "length": words + 2,
+                    "length_w_model_temp": words + 2,
+                }
+            )
         write_rows(data_file(out, length, task), rows)
     return out
 
@@ -40,8 +48,14 @@ def tiny(tiny_model_dir):
 
 
 def config(tiny_model_dir, **over):
-    base = dict(model=str(tiny_model_dir), methods=method_specs(("full", "gemfilter"), (8,)), tasks=TASKS,
-                lengths=(512,), num_samples=2, layer=2)
+    base = dict(
+        model=str(tiny_model_dir),
+        methods=method_specs(("full", "gemfilter"), (8,)),
+        tasks=TASKS,
+        lengths=(512,),
+        num_samples=2,
+        layer=2,
+    )
     return RunConfig(**{**base, **over})
 
 
@@ -58,8 +72,22 @@ def _official_score(rows):
 
 def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_path, capsys):
     out = write_samples(tmp_path / "out")
-    rc = main(["run", "--model", str(tiny_model_dir), "--tasks", ",".join(TASKS), "--num-samples", "2",
-               "--methods", "full,gemfilter", "--out", str(out), *FAST])
+    rc = main(
+        [
+            "run",
+            "--model",
+            str(tiny_model_dir),
+            "--tasks",
+            ",".join(TASKS),
+            "--num-samples",
+            "2",
+            "--methods",
+            "full,gemfilter",
+            "--out",
+            str(out),
+            *FAST,
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     model, tok = tiny
@@ -68,18 +96,42 @@ def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_pat
         for task in TASKS:
             rows = read_jsonl(out / "512" / "pred" / label / f"{task}.jsonl")
             samples = read_jsonl(data_file(out, 512, task))[:2]
-            assert [r["index"] for r in rows] == [0, 1] and [r["outputs"] for r in rows] == [s["outputs"] for s in samples]
-            assert all(set(r) == {"index", "pred", "outputs", "length", "others", "truncation", "_id", "kept",
-                                  "prompt_tokens", "layer", "topk", "answers_kept", "seconds", "attn", "dtype", "kv_rows",
-                                  "propagated"} for r in rows)
+            assert [r["index"] for r in rows] == [0, 1] and [r["outputs"] for r in rows] == [
+                s["outputs"] for s in samples
+            ]
+            assert all(
+                set(r)
+                == {
+                    "index",
+                    "pred",
+                    "outputs",
+                    "length",
+                    "others",
+                    "truncation",
+                    "_id",
+                    "kept",
+                    "prompt_tokens",
+                    "layer",
+                    "topk",
+                    "answers_kept",
+                    "seconds",
+                    "attn",
+                    "dtype",
+                    "kv_rows",
+                    "propagated",
+                }
+                for r in rows
+            )
             assert {r["dtype"] for r in rows} == {"float32"}
             ttg = {"niah_single_1": 128, "vt": 30, "fwe": 50}[task]
             for r, s in zip(rows, samples):
                 enc = tok(s["input"] + s["answer_prefix"], return_tensors="pt")
-                assert r["prompt_tokens"] == enc["input_ids"].shape[1] == 62  # 60 words + 2 (this tokenizer adds no BOS)
+                assert (
+                    r["prompt_tokens"] == enc["input_ids"].shape[1] == 62
+                )  # 60 words + 2 (this tokenizer adds no BOS)
                 if label == "full":  # independent: plain greedy generate on input + answer_prefix
                     gen = model.generate(**enc, max_new_tokens=ttg, do_sample=False)
-                    assert r["pred"] == tok.decode(gen[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                    assert r["pred"] == tok.decode(gen[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
                     assert r["kept"] == 62 and r["layer"] is None and r["topk"] is None and r["answers_kept"] is None
                 else:
                     k = int(label.split("_k")[1])
@@ -148,8 +200,11 @@ def test_a_cut_off_run_has_given_every_method_the_same_samples(tiny, tiny_model_
     monkeypatch.setattr(runner, "predict", predict_then_stop)
     with pytest.raises(KeyboardInterrupt):
         run(config(tiny_model_dir), out, model_and_tokenizer=tiny, progress=False)
-    rows = [(p.parent.name, p.name.split(".")[0], r["index"]) for p in (out / "512" / "pred").rglob("*.rank0")
-            for r in read_jsonl(p)]
+    rows = [
+        (p.parent.name, p.name.split(".")[0], r["index"])
+        for p in (out / "512" / "pred").rglob("*.rank0")
+        for r in read_jsonl(p)
+    ]
     assert len(rows) == 5 and {i for _, _, i in rows} == {0}
     assert len({(label, task) for label, task, _ in rows}) == 5
 
@@ -157,9 +212,22 @@ def test_a_cut_off_run_has_given_every_method_the_same_samples(tiny, tiny_model_
 def test_a_smaller_run_reports_only_its_first_samples(tiny, tiny_model_dir, tmp_path, capsys):
     """After a 3-sample run, a 1-sample run's table (and `score --num-samples 1`) covers sample 0 only."""
     out = write_samples(tmp_path / "out")
-    run(config(tiny_model_dir, num_samples=3, methods=method_specs(("full", "gemfilter"), (8, 16))), out,
-        model_and_tokenizer=tiny, progress=False)
-    args = ["--model", str(tiny_model_dir), "--tasks", ",".join(TASKS), "--methods", "full,gemfilter", "--out", str(out)]
+    run(
+        config(tiny_model_dir, num_samples=3, methods=method_specs(("full", "gemfilter"), (8, 16))),
+        out,
+        model_and_tokenizer=tiny,
+        progress=False,
+    )
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        ",".join(TASKS),
+        "--methods",
+        "full,gemfilter",
+        "--out",
+        str(out),
+    ]
     assert main(["run", "--num-samples", "1", *args, *FAST]) == 0
     capsys.readouterr()
     assert main(["score", str(out), "--num-samples", "1"]) == 0  # the same table from `score`
@@ -189,12 +257,22 @@ def test_a_run_at_another_length_reports_the_earlier_lengths_rows_in_full(tiny, 
     """A 1-sample run at 256 in a folder with a 3-sample run at 512: its report has 512 at 3 samples."""
     out = write_samples(write_samples(tmp_path / "out"), length=256, words=30)
     run(config(tiny_model_dir, num_samples=3), out, model_and_tokenizer=tiny, progress=False)
-    args = ["--model", str(tiny_model_dir), "--tasks", ",".join(TASKS), "--methods", "full,gemfilter", "--out", str(out)]
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        ",".join(TASKS),
+        "--methods",
+        "full,gemfilter",
+        "--out",
+        str(out),
+    ]
     assert main(["run", "--num-samples", "1", *args, *FAST[:-1], "256"]) == 0
     with open(out / "report.csv") as f:
         rows = {(r["length"], r["method"]): r for r in csv.DictReader(f)}
     assert set(rows) == {(L, m) for L in ("256", "512") for m in ("full", "gemfilter_k8", "gemfilter_k16")} - {
-        ("512", "gemfilter_k16")}  # the 3-sample run had k=8 only
+        ("512", "gemfilter_k16")
+    }  # the 3-sample run had k=8 only
     for (L, method), r in rows.items():
         for task in TASKS:
             kept = read_jsonl(out / L / "pred" / method / f"{task}.jsonl")
@@ -215,24 +293,32 @@ def test_processes_share_every_method_evenly():
     parts = [share(cfg, todo, p, 2) for p in range(2)]
     assert sorted(map(id, parts[0] + parts[1])) == sorted(map(id, todo))  # a partition of the work
     for part in parts:
-        assert Counter((s.label, t) for _, s, t, _ in part) == Counter({(s.label, t): 2 for s in cfg.methods for t in TASKS})
+        assert Counter((s.label, t) for _, s, t, _ in part) == Counter(
+            {(s.label, t): 2 for s in cfg.methods for t in TASKS}
+        )
 
 
 def test_ratio_budget_and_bad_input(tiny, tiny_model_dir, tmp_path, capsys):
     out = write_samples(tmp_path / "out")
     specs = method_specs(("full", "snapkv"), ratio=0.75)
     assert [s.label for s in specs] == ["full", "snapkv_r0.75"]
-    rows = run(config(tiny_model_dir, methods=(MethodSpec("h2o", ratio=0.75),), tasks=("vt",), num_samples=1),
-               out, model_and_tokenizer=tiny, progress=False)
+    rows = run(
+        config(tiny_model_dir, methods=(MethodSpec("h2o", ratio=0.75),), tasks=("vt",), num_samples=1),
+        out,
+        model_and_tokenizer=tiny,
+        progress=False,
+    )
     assert [(r["topk"], r["kept"]) for r in rows[512, "h2o_r0.75", "vt"]] == [(46, 46)]  # round(0.75 * 62)
     base = ["run", "--model", str(tiny_model_dir), "--out", str(out), "--tasks", "vt", "--lengths", "512"]
-    for extra, msg in [(["--methods", "full,nope"], "unknown method 'nope'; allowed:"),
-                       (["--topk", "8,x"], "--topk: 'x' is not a whole number; give budgets like 256,512"),
-                       (["--topk", "0"], "gemfilter: topk=0 must be >= 1"),
-                       (["--ratio", "1.5"], "--ratio must be a fraction in (0, 1]"),
-                       (["--num-samples", "0"], "--num-samples must be an int >= 1"),
-                       (["--lengths", "4x"], "--lengths: '4x' is not a whole number"),
-                       (["--tasks", "qa_3"], "unknown RULER task 'qa_3'")]:
+    for extra, msg in [
+        (["--methods", "full,nope"], "unknown method 'nope'; allowed:"),
+        (["--topk", "8,x"], "--topk: 'x' is not a whole number; give budgets like 256,512"),
+        (["--topk", "0"], "gemfilter: topk=0 must be >= 1"),
+        (["--ratio", "1.5"], "--ratio must be a fraction in (0, 1]"),
+        (["--num-samples", "0"], "--num-samples must be an int >= 1"),
+        (["--lengths", "4x"], "--lengths: '4x' is not a whole number"),
+        (["--tasks", "qa_3"], "unknown RULER task 'qa_3'"),
+    ]:
         assert main([*base, *extra]) == 2
         assert msg in capsys.readouterr().err, extra
     with pytest.raises(ValueError, match="no predictions under"):
@@ -244,9 +330,11 @@ def test_ratio_budget_and_bad_input(tiny, tiny_model_dir, tmp_path, capsys):
 def test_options_are_checked_against_the_model_before_anything_is_written(tiny_model_dir, tmp_path, capsys):
     out = write_samples(tmp_path / "out")
     base = ["run", "--model", str(tiny_model_dir), "--out", str(out), "--tasks", "vt", "--no-progress"]
-    for extra, msg in [(["--lengths", "1k"], "1024 tokens exceed this model's context window of 512"),
-                       (["--lengths", "512", "--layer", "4"], "--layer 4 is outside [0, 4)"),
-                       (["--lengths", "20000k"], "more than any model's context window")]:
+    for extra, msg in [
+        (["--lengths", "1k"], "1024 tokens exceed this model's context window of 512"),
+        (["--lengths", "512", "--layer", "4"], "--layer 4 is outside [0, 4)"),
+        (["--lengths", "20000k"], "more than any model's context window"),
+    ]:
         assert main([*base, *extra]) == 2
         assert msg in capsys.readouterr().err, extra
     assert not (out / "config.json").exists()  # the corrected command may still use this folder
@@ -270,7 +358,13 @@ def test_a_damaged_prediction_row_stops_scoring_and_is_named(tiny, tiny_model_di
 def test_fastkv_and_orig_pos_run_through_the_registry(tiny, tiny_model_dir, tmp_path):
     """Issue 33: the new methods need no runner code; labels and budgets come from the registry."""
     out = write_samples(tmp_path / "out", n=1)
-    rows = run(config(tiny_model_dir, methods=method_specs(("fastkv", "gemfilter-orig-pos"), (16,)), tasks=("vt",),
-                      num_samples=1), out, model_and_tokenizer=tiny, progress=False)
+    rows = run(
+        config(
+            tiny_model_dir, methods=method_specs(("fastkv", "gemfilter-orig-pos"), (16,)), tasks=("vt",), num_samples=1
+        ),
+        out,
+        model_and_tokenizer=tiny,
+        progress=False,
+    )
     assert sorted(label for _, label, _ in rows) == ["fastkv_k16", "gemfilter-orig-pos_k16"]
     assert all(r["kept"] == 16 for found in rows.values() for r in found)

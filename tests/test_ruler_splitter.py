@@ -25,10 +25,34 @@ NLTK_DATA = {
     "ortho_context.tab": ("4bbcca25ed3d3f06c02402abf8419b9f033b8adc06e7b482eca4e45f81a5dc4c", 236303),
 }
 #: lines of nltk_data's ortho_context.tab, read from its first and last 16,000 characters.
-ORTHO_SAMPLE = {"coverage": 36, "springsteen": 4, "him": 96, "also": 110, "mich.": 4, "d.c.": 4, "s.a.y.": 8,
-                "m.": 12, "e.f.ihutton": 4, "uni.a": 12, "w.va.": 4, "up&l": 6, "monetary": 110, "julian": 2,
-                "acid-rain": 96, "auto-receivables": 64, "side": 100, "ok.": 4, "senator": 104, "h.m.": 4,
-                "investment-bank": 64, "g.": 4, "cie.": 6, "accurate": 32, "clarence": 2, "formerly": 98}
+ORTHO_SAMPLE = {
+    "coverage": 36,
+    "springsteen": 4,
+    "him": 96,
+    "also": 110,
+    "mich.": 4,
+    "d.c.": 4,
+    "s.a.y.": 8,
+    "m.": 12,
+    "e.f.ihutton": 4,
+    "uni.a": 12,
+    "w.va.": 4,
+    "up&l": 6,
+    "monetary": 110,
+    "julian": 2,
+    "acid-rain": 96,
+    "auto-receivables": 64,
+    "side": 100,
+    "ok.": 4,
+    "senator": 104,
+    "h.m.": 4,
+    "investment-bank": 64,
+    "g.": 4,
+    "cie.": 6,
+    "accurate": 32,
+    "clarence": 2,
+    "formerly": 98,
+}
 
 
 @pytest.mark.parametrize("name", ["abbrev_types.txt", "collocations.tab", "sent_starters.txt"])
@@ -39,7 +63,9 @@ def test_reference_files_are_nltk_datas(name):
 
 def test_english_parameters_equal_nltk_datas_punkt_tab_english():
     params = sources.english_params()
-    lines = {n: (REF / n).read_text().split("\n") for n in ("abbrev_types.txt", "collocations.tab", "sent_starters.txt")}
+    lines = {
+        n: (REF / n).read_text().split("\n") for n in ("abbrev_types.txt", "collocations.tab", "sent_starters.txt")
+    }
     assert params.abbrev_types == set(lines["abbrev_types.txt"])
     assert params.collocations == {tuple(line.split("\t")) for line in lines["collocations.tab"]}
     assert params.sent_starters == set(lines["sent_starters.txt"])
@@ -51,14 +77,17 @@ def test_english_parameters_equal_nltk_datas_punkt_tab_english():
     assert ortho["never-seen-word"] == 0  # nltk's defaultdict(int), as its loader builds it
 
 
-PLAN = ("So no matter how good your growth is, you can never safely treat fundraising as more than a plan A. "
-        "You should always have a plan B as well.")
+PLAN = (
+    "So no matter how good your growth is, you can never safely treat fundraising as more than a plan A. "
+    "You should always have a plan B as well."
+)
 
 
 def test_official_splitter_splits_after_plan_a_and_the_default_one_does_not():
     assert sources.split_sentences(PLAN, "punkt-english") == [
         "So no matter how good your growth is, you can never safely treat fundraising as more than a plan A.",
-        "You should always have a plan B as well."]
+        "You should always have a plan B as well.",
+    ]
     assert sources.split_sentences(PLAN, "punkt-default") == [PLAN]
     assert sources.split_sentences(PLAN) == sources.split_sentences(PLAN, "punkt-english")  # the default
 

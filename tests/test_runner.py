@@ -58,6 +58,7 @@ class Toy(Benchmark):
                 total += unit.data * self.config.scale + t
                 answers.append(total)
             return {"_id": unit.key, "turns": answers}
+
         return predict
 
 
@@ -75,8 +76,10 @@ def expected(i, scale=2, turns=3):
 def test_rows_per_file_in_unit_order_and_a_rerun_computes_nothing(tmp_path):
     bench = Toy(ToyConfig(items=(3, 1, 2, 4)))
     merged = run(bench, tmp_path / "out", model_and_tokenizer=MODEL, progress=False)
-    assert merged == {"pred/odd.jsonl": [{"_id": "3", "turns": expected(3)}, {"_id": "1", "turns": expected(1)}],
-                      "pred/even.jsonl": [{"_id": "2", "turns": expected(2)}, {"_id": "4", "turns": expected(4)}]}
+    assert merged == {
+        "pred/odd.jsonl": [{"_id": "3", "turns": expected(3)}, {"_id": "1", "turns": expected(1)}],
+        "pred/even.jsonl": [{"_id": "2", "turns": expected(2)}, {"_id": "4", "turns": expected(4)}],
+    }
     stored = [json.loads(x) for x in (tmp_path / "out/pred/odd.jsonl").read_text().splitlines()]
     assert stored == merged["pred/odd.jsonl"]
     assert not list((tmp_path / "out/pred").glob("*rank*"))  # shards merged and removed
@@ -100,8 +103,10 @@ def test_max_units_leaves_the_rest_for_a_later_run(tmp_path, capsys):
     first = Toy(ToyConfig(items=(1, 2, 3)))
     run(first, tmp_path / "out", model_and_tokenizer=MODEL, max_units=2)
     assert first.calls == [1, 2]
-    assert "Toy: 3 conversations, 0 already done, 2 to compute over 1 process(es), 1 left for a later run" \
+    assert (
+        "Toy: 3 conversations, 0 already done, 2 to compute over 1 process(es), 1 left for a later run"
         in capsys.readouterr().out
+    )
     second = Toy(ToyConfig(items=(1, 2, 3)))
     run(second, tmp_path / "out", model_and_tokenizer=MODEL)
     assert second.calls == [3] and "2 already done, 1 to compute" in capsys.readouterr().out
@@ -129,6 +134,5 @@ def test_a_torn_row_is_recomputed(tmp_path):
 
 
 def test_a_file_no_unit_has_reached_is_not_written(tmp_path):
-    merged = run(Toy(ToyConfig(items=(1, 2))), tmp_path / "out", model_and_tokenizer=MODEL, progress=False,
-                 max_units=1)
+    merged = run(Toy(ToyConfig(items=(1, 2))), tmp_path / "out", model_and_tokenizer=MODEL, progress=False, max_units=1)
     assert list(merged) == ["pred/odd.jsonl"] and not (tmp_path / "out/pred/even.jsonl").exists()

@@ -11,10 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from test_scbench_runner import BASE, CharTokenizer, tiny  # noqa: F401 - the module's fixture
 
 from eval.scbench.runner import RunConfig, run
-from gemfilter.lab.serve.upstream import PROBE
-from test_scbench_runner import BASE, CharTokenizer, tiny  # noqa: F401 - the module's fixture
 
 pytestmark = pytest.mark.usefixtures("quiet")
 
@@ -53,15 +52,16 @@ class ModelEngine:
                 engine.prompts.append(body["prompt"])
                 ids = torch.tensor([body["prompt"]])
                 with torch.no_grad():
-                    out = model.generate(ids, max_new_tokens=body["max_tokens"], do_sample=False)[0, ids.shape[1]:]
+                    out = model.generate(ids, max_new_tokens=body["max_tokens"], do_sample=False)[0, ids.shape[1] :]
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
                 for i, t in enumerate(out.tolist()):
                     text = tok.decode([t], skip_special_tokens=True)
-                    chunk = {"choices": [{"index": 0, "text": text,
-                                          "finish_reason": "stop" if i == len(out) - 1 else None}]}
+                    chunk = {
+                        "choices": [{"index": 0, "text": text, "finish_reason": "stop" if i == len(out) - 1 else None}]
+                    }
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.close_connection = True
@@ -79,13 +79,18 @@ class ModelEngine:
 def test_engine_rows_equal_the_local_rows(tiny, tmp_path, mode):  # noqa: F811 - the imported fixture
     model, _ = tiny
     tok = Tok()
-    config = RunConfig(**{**BASE, "methods": ("full", "gemfilter:k=48,layer=2"), "protocols": ("reselect",),
-                          "modes": (mode,)})
+    config = RunConfig(
+        **{**BASE, "methods": ("full", "gemfilter:k=48,layer=2"), "protocols": ("reselect",), "modes": (mode,)}
+    )
     local = run(config, tmp_path / "local", model_and_tokenizer=(model, tok), progress=False)
     engine = ModelEngine(model, tok)
     try:
-        remote = run(RunConfig(**{**config.__dict__, "engine": engine.url}), tmp_path / "engine",
-                     model_and_tokenizer=(model, tok), progress=False)
+        remote = run(
+            RunConfig(**{**config.__dict__, "engine": engine.url}),
+            tmp_path / "engine",
+            model_and_tokenizer=(model, tok),
+            progress=False,
+        )
     finally:
         engine.close()
     assert sorted(local) == sorted(remote) and len(local) == 4
@@ -94,16 +99,23 @@ def test_engine_rows_equal_the_local_rows(tiny, tmp_path, mode):  # noqa: F811 -
             assert there["engine"] == engine.url and here["_id"] == there["_id"]
             for a, b in zip(here["turns"], there["turns"]):
                 assert (a["prediction"], a["score"], a["kept"], a["history_tokens"]) == (
-                    b["prediction"], b["score"], b["kept"], b["history_tokens"]), (file, here["_id"], a["turn_idx"])
-    cached = [t["selector_cached_tokens"] for f, rows in remote.items() if "gemfilter" in f for r in rows
-              for t in r["turns"]]
+                    b["prediction"],
+                    b["score"],
+                    b["kept"],
+                    b["history_tokens"],
+                ), (file, here["_id"], a["turn_idx"])
+    cached = [
+        t["selector_cached_tokens"] for f, rows in remote.items() if "gemfilter" in f for r in rows for t in r["turns"]
+    ]
     assert max(cached) > 0  # later turns (multi-turn) or queries (multi-request) started from the cached prefix
     assert max(len(p) for p in engine.prompts) > 48  # full sent whole prompts; gemfilter sent 48 kept ids
 
 
 def test_reuse_and_cache_methods_are_refused_with_an_engine(tmp_path):
     with pytest.raises(ValueError, match=r"--engine runs full .* not gemfilter:k=48,layer=2@reuse, snapkv:k=64"):
-        run(RunConfig(**{**BASE, "engine": "http://127.0.0.1:9/v1"}), tmp_path / "out", model_and_tokenizer=(None, None))
+        run(
+            RunConfig(**{**BASE, "engine": "http://127.0.0.1:9/v1"}), tmp_path / "out", model_and_tokenizer=(None, None)
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -112,8 +124,19 @@ def test_topk_and_layer_reach_the_engine_rows(tiny, tmp_path):  # noqa: F811 - t
     model, _ = tiny
     engine = ModelEngine(model, Tok())
     try:
-        config = RunConfig(**{**BASE, "methods": ("gemfilter",), "topk": 16, "layer": 1, "protocols": ("reselect",),
-                              "tasks": ("scbench_mf",), "num_samples": 1, "engine": engine.url, "timeout": 30})
+        config = RunConfig(
+            **{
+                **BASE,
+                "methods": ("gemfilter",),
+                "topk": 16,
+                "layer": 1,
+                "protocols": ("reselect",),
+                "tasks": ("scbench_mf",),
+                "num_samples": 1,
+                "engine": engine.url,
+                "timeout": 30,
+            }
+        )
         merged = run(config, tmp_path / "out", model_and_tokenizer=(model, Tok()), progress=False)
     finally:
         engine.close()

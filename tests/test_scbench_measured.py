@@ -46,7 +46,7 @@ def test_engine_rows_are_scored_again_and_equal_the_local_rows_they_share():
 
     table = score_table(collect(ENGINE))
     text = (REPO / "docs" / "scbench.md").read_text(encoding="utf-8")
-    block = text[text.index("<!-- scbench-engine-measured"):text.index("<!-- /scbench-engine-measured -->")]
+    block = text[text.index("<!-- scbench-engine-measured") : text.index("<!-- /scbench-engine-measured -->")]
     lines = [x for x in markdown(table).splitlines() if x.startswith("| ") and not x.startswith("| method")]
     shown = [x for x in block.splitlines() if x.startswith("| ") and not x.startswith("| method")]
     assert len(shown) >= 8 and all(x in lines for x in shown), [x for x in shown if x not in lines][:1]
@@ -59,7 +59,11 @@ def test_engine_rows_are_scored_again_and_equal_the_local_rows_they_share():
             if row["_id"] in local:
                 for a, b in zip(local[row["_id"]]["turns"], row["turns"], strict=True):
                     assert (a["prediction"], a["score"], a["kept"], a["history_tokens"]) == (
-                        b["prediction"], b["score"], b["kept"], b["history_tokens"]), (path, row["_id"])
+                        b["prediction"],
+                        b["score"],
+                        b["kept"],
+                        b["history_tokens"],
+                    ), (path, row["_id"])
                     compared += 1
     assert compared == 100  # every engine conversation (5 samples x 4 labels and modes, 5 turns) has local rows
 
@@ -70,10 +74,9 @@ def test_the_committed_rows_were_fed_the_samples_the_runner_makes_now(mode):
     """Every committed row was fed today's sample for its (mode, length, task, seed), whole: its ground truths and
     each turn's history length equal the ones rebuilt here with the embedded tokenizer (the multi-turn rows predate
     the per-mode sizing, which leaves multi-turn samples as they were)."""
+    import gemfilter
     from eval.scbench.generate import make_sample
     from eval.scbench.prompts import build_prompts, max_input_length, turn_input_ids
-
-    import gemfilter
 
     tok = gemfilter.models.load_tokenizer()
     rows = {(k[1], k[3]): v for k, v in collect(ROOT).items() if k[0] == mode and k[2] == "full"}

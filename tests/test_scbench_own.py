@@ -18,8 +18,9 @@ def tok():
 
     raw = Tokenizer(models.WordLevel(vocab={"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", bos_token="<s>", unk_token="<unk>",
-                                   pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token="</s>", bos_token="<s>", unk_token="<unk>", pad_token="<pad>"
+    )
 
 
 def test_the_family_is_named_as_this_project_s():

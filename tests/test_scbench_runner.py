@@ -9,13 +9,13 @@ import string
 
 import pytest
 import torch
+from tiny_models import _build
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import gemfilter
 from eval.scbench.prompts import build_prompts, max_input_length, turn_input_ids
 from eval.scbench.runner import RunConfig, labelled, run
 from eval.scbench.tasks import get_task
-from tiny_models import _build
-from transformers import LlamaConfig, LlamaForCausalLM
 
 pytestmark = pytest.mark.usefixtures("quiet")
 CHARS = string.digits + string.ascii_letters + " \n.,:;\"'{}[]()=-_?!/+*%#<>|"
@@ -37,8 +37,14 @@ class CharTokenizer:
 
 
 TASKS = ("scbench_vt", "scbench_mf")
-BASE = dict(methods=("full", "gemfilter:k=48,layer=2", "snapkv:k=64"), tasks=TASKS, lengths=(2048,), num_samples=2,
-            turns=3, protocols=("reselect", "reuse"))
+BASE = dict(
+    methods=("full", "gemfilter:k=48,layer=2", "snapkv:k=64"),
+    tasks=TASKS,
+    lengths=(2048,),
+    num_samples=2,
+    turns=3,
+    protocols=("reselect", "reuse"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +53,12 @@ def tiny():
 
 
 def test_labels_per_protocol():
-    assert list(labelled(RunConfig(**BASE))) == ["full", "gemfilter:k=48,layer=2@reselect",
-                                                 "gemfilter:k=48,layer=2@reuse", "snapkv:k=64"]
+    assert list(labelled(RunConfig(**BASE))) == [
+        "full",
+        "gemfilter:k=48,layer=2@reselect",
+        "gemfilter:k=48,layer=2@reuse",
+        "snapkv:k=64",
+    ]
 
 
 @pytest.mark.parametrize("mode", ["multi-turn", "multi-request"])
@@ -67,11 +77,13 @@ def test_turns_are_fed_as_the_official_runner_feeds_them(tiny, tmp_path, mode):
             limit = max_input_length(task, 2048, 3, mode)
             assert len(tok.encode(prompts.first)) <= limit  # the runner feeds the whole context
             full = {r["_id"]: r for r in merged[f"{mode}/2048/full/{task}.jsonl"]}[str(seed)]
-            again = {r["_id"]: r for r in merged[f"{mode}/2048/gemfilter:k=48,layer=2@reselect/{task}.jsonl"]}[str(seed)]
+            again = {r["_id"]: r for r in merged[f"{mode}/2048/gemfilter:k=48,layer=2@reselect/{task}.jsonl"]}[
+                str(seed)
+            ]
             for t in range(3):
                 ids = torch.tensor([turn_input_ids(prompts, tok, t, max_length=limit)])
                 assert full["turns"][t]["history_tokens"] == ids.shape[1]
-                plain = model.generate(ids, max_new_tokens=new, do_sample=False)[0, ids.shape[1]:]
+                plain = model.generate(ids, max_new_tokens=new, do_sample=False)[0, ids.shape[1] :]
                 assert full["turns"][t]["prediction"] == tok.decode(plain, skip_special_tokens=True), (task, seed, t)
                 fresh = gemfilter.generate(model, ids, method=method, max_new_tokens=new, do_sample=False)
                 assert again["turns"][t]["prediction"] == tok.decode(fresh.new_tokens[0], skip_special_tokens=True)
@@ -83,21 +95,31 @@ def test_turns_are_fed_as_the_official_runner_feeds_them(tiny, tmp_path, mode):
 def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
     config = RunConfig(**{**BASE, "methods": ("full",), "tasks": ("scbench_mf",)})
     out = tmp_path / "out"
-    assert len(run(config, out, model_and_tokenizer=tiny, progress=False, max_units=1)["multi-turn/2048/full/scbench_mf.jsonl"]) == 1
+    assert (
+        len(
+            run(config, out, model_and_tokenizer=tiny, progress=False, max_units=1)[
+                "multi-turn/2048/full/scbench_mf.jsonl"
+            ]
+        )
+        == 1
+    )
     rows = run(config, out, model_and_tokenizer=tiny, progress=False)["multi-turn/2048/full/scbench_mf.jsonl"]
     assert [r["_id"] for r in rows] == ["0", "1"]
     with pytest.raises(ValueError, match="another setup \\(turns: 3 there, 2 now\\)"):
         run(RunConfig(**{**BASE, "methods": ("full",), "turns": 2}), out, model_and_tokenizer=tiny, progress=False)
 
 
-@pytest.mark.parametrize("change, msg", [
-    ({"modes": ("chat",)}, "--modes: chat; allowed: multi-turn, multi-request"),
-    ({"protocols": ("full",)}, "--protocols: full; allowed: reselect, reuse"),
-    ({"tasks": ("scbench_qa_eng",)}, "--tasks: scbench_qa_eng; allowed: scbench_kv"),
-    ({"methods": ("gemfilter:k=0",)}, "gemfilter: topk=0 must be >= 1"),
-    ({"turns": 0}, "--turns must be a whole number >= 1"),
-    ({"engine": "http://x"}, "--engine runs full .* not gemfilter:k=48,layer=2@reuse, snapkv:k=64"),
-])
+@pytest.mark.parametrize(
+    "change, msg",
+    [
+        ({"modes": ("chat",)}, "--modes: chat; allowed: multi-turn, multi-request"),
+        ({"protocols": ("full",)}, "--protocols: full; allowed: reselect, reuse"),
+        ({"tasks": ("scbench_qa_eng",)}, "--tasks: scbench_qa_eng; allowed: scbench_kv"),
+        ({"methods": ("gemfilter:k=0",)}, "gemfilter: topk=0 must be >= 1"),
+        ({"turns": 0}, "--turns must be a whole number >= 1"),
+        ({"engine": "http://x"}, "--engine runs full .* not gemfilter:k=48,layer=2@reuse, snapkv:k=64"),
+    ],
+)
 def test_bad_settings_are_refused_before_any_work(tmp_path, change, msg):
     with pytest.raises(ValueError, match=msg):
         run(RunConfig(**{**BASE, **change}), tmp_path / "out", model_and_tokenizer=(None, None))
@@ -109,8 +131,9 @@ def test_report_scores_the_rows_again(tiny, tmp_path, capsys):
     from eval.scbench.scoring import score_one
 
     out = tmp_path / "out"
-    merged = run(RunConfig(**{**BASE, "methods": ("full", "snapkv:k=64")}), out, model_and_tokenizer=tiny,
-                 progress=False)
+    merged = run(
+        RunConfig(**{**BASE, "methods": ("full", "snapkv:k=64")}), out, model_and_tokenizer=tiny, progress=False
+    )
     import json
 
     for path in out.glob("*/*/*/*.jsonl"):  # a stored score is never trusted: the report scores again
@@ -120,13 +143,18 @@ def test_report_scores_the_rows_again(tiny, tmp_path, capsys):
                 turn["score"] = -1.0
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     rows = merged["multi-turn/2048/snapkv:k=64/scbench_mf.jsonl"]  # what the table must show, by hand
-    want = [sum(score_one("scbench_mf", r["turns"][t]["prediction"], r["turns"][t]["ground_truth"]) for r in rows)
-            / len(rows) for t in range(3)]
+    want = [
+        sum(score_one("scbench_mf", r["turns"][t]["prediction"], r["turns"][t]["ground_truth"]) for r in rows)
+        / len(rows)
+        for t in range(3)
+    ]
     assert main(["report", str(out)]) == 0
     text = (out / "report.md").read_text()
     line = next(x for x in text.splitlines() if x.startswith("| snapkv:k=64 | Math.Find |"))
-    assert line == f"| snapkv:k=64 | Math.Find | 2 | {' | '.join(f'{100 * w:.1f}' for w in want)} | " \
-                   f"{100 * sum(want) / 3:.1f} |"
+    assert (
+        line == f"| snapkv:k=64 | Math.Find | 2 | {' | '.join(f'{100 * w:.1f}' for w in want)} | "
+        f"{100 * sum(want) / 3:.1f} |"
+    )
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "(1.00x)" in text  # full's time to first token against itself
     assert main(["run", "--methods", "gemfilter:k=0", "--out", str(tmp_path / "bad")]) == 2
@@ -137,8 +165,12 @@ def test_multi_request_report_shows_the_context_prefill_apart(tiny, tmp_path):
     from eval.scbench.report import collect, markdown, score_table
 
     out = tmp_path / "out"
-    merged = run(RunConfig(**{**BASE, "methods": ("full",), "tasks": ("scbench_mf",), "modes": ("multi-request",)}),
-                 out, model_and_tokenizer=tiny, progress=False)
+    merged = run(
+        RunConfig(**{**BASE, "methods": ("full",), "tasks": ("scbench_mf",), "modes": ("multi-request",)}),
+        out,
+        model_and_tokenizer=tiny,
+        progress=False,
+    )
     rows = merged["multi-request/2048/full/scbench_mf.jsonl"]
     prefill = sum(r["prefill_s"] for r in rows) / len(rows)
     text = markdown(score_table(collect(out)))
@@ -152,10 +184,23 @@ def test_every_method_the_issue_names_runs_in_both_modes(tiny, tmp_path):
     from eval.scbench.generate import make_sample
 
     model, tok = tiny
-    methods = ("full", "gemfilter:k=48,layer=2", "gemfilter-span:k=48,layer=2", "snapkv:k=64",
-               "fastkv:k=64,layer=1,tsp_len=256", "h2o:k=64")
-    config = RunConfig(**{**BASE, "methods": methods, "tasks": ("scbench_mf",), "num_samples": 1,
-                          "modes": ("multi-turn", "multi-request")})
+    methods = (
+        "full",
+        "gemfilter:k=48,layer=2",
+        "gemfilter-span:k=48,layer=2",
+        "snapkv:k=64",
+        "fastkv:k=64,layer=1,tsp_len=256",
+        "h2o:k=64",
+    )
+    config = RunConfig(
+        **{
+            **BASE,
+            "methods": methods,
+            "tasks": ("scbench_mf",),
+            "num_samples": 1,
+            "modes": ("multi-turn", "multi-request"),
+        }
+    )
     merged = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
     labels = list(labelled(config))
     assert len(labels) == 8 and len(merged) == 2 * len(labels)
@@ -177,20 +222,34 @@ def test_every_method_the_issue_names_runs_in_both_modes(tiny, tmp_path):
 def test_topk_and_layer_from_the_command_line_reach_every_row(tiny, tmp_path):
     """--topk and --layer are the defaults of the specs that set none: the rows run at them (reliability round four,
     item 6: they ran at k=1024 and the model's default layer while config.json recorded the values given)."""
-    config = RunConfig(**{**BASE, "methods": ("full", "gemfilter"), "topk": 16, "layer": 1, "tasks": ("scbench_mf",),
-                          "num_samples": 1, "protocols": ("reselect",)})
+    config = RunConfig(
+        **{
+            **BASE,
+            "methods": ("full", "gemfilter"),
+            "topk": 16,
+            "layer": 1,
+            "tasks": ("scbench_mf",),
+            "num_samples": 1,
+            "protocols": ("reselect",),
+        }
+    )
     merged = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
     rows = merged["multi-turn/2048/gemfilter@reselect/scbench_mf.jsonl"]
     assert rows[0]["topk"] == 16 and rows[0]["layer"] == 1
     assert {t["kept"] for t in rows[0]["turns"]} == {16}
 
 
-@pytest.mark.parametrize("change, msg", [
-    ({"methods": ("middle-row:k=48,layer=2",)}, "middle-row:k=48,layer=2@reselect: protocol 'reselect' .* "
-                                                "reads another row"),
-    ({"timeout": 0}, r"--timeout must be a number of seconds in \(0, 86400\], got 0"),
-    ({"timeout": float("nan")}, r"--timeout must be a number of seconds in \(0, 86400\], got nan"),
-])
+@pytest.mark.parametrize(
+    "change, msg",
+    [
+        (
+            {"methods": ("middle-row:k=48,layer=2",)},
+            "middle-row:k=48,layer=2@reselect: protocol 'reselect' .* reads another row",
+        ),
+        ({"timeout": 0}, r"--timeout must be a number of seconds in \(0, 86400\], got 0"),
+        ({"timeout": float("nan")}, r"--timeout must be a number of seconds in \(0, 86400\], got nan"),
+    ],
+)
 def test_what_cannot_run_is_refused_before_the_model_loads(tiny, tmp_path, change, msg):
     """Checks that came late (item 8): a method that cannot run under reselect was refused at its first conversation,
     after the model loaded and config.json was written; a timeout of 0 or NaN was taken."""
@@ -205,8 +264,15 @@ def test_what_cannot_run_is_refused_before_the_model_loads(tiny, tmp_path, chang
 def test_stable_rows_run_on_the_loop_and_record_what_they_recomputed(tiny, tmp_path):
     """The stable protocol through the runner: rows per turn with the tokens recomputed; with a budget at least the
     prompt, every turn keeps the whole history and answers as reselect does."""
-    config = RunConfig(**{**BASE, "methods": ("gemfilter:k=4096,layer=2",), "protocols": ("reselect", "stable"),
-                          "tasks": ("scbench_mf",), "num_samples": 1})
+    config = RunConfig(
+        **{
+            **BASE,
+            "methods": ("gemfilter:k=4096,layer=2",),
+            "protocols": ("reselect", "stable"),
+            "tasks": ("scbench_mf",),
+            "num_samples": 1,
+        }
+    )
     merged = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
     again = merged["multi-turn/2048/gemfilter:k=4096,layer=2@reselect/scbench_mf.jsonl"][0]["turns"]
     stable = merged["multi-turn/2048/gemfilter:k=4096,layer=2@stable/scbench_mf.jsonl"][0]["turns"]
@@ -224,9 +290,11 @@ def test_time_ratios_compare_the_same_tasks_and_recomputed_tokens_are_tabled():
         turn = {"turn_idx": 0, "prediction": "11", "ground_truth": "11", "ttft_s": ttft}
         return [{"_id": "0", "turns": [dict(turn, **({} if redo is None else {"recomputed": redo}))]}]
 
-    found = {("multi-turn", 4096, "full", "gf_facts"): rows(4.0, 100),
-             ("multi-turn", 4096, "full", "gf_vt"): rows(40.0, 100),
-             ("multi-turn", 4096, "span@stable", "gf_facts"): rows(2.0, 30)}
+    found = {
+        ("multi-turn", 4096, "full", "gf_facts"): rows(4.0, 100),
+        ("multi-turn", 4096, "full", "gf_vt"): rows(40.0, 100),
+        ("multi-turn", 4096, "span@stable", "gf_facts"): rows(2.0, 30),
+    }
     text = markdown(score_table(found))
     assert "| span@stable | 2.00 (0.50x) |" in text
     assert "| full | 22.00 (1.00x) |" in text

@@ -11,8 +11,10 @@ import pytest
 from eval.scbench import generate, prompts, scoring, tasks
 
 OFFLINE = ("scbench_kv", "scbench_prefix_suffix", "scbench_vt", "scbench_mf")
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +26,9 @@ def tok():
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 96)}}
     raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    t = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", bos_token="<s>", unk_token="<unk>",
-                                pad_token="<pad>")
+    t = PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token="</s>", bos_token="<s>", unk_token="<unk>", pad_token="<pad>"
+    )
     t.chat_template = CHATML
     return t
 
@@ -37,6 +40,7 @@ def samples(tok):
 
 # ------------------------------------------------------------------ format and answers
 
+
 def test_format_is_the_official_one(samples):
     for task, eg in samples.items():
         assert set(eg) == {"id", "context", "multi_turns"}, task
@@ -45,8 +49,10 @@ def test_format_is_the_official_one(samples):
         assert len({t["input"] for t in eg["multi_turns"]}) == 5, f"{task}: each turn asks a different query"
         json.loads(json.dumps(eg))  # JSON-lines serializable, as the hub's data files
     assert all(isinstance(t["answer"], str) for t in samples["scbench_kv"]["multi_turns"])
-    assert all(isinstance(t["answer"], list) and all(isinstance(a, str) for a in t["answer"])
-               for t in samples["scbench_vt"]["multi_turns"])
+    assert all(
+        isinstance(t["answer"], list) and all(isinstance(a, str) for a in t["answer"])
+        for t in samples["scbench_vt"]["multi_turns"]
+    )
     mf = samples["scbench_mf"]
     assert isinstance(mf["context"], list) and all(type(v) is int for v in mf["context"])  # hub: sequence int64
     assert all(type(t["answer"]) is int for t in mf["multi_turns"])  # hub: int64, math_find's int branch
@@ -62,9 +68,11 @@ def test_kv_answers_by_json_lookup(samples):
     eg = samples["scbench_kv"]
     head = "JSON data:\n"
     assert eg["context"].startswith(head)
-    record = json.loads(eg["context"][len(head):])
+    record = json.loads(eg["context"][len(head) :])
     for turn in eg["multi_turns"]:
-        key = re.fullmatch(r'Key: "([0-9a-f-]{36})"\nThe value associated with the specified key is: ', turn["input"])[1]
+        key = re.fullmatch(r'Key: "([0-9a-f-]{36})"\nThe value associated with the specified key is: ', turn["input"])[
+            1
+        ]
         assert record[key] == turn["answer"]
 
 
@@ -89,10 +97,15 @@ def test_vt_answers_by_following_the_chains(samples):
 def test_mf_answers_by_statistics(samples):
     eg = samples["scbench_mf"]
     values, distinct = eg["context"], sorted(set(eg["context"]))
-    expect = {"largest number": distinct[-1], "second largest number": distinct[-2],
-              "third largest number": distinct[-3], "smallest number": distinct[0],
-              "second smallest number": distinct[1], "third smallest number": distinct[2],
-              "median number": statistics.median(values)}
+    expect = {
+        "largest number": distinct[-1],
+        "second largest number": distinct[-2],
+        "third largest number": distinct[-3],
+        "smallest number": distinct[0],
+        "second smallest number": distinct[1],
+        "third smallest number": distinct[2],
+        "median number": statistics.median(values),
+    }
     assert len(values) % 2 == 1
     for turn in eg["multi_turns"]:
         stat = re.search(r"The (.+) of the list is: $", turn["input"])[1]
@@ -109,6 +122,7 @@ def test_prefix_suffix_has_exactly_one_match(samples):
 
 
 # ------------------------------------------------------------------ token budget
+
 
 def _conversation_tokens(tok, task, eg):
     """Independent count: turn 1 with special tokens, each follow-up without, plus every turn's new tokens."""
@@ -199,16 +213,31 @@ def test_refusals(tok):
 # eval_utils.py's create_multiturn_prompt (generic and scbench_mf branches) and create_scdq_prompt,
 # transcribed statement by statement with the official template strings of these four tasks.
 
-OFFICIAL_T = {"scbench_kv": "Extract the value corresponding to the specified key in the JSON object below.\n\n"
-              "{context}\n\n{input}", "scbench_mf": "{prefix}\n\n{context}\n\n{input}",
-              "scbench_vt": "{context}\n\n{input}", "scbench_prefix_suffix": "{context}\n\n{input}"}
-OFFICIAL_SCDQ = {"scbench_kv": "Extract the value corresponding to the specified key in the JSON object below.\n\n"
-                 "{context}", "scbench_mf": "{prefix}\n\n{context}", "scbench_vt": "{context}",
-                 "scbench_prefix_suffix": "{context}"}
-OFFICIAL_FOLLOW = {"scbench_kv": "{pre_ans}\n\n{input}", "scbench_mf": "{pre_ans}\n\n{prefix}\n\n{input}",
-                   "scbench_vt": "{pre_ans}\n\n{input}", "scbench_prefix_suffix": "{pre_ans}\n\n{input}"}
-OFFICIAL_CHAT = {"scbench_kv": "{input}", "scbench_mf": "{prefix}\n\n{input}", "scbench_vt": "{input}",
-                 "scbench_prefix_suffix": "{input}"}
+OFFICIAL_T = {
+    "scbench_kv": "Extract the value corresponding to the specified key in the JSON object below.\n\n"
+    "{context}\n\n{input}",
+    "scbench_mf": "{prefix}\n\n{context}\n\n{input}",
+    "scbench_vt": "{context}\n\n{input}",
+    "scbench_prefix_suffix": "{context}\n\n{input}",
+}
+OFFICIAL_SCDQ = {
+    "scbench_kv": "Extract the value corresponding to the specified key in the JSON object below.\n\n{context}",
+    "scbench_mf": "{prefix}\n\n{context}",
+    "scbench_vt": "{context}",
+    "scbench_prefix_suffix": "{context}",
+}
+OFFICIAL_FOLLOW = {
+    "scbench_kv": "{pre_ans}\n\n{input}",
+    "scbench_mf": "{pre_ans}\n\n{prefix}\n\n{input}",
+    "scbench_vt": "{pre_ans}\n\n{input}",
+    "scbench_prefix_suffix": "{pre_ans}\n\n{input}",
+}
+OFFICIAL_CHAT = {
+    "scbench_kv": "{input}",
+    "scbench_mf": "{prefix}\n\n{input}",
+    "scbench_vt": "{input}",
+    "scbench_prefix_suffix": "{input}",
+}
 
 
 def official_multiturn(eg, data_name, tok, use_chat_template, disable_golden_context=False):
@@ -217,9 +246,11 @@ def official_multiturn(eg, data_name, tok, use_chat_template, disable_golden_con
     if disable_golden_context:
         follow_up_template = OFFICIAL_CHAT[data_name]
     if use_chat_template:
-        sys_prompt = tok.apply_chat_template([{"role": "system", "content": ""}],
-                                             add_generation_prompt=True if not disable_golden_context else False,
-                                             tokenize=False)
+        sys_prompt = tok.apply_chat_template(
+            [{"role": "system", "content": ""}],
+            add_generation_prompt=True if not disable_golden_context else False,
+            tokenize=False,
+        )
         chat_t = OFFICIAL_CHAT[data_name]
     turns = eg["multi_turns"]
     input_ = turns[0]["input"]
@@ -230,20 +261,39 @@ def official_multiturn(eg, data_name, tok, use_chat_template, disable_golden_con
         follow = []
         for i in range(1, len(turns)):
             prefix = f"What is {re.findall(r'The .+ is', turns[i]['input'])[0].lower()[:-3]}?"
-            follow.append(follow_up_template.format(pre_ans=turns[i - 1]["answer"] if not disable_golden_context
-                                                    else None, prefix=prefix, input=turns[i]["input"]))
+            follow.append(
+                follow_up_template.format(
+                    pre_ans=turns[i - 1]["answer"] if not disable_golden_context else None,
+                    prefix=prefix,
+                    input=turns[i]["input"],
+                )
+            )
     else:
         first = template.format(context=eg["context"], input=input_)
-        follow = [follow_up_template.format(pre_ans=turns[i - 1]["answer"] if not disable_golden_context else None,
-                                            input=turns[i]["input"]) for i in range(1, len(turns))]
+        follow = [
+            follow_up_template.format(
+                pre_ans=turns[i - 1]["answer"] if not disable_golden_context else None, input=turns[i]["input"]
+            )
+            for i in range(1, len(turns))
+        ]
     if use_chat_template:
-        first = tok.apply_chat_template([{"role": "user", "content": first}], add_generation_prompt=True,
-                                        tokenize=False)
-        follow = [tok.apply_chat_template(
-            ([{"role": "system", "content": ""}] + [{"role": "assistant", "content": str(turns[i - 1]["answer"])}]
-             if not disable_golden_context else [])
-            + [{"role": "user", "content": chat_t.format(prefix=prefix, input=turns[i]["input"])}],
-            add_generation_prompt=True, tokenize=False).replace(sys_prompt, "") for i in range(1, len(turns))]
+        first = tok.apply_chat_template(
+            [{"role": "user", "content": first}], add_generation_prompt=True, tokenize=False
+        )
+        follow = [
+            tok.apply_chat_template(
+                (
+                    [{"role": "system", "content": ""}]
+                    + [{"role": "assistant", "content": str(turns[i - 1]["answer"])}]
+                    if not disable_golden_context
+                    else []
+                )
+                + [{"role": "user", "content": chat_t.format(prefix=prefix, input=turns[i]["input"])}],
+                add_generation_prompt=True,
+                tokenize=False,
+            ).replace(sys_prompt, "")
+            for i in range(1, len(turns))
+        ]
     return [first] + follow
 
 
@@ -259,11 +309,17 @@ def official_scdq(eg, data_name, tok, use_chat_template):
         context_prompt = OFFICIAL_SCDQ[data_name].format(context=eg["context"])
         query_prompts = [turn["input"] for turn in eg["multi_turns"]]
     if use_chat_template:
-        context_prompt = tok.apply_chat_template([{"role": "user", "content": context_prompt + d}],
-                                                 add_generation_prompt=True, tokenize=False).split(d)[0]
-        query_prompts = [tok.apply_chat_template([{"role": "system", "content": ""}, {"role": "user", "content": d + q}],
-                                                 add_generation_prompt=True, tokenize=False).split(d)[1]
-                         for q in query_prompts]
+        context_prompt = tok.apply_chat_template(
+            [{"role": "user", "content": context_prompt + d}], add_generation_prompt=True, tokenize=False
+        ).split(d)[0]
+        query_prompts = [
+            tok.apply_chat_template(
+                [{"role": "system", "content": ""}, {"role": "user", "content": d + q}],
+                add_generation_prompt=True,
+                tokenize=False,
+            ).split(d)[1]
+            for q in query_prompts
+        ]
     return [context_prompt] + query_prompts
 
 
@@ -271,8 +327,9 @@ def official_scdq(eg, data_name, tok, use_chat_template):
 def test_builders_equal_the_official_code_path(tok, samples, chat):
     for task, eg in samples.items():
         assert prompts.build_multi_turn(eg, task, tok, chat=chat).prompts == official_multiturn(eg, task, tok, chat)
-        assert (prompts.build_multi_turn(eg, task, tok, chat=chat, gold=False).prompts
-                == official_multiturn(eg, task, tok, chat, disable_golden_context=True))
+        assert prompts.build_multi_turn(eg, task, tok, chat=chat, gold=False).prompts == official_multiturn(
+            eg, task, tok, chat, disable_golden_context=True
+        )
         assert prompts.build_multi_request(eg, task, tok, chat=chat).prompts == official_scdq(eg, task, tok, chat)
 
 
@@ -283,8 +340,10 @@ def test_gold_history_and_chat_shapes(tok, samples):
     c = prompts.build_multi_turn(eg, "scbench_kv", tok, chat=True)
     # Stripping the rendering of [system ""] + generation prompt also strips the assistant header: turn 1
     # ends with "<|im_start|>assistant\n", so the follow-up continues with the gold answer's text.
-    assert c.follow_ups[0] == (f"{eg['multi_turns'][0]['answer']}<|im_end|>\n"
-                               f"<|im_start|>user\n{eg['multi_turns'][1]['input']}<|im_end|>\n<|im_start|>assistant\n")
+    assert c.follow_ups[0] == (
+        f"{eg['multi_turns'][0]['answer']}<|im_end|>\n"
+        f"<|im_start|>user\n{eg['multi_turns'][1]['input']}<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert c.first.endswith("<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="chat template"):
         prompts.build_multi_turn(eg, "scbench_kv", None, chat=True)
@@ -303,8 +362,9 @@ def test_turn_input_ids(tok, samples):
     ids = prompts.turn_input_ids(own, tok, 1, answers=["w5 w6"])
     assert ids == prompts.turn_input_ids(own, tok, 0) + [5, 6, tok.eos_token_id] + enc(own.follow_ups[0])
     mr = prompts.build_multi_request(eg, "scbench_vt")
-    assert prompts.turn_input_ids(mr, tok, 3) == prompts.turn_input_ids(mr, tok, 0)[:-len(enc(mr.follow_ups[0]))] + enc(
-        mr.follow_ups[3])
+    assert prompts.turn_input_ids(mr, tok, 3) == prompts.turn_input_ids(mr, tok, 0)[
+        : -len(enc(mr.follow_ups[0]))
+    ] + enc(mr.follow_ups[3])
     assert prompts.truncate_middle(list(range(10)), 4) == [0, 1, 8, 9]
     assert prompts.truncate_middle(list(range(10)), -1) == list(range(10))
     assert prompts.max_input_length("scbench_kv", 131072, 5, "multi-turn") == 131072 - 750
@@ -312,6 +372,7 @@ def test_turn_input_ids(tok, samples):
 
 
 # ------------------------------------------------------------------ scorers on hand cases
+
 
 def test_scorers_official_numbers():
     uuid_ = "878b9f6b-57a1-4b71-a975-d279d86dbf11"
@@ -339,8 +400,11 @@ def test_scorers_official_numbers():
 
 
 def test_aggregation_per_turn_and_pooled():
-    rows = [{"id": i, "turn_idx": t, "prediction": p, "ground_truth": "k"}
-            for i, preds in enumerate([["k", "k"], ["k", "x"], ["x", "x"], ["k", "x"]]) for t, p in enumerate(preds)]
+    rows = [
+        {"id": i, "turn_idx": t, "prediction": p, "ground_truth": "k"}
+        for i, preds in enumerate([["k", "k"], ["k", "x"], ["x", "x"], ["k", "x"]])
+        for t, p in enumerate(preds)
+    ]
     by_turn = scoring.score_by_turn(rows, "scbench_kv")
     assert by_turn == {0: 0.75, 1: 0.25}
     assert scoring.summary_line(by_turn) == "75.000,25.000"

@@ -7,11 +7,11 @@ import threading
 
 import pytest
 import torch
+from serve_fixtures import CharTokenizer, make_proxy, model, stub  # noqa: F401
+from tiny_models import BUILDERS, FILTER_LAYER
 
 from gemfilter.lab.serve.prefix_cache import PrefixCache, block_keys, cache_bytes
 from gemfilter.lab.serve.selector import Selector
-from serve_fixtures import CharTokenizer, make_proxy, model, stub  # noqa: F401
-from tiny_models import BUILDERS, FILTER_LAYER
 
 pytestmark = pytest.mark.usefixtures("quiet")
 

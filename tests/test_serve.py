@@ -11,13 +11,12 @@ import urllib.request
 
 import pytest
 import torch
+from serve_fixtures import LAYER, PROMPT, CharTokenizer, StubEngine, make_proxy, model, post, proxy, stub  # noqa: F401
 
 import gemfilter
-from gemfilter.lab.serve.upstream import PROBE, check_tokenizer
 from gemfilter.lab.serve.proxy import ProxyServer
 from gemfilter.lab.serve.selector import Selector, cut_config
-from gemfilter.lab.serve.upstream import Upstream
-from serve_fixtures import LAYER, PROMPT, CharTokenizer, StubEngine, make_proxy, model, post, proxy, stub  # noqa: F401
+from gemfilter.lab.serve.upstream import PROBE, Upstream, check_tokenizer
 
 
 def test_a_prompt_within_topk_passes_through_unchanged(proxy, stub):
@@ -34,8 +33,13 @@ def test_a_long_prompt_sends_the_selection_kept_ids(proxy, stub, model):
     assert stub.bodies[-1]["model"] == "stub-model"  # filled in from the engine's /v1/models
     meta = answer["gemfilter"]
     assert meta == json.loads(headers["X-GemFilter"])
-    assert (meta["method"], meta["topk"], meta["layer"], meta["prompt_tokens"], meta["kept_tokens"]) == \
-        ("gemfilter", 16, LAYER, 40, 16)
+    assert (meta["method"], meta["topk"], meta["layer"], meta["prompt_tokens"], meta["kept_tokens"]) == (
+        "gemfilter",
+        16,
+        LAYER,
+        40,
+        16,
+    )
     assert answer["choices"][0]["prompt_token_ids"] == ref
 
 
@@ -67,8 +71,9 @@ def test_streamed_completion_relays_chunks_with_the_metadata_first(proxy, stub):
 
 def test_a_filtered_chat_goes_to_completions_and_comes_back_as_chat(proxy, stub, model):
     messages = [{"role": "user", "content": "x" * 40 + " what?"}]
-    status, answer, _ = post(proxy + "/v1/chat/completions",
-                             {"messages": messages, "max_completion_tokens": 7, "temperature": 0})
+    status, answer, _ = post(
+        proxy + "/v1/chat/completions", {"messages": messages, "max_completion_tokens": 7, "temperature": 0}
+    )
     tok = CharTokenizer()
     ids = tok(tok.apply_chat_template(messages), add_special_tokens=False)["input_ids"]
     ref = gemfilter.select_tokens(model, torch.tensor([ids]), layer=LAYER, topk=16).kept_ids[0].tolist()
@@ -95,22 +100,33 @@ def test_models_are_the_engine_s(proxy):
         assert json.loads(resp.read())["data"][0]["id"] == "stub-model"
 
 
-@pytest.mark.parametrize("body, raw, message", [
-    (None, b"{not json", "the body is not valid JSON"),
-    (None, b"[1, 2]", "the body must be a JSON object, got list"),
-    ({"prompt": PROMPT, "gemfilter": {"method": "nope"}}, None, "unknown method 'nope'; allowed: fastkv, full"),
-    ({"prompt": PROMPT, "gemfilter": {"method": "snapkv"}}, None, "KV-cache methods such as snapkv evict inside"),
-    ({"prompt": PROMPT, "gemfilter": {"topk": 0}}, None, "gemfilter: topk=0 must be >= 1"),
-    ({"prompt": PROMPT, "gemfilter": {"topk": "9"}}, None, "gemfilter: topk must be an int, got '9'"),
-    ({"prompt": PROMPT, "gemfilter": {"method": "gemfilter:k=0"}}, None, "gemfilter: topk=0 must be >= 1"),
-    ({"prompt": PROMPT, "gemfilter": {"method": "gemfilter:k=8", "topk": 9}}, None, "give the budget once"),
-    ({"prompt": PROMPT, "gemfilter": {"method": "gemfilter:layer=1"}}, None, "selector holds layers 0..2"),
-    ({"prompt": PROMPT, "gemfilter": {"layer": 3}}, None, "unknown gemfilter option.s. layer; allowed: method, topk"),
-    ({"prompt": PROMPT, "gemfilter": 5}, None, "'gemfilter' must be an object"),
-    ({"prompt": ["a", "b"]}, None, "one prompt per request"),
-    ({"prompt": ""}, None, "one prompt per request"),
-    ({"prompt": [3 + i % 90 for i in range(600)]}, None, "the prompt has 600 tokens; the selector's model takes at most 512"),
-])
+@pytest.mark.parametrize(
+    "body, raw, message",
+    [
+        (None, b"{not json", "the body is not valid JSON"),
+        (None, b"[1, 2]", "the body must be a JSON object, got list"),
+        ({"prompt": PROMPT, "gemfilter": {"method": "nope"}}, None, "unknown method 'nope'; allowed: fastkv, full"),
+        ({"prompt": PROMPT, "gemfilter": {"method": "snapkv"}}, None, "KV-cache methods such as snapkv evict inside"),
+        ({"prompt": PROMPT, "gemfilter": {"topk": 0}}, None, "gemfilter: topk=0 must be >= 1"),
+        ({"prompt": PROMPT, "gemfilter": {"topk": "9"}}, None, "gemfilter: topk must be an int, got '9'"),
+        ({"prompt": PROMPT, "gemfilter": {"method": "gemfilter:k=0"}}, None, "gemfilter: topk=0 must be >= 1"),
+        ({"prompt": PROMPT, "gemfilter": {"method": "gemfilter:k=8", "topk": 9}}, None, "give the budget once"),
+        ({"prompt": PROMPT, "gemfilter": {"method": "gemfilter:layer=1"}}, None, "selector holds layers 0..2"),
+        (
+            {"prompt": PROMPT, "gemfilter": {"layer": 3}},
+            None,
+            "unknown gemfilter option.s. layer; allowed: method, topk",
+        ),
+        ({"prompt": PROMPT, "gemfilter": 5}, None, "'gemfilter' must be an object"),
+        ({"prompt": ["a", "b"]}, None, "one prompt per request"),
+        ({"prompt": ""}, None, "one prompt per request"),
+        (
+            {"prompt": [3 + i % 90 for i in range(600)]},
+            None,
+            "the prompt has 600 tokens; the selector's model takes at most 512",
+        ),
+    ],
+)
 def test_bad_requests_get_400_with_what_is_allowed(proxy, stub, body, raw, message):
     status, answer, _ = post(proxy + "/v1/completions", body, raw=raw)
     assert status == 400 and answer["error"]["type"] == "invalid_request_error"
@@ -128,13 +144,15 @@ def test_an_unreachable_engine_is_a_502(model):
     stub = StubEngine()
     url = stub.url
     stub.close()  # nothing listens there any more
-    server = ProxyServer(("127.0.0.1", 0), Selector(model, CharTokenizer(), LAYER), Upstream(url, timeout=2),
-                         quiet=True)
+    server = ProxyServer(
+        ("127.0.0.1", 0), Selector(model, CharTokenizer(), LAYER), Upstream(url, timeout=2), quiet=True
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        status, answer, _ = post(f"http://127.0.0.1:{server.server_address[1]}/v1/completions",
-                                 {"prompt": PROMPT, "model": "m"})
+        status, answer, _ = post(
+            f"http://127.0.0.1:{server.server_address[1]}/v1/completions", {"prompt": PROMPT, "model": "m"}
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -165,8 +183,12 @@ def test_bad_server_settings_are_refused(model):
 def test_cut_config_keeps_the_first_layers_and_their_types():
     from transformers import Gemma3TextConfig
 
-    cfg = cut_config(Gemma3TextConfig(num_hidden_layers=6, sliding_window=8,
-                                      layer_types=["sliding_attention"] * 5 + ["full_attention"]), 3)
+    cfg = cut_config(
+        Gemma3TextConfig(
+            num_hidden_layers=6, sliding_window=8, layer_types=["sliding_attention"] * 5 + ["full_attention"]
+        ),
+        3,
+    )
     assert cfg.num_hidden_layers == 3 and cfg.layer_types == ["sliding_attention"] * 3
     with pytest.raises(ValueError, match="must lie in \\[1, 3\\]"):
         cut_config(cfg, 4)
@@ -202,4 +224,7 @@ def test_a_method_spec_sets_the_budget_and_a_request_topk_replaces_it(make_proxy
     status, answer, _ = post(url + "/v1/completions", {"prompt": text, "gemfilter": {"topk": 24}})
     assert status == 200 and answer["gemfilter"]["topk"] == 24 and answer["gemfilter"]["kept_tokens"] == 24
     status, answer, _ = post(url + "/v1/completions", {"prompt": text, "gemfilter": {"method": "gemfilter:k=30"}})
-    assert status == 200 and (answer["gemfilter"]["method"], answer["gemfilter"]["kept_tokens"]) == ("gemfilter:k=30", 30)
+    assert status == 200 and (answer["gemfilter"]["method"], answer["gemfilter"]["kept_tokens"]) == (
+        "gemfilter:k=30",
+        30,
+    )

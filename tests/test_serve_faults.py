@@ -9,7 +9,6 @@ import json
 
 import openai
 import pytest
-
 from serve_fixtures import MISBEHAVIOURS, PROMPT, make_proxy, model, post, proxy, stub  # noqa: F401
 
 #: mode -> (status, whether a stream has started when the fault shows): the expected answer, streamed or not.
@@ -21,8 +20,10 @@ EXPECTED = {
     "cut-stream": {False: (502, "cut its answer short"), True: (502, "ended before \\[DONE\\]")},
     "reset": {False: (502, "closed or reset the connection"), True: (502, "closed or reset the connection")},
     "stall": {False: (504, "stopped sending its answer within 0.5 s"), True: (504, "stalled: no chunk for 0.5 s")},
-    "error": {False: (502, "the engine answered 500 at .*: engine exploded"),
-              True: (502, "the engine answered 500 at .*: engine exploded")},
+    "error": {
+        False: (502, "the engine answered 500 at .*: engine exploded"),
+        True: (502, "the engine answered 500 at .*: engine exploded"),
+    },
     "slow": {False: (504, "did not answer within 0.5 s"), True: (504, "did not answer within 0.5 s")},
 }
 #: Faults that show only after the engine's first chunk: the stream has started, so they come as an event.
@@ -54,8 +55,10 @@ def test_a_misbehaving_engine_is_never_a_silent_200(proxy, stub, mode, stream):
 
 def test_a_chat_stream_cut_short_ends_with_an_error_event(proxy, stub):
     stub.mode = "cut-stream"
-    status, events, _ = post(proxy + "/v1/chat/completions",
-                             {"messages": [{"role": "user", "content": "x" * 40}], "model": "stub-model", "stream": True})
+    status, events, _ = post(
+        proxy + "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x" * 40}], "model": "stub-model", "stream": True},
+    )
     assert status == 200 and json.loads(events[0])["choices"][0]["delta"]["content"] == "o"
     assert "[DONE]" not in events and "ended before [DONE]" in json.loads(events[-1])["error"]["message"]
 

@@ -13,11 +13,11 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
 from gemfilter.lab.serve.proxy import ProxyServer
 from gemfilter.lab.serve.selector import Selector
 from gemfilter.lab.serve.upstream import Upstream
-from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
 
 def address(url):
@@ -27,8 +27,15 @@ def address(url):
 
 def request_bytes(body: dict, path="/v1/completions", extra=b"") -> bytes:
     raw = json.dumps(body).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\n"
-            "Connection: close\r\n").encode() + extra + b"\r\n" + raw
+    return (
+        (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\n"
+            "Connection: close\r\n"
+        ).encode()
+        + extra
+        + b"\r\n"
+        + raw
+    )
 
 
 def read_all(sock, timeout=5.0) -> bytes:
@@ -55,10 +62,12 @@ def wait_for(predicate, seconds):
 def test_a_burst_that_arrives_before_the_proxy_accepts_is_queued_and_answered(model, stub):
     """100 clients connect at once while the accept loop is not running: with a backlog of 5 (socketserver's
     default) most connects would be dropped; with the default backlog every one is queued, then answered."""
-    server = ProxyServer(("127.0.0.1", 0), Selector(model, CharTokenizer(), LAYER), Upstream(stub.url, timeout=5),
-                         topk=16, quiet=True)
+    server = ProxyServer(
+        ("127.0.0.1", 0), Selector(model, CharTokenizer(), LAYER), Upstream(stub.url, timeout=5), topk=16, quiet=True
+    )
     addr = server.server_address[:2]
     try:
+
         def connect(_):
             try:
                 return socket.create_connection(addr, timeout=1.5)
@@ -91,8 +100,7 @@ def test_100_concurrent_requests_are_all_answered(make_proxy, stub):
     def one(i):
         barrier.wait()
         prompt = PROMPT if i % 2 else "short"  # half are filtered (a selection each), half pass through
-        return post(url + "/v1/completions", {"prompt": prompt, "model": "stub-model", "max_tokens": 1},
-                    timeout=60)[0]
+        return post(url + "/v1/completions", {"prompt": prompt, "model": "stub-model", "max_tokens": 1}, timeout=60)[0]
 
     with ThreadPoolExecutor(100) as pool:
         statuses = list(pool.map(one, range(100)))
@@ -103,20 +111,28 @@ def test_max_concurrency_bounds_the_requests_handled_at_once(make_proxy, stub):
     url = make_proxy(timeout=10, max_concurrency=2)
     stub.mode, stub.delay = "slow", 0.4
     with ThreadPoolExecutor(6) as pool:
-        statuses = list(pool.map(lambda _: post(url + "/v1/completions", {"prompt": PROMPT, "model": "m"})[0],
-                                 range(6)))
+        statuses = list(
+            pool.map(lambda _: post(url + "/v1/completions", {"prompt": PROMPT, "model": "m"})[0], range(6))
+        )
     assert statuses == [200] * 6 and stub.peak == 2
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("backlog", 0, "--backlog must be a whole number in \\[1, 65535\\], got 0"),
-    ("max_concurrency", 0, "--max-concurrency must be a whole number in \\[1, 4096\\], got 0"),
-    ("client_timeout", float("nan"), "--client-timeout must be a number of seconds in \\(0, 86400\\], got nan"),
-])
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("backlog", 0, "--backlog must be a whole number in \\[1, 65535\\], got 0"),
+        ("max_concurrency", 0, "--max-concurrency must be a whole number in \\[1, 4096\\], got 0"),
+        ("client_timeout", float("nan"), "--client-timeout must be a number of seconds in \\(0, 86400\\], got nan"),
+    ],
+)
 def test_bad_limits_are_refused_by_name(model, option, value, message):
     with pytest.raises(ValueError, match=message):
-        ProxyServer(("127.0.0.1", 0), Selector(model, CharTokenizer(), LAYER), Upstream("http://127.0.0.1:1/v1"),
-                    **{option: value})
+        ProxyServer(
+            ("127.0.0.1", 0),
+            Selector(model, CharTokenizer(), LAYER),
+            Upstream("http://127.0.0.1:1/v1"),
+            **{option: value},
+        )
 
 
 # --- F: a client that leaves ----------------------------------------------------------------------
@@ -150,7 +166,7 @@ def test_a_client_that_stops_sending_its_body_gets_a_408_after_the_client_timeou
 def test_a_body_shorter_than_its_content_length_is_a_400_naming_both(make_proxy, stub):
     url = make_proxy()
     with socket.create_connection(address(url), timeout=5) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"prompt\": 1}")
+        sock.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"prompt": 1}')
         sock.shutdown(socket.SHUT_WR)
         answer = read_all(sock, timeout=5)
     assert answer.startswith(b"HTTP/1.1 400") and b"the body ended after 13 of 1000 bytes" in answer
@@ -168,16 +184,21 @@ def test_a_chunked_body_is_read_whole(make_proxy, stub):
     raw = json.dumps({"prompt": "short text", "model": "stub-model", "max_tokens": 1}).encode()
     chunked = b"%x\r\n%s\r\n%x;ext=1\r\n%s\r\n0\r\nX-Trailer: t\r\n\r\n" % (10, raw[:10], len(raw) - 10, raw[10:])
     with socket.create_connection(address(url), timeout=5) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-                     b"Connection: close\r\n\r\n" + chunked)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"Connection: close\r\n\r\n" + chunked
+        )
         answer = read_all(sock)
     assert answer.startswith(b"HTTP/1.1 200") and stub.bodies[-1]["prompt"] == "short text"
 
 
-@pytest.mark.parametrize("chunked, message", [
-    (b"zz\r\n{}\r\n0\r\n\r\n", b"bad chunk size line"),
-    (b"2\r\n{}}}\r\n0\r\n\r\n", b"a chunk longer than its size line says"),
-])
+@pytest.mark.parametrize(
+    "chunked, message",
+    [
+        (b"zz\r\n{}\r\n0\r\n\r\n", b"bad chunk size line"),
+        (b"2\r\n{}}}\r\n0\r\n\r\n", b"a chunk longer than its size line says"),
+    ],
+)
 def test_a_bad_chunked_body_gets_one_400_and_the_connection_closes(make_proxy, stub, chunked, message):
     url = make_proxy()
     with socket.create_connection(address(url), timeout=5) as sock:
@@ -203,8 +224,23 @@ def test_the_burst_tool_counts_every_answer_through_the_proxy_and_direct(make_pr
 
     proxy = make_proxy(timeout=30)
     out = tmp_path / "burst.json"
-    assert main(["--target", f"direct={stub.url}", "--target", f"proxy={proxy}/v1", "--bursts", "small=40x12",
-                 "--model", "stub-model", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--target",
+                f"direct={stub.url}",
+                "--target",
+                f"proxy={proxy}/v1",
+                "--bursts",
+                "small=40x12",
+                "--model",
+                "stub-model",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())["rows"]
     assert [(r["target"], r["answered"], r["sent"]) for r in rows] == [("direct", 40, 40), ("proxy", 40, 40)]
     assert "| small (40 x 12 words) | proxy | 40/40 | none |" in capsys.readouterr().out

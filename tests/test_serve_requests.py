@@ -10,11 +10,11 @@ import re
 
 import pytest
 import torch
+from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
 import gemfilter
 from gemfilter.lab.serve.chat_template import GEMMA3, fallback_template
 from gemfilter.lab.serve.selector import Selector
-from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
 TOK = CharTokenizer()
 
@@ -47,12 +47,17 @@ def test_the_passthrough_decision_counts_the_joined_parts(proxy, stub):
     assert status == 200 and not answer["gemfilter"]["passthrough"] and answer["gemfilter"]["kept_tokens"] == n - 1
 
 
-@pytest.mark.parametrize("part, message", [
-    ({"type": "image_url", "image_url": {"url": "http://x/a.png"}}, "messages\\[0\\].content\\[1\\] has type "
-                                                                     "'image_url': the proxy tokenizes text only"),
-    ({"type": "text", "text": 5}, "messages\\[0\\].content\\[1\\] of type 'text' needs a string 'text'"),
-    (7, "messages\\[0\\].content\\[1\\] must be an object"),
-])
+@pytest.mark.parametrize(
+    "part, message",
+    [
+        (
+            {"type": "image_url", "image_url": {"url": "http://x/a.png"}},
+            "messages\\[0\\].content\\[1\\] has type 'image_url': the proxy tokenizes text only",
+        ),
+        ({"type": "text", "text": 5}, "messages\\[0\\].content\\[1\\] of type 'text' needs a string 'text'"),
+        (7, "messages\\[0\\].content\\[1\\] must be an object"),
+    ],
+)
 def test_a_part_that_is_not_text_is_refused_by_type(proxy, stub, part, message):
     body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}]}
     status, answer, _ = post(proxy + "/v1/chat/completions", body)
@@ -71,26 +76,32 @@ def test_a_filtered_chat_without_max_tokens_is_not_cut_to_the_completions_defaul
 def test_a_filtered_chat_without_max_tokens_needs_an_engine_that_reports_its_length(proxy, stub):
     stub.max_model_len = None
     status, answer, _ = post(proxy + "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 40}]})
-    assert status == 400 and answer["error"]["message"].startswith("give max_tokens (or max_completion_tokens): "
-                                                                   "this engine reports no max_model_len")
+    assert status == 400 and answer["error"]["message"].startswith(
+        "give max_tokens (or max_completion_tokens): this engine reports no max_model_len"
+    )
     assert [p for p in stub.paths if p.endswith("completions")] == []
 
 
 def test_max_completion_tokens_wins_over_max_tokens_as_in_vllm_s_chat(proxy, stub):
-    post(proxy + "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 40}],
-                                          "max_tokens": 3, "max_completion_tokens": 7})
+    post(
+        proxy + "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x" * 40}], "max_tokens": 3, "max_completion_tokens": 7},
+    )
     assert stub.bodies[-1]["max_tokens"] == 7 and "max_completion_tokens" not in stub.bodies[-1]
 
 
 # --- C: fields about the prompt, and usage -----------------------------------------------------------
-@pytest.mark.parametrize("route, field, value", [
-    ("/v1/completions", "echo", True),
-    ("/v1/completions", "prompt_logprobs", 1),
-    ("/v1/completions", "truncate_prompt_tokens", 8),
-    ("/v1/chat/completions", "echo", True),
-    ("/v1/chat/completions", "continue_final_message", True),
-    ("/v1/chat/completions", "add_generation_prompt", False),
-])
+@pytest.mark.parametrize(
+    "route, field, value",
+    [
+        ("/v1/completions", "echo", True),
+        ("/v1/completions", "prompt_logprobs", 1),
+        ("/v1/completions", "truncate_prompt_tokens", 8),
+        ("/v1/chat/completions", "echo", True),
+        ("/v1/chat/completions", "continue_final_message", True),
+        ("/v1/chat/completions", "add_generation_prompt", False),
+    ],
+)
 def test_fields_about_the_prompt_are_refused_by_name_on_a_filtered_prompt(proxy, stub, route, field, value):
     prompt = {"prompt": PROMPT} if route == "/v1/completions" else {"messages": [{"role": "user", "content": "x" * 40}]}
     status, answer, _ = post(proxy + route, {**prompt, field: value})
@@ -116,12 +127,18 @@ def test_gemma3_template_renders_gemma_s_turn_format_with_the_embedded_tokenizer
 
     tok = AutoTokenizer.from_pretrained(gemfilter.models.embedded_model_dir())
     assert getattr(tok, "chat_template", None) is None and fallback_template(None, tok) == GEMMA3
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
-                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": " Hi "},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye"},
+    ]
     text = tok.apply_chat_template(messages, chat_template=GEMMA3, add_generation_prompt=True, tokenize=False)
-    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
-                    "<start_of_turn>model\nHello.<end_of_turn>\n"
-                    "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    assert text == (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+        "<start_of_turn>model\nHello.<end_of_turn>\n"
+        "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    )
     assert tok(text, add_special_tokens=False)["input_ids"].count(tok.bos_token_id) == 1
     assert fallback_template("some/other-model", tok) is None
 
@@ -130,8 +147,9 @@ def test_a_chat_on_a_model_without_template_uses_gemma3_s_and_goes_as_ids(make_p
     tok = CharTokenizer()
     tok.chat_template = None
     url = make_proxy(selector=Selector(model, tok, LAYER, chat_template=GEMMA3))
-    status, answer, _ = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                                            "gemfilter": {"topk": 64}})
+    status, answer, _ = post(
+        url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "gemfilter": {"topk": 64}}
+    )
     expected = tok("<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", add_special_tokens=False)
     assert status == 200 and stub.paths[-1] == "/v1/completions"  # the engine has no template either
     assert stub.bodies[-1]["prompt"] == expected["input_ids"]
@@ -141,18 +159,33 @@ def test_a_chat_on_a_model_without_template_uses_gemma3_s_and_goes_as_ids(make_p
 
 
 # --- 10: client faults are 400s that name the field ----------------------------------------------------
-@pytest.mark.parametrize("route, body, message", [
-    ("/v1/completions", {"prompt": [5, -1, 7]}, "'prompt' token ids must be whole numbers in \\[0, 96\\).*position 1 "
-                                                 "holds -1"),
-    ("/v1/completions", {"prompt": [5, 96]}, "in \\[0, 96\\) \\(the model's vocabulary\\); position 1 holds 96"),
-    ("/v1/completions", {"prompt": "hello", "add_special_tokens": "no"}, "'add_special_tokens' must be true or false, "
-                                                                         "got 'no'"),
-    ("/v1/completions", {"prompt": PROMPT, "stream": "yes"}, "'stream' must be true or false, got 'yes'"),
-    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages\\[0\\] must be an object with a string "
-                                                                "'role'"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages\\[0\\].content must be a "
-                                                                             "string or a list of content parts"),
-])
+@pytest.mark.parametrize(
+    "route, body, message",
+    [
+        (
+            "/v1/completions",
+            {"prompt": [5, -1, 7]},
+            "'prompt' token ids must be whole numbers in \\[0, 96\\).*position 1 holds -1",
+        ),
+        ("/v1/completions", {"prompt": [5, 96]}, "in \\[0, 96\\) \\(the model's vocabulary\\); position 1 holds 96"),
+        (
+            "/v1/completions",
+            {"prompt": "hello", "add_special_tokens": "no"},
+            "'add_special_tokens' must be true or false, got 'no'",
+        ),
+        ("/v1/completions", {"prompt": PROMPT, "stream": "yes"}, "'stream' must be true or false, got 'yes'"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"content": "hi"}]},
+            "messages\\[0\\] must be an object with a string 'role'",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": 5}]},
+            "messages\\[0\\].content must be a string or a list of content parts",
+        ),
+    ],
+)
 def test_client_faults_are_400s_naming_the_field(proxy, stub, route, body, message):
     status, answer, _ = post(proxy + route, body)
     assert status == 400 and re.search(message, answer["error"]["message"]), answer
@@ -160,17 +193,20 @@ def test_client_faults_are_400s_naming_the_field(proxy, stub, route, body, messa
 
 
 # --- 9: options refused before anything loads ---------------------------------------------------------
-@pytest.mark.parametrize("argv, message", [
-    (["--port", "70000"], "--port must be a whole number in [0, 65535], got 70000"),
-    (["--timeout", "inf"], "--timeout must be a number of seconds in (0, 86400], got inf"),
-    (["--timeout", "nan"], "--timeout must be a number of seconds in (0, 86400], got nan"),
-    (["--timeout", "-1"], "--timeout must be a number of seconds in (0, 86400], got -1.0"),
-    (["--client-timeout", "0"], "--client-timeout must be a number of seconds in (0, 86400], got 0.0"),
-    (["--backlog", "0"], "--backlog must be a whole number in [1, 65535], got 0"),
-    (["--max-concurrency", "0"], "--max-concurrency must be a whole number in [1, 4096], got 0"),
-    (["--selector-cache-gb", "-1"], "--selector-cache-gb must be a number of GB in [0, 1024] (0: off), got -1.0"),
-    (["--selector-cache-gb", "nan"], "--selector-cache-gb must be a number of GB in [0, 1024] (0: off), got nan"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--port", "70000"], "--port must be a whole number in [0, 65535], got 70000"),
+        (["--timeout", "inf"], "--timeout must be a number of seconds in (0, 86400], got inf"),
+        (["--timeout", "nan"], "--timeout must be a number of seconds in (0, 86400], got nan"),
+        (["--timeout", "-1"], "--timeout must be a number of seconds in (0, 86400], got -1.0"),
+        (["--client-timeout", "0"], "--client-timeout must be a number of seconds in (0, 86400], got 0.0"),
+        (["--backlog", "0"], "--backlog must be a whole number in [1, 65535], got 0"),
+        (["--max-concurrency", "0"], "--max-concurrency must be a whole number in [1, 4096], got 0"),
+        (["--selector-cache-gb", "-1"], "--selector-cache-gb must be a number of GB in [0, 1024] (0: off), got -1.0"),
+        (["--selector-cache-gb", "nan"], "--selector-cache-gb must be a number of GB in [0, 1024] (0: off), got nan"),
+    ],
+)
 def test_bad_serve_options_get_one_error_line_before_anything_loads(monkeypatch, capsys, argv, message):
     from gemfilter.lab.cli import main
     from gemfilter.lab.serve import selector, upstream

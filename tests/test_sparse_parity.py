@@ -12,11 +12,27 @@ import pytest
 import torch
 
 from icl_probes.sparse_parity import cli
-from icl_probes.sparse_parity.data import (TaskLaw, flip_labels, flip_ranks, random_orthonormal, sample_pairs,
-                                           sample_phi, sample_prompts, task_sets, xor_labels)
+from icl_probes.sparse_parity.data import (
+    TaskLaw,
+    flip_labels,
+    flip_ranks,
+    random_orthonormal,
+    sample_pairs,
+    sample_phi,
+    sample_prompts,
+    task_sets,
+    xor_labels,
+)
 from icl_probes.sparse_parity.experiments import PRESETS, run_closed
-from icl_probes.sparse_parity.model import (Heads, closed_form, exact_limit_loss, forward, hinge, limit_forward,
-                                            signal_term)
+from icl_probes.sparse_parity.model import (
+    Heads,
+    closed_form,
+    exact_limit_loss,
+    forward,
+    hinge,
+    limit_forward,
+    signal_term,
+)
 from icl_probes.sparse_parity.report import markdown
 from icl_probes.sparse_parity.theory import d_matrix, projection_energy, projector, sample_xi, subset_check
 
@@ -90,8 +106,9 @@ def test_projection_energy_is_rank_over_m_for_a_random_d():
     assert set(torch.unique(xi * M).tolist()) <= set(range(-M, M + 1, 2))
     energies = {}
     for r, c in ((2, 5), (7, 9)):
-        D = torch.randn(d, r, generator=gen, dtype=torch.float64) @ torch.randn(r, c, generator=gen,
-                                                                               dtype=torch.float64)
+        D = torch.randn(d, r, generator=gen, dtype=torch.float64) @ torch.randn(
+            r, c, generator=gen, dtype=torch.float64
+        )
         P = projector(D)
         assert torch.allclose(P @ P, P, atol=1e-10) and torch.allclose(P @ D, D, atol=1e-10)
         mean, se = projection_energy(P, xi)
@@ -129,8 +146,9 @@ def test_task_law_and_generator():
 def test_model_is_its_hidden_basis_form_and_the_exact_loss_is_the_sampled_one():
     gen = torch.Generator().manual_seed(2)
     G = random_orthonormal(8, gen)
-    heads = Heads(torch.tensor([0.7, -0.4, 1.0], dtype=torch.float64),
-                  torch.randn(3, 8, 8, generator=gen, dtype=torch.float64))
+    heads = Heads(
+        torch.tensor([0.7, -0.4, 1.0], dtype=torch.float64), torch.randn(3, 8, 8, generator=gen, dtype=torch.float64)
+    )
     pr = sample_prompts(TaskLaw(8, 2, GAMMA, 0.2), G, 40, 30, gen)
     h = torch.einsum("bn,bnd->bd", pr.y, pr.phi) / 40
     want = torch.relu(torch.einsum("bd,mde,be->bm", h, heads.V, pr.phi_q)) @ heads.a
@@ -141,7 +159,7 @@ def test_model_is_its_hidden_basis_form_and_the_exact_loss_is_the_sampled_one():
     phi_q = sample_phi(pairs, 1, 8, GAMMA, gen)[:, 0]
     z = phi_q.gather(1, pairs).prod(dim=1) * limit_forward(heads.a, heads.weights(G), G, pairs, phi_q @ G.T, GAMMA)
     loss = hinge(z)
-    assert abs(float(loss.mean()) - exact["loss"]) < 4 * float(loss.std()) / 200000 ** 0.5
+    assert abs(float(loss.mean()) - exact["loss"]) < 4 * float(loss.std()) / 200000**0.5
     assert float(z.min()) >= exact["margin"] - 1e-9
 
 
@@ -166,8 +184,12 @@ def test_cli_help_bad_input_and_resume(tmp_path, capsys):
             cli.main(argv + ["--help"])
         assert exc.value.code == 0
     assert "(v1+1)/(v2+1)" in capsys.readouterr().out
-    for bad, why in ((["--parts", "foo"], "subset of closed"), (["--prompts", "0"], "prompts=0"),
-                     (["--train-seeds", "x"], "non-negative integers"), (["--threads", "0"], "--threads 0")):
+    for bad, why in (
+        (["--parts", "foo"], "subset of closed"),
+        (["--prompts", "0"], "prompts=0"),
+        (["--train-seeds", "x"], "non-negative integers"),
+        (["--threads", "0"], "--threads 0"),
+    ):
         with pytest.raises(SystemExit) as exc:
             cli.main(["run", "--preset", "tiny", "--out", str(tmp_path / "bad"), *bad])
         err = capsys.readouterr().err
@@ -243,12 +265,16 @@ def test_committed_diagonal_heads_have_zero_loss_below_the_closed_form_norm():
             if r["part"] != "train" or r["kind"] != "diagonal" or r["margin"] <= 0:
                 continue
             d, gamma = 2 ** r["v2"], r["settings"]["gamma"]
-            margin = min(p * q * sum(a * max(0.0, 2 * gamma * (v[i] * p + v[j] * q)) for a, v in zip(r["a"], r["diag"]))
-                         for i in range(d) for j in range(d) if i != j
-                         for p, q in ((1, 1), (1, -1), (-1, 1), (-1, -1)))
+            margin = min(
+                p * q * sum(a * max(0.0, 2 * gamma * (v[i] * p + v[j] * q)) for a, v in zip(r["a"], r["diag"]))
+                for i in range(d)
+                for j in range(d)
+                if i != j
+                for p, q in ((1, 1), (1, -1), (-1, 1), (-1, -1))
+            )
             norm = sum(x * x for v in r["diag"] for x in v)
-            closed = 2 * d * r["v2"] * (r["v2"] + 1) / (16 * gamma ** 2)
+            closed = 2 * d * r["v2"] * (r["v2"] + 1) / (16 * gamma**2)
             assert margin == pytest.approx(r["margin"], abs=1e-9) and margin > 0
-            assert norm / margin ** 2 < closed and closed == r["closed"]["g2"]["norm"]
+            assert norm / margin**2 < closed and closed == r["closed"]["g2"]["norm"]
             found += 1
     assert found >= 2

@@ -7,11 +7,11 @@ when it was written), an independent computation of the layout the incremental c
 
 import pytest
 import torch
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 import gemfilter
 from gemfilter.methods import get_method
 from gemfilter.stable import Layout
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 pytestmark = pytest.mark.usefixtures("quiet")
 TURNS, T = 5, 4
@@ -64,8 +64,11 @@ def test_the_answer_is_one_forward_over_the_layout_under_its_mask(name, topk):
     layout = chat._layout
     tokens = chat.history[:, layout.ids]
     with torch.no_grad():
-        logits = model(input_ids=tokens, position_ids=torch.tensor([layout.pos]),
-                       attention_mask=layout.attention_mask()).logits[0].float()
+        logits = (
+            model(input_ids=tokens, position_ids=torch.tensor([layout.pos]), attention_mask=layout.attention_mask())
+            .logits[0]
+            .float()
+        )
     logits[:, model.generation_config.eos_token_id] = float("-inf")  # min_new_tokens = max_new_tokens
     slot = {h: s for s, h in enumerate(layout.ids)}
     for turn, start in zip(chat.turns, slots_before):

@@ -9,12 +9,12 @@ import shutil
 
 import pytest
 import torch
+from tiny_models import COMMON, _build
 from transformers import AutoModelForCausalLM, Phi3Config, Phi3ForCausalLM
 
 import gemfilter
 from gemfilter.compat import output_cache
 from gemfilter.models import load_config
-from tiny_models import COMMON, _build
 
 N, BUDGET = 64, 40
 
@@ -39,7 +39,9 @@ def test_load_drops_the_window_and_attention_is_unchanged(phi_dir):
     with pytest.warns(UserWarning, match="sliding_window 1024 >= max_position_embeddings 512 dropped"):
         model, _ = gemfilter.load_model(str(phi_dir))
     assert model.config.sliding_window is None
-    assert model.config.gemfilter_changes == ["sliding_window 1024 >= max_position_embeddings 512 dropped (never binds)"]
+    assert model.config.gemfilter_changes == [
+        "sliding_window 1024 >= max_position_embeddings 512 dropped (never binds)"
+    ]
     assert load_config(str(phi_dir)).sliding_window is None  # what the runners check options against
     with pytest.warns(UserWarning, match="dropped"):  # a config keyword still reaches the config
         assert gemfilter.load_model(str(phi_dir), use_cache=False)[0].config.use_cache is False
@@ -57,7 +59,9 @@ def test_cache_methods_evict_after_the_drop_and_refuse_an_all_sliding_model(phi_
     assert [layer.keys.shape[-2] for layer in output_cache(out).layers] == [BUDGET] * COMMON["num_hidden_layers"]
 
     stock = AutoModelForCausalLM.from_pretrained(phi_dir).eval()
-    with pytest.raises(ValueError, match=r"every layer of this model has a sliding window \(1024\).*gemfilter.load_model"):
+    with pytest.raises(
+        ValueError, match=r"every layer of this model has a sliding window \(1024\).*gemfilter.load_model"
+    ):
         with gemfilter.apply(stock, method):
             stock.generate(_ids(), max_new_tokens=1, do_sample=False)
 
@@ -68,7 +72,9 @@ def test_a_window_in_layer_types_is_left_alone(tmp_path):
 
     from gemfilter.models import drop_unreachable_window
 
-    cfg = Gemma3TextConfig(**{**COMMON, "sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention"] * 2})
+    cfg = Gemma3TextConfig(
+        **{**COMMON, "sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention"] * 2}
+    )
     assert drop_unreachable_window(cfg) is None and cfg.sliding_window == 4096
 
 
@@ -82,11 +88,20 @@ def test_an_eval_folder_made_before_the_drop_is_not_resumed_after_it(phi_dir, tm
     from eval.ruler.prepare import data_file, write_rows
     from eval.ruler.runner import RunConfig, method_specs, run
 
-    rows = [{"index": 0, "input": "w4 w5 w6", "answer_prefix": " w9", "outputs": ["w5"], "length": 4,
-             "length_w_model_temp": 4}]
+    rows = [
+        {
+            "index": 0,
+            "input": "w4 w5 w6",
+            "answer_prefix": " w9",
+            "outputs": ["w5"],
+            "length": 4,
+            "length_w_model_temp": 4,
+        }
+    ]
     write_rows(data_file(tmp_path, 512, "vt"), rows)
-    cfg = RunConfig(model=str(phi_dir), methods=method_specs(("full",)), tasks=("vt",), lengths=(512,),
-                    num_samples=1, layer=2)
+    cfg = RunConfig(
+        model=str(phi_dir), methods=method_specs(("full",)), tasks=("vt",), lengths=(512,), num_samples=1, layer=2
+    )
     stock = AutoModelForCausalLM.from_pretrained(phi_dir).eval()  # as a folder from before the drop was made
     run(cfg, tmp_path, model_and_tokenizer=(stock, AutoTokenizer.from_pretrained(phi_dir)), progress=False)
     assert json.loads((tmp_path / "config.json").read_text()).get("model_changes") == []

@@ -4,12 +4,12 @@ states of a plain forward (tests/reference.py)."""
 
 import pytest
 import torch
+from reference import qk_at_layer
+from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 import gemfilter
 from gemfilter.methods import REGISTRY, get_method, parse_method
 from gemfilter.methods.variants import claa_layers
-from reference import qk_at_layer
-from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
 
 N = 48
 VARIANTS = ["gemfilter-qwin", "gemfilter-claa", "gemfilter-span-qwin", "gemfilter-span-claa", "gemfilter-span-qmax"]
@@ -35,8 +35,9 @@ def _softmax_rows(model, ids, layer, rows, reduce="sum"):
     out = torch.zeros(n, dtype=torch.float64)
     for hh in range(q.shape[1]):
         for r in rows:
-            logits = torch.tensor([float(q[0, hh, r] @ k[0, hh, j]) / d ** 0.5 for j in range(r + 1)],
-                                  dtype=torch.float64)
+            logits = torch.tensor(
+                [float(q[0, hh, r] @ k[0, hh, j]) / d**0.5 for j in range(r + 1)], dtype=torch.float64
+            )
             p = logits.softmax(0)
             out[: r + 1] = out[: r + 1] + p if reduce == "sum" else torch.maximum(out[: r + 1], p)
     return out
@@ -138,10 +139,13 @@ def test_left_padded_batch_equals_rows_alone(name):
     model = BUILDERS["llama"]()
     short, long = prompt(n=40, seed=5)[0], prompt(n=N, seed=6)[0]
     ids, mask = torch.zeros((2, N), dtype=torch.long), torch.zeros((2, N), dtype=torch.long)
-    ids[0, N - 40:], mask[0, N - 40:] = short, 1
+    ids[0, N - 40 :], mask[0, N - 40 :] = short, 1
     ids[1], mask[1] = long, 1
-    method = get_method(name, topk=36, layer=2, window=44) if "claa" not in name else \
-        get_method(name, topk=36, layer=3, layers=3)
+    method = (
+        get_method(name, topk=36, layer=2, window=44)
+        if "claa" not in name
+        else get_method(name, topk=36, layer=3, layers=3)
+    )
     both = run(model, method, {"input_ids": ids, "attention_mask": mask})
     alone = [run(model, method, r[None]) for r in (short, long)]
     for i in range(2):

@@ -20,36 +20,58 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 import torch
+from test_serve_vllm import ROOT, VLLM_PYTHON, cpu_torch_findable, free_port, post, stop, wait_until_up
 
 import gemfilter
 from eval.niah.haystack import build_case, make_haystack
 from gemfilter.lab.serve.chat_template import GEMMA3
-from test_serve_vllm import ROOT, VLLM_PYTHON, cpu_torch_findable, free_port, post, stop, wait_until_up
 
 pytestmark = pytest.mark.slow
 SHORT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
-CHAT = {"messages": [{"role": "user", "content": "Name three colours of the rainbow."}], "max_tokens": 8,
-        "temperature": 0, "chat_template": GEMMA3}  # the embedded model's tokenizer has no template of its own
+CHAT = {
+    "messages": [{"role": "user", "content": "Name three colours of the rainbow."}],
+    "max_tokens": 8,
+    "temperature": 0,
+    "chat_template": GEMMA3,
+}  # the embedded model's tokenizer has no template of its own
 
 
 def vllm_command(port: int) -> list:
-    return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model",
-            str(gemfilter.models.embedded_model_dir()), "--host", "127.0.0.1", "--port", str(port), "--dtype",
-            "float32", "--max-model-len", "4096", "--seed", "0", "-O0", "--trust-request-chat-template"]
+    return [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(gemfilter.models.embedded_model_dir()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "4096",
+        "--seed",
+        "0",
+        "-O0",
+        "--trust-request-chat-template",
+    ]
 
 
 def vllm_env(**extra) -> dict:
     """This process's environment without any VLLM_PLUGINS or GEMFILTER_* setting (the cache folder kept), plus
     ``extra``: each server gets exactly the plugin settings its test names."""
-    env = {k: v for k, v in os.environ.items()
-           if k != "VLLM_PLUGINS" and not (k.startswith("GEMFILTER_") and k != "GEMFILTER_CACHE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "VLLM_PLUGINS" and not (k.startswith("GEMFILTER_") and k != "GEMFILTER_CACHE")
+    }
     return {**env, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "2", **extra}
 
 
@@ -85,8 +107,11 @@ def exchange(url: str, body: dict):
 def streamed_text(events) -> str:
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    return "".join(c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content") or ""
-                   for c in chunks if c.get("choices"))
+    return "".join(
+        c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content") or ""
+        for c in chunks
+        if c.get("choices")
+    )
 
 
 def niah_ids(tok, depth: int, length: int = 1000) -> list:
@@ -130,9 +155,16 @@ def plain(logs, embedded):
     try:
         answers = {name: exchange(base + path, body) for name, (path, body) in plain_requests(tok).items()}
         ids = niah_ids(tok, 0)
-        answers["ignored"] = exchange(base + "/v1/completions", {"prompt": ids, "max_tokens": 2, "temperature": 0,
-                                                                 "return_token_ids": True,
-                                                                 "gemfilter": {"method": "gemfilter", "topk": 128}})
+        answers["ignored"] = exchange(
+            base + "/v1/completions",
+            {
+                "prompt": ids,
+                "max_tokens": 2,
+                "temperature": 0,
+                "return_token_ids": True,
+                "gemfilter": {"method": "gemfilter", "topk": 128},
+            },
+        )
         with urllib.request.urlopen(base + "/v1/models", timeout=30) as resp:
             answers["models"] = json.loads(resp.read())
     finally:
@@ -169,15 +201,22 @@ def test_vllm_receives_the_kept_ids_of_select_tokens(plugin, embedded, depth, me
     base, log = plugin
     model, tok = embedded
     ids = niah_ids(tok, depth)
-    status, answer, headers = exchange(base + "/v1/completions", {
-        "prompt": ids, "max_tokens": 4, "temperature": 0, "return_token_ids": True, "gemfilter": {"method": method}})
+    status, answer, headers = exchange(
+        base + "/v1/completions",
+        {"prompt": ids, "max_tokens": 4, "temperature": 0, "return_token_ids": True, "gemfilter": {"method": method}},
+    )
     assert status == 200, answer
     m = gemfilter.get_method(method, layer=11, topk=128)
     ref = gemfilter.select_tokens(model, torch.tensor([ids]), layer=11, topk=128, method=m, tokenizer=tok)
     assert answer["choices"][0]["prompt_token_ids"] == ref.kept_ids[0].tolist()
     meta = answer["gemfilter"]
-    assert (meta["method"], meta["topk"], meta["layer"], meta["kept_tokens"], meta["prompt_tokens"]) == \
-        (method, 128, 11, 128, len(ids)) and not meta["passthrough"]
+    assert (meta["method"], meta["topk"], meta["layer"], meta["kept_tokens"], meta["prompt_tokens"]) == (
+        method,
+        128,
+        11,
+        128,
+        len(ids),
+    ) and not meta["passthrough"]
     assert answer["usage"]["prompt_tokens"] == len(ids)  # the client's prompt, as gemfilter serve reports it
     assert json.loads(headers["X-GemFilter"]) == meta
     assert "gemfilter plugin: filtering requests with a gemfilter field" in log.read_text()
@@ -189,8 +228,11 @@ def test_with_k_at_least_n_the_answer_equals_vllm_without_the_plugin(plugin, pla
     status, answer, _ = exchange(base + path, {**body, "gemfilter": {"topk": 1024}})
     _, direct, _ = plain["answers"]["short"]
     assert status == 200 and answer["gemfilter"]["passthrough"]
-    assert answer["gemfilter"]["prompt_tokens"] == answer["gemfilter"]["kept_tokens"] == \
-        len(direct["choices"][0]["prompt_token_ids"])
+    assert (
+        answer["gemfilter"]["prompt_tokens"]
+        == answer["gemfilter"]["kept_tokens"]
+        == len(direct["choices"][0]["prompt_token_ids"])
+    )
     same_answer({k: v for k, v in answer.items() if k != "gemfilter"}, direct)
 
 
@@ -221,8 +263,9 @@ def test_vllm_s_other_routes_are_untouched(plugin, plain):
         return {k: v for k, v in c.items() if k not in fresh}
 
     assert [card(c) for c in models["data"]] == [card(c) for c in plain["answers"]["models"]["data"]]
-    assert post(base + "/tokenize", {"prompt": SHORT})["count"] == \
-        len(plain["answers"]["short"][1]["choices"][0]["prompt_token_ids"])
+    assert post(base + "/tokenize", {"prompt": SHORT})["count"] == len(
+        plain["answers"]["short"][1]["choices"][0]["prompt_token_ids"]
+    )
     with urllib.request.urlopen(base + "/health", timeout=30) as resp:
         assert resp.status == 200
     with urllib.request.urlopen(base + "/metrics", timeout=30) as resp:
@@ -241,18 +284,36 @@ def test_the_openai_client_s_completion_chat_and_streams(plugin, embedded):
     done = client.completions.create(model=model, prompt=text, max_tokens=8, temperature=0, extra_body=gf)
     assert done.choices[0].text and done.model_extra["gemfilter"]["kept_tokens"] == 128
     assert done.usage.prompt_tokens == done.model_extra["gemfilter"]["prompt_tokens"] > 128
-    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}], max_tokens=8,
-                                          temperature=0, extra_body=gf)
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": text}], max_tokens=8, temperature=0, extra_body=gf
+    )
     assert chat.id.startswith("chatcmpl-") and chat.object == "chat.completion"
     assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content
     assert chat.model_extra["gemfilter"]["kept_tokens"] == 128
-    chunks = list(client.completions.create(model=model, prompt=text, max_tokens=8, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}, extra_body=gf))
+    chunks = list(
+        client.completions.create(
+            model=model,
+            prompt=text,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=gf,
+        )
+    )
     assert chunks[0].model_extra["gemfilter"]["kept_tokens"] == 128
     assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text  # greedy: the same
     assert chunks[-1].usage.prompt_tokens == done.usage.prompt_tokens
-    chat_chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}],
-                                                      max_tokens=8, temperature=0, stream=True, extra_body=gf))
+    chat_chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": text}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            extra_body=gf,
+        )
+    )
     assert chat_chunks[0].choices[0].delta.role == "assistant" and chat_chunks[0].model_extra["gemfilter"]
     assert "".join(c.choices[0].delta.content or "" for c in chat_chunks) == chat.choices[0].message.content
     with pytest.raises(openai.BadRequestError, match="echo cannot be served for a filtered prompt"):
@@ -272,11 +333,21 @@ def test_a_client_that_leaves_a_filtered_request_ends_vllm_s_request(plugin, emb
             lines = [x for x in resp.read().decode().splitlines() if x.startswith("vllm:num_requests_running")]
         return sum(float(x.rsplit(" ", 1)[1]) for x in lines)
 
-    raw = json.dumps({"prompt": niah_ids(tok, 100), "max_tokens": 3000, "min_tokens": 3000, "ignore_eos": True,
-                      "temperature": 0, "gemfilter": {"method": "gemfilter"}}).encode()
+    raw = json.dumps(
+        {
+            "prompt": niah_ids(tok, 100),
+            "max_tokens": 3000,
+            "min_tokens": 3000,
+            "ignore_eos": True,
+            "temperature": 0,
+            "gemfilter": {"method": "gemfilter"},
+        }
+    ).encode()
     sock = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=10)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw)
+    )
     deadline = time.monotonic() + 60
     while running() < 1 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -291,12 +362,19 @@ def test_a_client_that_leaves_a_filtered_request_ends_vllm_s_request(plugin, emb
 def test_a_bad_variable_stops_vllm_with_one_line_before_its_engine_loads(logs):
     log = logs / "bad.log"
     with open(log, "w") as out:
-        proc = subprocess.run(vllm_command(free_port()), stdout=out, stderr=subprocess.STDOUT, timeout=300,
-                              env=vllm_env(VLLM_PLUGINS="gemfilter", GEMFILTER_TOPK="0"), cwd=logs)
+        proc = subprocess.run(
+            vllm_command(free_port()),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+            env=vllm_env(VLLM_PLUGINS="gemfilter", GEMFILTER_TOPK="0"),
+            cwd=logs,
+        )
     text = log.read_text()
     assert proc.returncode != 0
-    assert text.rstrip().splitlines()[-1] == "error: gemfilter plugin: GEMFILTER_TOPK must be a whole number >= 1, " \
-                                              "got '0'", text[-2000:]
+    assert (
+        text.rstrip().splitlines()[-1] == "error: gemfilter plugin: GEMFILTER_TOPK must be a whole number >= 1, got '0'"
+    ), text[-2000:]
     assert "Initializing a V1 LLM engine" not in text and "Traceback" not in text
 
 
@@ -304,8 +382,30 @@ def test_bench_engine_times_vllm_the_proxy_and_the_plugin_in_one_run(plugin, tmp
     from gemfilter.lab.bench import report
 
     base, _ = plugin
-    assert report.main(["--engine", base + "/v1", "--plugin", "--methods", "gemfilter", "--topk", "128", "--lengths",
-                        "600", "--gen-tokens", "2", "--repeats", "1", "--threads", "1", "--out", str(tmp_path)]) == 0
+    assert (
+        report.main(
+            [
+                "--engine",
+                base + "/v1",
+                "--plugin",
+                "--methods",
+                "gemfilter",
+                "--topk",
+                "128",
+                "--lengths",
+                "600",
+                "--gen-tokens",
+                "2",
+                "--repeats",
+                "1",
+                "--threads",
+                "1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in (tmp_path / "bench-engine.jsonl").read_text().splitlines()]
     assert sorted(r["route"] for r in rows) == ["full, direct", "full, proxy", "gemfilter, plugin", "gemfilter, proxy"]
     by = {r["route"]: r for r in rows}

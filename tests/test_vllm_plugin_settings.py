@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+from tiny_models import load_toml
 
 from gemfilter.lab.cli import main
 from gemfilter.lab.serve import vllm_plugin
 from gemfilter.lab.serve.vllm_plugin import VARIABLES, Settings, check_environment, selector_name, settings_from_env
-from tiny_models import load_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,32 +24,54 @@ def test_no_variable_gives_the_defaults_a_request_without_a_field_passes():
 
 
 def test_every_variable_is_read():
-    env = {"GEMFILTER_METHOD": "gemfilter-span:k=256", "GEMFILTER_TOPK": "", "GEMFILTER_SCOPE": "all",
-           "GEMFILTER_SELECTOR_MODEL": "meta-llama/Llama-3.2-1B", "GEMFILTER_LAYER": "7",
-           "GEMFILTER_SELECTOR_CACHE_GB": "0", "GEMFILTER_SELECTOR_WORKERS": "2", "GEMFILTER_THREADS": "2",
-           "GEMFILTER_ATTN": "sdpa", "GEMFILTER_SKIP_TOKENIZER_CHECK": "1", "GEMFILTER_CACHE": "/tmp/x"}
-    assert settings_from_env(env) == Settings(method="gemfilter-span:k=256", scope="all",
-                                              model="meta-llama/Llama-3.2-1B", layer=7, cache_gb=0.0, workers=2,
-                                              threads=2, attn="sdpa", check_tokenizer=False)
+    env = {
+        "GEMFILTER_METHOD": "gemfilter-span:k=256",
+        "GEMFILTER_TOPK": "",
+        "GEMFILTER_SCOPE": "all",
+        "GEMFILTER_SELECTOR_MODEL": "meta-llama/Llama-3.2-1B",
+        "GEMFILTER_LAYER": "7",
+        "GEMFILTER_SELECTOR_CACHE_GB": "0",
+        "GEMFILTER_SELECTOR_WORKERS": "2",
+        "GEMFILTER_THREADS": "2",
+        "GEMFILTER_ATTN": "sdpa",
+        "GEMFILTER_SKIP_TOKENIZER_CHECK": "1",
+        "GEMFILTER_CACHE": "/tmp/x",
+    }
+    assert settings_from_env(env) == Settings(
+        method="gemfilter-span:k=256",
+        scope="all",
+        model="meta-llama/Llama-3.2-1B",
+        layer=7,
+        cache_gb=0.0,
+        workers=2,
+        threads=2,
+        attn="sdpa",
+        check_tokenizer=False,
+    )
     assert settings_from_env({"GEMFILTER_TOPK": "512"}).defaults == {"method": "gemfilter", "topk": 512}
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"GEMFILTER_TOPK": "0"}, "GEMFILTER_TOPK must be a whole number >= 1, got '0'"),
-    ({"GEMFILTER_TOPK": "1k"}, "GEMFILTER_TOPK must be a whole number >= 1, got '1k'"),
-    ({"GEMFILTER_METHOD": "snapkv"}, "GEMFILTER_METHOD / GEMFILTER_TOPK: method 'snapkv' cannot run in front of an "
-                                     "engine"),
-    ({"GEMFILTER_METHOD": "gemfiltr"}, "GEMFILTER_METHOD / GEMFILTER_TOPK: unknown method 'gemfiltr'"),
-    ({"GEMFILTER_METHOD": "gemfilter:k=64", "GEMFILTER_TOPK": "8"}, None),  # the spec's budget wins, as on the CLI
-    ({"GEMFILTER_SCOPE": "everything"}, "GEMFILTER_SCOPE must be one of requested, all, got 'everything'"),
-    ({"GEMFILTER_LAYER": "-1"}, "GEMFILTER_LAYER must be a whole number >= 0, got '-1'"),
-    ({"GEMFILTER_SELECTOR_WORKERS": "65"}, "GEMFILTER_SELECTOR_WORKERS must be a whole number [1, 64], got '65'"),
-    ({"GEMFILTER_SELECTOR_CACHE_GB": "nan"}, "GEMFILTER_SELECTOR_CACHE_GB must be a number of GB in [0, 1024]"),
-    ({"GEMFILTER_SELECTOR_CACHE_GB": "-1"}, "GEMFILTER_SELECTOR_CACHE_GB must be a number of GB in [0, 1024]"),
-    ({"GEMFILTER_ATTN": "flash"}, "GEMFILTER_ATTN must be one of banded, sdpa"),
-    ({"GEMFILTER_SKIP_TOKENIZER_CHECK": "yes"}, "GEMFILTER_SKIP_TOKENIZER_CHECK must be 0 or 1, got 'yes'"),
-    ({"GEMFILTER_TOP_K": "8"}, "unknown variable(s) GEMFILTER_TOP_K; the plugin reads GEMFILTER_METHOD, "),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"GEMFILTER_TOPK": "0"}, "GEMFILTER_TOPK must be a whole number >= 1, got '0'"),
+        ({"GEMFILTER_TOPK": "1k"}, "GEMFILTER_TOPK must be a whole number >= 1, got '1k'"),
+        (
+            {"GEMFILTER_METHOD": "snapkv"},
+            "GEMFILTER_METHOD / GEMFILTER_TOPK: method 'snapkv' cannot run in front of an engine",
+        ),
+        ({"GEMFILTER_METHOD": "gemfiltr"}, "GEMFILTER_METHOD / GEMFILTER_TOPK: unknown method 'gemfiltr'"),
+        ({"GEMFILTER_METHOD": "gemfilter:k=64", "GEMFILTER_TOPK": "8"}, None),  # the spec's budget wins, as on the CLI
+        ({"GEMFILTER_SCOPE": "everything"}, "GEMFILTER_SCOPE must be one of requested, all, got 'everything'"),
+        ({"GEMFILTER_LAYER": "-1"}, "GEMFILTER_LAYER must be a whole number >= 0, got '-1'"),
+        ({"GEMFILTER_SELECTOR_WORKERS": "65"}, "GEMFILTER_SELECTOR_WORKERS must be a whole number [1, 64], got '65'"),
+        ({"GEMFILTER_SELECTOR_CACHE_GB": "nan"}, "GEMFILTER_SELECTOR_CACHE_GB must be a number of GB in [0, 1024]"),
+        ({"GEMFILTER_SELECTOR_CACHE_GB": "-1"}, "GEMFILTER_SELECTOR_CACHE_GB must be a number of GB in [0, 1024]"),
+        ({"GEMFILTER_ATTN": "flash"}, "GEMFILTER_ATTN must be one of banded, sdpa"),
+        ({"GEMFILTER_SKIP_TOKENIZER_CHECK": "yes"}, "GEMFILTER_SKIP_TOKENIZER_CHECK must be 0 or 1, got 'yes'"),
+        ({"GEMFILTER_TOP_K": "8"}, "unknown variable(s) GEMFILTER_TOP_K; the plugin reads GEMFILTER_METHOD, "),
+    ],
+)
 def test_a_bad_variable_is_one_error_naming_it(env, message):
     if message is None:
         settings_from_env(env)
@@ -75,8 +97,9 @@ def test_the_selector_loads_vllm_s_model_and_the_embedded_folder_as_the_embedded
     monkeypatch.setenv("GEMFILTER_CACHE", str(tmp_path))
     (tmp_path / "gemma3-270m-dequantized").mkdir()
     assert selector_name(Settings(), "meta-llama/Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"
-    assert selector_name(Settings(model="meta-llama/Llama-3.2-1B"), "meta-llama/Llama-3.1-8B") == \
-        "meta-llama/Llama-3.2-1B"
+    assert (
+        selector_name(Settings(model="meta-llama/Llama-3.2-1B"), "meta-llama/Llama-3.1-8B") == "meta-llama/Llama-3.2-1B"
+    )
     assert selector_name(Settings(), str(tmp_path / "gemma3-270m-dequantized")) is None
     assert selector_name(Settings(model="embedded"), "anything") is None
 
@@ -140,11 +163,17 @@ def test_the_plugin_s_ttft_table_in_the_docs_is_the_committed_run():
     assert markdown(summarize(runs, meta["method"]), meta) == table
 
 
-@pytest.mark.parametrize("scope, body, filtered", [
-    ("requested", {"prompt": "x"}, False), ("requested", {"prompt": "x", "gemfilter": {}}, True),
-    ("requested", {"prompt": "x", "gemfilter": None}, True),  # then refused by name, as by gemfilter serve
-    ("all", {"prompt": "x"}, True), ("all", [1, 2], False), ("requested", None, False),  # not JSON: vLLM's own error
-])
+@pytest.mark.parametrize(
+    "scope, body, filtered",
+    [
+        ("requested", {"prompt": "x"}, False),
+        ("requested", {"prompt": "x", "gemfilter": {}}, True),
+        ("requested", {"prompt": "x", "gemfilter": None}, True),  # then refused by name, as by gemfilter serve
+        ("all", {"prompt": "x"}, True),
+        ("all", [1, 2], False),
+        ("requested", None, False),  # not JSON: vLLM's own error
+    ],
+)
 def test_which_requests_the_plugin_filters(scope, body, filtered):
     plugin = vllm_plugin.GemFilterPlugin()
     plugin.settings = Settings(scope=scope)
@@ -173,15 +202,26 @@ def test_the_stream_relay_rewrites_each_chunk_and_ends_as_gemfilter_serve_does()
     from gemfilter.lab.serve.bodies import AnswerPlan
 
     def chunk(text, index=0):
-        return "data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [
-            {"index": index, "text": text, "finish_reason": None}]}) + "\n\n"
+        return (
+            "data: "
+            + json.dumps(
+                {
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "choices": [{"index": index, "text": text, "finish_reason": None}],
+                }
+            )
+            + "\n\n"
+        )
 
     meta = {"method": "gemfilter", "kept_tokens": 8}
     # a chat filtered as ids: chat chunks with one role delta per choice, the metadata on the first chunk only; an
     # event split over two pieces, and a keep-alive comment, pass as vLLM sent them
     first, second = chunk("o"), chunk("k")
-    out, closed = relayed([first[:10], first[10:], ": keep-alive\n\n", second, "data: [DONE]\n\n", chunk("late")],
-                          AnswerPlan(meta, convert=True, prompt_tokens=40))
+    out, closed = relayed(
+        [first[:10], first[10:], ": keep-alive\n\n", second, "data: [DONE]\n\n", chunk("late")],
+        AnswerPlan(meta, convert=True, prompt_tokens=40),
+    )
     data = [json.loads(e[6:]) for e in out if e.startswith("data: {")]
     assert out[1] == ": keep-alive\n\n" and out[-1] == "data: [DONE]\n\n" and len(out) == 4
     assert [d["choices"][0]["delta"] for d in data] == [{"role": "assistant", "content": "o"}, {"content": "k"}]

@@ -2,12 +2,30 @@
 
 import torch
 from transformers import (
-    Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-    Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
-COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+COMMON = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def _build(cls, cfg_cls, **over):
@@ -29,10 +47,16 @@ BUILDERS = {
     "qwen2": lambda: _build(Qwen2ForCausalLM, Qwen2Config),
     "phi3": lambda: _build(Phi3ForCausalLM, Phi3Config, pad_token_id=0, original_max_position_embeddings=512),
     "gemma3": lambda: _build(
-        Gemma3ForCausalLM, Gemma3TextConfig, head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        head_dim=16,
+        sliding_window=8,
+        query_pre_attn_scalar=16,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
     ),
 }
+
+
 def on(model, device):
     """``model`` on ``device``: itself on CPU, a copy elsewhere (a module-scoped CPU model stays where it is)."""
     import copy

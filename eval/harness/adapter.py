@@ -82,34 +82,42 @@ def check_model_args(pretrained, method, topk, ratio, layer, attn, kwargs: dict)
     method's budget against the model (e.g. SnapKV's topk must exceed its window)."""
     import inspect
 
-    from gemfilter.models import ATTN_CHOICES, load_config
+    from gemfilter.lab.options import check_against_model
     from gemfilter.methods import check_for_model, parse_spec
     from gemfilter.methods.spec import parameters
-    from gemfilter.lab.options import check_against_model
+    from gemfilter.models import ATTN_CHOICES, load_config
 
-    known = set(OWN_ARGS) | {n for n, p in inspect.signature(HFLM.__init__).parameters.items()
-                             if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD} - {"self"}
+    known = set(OWN_ARGS) | {
+        n
+        for n, p in inspect.signature(HFLM.__init__).parameters.items()
+        if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+    } - {"self"}
     cls = REGISTRY.get(str(method).partition(":")[0])
     own = [k for k in (parameters(cls) if cls else {}) if k not in known]
     unknown = sorted(set(kwargs) - known - set(own))
     if unknown:
-        raise ValueError(f"model_args: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(OWN_ARGS)} and the "
-                         f"harness's hf model's: {', '.join(sorted(known - set(OWN_ARGS) - set(HARNESS_ARGS)))}"
-                         + (f"; and {cls.name}'s parameters: {', '.join(own)}" if own else ""))
+        raise ValueError(
+            f"model_args: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(OWN_ARGS)} and the "
+            f"harness's hf model's: {', '.join(sorted(known - set(OWN_ARGS) - set(HARNESS_ARGS)))}"
+            + (f"; and {cls.name}'s parameters: {', '.join(own)}" if own else "")
+        )
     if topk is not None and ratio is not None:
         raise ValueError("model_args: give topk or ratio, not both")
     if layer is not None and (_whole(layer) is None or _whole(layer) < 0):
-        raise ValueError(f"model_args layer={_shown(layer)} must be a 0-based whole number >= 0 (or omitted for the "
-                         "model's default)")
+        raise ValueError(
+            f"model_args layer={_shown(layer)} must be a 0-based whole number >= 0 (or omitted for the model's default)"
+        )
     if attn is not None and attn not in ATTN_CHOICES:
         raise ValueError(f"model_args attn={attn!r} is not a kernel; allowed: {', '.join(ATTN_CHOICES)}")
     # the harness reads "-1" as -1.0: a whole float is the int the user typed; any other value the method refuses
     topk = topk if _whole(topk) is None else _whole(topk)
     layer = _whole(layer)
-    spec = parse_spec(method_spec(method, ratio, {k: v for k, v in kwargs.items() if k in own}), topk=topk,
-                      layer=layer)
-    config = load_config(None if pretrained == "embedded" else pretrained) if isinstance(pretrained, str) \
-        else pretrained.config  # a model object (simple_evaluate(model=HFLM-style instance args))
+    spec = parse_spec(method_spec(method, ratio, {k: v for k, v in kwargs.items() if k in own}), topk=topk, layer=layer)
+    config = (
+        load_config(None if pretrained == "embedded" else pretrained)
+        if isinstance(pretrained, str)
+        else pretrained.config
+    )  # a model object (simple_evaluate(model=HFLM-style instance args))
     m = config.get_text_config().num_hidden_layers
     if layer is not None and not layer < m:
         raise ValueError(f"model_args layer={layer} is outside [0, {m}): this model has {m} decoder layers (0-based)")
@@ -123,10 +131,12 @@ def check_model_args(pretrained, method, topk, ratio, layer, attn, kwargs: dict)
 class GemFilterLM(HFLM):
     """``hf`` plus a method: ``method`` (a spec), ``topk`` or ``ratio``, ``layer``, ``attn`` (module docstring)."""
 
-    def __init__(self, pretrained="embedded", method="gemfilter", topk=None, ratio=None, layer=None, attn=None,
-                 **kwargs):
-        spec, topk, layer, rest = check_model_args(pretrained, method, topk, ratio, layer, attn,
-                                                   {k: v for k, v in kwargs.items() if k not in HARNESS_ARGS})
+    def __init__(
+        self, pretrained="embedded", method="gemfilter", topk=None, ratio=None, layer=None, attn=None, **kwargs
+    ):
+        spec, topk, layer, rest = check_model_args(
+            pretrained, method, topk, ratio, layer, attn, {k: v for k, v in kwargs.items() if k not in HARNESS_ARGS}
+        )
         kwargs = {**rest, **{k: v for k, v in kwargs.items() if k in HARNESS_ARGS}}
         if pretrained == "embedded":
             from gemfilter.models import embedded_model_dir
@@ -161,18 +171,25 @@ class GemFilterLM(HFLM):
         a TypeError ("got multiple values") from Python. Say which option to use instead."""
         clash = [k for k, v in (additional or {}).items() if v is not None and k in args]
         if clash:
-            raise ValueError(f"model_args: {', '.join(clash)} is the harness's own option; give it as "
-                             + ", ".join(f"--{k}" for k in clash) + " (or simple_evaluate's "
-                             + ", ".join(f"{k}=" for k in clash) + "), not in model_args")
+            raise ValueError(
+                f"model_args: {', '.join(clash)} is the harness's own option; give it as "
+                + ", ".join(f"--{k}" for k in clash)
+                + " (or simple_evaluate's "
+                + ", ".join(f"{k}=" for k in clash)
+                + "), not in model_args"
+            )
 
     def get_model_info(self) -> dict:
         """The harness's model info plus this adapter's settings, defaults included (the results JSON's config)."""
         info = super().get_model_info()
         method = self.method_for(1)
-        info.update(gemfilter_method=self.spec.text,
-                    gemfilter_topk=None if self.spec.ratio is not None else method.topk,
-                    gemfilter_ratio=self.spec.ratio, gemfilter_layer=method.layer,
-                    gemfilter_kept=self.measured())
+        info.update(
+            gemfilter_method=self.spec.text,
+            gemfilter_topk=None if self.spec.ratio is not None else method.topk,
+            gemfilter_ratio=self.spec.ratio,
+            gemfilter_layer=method.layer,
+            gemfilter_kept=self.measured(),
+        )
         return info
 
     def measured(self) -> dict:
@@ -180,18 +197,23 @@ class GemFilterLM(HFLM):
         prompt positions through the last layer, min and max) and loglikelihood rows (tokens kept, min and max)."""
         span = lambda xs: [min(xs), max(xs)] if xs else None  # noqa: E731
         rows = [b.kv_rows for b in self.budgets]
-        return {"generate_prefills": len(self.budgets),
-                "kv_rows_per_layer": [span(layer) for layer in zip(*rows)] if rows else None,
-                "propagated": span([b.propagated for b in self.budgets]),
-                "loglikelihood_rows": len(self.kept), "kept": span(self.kept)}
+        return {
+            "generate_prefills": len(self.budgets),
+            "kv_rows_per_layer": [span(layer) for layer in zip(*rows)] if rows else None,
+            "propagated": span([b.propagated for b in self.budgets]),
+            "loglikelihood_rows": len(self.kept),
+            "kept": span(self.kept),
+        }
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         if not isinstance(self.method_for(1), FullMethod):
             names = sorted({str(getattr(r, "task_name", None) or "?") for r in requests})
-            raise ValueError(f"task(s) {', '.join(names)} score whole documents (loglikelihood_rolling, e.g. "
-                             f"perplexity): their windows have no context to select from, so {self.spec.text} "
-                             "would compress nothing and report the uncompressed score under its name; run them "
-                             "with method=full")
+            raise ValueError(
+                f"task(s) {', '.join(names)} score whole documents (loglikelihood_rolling, e.g. "
+                f"perplexity): their windows have no context to select from, so {self.spec.text} "
+                "would compress nothing and report the uncompressed score under its name; run them "
+                "with method=full"
+            )
         return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
 
     def method_for(self, prompt_tokens: int):
@@ -211,9 +233,9 @@ class GemFilterLM(HFLM):
         rows = []
         for i, n in enumerate(lengths):
             pad = context.shape[1] - n
-            kwargs = {**generation_kwargs, "attention_mask": mask[i:i + 1, pad:]}
+            kwargs = {**generation_kwargs, "attention_mask": mask[i : i + 1, pad:]}
             with gemfilter.apply(self.model, self.method_for(n), tokenizer=self.tokenizer) as handle:
-                out = super()._model_generate(context[i:i + 1, pad:], max_length - pad, stop, **kwargs)
+                out = super()._model_generate(context[i : i + 1, pad:], max_length - pad, stop, **kwargs)
             self.budgets += handle.budgets
             rows.append(torch.cat([context[i, :pad], out[0]]))
         width = max(len(r) for r in rows)
@@ -224,11 +246,13 @@ class GemFilterLM(HFLM):
         # (after the harness's own left truncation to max_length + 1 tokens).
         splits = {}
         for _, context, continuation in requests:
-            whole = (context + continuation)[-(self.max_length + 1):]
+            whole = (context + continuation)[-(self.max_length + 1) :]
             key, ctx_len = tuple(whole[:-1]), len(whole) - len(continuation)
             if splits.setdefault(key, ctx_len) != ctx_len:
-                raise ValueError("two loglikelihood requests have the same tokens but split them differently into "
-                                 "context and continuation; the gemfilter adapter cannot tell which row is which")
+                raise ValueError(
+                    "two loglikelihood requests have the same tokens but split them differently into "
+                    "context and continuation; the gemfilter adapter cannot tell which row is which"
+                )
         self._splits, self._lengths = splits, sorted({len(k) for k in splits}, reverse=True)
         try:
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
@@ -254,10 +278,11 @@ class GemFilterLM(HFLM):
                 logits = super()._model_call(tokens[None].to(inps.device))[0]
             else:
                 method = self.method_for(ctx_len)
-                logits, kept, _ = continuation_logits(self.model, tokens[:ctx_len], tokens[ctx_len:], method,
-                                                      self.tokenizer)
+                logits, kept, _ = continuation_logits(
+                    self.model, tokens[:ctx_len], tokens[ctx_len:], method, self.tokenizer
+                )
                 self.kept.append(int(kept))
             if out is None:
                 out = logits.new_zeros(inps.shape + (logits.shape[-1],))
-            out[i, len(ids) - len(logits):len(ids)] = logits  # the harness reads positions ctx_len - 1 .. n - 1
+            out[i, len(ids) - len(logits) : len(ids)] = logits  # the harness reads positions ctx_len - 1 .. n - 1
         return out

@@ -9,6 +9,7 @@ Everything after the command is the harness's (``--tasks``, ``--limit``, ``--out
 from __future__ import annotations
 
 import sys
+
 from gemfilter.lab.entry import command, require
 
 USAGE = """gemfilter-lm-eval: lm-evaluation-harness with every gemfilter method (model class 'gemfilter').
@@ -33,8 +34,9 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[-1] in ("-h", "--help"):
         print(USAGE)
     require("lm-eval", "gemfilter-lm-eval")
-    import eval.harness.adapter  # noqa: F401  (registers the 'gemfilter' model class)
     from lm_eval.__main__ import cli_evaluate
+
+    import eval.harness.adapter  # noqa: F401  (registers the 'gemfilter' model class)
 
     sys.argv = ["gemfilter-lm-eval", *argv]
     try:

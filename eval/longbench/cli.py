@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+
 from gemfilter.lab.entry import command
 
 RUN_EPILOG = """tasks (config: category, metric, max_new_tokens; * = has a LongBench-E variant):
@@ -63,64 +64,103 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
-    from gemfilter.models import add_attn_argument
     from gemfilter.lab.options import add_method_options
     from gemfilter.lab.serve.engine import add_engine_argument
+    from gemfilter.models import add_attn_argument
 
     from .presets import PRESETS
     from .tasks import TASKS
 
     presets = "\n".join(f"  {name}: {p['description']}" for name, p in PRESETS.items())
-    tasks = "\n".join(f"  {t.config:<21} {t.category}, {t.metric}, {t.max_new_tokens}{' *' if t.e else ''}"
-                      for t in TASKS)
+    tasks = "\n".join(
+        f"  {t.config:<21} {t.category}, {t.metric}, {t.max_new_tokens}{' *' if t.e else ''}" for t in TASKS
+    )
     width = max(len(n) for n, _ in describe())
     methods = "\n".join(f"  {name:<{width}}  {desc}" for name, desc in describe())
     raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
-        prog="gemfilter-longbench", formatter_class=raw,
+        prog="gemfilter-longbench",
+        formatter_class=raw,
         description="LongBench v1, English tasks (THUDM/LongBench), with GemFilter, SnapKV, H2O or full attention. "
         "'run' predicts and scores; 'score' scores an existing prediction folder. See '<command> --help'.",
         epilog="examples:\n  gemfilter-longbench run --tasks hotpotqa,trec --limit 20 --methods full,gemfilter\n"
-        "  gemfilter-longbench score results/longbench\n  gemfilter-longbench run --help   # tasks, methods, layout")
+        "  gemfilter-longbench score results/longbench\n  gemfilter-longbench run --help   # tasks, methods, layout",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="{run,score}")
-    r = sub.add_parser("run", formatter_class=raw, help="generate predictions, then score them",
-                       description="Generate LongBench predictions with each method (greedy, official pipeline), "
-                       "write them in the official layout, and score them.",
-                       epilog=RUN_EPILOG.format(tasks=tasks, methods=methods, presets=presets))
+    r = sub.add_parser(
+        "run",
+        formatter_class=raw,
+        help="generate predictions, then score them",
+        description="Generate LongBench predictions with each method (greedy, official pipeline), "
+        "write them in the official layout, and score them.",
+        epilog=RUN_EPILOG.format(tasks=tasks, methods=methods, presets=presets),
+    )
     r.add_argument("--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M)")
     add_attn_argument(r)
     add_engine_argument(r)
-    r.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                   help="settings of a published run (see below); explicit options override them")
+    r.add_argument(
+        "--preset",
+        default=None,
+        choices=sorted(PRESETS),
+        help="settings of a published run (see below); explicit options override them",
+    )
     add_method_options(r, default=None, default_help="the preset's, else full,gemfilter")
-    r.add_argument("--tasks", default=None,
-                   help="comma-separated task configs or aliases (default: all 16; with --e the 13 LongBench-E tasks)")
-    r.add_argument("--e", action="store_true", help="LongBench-E: <task>_e data, pred_e/ folder, scores per length bucket")
+    r.add_argument(
+        "--tasks",
+        default=None,
+        help="comma-separated task configs or aliases (default: all 16; with --e the 13 LongBench-E tasks)",
+    )
+    r.add_argument(
+        "--e", action="store_true", help="LongBench-E: <task>_e data, pred_e/ folder, scores per length bucket"
+    )
     r.add_argument("--limit", type=int, default=None, help="first N samples per task (default: all; a quick smoke run)")
-    r.add_argument("--max-length", default=None,
-                   help="prompt tokens kept by middle truncation, k = thousands, e.g. 3.5k (default: the model's "
-                   "context window minus 500; "
-                   "official configs use 3500, 15500, 31500 for 4K, 16K, 32K models)")
-    r.add_argument("--max-length-per-method", default=None, metavar="METHOD=TOKENS,...",
-                   help="a max length for some methods, e.g. h2o=8192 (the official H2O cut); the others use "
-                   "--max-length; each METHOD must name one of --methods (a name applies to each of its specs)")
-    r.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
-                   help="model dtype on GPU (default: the loader's; --preset gemfilter-paper: float16, as the "
-                   "official runs); CPU always runs float32 and prints so")
-    r.add_argument("--chat-template", action="store_true",
-                   help="wrap prompts in the tokenizer's chat template (not for trec, triviaqa, samsum, lcc, "
-                   "repobench-p); the GemFilter paper's Table 9.1 uses none (default: off)")
-    r.add_argument("--data-dir", default=None,
-                   help="local folder of <config>.jsonl files instead of the Hugging Face hub")
+    r.add_argument(
+        "--max-length",
+        default=None,
+        help="prompt tokens kept by middle truncation, k = thousands, e.g. 3.5k (default: the model's "
+        "context window minus 500; "
+        "official configs use 3500, 15500, 31500 for 4K, 16K, 32K models)",
+    )
+    r.add_argument(
+        "--max-length-per-method",
+        default=None,
+        metavar="METHOD=TOKENS,...",
+        help="a max length for some methods, e.g. h2o=8192 (the official H2O cut); the others use "
+        "--max-length; each METHOD must name one of --methods (a name applies to each of its specs)",
+    )
+    r.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float16", "bfloat16", "float32"],
+        help="model dtype on GPU (default: the loader's; --preset gemfilter-paper: float16, as the "
+        "official runs); CPU always runs float32 and prints so",
+    )
+    r.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="wrap prompts in the tokenizer's chat template (not for trec, triviaqa, samsum, lcc, "
+        "repobench-p); the GemFilter paper's Table 9.1 uses none (default: off)",
+    )
+    r.add_argument(
+        "--data-dir", default=None, help="local folder of <config>.jsonl files instead of the Hugging Face hub"
+    )
     r.add_argument("--out", default="results/longbench", help="output folder (default: results/longbench)")
     r.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (default: torch's choice)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s = sub.add_parser("score", formatter_class=raw, help="score a prediction folder (official layout)",
-                       description="Score LongBench predictions with the official metrics and write the report.",
-                       epilog=SCORE_EPILOG)
+    s = sub.add_parser(
+        "score",
+        formatter_class=raw,
+        help="score a prediction folder (official layout)",
+        description="Score LongBench predictions with the official metrics and write the report.",
+        epilog=SCORE_EPILOG,
+    )
     s.add_argument("dir", metavar="DIR", help="prediction folder (see below)")
-    s.add_argument("--e", action="store_true", default=None,
-                   help="score as LongBench-E (length buckets) even if the folder is not named pred_e")
+    s.add_argument(
+        "--e",
+        action="store_true",
+        default=None,
+        help="score as LongBench-E (length buckets) even if the folder is not named pred_e",
+    )
     return p
 
 
@@ -140,9 +180,12 @@ def _settings(config) -> str:
     if own:
         max_length = f"{max_length} ({', '.join(f'{m} {v}' for m, v in own.items())})"
     topk = "each method's own" if config.topk is None else config.topk
-    return (f"Model {config.model or 'embedded:gemma3-270m'}; topk {topk}, layer {layer}, max_length "
-            f"{max_length}, chat template {'on' if config.chat_template else 'off'}"
-            + (f", first {config.limit} samples per task" if config.limit else "") + ".")
+    return (
+        f"Model {config.model or 'embedded:gemma3-270m'}; topk {topk}, layer {layer}, max_length "
+        f"{max_length}, chat template {'on' if config.chat_template else 'off'}"
+        + (f", first {config.limit} samples per task" if config.limit else "")
+        + "."
+    )
 
 
 def _run(args) -> int:
@@ -163,20 +206,33 @@ def _run(args) -> int:
     given = parse_method_lengths(args.max_length_per_method)
     stray = [m for m in given if not any(m in (s.text, s.name) for s in specs)]
     if stray:  # the preset's entries may name methods this run leaves out; the user's must not (a typo)
-        raise ValueError(f"--max-length-per-method names {', '.join(stray)}, which --methods does not run; allowed: "
-                         f"{', '.join(dict.fromkeys(n for s in specs for n in (s.name, s.text)))}")
+        raise ValueError(
+            f"--max-length-per-method names {', '.join(stray)}, which --methods does not run; allowed: "
+            f"{', '.join(dict.fromkeys(n for s in specs for n in (s.name, s.text)))}"
+        )
     # a method's name applies to each of its specs; the preset's entries first, so the user's win
     per_name = {**preset.get("method_max_length", {}), **given}
     own = {s.text: per_name[k] for s in specs for k in (s.name, s.text) if k in per_name}
     max_length = None if args.max_length is None else parse_length(args.max_length, "--max-length")
     if max_length is None and preset:
         max_length = paper_max_length(args.model)  # None: the model's window minus 500
-    config = RunConfig(model=args.model, methods=methods, tasks=tuple(t.config for t in tasks),
-                       e=args.e, limit=args.limit, topk=args.topk, layer=args.layer, max_length=max_length,
-                       chat_template=args.chat_template or preset.get("chat_template", False), data_dir=args.data_dir,
-                       method_max_length=own, attn=args.attn,
-                       dtype=args.dtype or preset.get("dtype"), engine=args.engine,
-                       extra={"preset": args.preset, "attn": args.attn or "model default"})
+    config = RunConfig(
+        model=args.model,
+        methods=methods,
+        tasks=tuple(t.config for t in tasks),
+        e=args.e,
+        limit=args.limit,
+        topk=args.topk,
+        layer=args.layer,
+        max_length=max_length,
+        chat_template=args.chat_template or preset.get("chat_template", False),
+        data_dir=args.data_dir,
+        method_max_length=own,
+        attn=args.attn,
+        dtype=args.dtype or preset.get("dtype"),
+        engine=args.engine,
+        extra={"preset": args.preset, "attn": args.attn or "model default"},
+    )
     if args.threads:
         import torch
 

@@ -25,13 +25,16 @@ def _check(record, where: str, config: str, index: int) -> dict:
         raise ValueError(f"{where}: a LongBench record must be a JSON object, got {type(record).__name__}")
     missing = [k for k in REQUIRED if k not in record]
     if missing:
-        raise ValueError(f"{where}: record lacks {', '.join(missing)}; LongBench records have the fields "
-                         "input, context, answers (list), length, dataset, language, all_classes, _id")
+        raise ValueError(
+            f"{where}: record lacks {', '.join(missing)}; LongBench records have the fields "
+            "input, context, answers (list), length, dataset, language, all_classes, _id"
+        )
     if not isinstance(record["answers"], list):
         raise ValueError(f"{where}: 'answers' must be a list of strings, got {record['answers']!r}")
     if isinstance(record["length"], bool) or not isinstance(record["length"], (int, float)):
-        raise ValueError(f"{where}: 'length' must be a number (words or characters of the context), "
-                         f"got {record['length']!r}")
+        raise ValueError(
+            f"{where}: 'length' must be a number (words or characters of the context), got {record['length']!r}"
+        )
     out = dict(record)
     out.setdefault("all_classes", None)
     if out.get("_id") in (None, ""):
@@ -44,8 +47,10 @@ def read_jsonl_records(path: Path, config: str) -> list:
     records = []
     for i, raw, problem in jsonl_lines(path):
         if problem is not None:
-            raise ValueError(f"{path}:{i}: {problem}; LongBench data files are UTF-8 JSON Lines, one record "
-                             f"per line: re-save the file as UTF-8 or fix line {i}")
+            raise ValueError(
+                f"{path}:{i}: {problem}; LongBench data files are UTF-8 JSON Lines, one record "
+                f"per line: re-save the file as UTF-8 or fix line {i}"
+            )
         records.append(_check(raw, f"{path}:{i}", config, i))
     return records
 
@@ -54,13 +59,17 @@ def load_local(config: str, data_dir) -> list:
     """Records from ``<data_dir>/<config>.jsonl``; FileNotFoundError lists the files that are there."""
     folder = Path(data_dir)
     if not folder.is_dir():
-        raise FileNotFoundError(f"--data-dir {folder} is not a folder; it must hold <config>.jsonl files "
-                                "(e.g. the unpacked LongBench data.zip)")
+        raise FileNotFoundError(
+            f"--data-dir {folder} is not a folder; it must hold <config>.jsonl files "
+            "(e.g. the unpacked LongBench data.zip)"
+        )
     path = folder / f"{config}.jsonl"
     if not path.is_file():
         have = sorted(p.name for p in folder.glob("*.jsonl"))
-        raise FileNotFoundError(f"{path} not found; --data-dir must hold one <config>.jsonl per task "
-                                f"(found: {', '.join(have) or 'no .jsonl files'})")
+        raise FileNotFoundError(
+            f"{path} not found; --data-dir must hold one <config>.jsonl per task "
+            f"(found: {', '.join(have) or 'no .jsonl files'})"
+        )
     return read_jsonl_records(path, config)
 
 
@@ -96,6 +105,8 @@ def load_records(config: str, data_dir=None, limit: int | None = None) -> list:
     seen = set()
     for r in records:
         if r["_id"] in seen:
-            raise ValueError(f"{config}: _id {r['_id']!r} appears twice; results are keyed by _id, so it must be unique")
+            raise ValueError(
+                f"{config}: _id {r['_id']!r} appears twice; results are keyed by _id, so it must be unique"
+            )
         seen.add(r["_id"])
     return records[:limit] if limit is not None else records

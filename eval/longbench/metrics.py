@@ -32,11 +32,13 @@ BUCKETS = (("0-4k", 4000), ("4-8k", 8000), ("8k+", math.inf))
 
 def register(name: str):
     """Decorator: add ``fn(prediction, ground_truth, all_classes=None) -> float`` to :data:`METRICS`."""
+
     def deco(fn: Callable) -> Callable:
         if name in METRICS:
             raise ValueError(f"metric {name!r} is registered twice")
         METRICS[name] = fn
         return fn
+
     return deco
 
 
@@ -147,8 +149,7 @@ def code_sim(prediction: str, ground_truth: str, all_classes=None) -> float:
     """Official ``code_sim_score``: ``fuzz.ratio(line, gt) / 100`` for the first line of the prediction
     (after stripping leading newlines) that has none of "`", "#", "//" ("" if none qualifies).
     Uses :func:`fuzz_ratio` (difflib, fuzzywuzzy semantics)."""
-    line = next((s for s in prediction.lstrip("\n").split("\n")
-                 if "`" not in s and "#" not in s and "//" not in s), "")
+    line = next((s for s in prediction.lstrip("\n").split("\n") if "`" not in s and "#" not in s and "//" not in s), "")
     return fuzz_ratio(line, ground_truth) / 100
 
 

@@ -28,16 +28,19 @@ def default_max_length(model) -> int:
     """
     window = getattr(getattr(model, "config", model), "max_position_embeddings", None)
     if not isinstance(window, int) or window <= CONTEXT_MARGIN + 1:
-        raise ValueError(f"cannot derive --max-length from the model's max_position_embeddings={window!r} "
-                         f"(need > {CONTEXT_MARGIN + 1}); pass --max-length explicitly")
+        raise ValueError(
+            f"cannot derive --max-length from the model's max_position_embeddings={window!r} "
+            f"(need > {CONTEXT_MARGIN + 1}); pass --max-length explicitly"
+        )
     return window - CONTEXT_MARGIN
 
 
 def check_max_length(max_length) -> None:
     """ValueError unless ``max_length`` is an int >= 2 (each half keeps max_length // 2 >= 1 tokens)."""
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-        raise ValueError(f"--max-length must be an int >= 2 (prompt tokens kept after middle truncation), "
-                         f"got {max_length!r}")
+        raise ValueError(
+            f"--max-length must be an int >= 2 (prompt tokens kept after middle truncation), got {max_length!r}"
+        )
 
 
 def truncate_middle(prompt: str, tokenizer, max_length: int) -> str:
@@ -53,17 +56,21 @@ def truncate_middle(prompt: str, tokenizer, max_length: int) -> str:
     if len(ids) <= max_length:
         return prompt
     half = max_length // 2
-    return (tokenizer.decode(ids[:half], skip_special_tokens=True)
-            + tokenizer.decode(ids[-half:], skip_special_tokens=True))
+    return tokenizer.decode(ids[:half], skip_special_tokens=True) + tokenizer.decode(
+        ids[-half:], skip_special_tokens=True
+    )
 
 
 def apply_chat_template(prompt: str, tokenizer) -> str:
     """The prompt as one user turn of the tokenizer's chat template, with the generation prompt."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("--chat-template was given but this tokenizer has no chat template; "
-                         "drop --chat-template (the GemFilter paper's Table 9.1 uses none) or use a chat model")
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+        raise ValueError(
+            "--chat-template was given but this tokenizer has no chat template; "
+            "drop --chat-template (the GemFilter paper's Table 9.1 uses none) or use a chat model"
+        )
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def prepare(task, record: dict, tokenizer, max_length: int, chat_template: bool = False):
@@ -91,8 +98,9 @@ def generation_kwargs(task, tokenizer) -> dict:
     return kw
 
 
-def predict(model, tokenizer, method, task, record: dict, max_length: int, chat_template: bool = False,
-            generate=None) -> dict:
+def predict(
+    model, tokenizer, method, task, record: dict, max_length: int, chat_template: bool = False, generate=None
+) -> dict:
     """Generate one record's answer with ``method``; returns pred, kept, prompt_tokens, and the measured
     ``kv_rows`` per layer, ``propagated`` tokens and, for ``gemfilter-asl``, ``selected_layers`` (not for an
     engine's answer).
@@ -106,11 +114,18 @@ def predict(model, tokenizer, method, task, record: dict, max_length: int, chat_
     text, add_special = prepare(task, record, tokenizer, max_length, chat_template)
     enc = tokenizer(text, return_tensors="pt", add_special_tokens=add_special).to(model.device)
     if enc["input_ids"].shape[1] == 0:
-        raise ValueError(f"{task.config} record {record.get('_id')!r}: the prompt is empty after truncation "
-                         "(the tokenizer decoded every kept token to nothing); check the tokenizer")
-    out = (generate or gemfilter.generate)(model, enc, method=method, tokenizer=tokenizer,
-                                           **generation_kwargs(task, tokenizer))
+        raise ValueError(
+            f"{task.config} record {record.get('_id')!r}: the prompt is empty after truncation "
+            "(the tokenizer decoded every kept token to nothing); check the tokenizer"
+        )
+    out = (generate or gemfilter.generate)(
+        model, enc, method=method, tokenizer=tokenizer, **generation_kwargs(task, tokenizer)
+    )
     from gemfilter.apply import budget_fields
 
-    return {"pred": tokenizer.decode(out.new_tokens[0], skip_special_tokens=True), "kept": int(out.kept[0]),
-            "prompt_tokens": int(enc["input_ids"].shape[1]), **budget_fields(out)}
+    return {
+        "pred": tokenizer.decode(out.new_tokens[0], skip_special_tokens=True),
+        "kept": int(out.kept[0]),
+        "prompt_tokens": int(enc["input_ids"].shape[1]),
+        **budget_fields(out),
+    }

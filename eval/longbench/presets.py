@@ -24,7 +24,7 @@ PAPER_MAX_LENGTH = {
 PRESETS = {
     "gemfilter-paper": {
         "description": "GemFilter paper, Table 9.1: 14 tasks, full,gemfilter,snapkv-per-head,h2o-per-head, "
-                       "H2O cut to 8192 tokens, no chat template, float16 on GPU",
+        "H2O cut to 8192 tokens, no chat template, float16 on GPU",
         "tasks": "paper",
         "methods": ("full", "gemfilter", "snapkv-per-head", "h2o-per-head"),
         "method_max_length": {"h2o": 8192, "h2o-per-head": 8192},

@@ -18,9 +18,8 @@ import math
 import warnings
 from pathlib import Path
 
-from gemfilter.lab.io import CorruptFileError, read_json_object, read_jsonl, write_text_atomic
-
 from eval.rundir import rows_to_score, task_names
+from gemfilter.lab.io import CorruptFileError, read_json_object, read_jsonl, write_text_atomic
 
 from .metrics import BUCKETS, score_rows
 from .tasks import BY_NAME, CATEGORIES, PAPER_TASKS, TASKS
@@ -55,8 +54,10 @@ def find_runs(root, e: bool | None = None) -> list:
         else:
             found = [(kind, d.name, d) for d in sorted(root.iterdir()) if d.is_dir() and _has_jsonl(d)]
     if not found:
-        raise ValueError(f"no predictions under {root}: expected pred/<method>/<task>.jsonl (or pred_e/...), "
-                         "a folder of method folders, or one folder of <task>.jsonl files")
+        raise ValueError(
+            f"no predictions under {root}: expected pred/<method>/<task>.jsonl (or pred_e/...), "
+            "a folder of method folders, or one folder of <task>.jsonl files"
+        )
     return found
 
 
@@ -74,19 +75,27 @@ def score_folder(folder, e: bool = False, write: bool = True) -> dict:
             warnings.warn(f"{path.name}: not an English LongBench v1 task; skipped (known: {', '.join(BY_NAME)})")
             continue
         # each sample once (by this project's _id; official pred files have none), pending shards included
-        rows = rows_to_score(path, lambda p: read_prediction_rows(p, e), lambda r: r.get("_id"),
-                             required=("pred", "answers", "length") if e else ("pred", "answers"))
+        rows = rows_to_score(
+            path,
+            lambda p: read_prediction_rows(p, e),
+            lambda r: r.get("_id"),
+            required=("pred", "answers", "length") if e else ("pred", "answers"),
+        )
         if rows:
             scores[task.config] = score_rows(task, rows, e=e)
     if write:
-        clean = {k: ({b: _json_num(s) for b, s in v.items()} if isinstance(v, dict) else _json_num(v))
-                 for k, v in scores.items()}
+        clean = {
+            k: ({b: _json_num(s) for b, s in v.items()} if isinstance(v, dict) else _json_num(v))
+            for k, v in scores.items()
+        }
         write_text_atomic(folder / "result.json", json.dumps(clean, ensure_ascii=False, indent=4) + "\n")
     return scores
 
 
-ROW_HELP = ("prediction rows are JSON objects holding pred (a string), answers (a list of strings), all_classes and "
-            "length (official pred.py output)")
+ROW_HELP = (
+    "prediction rows are JSON objects holding pred (a string), answers (a list of strings), all_classes and "
+    "length (official pred.py output)"
+)
 
 
 def read_prediction_rows(path: Path, e: bool = False) -> list:
@@ -96,8 +105,10 @@ def read_prediction_rows(path: Path, e: bool = False) -> list:
     scored over the rest, which is a wrong number; so scoring stops and names the line.
     """
     need = ("pred", "answers", "length") if e else ("pred", "answers")
-    fix = (f"{ROW_HELP}. Fix or delete that line; in a `run` output folder, deleting it and rerunning the same "
-           "`run` command recomputes that sample")
+    fix = (
+        f"{ROW_HELP}. Fix or delete that line; in a `run` output folder, deleting it and rerunning the same "
+        "`run` command recomputes that sample"
+    )
     rows = read_jsonl(path, required=need, strict=True, fix=fix)
     for i, row in enumerate(rows, 1):
         bad = None
@@ -145,8 +156,9 @@ def table_rows(results: dict, e: bool = False) -> tuple:
         rows = [[m] + [_fmt(s.get(t.config)) for t in cols] + [_fmt(paper_average(s))] for m, s in results.items()]
     else:
         header = ["Method", "Length"] + [t.short for t in cols]
-        rows = [[m, b] + [_fmt(s.get(t.config, {}).get(b)) for t in cols]
-                for m, s in results.items() for b, _ in BUCKETS]
+        rows = [
+            [m, b] + [_fmt(s.get(t.config, {}).get(b)) for t in cols] for m, s in results.items() for b, _ in BUCKETS
+        ]
     return header, rows, cols
 
 
@@ -159,12 +171,18 @@ def markdown(results: dict, e: bool = False, title: str = "LongBench v1", settin
         groups.append(CATEGORIES[t.category] if i == 0 or cols[i - 1].category != t.category else "")
     groups += [""] * (len(header) - len(groups))
     lines = [f"# {title}", ""] + ([settings, ""] if settings else [])
-    lines += ["| " + " | ".join(groups) + " |", "|" + "---|" * len(header),
-              "| " + " | ".join(f"**{h}**" for h in header) + " |"]
+    lines += [
+        "| " + " | ".join(groups) + " |",
+        "|" + "---|" * len(header),
+        "| " + " | ".join(f"**{h}**" for h in header) + " |",
+    ]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     if not e:
-        lines += ["", "Average: plain mean of the paper's 14 tasks (NrtvQA to PRe), shown only when all 14 were "
-                  "scored. Scores: round(100 x mean, 2) per task, official LongBench metrics."]
+        lines += [
+            "",
+            "Average: plain mean of the paper's 14 tasks (NrtvQA to PRe), shown only when all 14 were "
+            "scored. Scores: round(100 x mean, 2) per task, official LongBench metrics.",
+        ]
     else:
         lines += ["", "LongBench-E: scores bucketed by the record's length (0-4k, 4-8k, 8k+); '-' = no sample."]
     return "\n".join(lines) + "\n"
@@ -188,8 +206,11 @@ def write_report(root, e: bool | None = None, settings: str = "") -> list:
     paths = []
     runs = find_runs(root, e)
     if not settings and (root / "config.json").is_file():  # a `run` folder scored later: say its setup
-        config = read_json_object(root / "config.json", "LongBench run config",
-                                  fix=f"Delete {root / 'config.json'} to score without it (the report then names no settings)")
+        config = read_json_object(
+            root / "config.json",
+            "LongBench run config",
+            fix=f"Delete {root / 'config.json'} to score without it (the report then names no settings)",
+        )
         settings = "Settings (config.json): " + ", ".join(f"{k} {v}" for k, v in config.items()) + "."
     for kind in KINDS:
         mine = [(m, d) for k, m, d in runs if k == kind]

@@ -28,13 +28,14 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eval.rundir import check_layers
+from eval.runner import Benchmark, Unit, config_specs
+from eval.runner import run as run_units
 from gemfilter.lab.options import check_against_model
 
-from eval.rundir import check_layers
-from eval.runner import Benchmark, Unit, config_specs, run as run_units
-
 from .data import HUB_REPO, load_records
-from .pipeline import check_max_length, default_max_length, predict as predict_one
+from .pipeline import check_max_length, default_max_length
+from .pipeline import predict as predict_one
 from .tasks import BY_NAME, get_task
 
 #: LongBench settings added after folders were written without them: a missing key means this value
@@ -78,11 +79,17 @@ class RunConfig:
 
     def identity(self) -> dict:
         """Settings every finished row depends on besides its (method, task, _id)."""
-        return {"model": self.model, "topk": self.topk, "layer": self.layer, "max_length": self.max_length,
-                "chat_template": self.chat_template,
-                "data": HUB_REPO if self.data_dir is None else str(self.data_dir),
-                "method_max_length": {m: v for m, v in sorted(self.method_max_length.items()) if m in self.methods},
-                "dtype": self.dtype, "engine": self.engine}
+        return {
+            "model": self.model,
+            "topk": self.topk,
+            "layer": self.layer,
+            "max_length": self.max_length,
+            "chat_template": self.chat_template,
+            "data": HUB_REPO if self.data_dir is None else str(self.data_dir),
+            "method_max_length": {m: v for m, v in sorted(self.method_max_length.items()) if m in self.methods},
+            "dtype": self.dtype,
+            "engine": self.engine,
+        }
 
     def max_length_of(self, method: str, default: int) -> int:
         """Prompt tokens kept for ``method``: its own max length, else --max-length, else ``default``."""
@@ -109,13 +116,15 @@ def validate(config: RunConfig) -> None:
     for name, value in config.method_max_length.items():  # a preset names methods that may not run
         parse_spec(name)
         check_max_length(value)
-    if config.limit is not None and (isinstance(config.limit, bool) or not isinstance(config.limit, int)
-                                     or config.limit < 1):
+    if config.limit is not None and (
+        isinstance(config.limit, bool) or not isinstance(config.limit, int) or config.limit < 1
+    ):
         raise ValueError(f"--limit must be an int >= 1 (or omitted for every sample), got {config.limit!r}")
 
 
 class LongBench(Benchmark):
-    """LongBench on :func:`eval.runner.run`: one unit per (method, task, sample), in ``pred[_e]/<method>/<task>.jsonl``."""
+    """LongBench on :func:`eval.runner.run`: one unit per (method, task, sample), in
+    ``pred[_e]/<method>/<task>.jsonl``."""
 
     noun, required, legacy = "sample", ROW_FIELDS, LEGACY_IDENTITY
 
@@ -134,39 +143,52 @@ class LongBench(Benchmark):
         return default_max_length(model_config) if needs_window else config.max_length
 
     def check(self, model_config) -> None:
-        from gemfilter.methods import check_for_model
         from gemfilter.lab.serve.engine import check_engine_methods
+        from gemfilter.methods import check_for_model
 
         config = self.config
-        check_against_model(model_config, layer=config.layer, lengths=(config.max_length or 1,),
-                            length_flag="--max-length")
+        check_against_model(
+            model_config, layer=config.layer, lengths=(config.max_length or 1,), length_flag="--max-length"
+        )
         window = self.max_length(model_config)
         specs = config_specs(config)
         check_engine_methods(config.engine, [s.name for s in specs.values()])
-        for label, spec in specs.items():  # e.g. SnapKV on a model whose every layer is windowed; prompts are cut to this
+        for (
+            label,
+            spec,
+        ) in specs.items():  # e.g. SnapKV on a model whose every layer is windowed; prompts are cut to this
             length = config.max_length_of(label, window)
             check_for_model(spec.method(length, topk=config.topk, layer=config.layer), model_config, length)
 
     def units(self, out, state, say) -> list:
         config = self.config
         tasks = [get_task(name) for name in config.tasks]
-        records = {t.config: load_records(t.e_config() if config.e else t.config, config.data_dir, config.limit)
-                   for t in tasks}
+        records = {
+            t.config: load_records(t.e_config() if config.e else t.config, config.data_dir, config.limit) for t in tasks
+        }
         if state.is_main_process and not config.e and config.limit is None:
-            short = [f"{t.config} ({len(records[t.config])} of {t.samples})" for t in tasks
-                     if len(records[t.config]) != t.samples]
+            short = [
+                f"{t.config} ({len(records[t.config])} of {t.samples})"
+                for t in tasks
+                if len(records[t.config]) != t.samples
+            ]
             if short:
-                warnings.warn("LongBench v1 sizes differ, so scores are not comparable with published ones: "
-                              + ", ".join(short))
-        return [Unit(str(config.pred_dir(".", m) / f"{t.config}.jsonl"), r["_id"], (m, t, r))
-                for m in config.methods for t in tasks for r in records[t.config]]
+                warnings.warn(
+                    "LongBench v1 sizes differ, so scores are not comparable with published ones: " + ", ".join(short)
+                )
+        return [
+            Unit(str(config.pred_dir(".", m) / f"{t.config}.jsonl"), r["_id"], (m, t, r))
+            for m in config.methods
+            for t in tasks
+            for r in records[t.config]
+        ]
 
     def row_key(self, row: dict):
         return row["_id"]
 
     def describe(self, units: list) -> str:
         config = self.config
-        return (f"{self.name}: {len(units)} samples ({len(config.methods)} methods x {len(config.tasks)} tasks)")
+        return f"{self.name}: {len(units)} samples ({len(config.methods)} methods x {len(config.tasks)} tasks)"
 
     def start(self, model, tok, done: dict):
         from gemfilter.apply import BUDGET_FIELDS, resolve
@@ -174,22 +196,46 @@ class LongBench(Benchmark):
 
         config = self.config
         window = self.max_length(model.config)
-        methods = {label: resolve(model, spec.method(config.max_length_of(label, window), topk=config.topk,
-                                                     layer=config.layer))
-                   for label, spec in config_specs(config).items()}
-        check_layers([{"method": Path(file).parent.name, "layer": row.get("layer")}
-                      for file, rows in done.items() for row in rows.values()], methods)
+        methods = {
+            label: resolve(
+                model, spec.method(config.max_length_of(label, window), topk=config.topk, layer=config.layer)
+            )
+            for label, spec in config_specs(config).items()
+        }
+        check_layers(
+            [
+                {"method": Path(file).parent.name, "layer": row.get("layer")}
+                for file, rows in done.items()
+                for row in rows.values()
+            ],
+            methods,
+        )
         generate = generator(config.engine, tok)
 
         def predict(unit: Unit) -> dict:
             name, task, record = unit.data
-            res = predict_one(model, tok, methods[name], task, record, config.max_length_of(name, window),
-                              config.chat_template, generate)
-            return {"pred": res["pred"], "answers": record["answers"], "all_classes": record["all_classes"],
-                    "length": record["length"], "_id": record["_id"], "kept": res["kept"],
-                    "prompt_tokens": res["prompt_tokens"], "layer": methods[name].layer,
-                    **{k: res[k] for k in BUDGET_FIELDS if k in res},
-                    **engine_field(config.engine)}
+            res = predict_one(
+                model,
+                tok,
+                methods[name],
+                task,
+                record,
+                config.max_length_of(name, window),
+                config.chat_template,
+                generate,
+            )
+            return {
+                "pred": res["pred"],
+                "answers": record["answers"],
+                "all_classes": record["all_classes"],
+                "length": record["length"],
+                "_id": record["_id"],
+                "kept": res["kept"],
+                "prompt_tokens": res["prompt_tokens"],
+                "layer": methods[name].layer,
+                **{k: res[k] for k in BUDGET_FIELDS if k in res},
+                **engine_field(config.engine),
+            }
 
         return predict
 
@@ -205,8 +251,7 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     model_and_tokenizer: a loaded (model, tokenizer) pair (default: ``gemfilter.load_model(config.model)``).
     progress: a tqdm bar on the main process.
     """
-    merged = run_units(LongBench(config), out, state=state, model_and_tokenizer=model_and_tokenizer,
-                       progress=progress)
+    merged = run_units(LongBench(config), out, state=state, model_and_tokenizer=model_and_tokenizer, progress=progress)
     if merged is None:
         return None
     return {(Path(file).parent.name, Path(file).stem): rows for file, rows in merged.items()}

@@ -25,10 +25,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SINGLE, MULTI, SUMM, FEW, SYNTH, CODE = (
-    "single-doc QA", "multi-doc QA", "summarization", "few-shot", "synthetic", "code")
+    "single-doc QA",
+    "multi-doc QA",
+    "summarization",
+    "few-shot",
+    "synthetic",
+    "code",
+)
 #: Categories in report order, with the paper's Table 9.1 headings.
-CATEGORIES = {SINGLE: "Single-Document QA", MULTI: "Multi-Document QA", SUMM: "Summarization",
-              FEW: "Few-shot Learning", SYNTH: "Synthetic", CODE: "Code"}
+CATEGORIES = {
+    SINGLE: "Single-Document QA",
+    MULTI: "Multi-Document QA",
+    SUMM: "Summarization",
+    FEW: "Few-shot Learning",
+    SYNTH: "Synthetic",
+    CODE: "Code",
+}
 
 
 @dataclass(frozen=True)
@@ -49,8 +61,10 @@ class Task:
     def e_config(self) -> str:
         """The LongBench-E config name (``qasper_e``); ValueError if the task has none."""
         if not self.e:
-            raise ValueError(f"task {self.config!r} has no LongBench-E variant; LongBench-E tasks: "
-                             f"{', '.join(t.config for t in TASKS if t.e)}")
+            raise ValueError(
+                f"task {self.config!r} has no LongBench-E variant; LongBench-E tasks: "
+                f"{', '.join(t.config for t in TASKS if t.e)}"
+            )
         return self.config + "_e"
 
     def prompt(self, record: dict) -> str:
@@ -205,8 +219,9 @@ def get_task(name: str) -> Task:
     """The task row for a config name (``qasper``; the LongBench-E name ``qasper_e`` also works)."""
     task = BY_NAME.get(name) or (BY_NAME.get(name[:-2]) if name.endswith("_e") else None)
     if task is None:
-        raise ValueError(f"unknown LongBench task {name!r}; allowed: {', '.join(BY_NAME)} "
-                         f"(or the aliases {', '.join(ALIASES)})")
+        raise ValueError(
+            f"unknown LongBench task {name!r}; allowed: {', '.join(BY_NAME)} (or the aliases {', '.join(ALIASES)})"
+        )
     return task
 
 

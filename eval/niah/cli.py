@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .grid import PRESET_SETTINGS, PRESETS
 from gemfilter.lab.entry import command
+
+from .grid import PRESET_SETTINGS, PRESETS
 
 EPILOG = """presets (--lengths / --depths replace the preset's axis; explicit options win):
 {presets}
@@ -47,50 +48,84 @@ The default model is the embedded Gemma 3 270M (offline; first load about 75 s, 
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
-    from gemfilter.models import add_attn_argument
     from gemfilter.lab.options import add_method_options
     from gemfilter.lab.serve.engine import add_engine_argument
+    from gemfilter.models import add_attn_argument
 
     from .grid import PRESET_SETTINGS
 
     presets = "\n".join(
-        f"  {name:<16} {desc}" + "".join(f"\n  {'':<16} sets --{k} {','.join(v) if isinstance(v, tuple) else v}"
-                                         for k, v in PRESET_SETTINGS.get(name, {}).items())
-        for name, (_, _, desc) in PRESETS.items())
+        f"  {name:<16} {desc}"
+        + "".join(
+            f"\n  {'':<16} sets --{k} {','.join(v) if isinstance(v, tuple) else v}"
+            for k, v in PRESET_SETTINGS.get(name, {}).items()
+        )
+        for name, (_, _, desc) in PRESETS.items()
+    )
     width = max(len(n) for n, _ in describe())
     methods = "\n".join(f"  {name:<{width}}  {desc}" for name, desc in describe())
     p = argparse.ArgumentParser(
         prog="gemfilter-niah",
         description="Needle in a Haystack (Kamradt protocol, GemFilter repo settings): find the San Francisco "
         "needle in Paul Graham essays at every context length x depth, for each method.",
-        epilog=EPILOG.format(presets=presets, methods=methods), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None,
-                   help="Hugging Face id or local path (default: the embedded Gemma 3 270M, offline)")
+        epilog=EPILOG.format(presets=presets, methods=methods),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M, offline)"
+    )
     add_attn_argument(p)
     add_engine_argument(p)
     add_method_options(p, default=None, default_help="the preset's, else full,gemfilter; see the list below")
     p.add_argument("--preset", default="cpu-demo", choices=list(PRESETS), help="named grid (default: cpu-demo)")
-    p.add_argument("--lengths", default=None,
-                   help="context lengths in tokens, comma-separated, k = thousands (e.g. 1000,2k,4k); "
-                   "overrides the preset's lengths; each must exceed the 200-token buffer plus the needle")
-    p.add_argument("--depths", default=None,
-                   help="needle depths in percent of the context, comma-separated (e.g. 0,25,50,75,100); "
-                   "overrides the preset's depths")
-    p.add_argument("--prompt", default="gemfilter", choices=["gemfilter", "kamradt-chat"],
-                   help="gemfilter: the GemFilter repo's plain 'very long story book' prompt (default); "
-                   "kamradt-chat: needlehaystack's system/context/question chat (needs a chat template)")
-    p.add_argument("--protocol", default=None, choices=["kamradt", "gemfilter-repo"],
-                   help="kamradt: clean context (default); gemfilter-repo: the GemFilter repo's special tokens, "
-                   "as the paper's figures used (default of --preset gemfilter-paper); see below")
-    p.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
-                   help="model dtype on GPU (default: the loader's; --preset gemfilter-paper: float16 as the "
-                   "GemFilter repo); CPU always runs float32 and prints so")
-    p.add_argument("--haystack-dir", default=None,
-                   help="folder of .txt files to use as haystack (default: needlehaystack's Paul Graham essays)")
+    p.add_argument(
+        "--lengths",
+        default=None,
+        help="context lengths in tokens, comma-separated, k = thousands (e.g. 1000,2k,4k); "
+        "overrides the preset's lengths; each must exceed the 200-token buffer plus the needle",
+    )
+    p.add_argument(
+        "--depths",
+        default=None,
+        help="needle depths in percent of the context, comma-separated (e.g. 0,25,50,75,100); "
+        "overrides the preset's depths",
+    )
+    p.add_argument(
+        "--prompt",
+        default="gemfilter",
+        choices=["gemfilter", "kamradt-chat"],
+        help="gemfilter: the GemFilter repo's plain 'very long story book' prompt (default); "
+        "kamradt-chat: needlehaystack's system/context/question chat (needs a chat template)",
+    )
+    p.add_argument(
+        "--protocol",
+        default=None,
+        choices=["kamradt", "gemfilter-repo"],
+        help="kamradt: clean context (default); gemfilter-repo: the GemFilter repo's special tokens, "
+        "as the paper's figures used (default of --preset gemfilter-paper); see below",
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float16", "bfloat16", "float32"],
+        help="model dtype on GPU (default: the loader's; --preset gemfilter-paper: float16 as the "
+        "GemFilter repo); CPU always runs float32 and prints so",
+    )
+    p.add_argument(
+        "--haystack-dir",
+        default=None,
+        help="folder of .txt files to use as haystack (default: needlehaystack's Paul Graham essays)",
+    )
     p.add_argument("--out", default="results/niah", help="output folder (default: results/niah)")
-    p.add_argument("--max-new-tokens", type=int, default=50, help="greedy tokens per answer (default 50, GemFilter repo)")
-    p.add_argument("--max-cells", type=int, default=None,
-                   help="compute at most this many missing cells now (a quick smoke run); rerun to do the rest")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=50, help="greedy tokens per answer (default 50, GemFilter repo)"
+    )
+    p.add_argument(
+        "--max-cells",
+        type=int,
+        default=None,
+        help="compute at most this many missing cells now (a quick smoke run); rerun to do the rest",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (default: torch's choice)")
     p.add_argument("--report-only", action="store_true", help="skip generation; redraw plots and summary from --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -102,10 +137,12 @@ def _settings(settings: dict, lengths, depths) -> str:
     config.json); lengths, depths: the grid axes."""
     layer = "model default" if settings.get("layer") is None else settings["layer"]
     topk = "each method's own" if settings.get("topk") is None else settings["topk"]
-    return (f"topk {topk}, layer {layer}, prompt `{settings.get('prompt')}`, "
-            f"protocol `{settings.get('protocol', 'kamradt')}`, max_new_tokens "
-            f"{settings.get('max_new_tokens')}, grid {len(lengths)} lengths x {len(depths)} depths. "
-            "Score: word recall of the answer (max 11/12), averaged over the cells.")
+    return (
+        f"topk {topk}, layer {layer}, prompt `{settings.get('prompt')}`, "
+        f"protocol `{settings.get('protocol', 'kamradt')}`, max_new_tokens "
+        f"{settings.get('max_new_tokens')}, grid {len(lengths)} lengths x {len(depths)} depths. "
+        "Score: word recall of the answer (max 11/12), averaged over the cells."
+    )
 
 
 @command("eval", name="gemfilter-niah")
@@ -131,15 +168,28 @@ def _main(args) -> int:
     from gemfilter.lab.options import method_specs_of
 
     specs = method_specs_of(args, default=",".join(preset["methods"]))
-    config = RunConfig(model=args.model, methods=tuple(s.text for s in specs), lengths=lengths, depths=depths,
-                       topk=args.topk, layer=args.layer, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
-                       haystack_dir=args.haystack_dir, attn=args.attn, protocol=args.protocol or preset["protocol"],
-                       dtype=args.dtype or preset["dtype"], engine=args.engine,
-                       extra={"preset": args.preset, "attn": args.attn or "model default"})
+    config = RunConfig(
+        model=args.model,
+        methods=tuple(s.text for s in specs),
+        lengths=lengths,
+        depths=depths,
+        topk=args.topk,
+        layer=args.layer,
+        prompt=args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        haystack_dir=args.haystack_dir,
+        attn=args.attn,
+        protocol=args.protocol or preset["protocol"],
+        dtype=args.dtype or preset["dtype"],
+        engine=args.engine,
+        extra={"preset": args.preset, "attn": args.attn or "model default"},
+    )
     if not args.report_only:
-        print(f"methods {','.join(config.methods)}; protocol {config.protocol}"
-              + (f" (preset {args.preset})" if args.protocol is None and args.preset in PRESET_SETTINGS else ""),
-              file=sys.stderr)
+        print(
+            f"methods {','.join(config.methods)}; protocol {config.protocol}"
+            + (f" (preset {args.preset})" if args.protocol is None and args.preset in PRESET_SETTINGS else ""),
+            file=sys.stderr,
+        )
     if args.max_cells is not None and args.max_cells < 1:
         raise ValueError(f"--max-cells must be >= 1, got {args.max_cells}")
     if args.threads < 0:

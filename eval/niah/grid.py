@@ -18,17 +18,31 @@ def _lin(lo: float, hi: float, n: int) -> tuple:
 #: name -> (context lengths in tokens, depth percents, what it is)
 PRESETS = {
     "kamradt": (_lin(1000, 16000, 35), _lin(0, 100, 35), "Kamradt's default: 35 lengths 1K-16K x 35 depths"),
-    "gemfilter-paper": (_lin(1000, 128000, 40), _lin(0, 100, 10),
-                        "GemFilter paper (Fig. 3): 40 lengths 1K-128K x depths 0,11,...,89,100"),
-    "cpu-demo": ((1000, 2000, 4000, 8000), (0, 25, 50, 75, 100), "CPU demo (make demo-full): lengths 1K,2K,4K,8K x 5 depths"),
-    "cpu-quick": ((1000, 2000, 4000), (0, 50, 100), "newcomer demo (make demo, minutes): lengths 1K,2K,4K x depths 0,50,100"),
+    "gemfilter-paper": (
+        _lin(1000, 128000, 40),
+        _lin(0, 100, 10),
+        "GemFilter paper (Fig. 3): 40 lengths 1K-128K x depths 0,11,...,89,100",
+    ),
+    "cpu-demo": (
+        (1000, 2000, 4000, 8000),
+        (0, 25, 50, 75, 100),
+        "CPU demo (make demo-full): lengths 1K,2K,4K,8K x 5 depths",
+    ),
+    "cpu-quick": (
+        (1000, 2000, 4000),
+        (0, 50, 100),
+        "newcomer demo (make demo, minutes): lengths 1K,2K,4K x depths 0,50,100",
+    ),
 }
 
 #: What a preset sets besides its grid, where it claims to be the paper's (explicit options win):
 #: the GemFilter repo's context protocol, the per-query-head SnapKV the paper compared with, fp16 on GPU.
 PRESET_SETTINGS = {
-    "gemfilter-paper": {"protocol": "gemfilter-repo", "methods": ("full", "snapkv-per-head", "gemfilter"),
-                        "dtype": "float16"},
+    "gemfilter-paper": {
+        "protocol": "gemfilter-repo",
+        "methods": ("full", "snapkv-per-head", "gemfilter"),
+        "dtype": "float16",
+    },
 }
 DEFAULT_SETTINGS = {"protocol": "kamradt", "methods": ("full", "gemfilter"), "dtype": None}
 

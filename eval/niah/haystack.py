@@ -6,7 +6,21 @@ of ``eval.niah.haystack`` keep working.
 """
 
 from gemfilter.lab.haystack import (  # noqa: F401
-    FINAL_CONTEXT_LENGTH_BUFFER, KAMRADT_SUFFIX, KAMRADT_SYSTEM, NEEDLE, PROMPTS, PROTOCOLS, QUESTION, TEMPLATES,
-    Haystack, NeedleCase, build_case, chat_prompt, default_haystack_dir, insert_needle, make_haystack,
-    period_token_ids, read_haystack,
+    FINAL_CONTEXT_LENGTH_BUFFER,
+    KAMRADT_SUFFIX,
+    KAMRADT_SYSTEM,
+    NEEDLE,
+    PROMPTS,
+    PROTOCOLS,
+    QUESTION,
+    TEMPLATES,
+    Haystack,
+    NeedleCase,
+    build_case,
+    chat_prompt,
+    default_haystack_dir,
+    insert_needle,
+    make_haystack,
+    period_token_ids,
+    read_haystack,
 )

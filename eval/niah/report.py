@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gemfilter.lab.io import save_png, write_text_atomic
-
 from eval.palette import COLORS
+from gemfilter.lab.io import save_png, write_text_atomic
 
 from .scoring import METRICS
 
@@ -65,8 +64,9 @@ def draw(ax, rows: list, method: str, model: str, metric: str = PLOT_METRIC, col
     cmap = LinearSegmentedColormap.from_list("niah", COLORS).with_extremes(bad="#DDDDDD")  # grey: not run
     scale = METRICS[metric].vmax
     # pcolormesh on index edges: one square per cell, grey edges = the grid lines.
-    mesh = ax.pcolormesh(np.ma.masked_invalid(grid / scale), cmap=cmap, vmin=0, vmax=1,
-                         edgecolors="grey", linewidth=0.5)
+    mesh = ax.pcolormesh(
+        np.ma.masked_invalid(grid / scale), cmap=cmap, vmin=0, vmax=1, edgecolors="grey", linewidth=0.5
+    )
     ax.set_xticks(np.arange(len(lengths)) + 0.5)
     ax.set_xticklabels([str(L) for L in lengths], rotation=45, ha="right")
     ax.set_yticks(np.arange(len(depths)) + 0.5)
@@ -111,12 +111,13 @@ def side_by_side_png(rows: list, model: str, path) -> Path:
     ncols = len(methods) if len(methods) <= 3 else min(4, math.ceil(len(methods) / 2))
     nrows = math.ceil(len(methods) / ncols)
     w, h = _size(rows)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols + 1.5, (h + 1) * nrows), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(w * ncols + 1.5, (h + 1) * nrows), squeeze=False, layout="constrained"
+    )
     mesh = None
     for ax, m in zip(axes.flat, methods):
         mesh = draw(ax, rows, m, model, colorbar=False)
-    for ax in list(axes.flat)[len(methods):]:
+    for ax in list(axes.flat)[len(methods) :]:
         ax.axis("off")
     fig.colorbar(mesh, ax=axes.ravel().tolist(), label="Score", shrink=0.9)
     save_png(fig, path, dpi=110)
@@ -128,11 +129,16 @@ def markdown_table(rows: list, model: str, settings: str = "") -> str:
     lines = [f"# Needle in a Haystack: {model}", ""]
     if settings:
         lines += [settings, ""]
-    lines += ["| method | average score (word recall) | rouge1 x10 | exact hit | mean kept / prompt tokens "
-              "| mean seconds | cells |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "| method | average score (word recall) | rouge1 x10 | exact hit | mean kept / prompt tokens "
+        "| mean seconds | cells |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in summarize(rows):
-        lines.append(f"| {s['method']} | {s['recall']:.3f} | {s['rouge1']:.2f} | {s['hit']:.2f} | "
-                     f"{s['kept']:.0f} / {s['prompt_tokens']:.0f} | {s['seconds']:.2f} | {s['cells']} |")
+        lines.append(
+            f"| {s['method']} | {s['recall']:.3f} | {s['rouge1']:.2f} | {s['hit']:.2f} | "
+            f"{s['kept']:.0f} / {s['prompt_tokens']:.0f} | {s['seconds']:.2f} | {s['cells']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

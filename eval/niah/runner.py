@@ -29,10 +29,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemfilter.lab.options import check_against_model
-
 from eval.rundir import check_layers
-from eval.runner import Benchmark, Unit, config_specs, finished, merge as merge_units, run as run_units
+from eval.runner import Benchmark, Unit, config_specs, finished
+from eval.runner import merge as merge_units
+from eval.runner import run as run_units
+from gemfilter.lab.options import check_against_model
 
 from .grid import PRESETS, normalize_depth
 from .haystack import PROTOCOLS, TEMPLATES, build_case, make_haystack, read_haystack
@@ -77,10 +78,17 @@ class RunConfig:
 
     def identity(self) -> dict:
         """Settings a finished cell depends on besides its (method, length, depth)."""
-        return {"model": self.model, "topk": self.topk, "layer": self.layer, "prompt": self.prompt,
-                "max_new_tokens": self.max_new_tokens,
-                "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir),
-                "protocol": self.protocol, "dtype": self.dtype, "engine": self.engine}
+        return {
+            "model": self.model,
+            "topk": self.topk,
+            "layer": self.layer,
+            "prompt": self.prompt,
+            "max_new_tokens": self.max_new_tokens,
+            "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir),
+            "protocol": self.protocol,
+            "dtype": self.dtype,
+            "engine": self.engine,
+        }
 
     def cells(self) -> list:
         return [(m, L, normalize_depth(d)) for m in self.methods for L in self.lengths for d in self.depths]
@@ -117,8 +125,13 @@ def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None)
     from gemfilter.apply import budget_fields
 
     text = tokenizer.decode(out.new_tokens[0], skip_special_tokens=True)
-    return {"response": text, "kept": int(out.kept[0]), "prompt_tokens": int(enc["input_ids"].shape[1]),
-            "seconds": time.perf_counter() - start, **budget_fields(out)}
+    return {
+        "response": text,
+        "kept": int(out.kept[0]),
+        "prompt_tokens": int(enc["input_ids"].shape[1]),
+        "seconds": time.perf_counter() - start,
+        **budget_fields(out),
+    }
 
 
 class Niah(Benchmark):
@@ -132,16 +145,19 @@ class Niah(Benchmark):
     def check(self, model_config) -> None:
         """--layer, --lengths and the methods against the model; the haystack (a bad --haystack-dir fails in a
         second, before config.json is written)."""
-        from gemfilter.methods import check_for_model
         from gemfilter.lab.serve.engine import check_engine_methods
+        from gemfilter.methods import check_for_model
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
         specs = config_specs(config)
         check_engine_methods(config.engine, [s.name for s in specs.values()])
         for spec in specs.values():  # e.g. SnapKV on a model whose every layer is windowed
-            check_for_model(spec.method(max(config.lengths), topk=config.topk, layer=config.layer), model_config,
-                            max(config.lengths))
+            check_for_model(
+                spec.method(max(config.lengths), topk=config.topk, layer=config.layer),
+                model_config,
+                max(config.lengths),
+            )
         read_haystack(config.haystack_dir)
 
     def units(self, out, state, say) -> list:
@@ -165,26 +181,41 @@ class Niah(Benchmark):
 
     def start(self, model, tok, done: dict):
         from gemfilter.apply import resolve
-        from gemfilter.models import EMBEDDED_NAME
         from gemfilter.lab.serve.engine import engine_field, generator
+        from gemfilter.models import EMBEDDED_NAME
 
         config = self.config
         hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
         generate = generator(config.engine, tok)
-        methods = {label: resolve(model, spec.method(None, topk=config.topk, layer=config.layer))
-                   for label, spec in config_specs(config).items()}
+        methods = {
+            label: resolve(model, spec.method(None, topk=config.topk, layer=config.layer))
+            for label, spec in config_specs(config).items()
+        }
         check_layers(done[RESULTS].values(), methods)
-        fixed = {"model": config.model or EMBEDDED_NAME, "prompt": config.prompt, "protocol": config.protocol,
-                 "dtype": str(model.dtype).replace("torch.", ""), "max_new_tokens": config.max_new_tokens,
-                 "attn": model.config._attn_implementation, **engine_field(config.engine)}
+        fixed = {
+            "model": config.model or EMBEDDED_NAME,
+            "prompt": config.prompt,
+            "protocol": config.protocol,
+            "dtype": str(model.dtype).replace("torch.", ""),
+            "max_new_tokens": config.max_new_tokens,
+            "attn": model.config._attn_implementation,
+            **engine_field(config.engine),
+        }
 
         def predict(unit: Unit) -> dict:
             name, length, depth = unit.key
             case = build_case(tok, length, depth, haystack=hay, template=config.prompt, protocol=config.protocol)
             res = run_cell(model, tok, methods[name], case, config.max_new_tokens, generate)
-            return {"method": name, "length": length, "depth": depth, **res, **score_all(res["response"]),
-                    "topk": config.topk if methods[name].topk is None else methods[name].topk, "layer": methods[name].layer,
-                    **fixed}
+            return {
+                "method": name,
+                "length": length,
+                "depth": depth,
+                **res,
+                **score_all(res["response"]),
+                "topk": config.topk if methods[name].topk is None else methods[name].topk,
+                "layer": methods[name].layer,
+                **fixed,
+            }
 
         return predict
 
@@ -203,8 +234,9 @@ def merge(out: Path, method_order=()) -> list:
     return merge_units(Niah(config), Path(out), [Unit(RESULTS, None)]).get(RESULTS, [])
 
 
-def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True,
-        max_cells: int | None = None):
+def run(
+    config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True, max_cells: int | None = None
+):
     """Compute the missing cells of ``config`` into ``out`` (:func:`eval.runner.run`); return the merged rows
     (None off the main process).
 
@@ -214,6 +246,12 @@ def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progres
     """
     from gemfilter.models import load_tokenizer
 
-    merged = run_units(Niah(config, lambda: load_tokenizer(config.model)), out, state=state,
-                       model_and_tokenizer=model_and_tokenizer, progress=progress, max_units=max_cells)
+    merged = run_units(
+        Niah(config, lambda: load_tokenizer(config.model)),
+        out,
+        state=state,
+        model_and_tokenizer=model_and_tokenizer,
+        progress=progress,
+        max_units=max_cells,
+    )
     return None if merged is None else merged.get(RESULTS, [])

@@ -37,11 +37,13 @@ METRICS: dict = {}
 
 def register(name: str, vmax: float, label: str, description: str):
     """Decorator: add ``fn(response) -> float`` to :data:`METRICS` under ``name``."""
+
     def deco(fn):
         if name in METRICS:
             raise ValueError(f"metric {name!r} is registered twice")
         METRICS[name] = Metric(name, fn, vmax, label, description)
         return fn
+
     return deco
 
 
@@ -54,7 +56,9 @@ def _rouge_scorer():
         try:
             from rouge_score import rouge_scorer
         except ImportError as err:  # pragma: no cover - a declared dependency
-            raise ImportError("the NIAH rouge1 score needs the package 'rouge_score' (pip install rouge_score)") from err
+            raise ImportError(
+                "the NIAH rouge1 score needs the package 'rouge_score' (pip install rouge_score)"
+            ) from err
         _SCORER = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=True)
     return _SCORER
 

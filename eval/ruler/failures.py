@@ -74,8 +74,10 @@ def find_misses(root, against: str = "full", num_samples=None) -> Comparison:
     runs = find_runs(root)
     refs = {L: d for L, m, d in runs if m == against}
     if not refs:
-        raise ValueError(f"no {against!r} predictions under {root}; --against takes one of the method folders "
-                         f"there: {', '.join(sorted({m for _, m, _ in runs}))}")
+        raise ValueError(
+            f"no {against!r} predictions under {root}; --against takes one of the method folders "
+            f"there: {', '.join(sorted({m for _, m, _ in runs}))}"
+        )
     passed, misses, kept, methods, compared = {}, [], {}, {}, {}
     for L, ref_dir in refs.items():
         n = samples_at(num_samples, L)
@@ -96,8 +98,18 @@ def find_misses(root, against: str = "full", num_samples=None) -> Comparison:
                 for i in both:
                     score = sample_score(t, rows[i])
                     if score < 1.0:
-                        misses.append(Miss(L, method, t, i, score, rows[i].get("answers_kept"), rows[i]["pred"],
-                                           tuple(rows[i]["outputs"])))
+                        misses.append(
+                            Miss(
+                                L,
+                                method,
+                                t,
+                                i,
+                                score,
+                                rows[i].get("answers_kept"),
+                                rows[i]["pred"],
+                                tuple(rows[i]["outputs"]),
+                            )
+                        )
     return Comparison(against, num_samples, passed, methods, compared, misses, kept)
 
 
@@ -110,22 +122,35 @@ def markdown(c: Comparison) -> str:
     """failures.md: per length, what the reference passes; per method, a table of its misses and its
     mean answers_kept per task."""
     short = {t.name: t.short for t in TASKS}
-    lines = [f"# RULER: where a method misses a sample `{c.against}` passes", "",
-             f"Scope: {scope_text(c.num_samples)}. A sample passes when every expected output is found (per-sample "
-             "score 1 under the task's official metric). answers_kept: share of the expected outputs in the "
-             "method's kept prompt text (- where not recorded: full and the KV-cache methods keep no text).", ""]
+    lines = [
+        f"# RULER: where a method misses a sample `{c.against}` passes",
+        "",
+        f"Scope: {scope_text(c.num_samples)}. A sample passes when every expected output is found (per-sample "
+        "score 1 under the task's official metric). answers_kept: share of the expected outputs in the "
+        "method's kept prompt text (- where not recorded: full and the KV-cache methods keep no text).",
+        "",
+    ]
     for L, methods in c.methods.items():
         counts = [f"{short[t]} {p}/{n}" for (L2, t), (p, n) in c.passed.items() if L2 == L]
         lines += [f"## Length {L}", "", f"`{c.against}` passes: " + ", ".join(counts) + ".", ""]
         for method in methods:
             mine = [x for x in c.misses if x.length == L and x.method == method]
-            lines += [f"### {method}: misses {len(mine)} of the {c.compared[L, method]} samples `{c.against}` passes "
-                      "that it has", ""]
+            lines += [
+                f"### {method}: misses {len(mine)} of the {c.compared[L, method]} samples `{c.against}` passes "
+                "that it has",
+                "",
+            ]
             if mine:
-                lines += ["| Task | Sample | Score | answers_kept | Prediction | Expected |", "|---|---|---|---|---|---|"]
-                lines += [f"| {short[x.task]} | {x.index} | {x.score:.2f} | "
-                          f"{'-' if x.answers_kept is None else f'{x.answers_kept:.2f}'} | {_cell(x.pred)} | "
-                          f"{_cell(', '.join(x.outputs))} |" for x in mine]
+                lines += [
+                    "| Task | Sample | Score | answers_kept | Prediction | Expected |",
+                    "|---|---|---|---|---|---|",
+                ]
+                lines += [
+                    f"| {short[x.task]} | {x.index} | {x.score:.2f} | "
+                    f"{'-' if x.answers_kept is None else f'{x.answers_kept:.2f}'} | {_cell(x.pred)} | "
+                    f"{_cell(', '.join(x.outputs))} |"
+                    for x in mine
+                ]
                 lines.append("")
             shares = [f"{short[t]} {c.kept[L, method, t]:.2f}" for t in short if (L, method, t) in c.kept]
             if shares:

@@ -50,7 +50,9 @@ def task_score(metric: str, preds: list, refs: list) -> float:
     if metric not in METRICS:
         raise ValueError(f"unknown RULER metric {metric!r}; allowed: {', '.join(METRICS)}")
     if not preds or len(preds) != len(refs):
-        raise ValueError(f"need as many predictions as reference lists (got {len(preds)} and {len(refs)}), at least one")
+        raise ValueError(
+            f"need as many predictions as reference lists (got {len(preds)} and {len(refs)}), at least one"
+        )
     if any(not r for r in refs):
         raise ValueError("every sample needs at least one reference answer")
     m = METRICS[metric]

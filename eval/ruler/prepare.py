@@ -1,4 +1,5 @@
-"""RULER ``prepare``: size every sample to the token budget with the model's tokenizer, write one JSONL per task and length.
+"""RULER ``prepare``: size every sample to the token budget with the model's tokenizer, write one JSONL per task and
+length.
 
 Source: NVIDIA/RULER ``scripts/data/prepare.py`` and the ``generate_samples`` / ``sys_*`` functions of
 each generator. A length L is RULER's ``max_seq_length``: prompt tokens (counted by the tokenizer
@@ -68,8 +69,9 @@ def _fit(make, count, budget: int, start: int, step: int, ttg: int, name: str) -
         if length <= budget:
             return text, answers, length
         if used <= step:  # the official loop would retry forever here
-            raise ValueError(f"{name}: no haystack size fits {budget} tokens (the template alone is {length}); "
-                             "use a longer length")
+            raise ValueError(
+                f"{name}: no haystack size fits {budget} tokens (the template alone is {length}); use a longer length"
+            )
         used -= step
 
 
@@ -77,8 +79,9 @@ def _estimate(make, count, unit: int) -> float:
     return count(make(unit)[0]) / unit
 
 
-def _niah(task: Task, length: int, n: int, rng: Rng, count, *, haystack_dir=None, splitter=DEFAULT_SPLITTER,
-          **_) -> list:
+def _niah(
+    task: Task, length: int, n: int, rng: Rng, count, *, haystack_dir=None, splitter=DEFAULT_SPLITTER, **_
+) -> list:
     args, spec = task.args, task.spec
     essay = args["type_haystack"] == "essay"
     inc = 500 if essay else (5 if length < 4096 else 25)
@@ -159,15 +162,34 @@ def _qa(task: Task, length: int, n: int, rng: Rng, count, *, data_dir=None, qa_d
     spec = task.spec
     data = qa_data if qa_data is not None else load_qa(task.args["dataset"], data_dir)
     est = int(length / _estimate(lambda size: qa(data, spec.full_template, rng, 0, size), count, 10) * 3)
-    size = binary_search(lambda s: qa(data, spec.full_template, rng, 0, s), count, length, 10, max(est, 20),
-                         spec.tokens_to_generate) or 10
-    return [_fit(lambda s, i=i: qa(data, spec.full_template, rng, i, s), count, length, size, 10,
-                 spec.tokens_to_generate, task.name) for i in range(n)]
+    size = (
+        binary_search(
+            lambda s: qa(data, spec.full_template, rng, 0, s), count, length, 10, max(est, 20), spec.tokens_to_generate
+        )
+        or 10
+    )
+    return [
+        _fit(
+            lambda s, i=i: qa(data, spec.full_template, rng, i, s),
+            count,
+            length,
+            size,
+            10,
+            spec.tokens_to_generate,
+            task.name,
+        )
+        for i in range(n)
+    ]
 
 
 #: generator kind -> function(task, length, num_samples, rng, count, **sources) -> [(text, answers, length)]
-PREPARERS = {"niah": _niah, "variable_tracking": _vt, "common_words_extraction": _cwe,
-             "freq_words_extraction": _fwe, "qa": _qa}
+PREPARERS = {
+    "niah": _niah,
+    "variable_tracking": _vt,
+    "common_words_extraction": _cwe,
+    "freq_words_extraction": _fwe,
+    "qa": _qa,
+}
 
 
 def generate(task: Task, length: int, num_samples: int, tokenizer, seed: int = DEFAULT_SEED, **sources) -> list:
@@ -184,10 +206,16 @@ def generate(task: Task, length: int, num_samples: int, tokenizer, seed: int = D
     rows = []
     for index, (text, answers, total) in enumerate(samples):
         cut = text.rfind(prefix)
-        row = {"index": index, "input": text[:cut], "outputs": list(answers), "length": total,
-               "length_w_model_temp": total, "answer_prefix": text[cut:]}
+        row = {
+            "index": index,
+            "input": text[:cut],
+            "outputs": list(answers),
+            "length": total,
+            "length_w_model_temp": total,
+            "answer_prefix": text[cut:],
+        }
         if task.kind == "niah":  # tokens before the first answer (niah.py)
-            row["token_position_answer"] = count(row["input"][:row["input"].find(answers[0])])
+            row["token_position_answer"] = count(row["input"][: row["input"].find(answers[0])])
         rows.append(row)
     return rows
 
@@ -204,8 +232,12 @@ def prepared_rows(path: Path) -> list:
     Prepared files are written whole, so a bad line was edited by hand: it is an error, not skipped,
     because a skipped sample would shift every later index.
     """
-    return read_jsonl(path, required=("index", "input", "outputs"), strict=True,
-                      fix=f"Delete {path} and rerun: prepare rewrites it byte-identically from the seed")
+    return read_jsonl(
+        path,
+        required=("index", "input", "outputs"),
+        strict=True,
+        fix=f"Delete {path} and rerun: prepare rewrites it byte-identically from the seed",
+    )
 
 
 IDENTITY = "prepare.json"
@@ -213,29 +245,39 @@ IDENTITY = "prepare.json"
 
 def identity(model, seed: int, haystack_dir=None, data_dir=None, splitter: str = DEFAULT_SPLITTER) -> dict:
     """What prepared samples depend on: tokenizer (model), seed, essays folder, QA data source, sentence splitter."""
-    return {"tokenizer": model or "embedded:gemma3-270m", "seed": seed,
-            "haystack_dir": None if haystack_dir is None else str(haystack_dir),
-            "qa_data": "hub" if data_dir is None else str(data_dir), "splitter": get_splitter(splitter).name}
+    return {
+        "tokenizer": model or "embedded:gemma3-270m",
+        "seed": seed,
+        "haystack_dir": None if haystack_dir is None else str(haystack_dir),
+        "qa_data": "hub" if data_dir is None else str(data_dir),
+        "splitter": get_splitter(splitter).name,
+    }
 
 
 def check_identity(out, ident: dict) -> None:
     """Refuse to add samples of another tokenizer / seed / source to ``OUT``; record them on first use."""
     path = Path(out) / IDENTITY
     if path.is_file():
-        old = read_json_object(path, "RULER prepare identity", fix=f"Delete {path} and rerun with the settings "
-                               "the samples were prepared with (tokenizer, seed, sources)")
+        old = read_json_object(
+            path,
+            "RULER prepare identity",
+            fix=f"Delete {path} and rerun with the settings the samples were prepared with (tokenizer, seed, sources)",
+        )
         old.setdefault("splitter", LEGACY_SPLITTER)  # a prepare.json without the key: LEGACY_SPLITTER made it
         if old != ident:
             diff = ", ".join(f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in ident.items() if old.get(k) != v)
-            raise ValueError(f"{out} holds samples prepared with other settings ({diff}); use another --out, or "
-                             "repeat those settings (--splitter for the splitter)")
+            raise ValueError(
+                f"{out} holds samples prepared with other settings ({diff}); use another --out, or "
+                "repeat those settings (--splitter for the splitter)"
+            )
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, dict(sorted(ident.items())))
 
 
-def prepare(tasks, lengths, num_samples: int, tokenizer, out, seed: int = DEFAULT_SEED, *, progress=None,
-            **sources) -> list:
+def prepare(
+    tasks, lengths, num_samples: int, tokenizer, out, seed: int = DEFAULT_SEED, *, progress=None, **sources
+) -> list:
     """Write ``OUT/<L>/data/<task>/validation.jsonl`` for each task and length; returns [(path, rows written or 0)].
 
     A file that already holds at least ``num_samples`` rows is kept (samples are prefix-stable, so its

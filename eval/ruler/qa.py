@@ -19,7 +19,10 @@ from gemfilter.lab.io import read_json
 
 DOCUMENT_PROMPT = "Document {i}:\n{document}"
 FILES = {"squad": "squad.json", "hotpotqa": "hotpotqa.json"}
-HUB = {"squad": ("rajpurkar/squad_v2", None, "validation"), "hotpotqa": ("hotpotqa/hotpot_qa", "distractor", "validation")}
+HUB = {
+    "squad": ("rajpurkar/squad_v2", None, "validation"),
+    "hotpotqa": ("hotpotqa/hotpot_qa", "distractor", "validation"),
+}
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,14 @@ def read_squad(data: dict) -> QAData:
         for p in d["paragraphs"]:
             for q in p["qas"]:
                 if not q["is_impossible"]:
-                    qas.append({"query": q["question"], "outputs": [a["text"] for a in q["answers"]],
-                                "context": [ids[p["context"]]], "more_context": [i for i in more if i != ids[p["context"]]]})
+                    qas.append(
+                        {
+                            "query": q["question"],
+                            "outputs": [a["text"] for a in q["answers"]],
+                            "context": [ids[p["context"]]],
+                            "more_context": [i for i in more if i != ids[p["context"]]],
+                        }
+                    )
     return QAData(tuple(qas), tuple(docs))
 
 
@@ -49,8 +58,14 @@ def read_hotpotqa(data: list) -> QAData:
     """The official ``read_hotpotqa``: documents are ``title\\n`` + the joined sentences of each paragraph."""
     docs = sorted({f"{t}\n{''.join(p)}" for d in data for t, p in d["context"]})
     ids = {c: i for i, c in enumerate(docs)}
-    qas = [{"query": d["question"], "outputs": [d["answer"]],
-            "context": [ids[f"{t}\n{''.join(p)}"] for t, p in d["context"]]} for d in data]
+    qas = [
+        {
+            "query": d["question"],
+            "outputs": [d["answer"]],
+            "context": [ids[f"{t}\n{''.join(p)}"] for t, p in d["context"]],
+        }
+        for d in data
+    ]
     return QAData(tuple(qas), tuple(docs))
 
 
@@ -68,15 +83,22 @@ def squad_from_rows(rows) -> dict:
         if not paras or paras[-1]["context"] != r["context"]:
             paras.append({"context": r["context"], "qas": []})
         texts = list(r["answers"]["text"])
-        paras[-1]["qas"].append({"question": r["question"], "answers": [{"text": t} for t in texts],
-                                 "is_impossible": not texts})
+        paras[-1]["qas"].append(
+            {"question": r["question"], "answers": [{"text": t} for t in texts], "is_impossible": not texts}
+        )
     return {"data": articles}
 
 
 def hotpotqa_from_rows(rows) -> list:
     """Hub rows of hotpot_qa (question, answer, context{title, sentences}) -> the raw JSON layout."""
-    return [{"question": r["question"], "answer": r["answer"],
-             "context": [[t, list(s)] for t, s in zip(r["context"]["title"], r["context"]["sentences"])]} for r in rows]
+    return [
+        {
+            "question": r["question"],
+            "answer": r["answer"],
+            "context": [[t, list(s)] for t, s in zip(r["context"]["title"], r["context"]["sentences"])],
+        }
+        for r in rows
+    ]
 
 
 def load_qa(dataset: str, data_dir=None) -> QAData:
@@ -86,9 +108,11 @@ def load_qa(dataset: str, data_dir=None) -> QAData:
     if data_dir is not None:
         path = Path(data_dir) / FILES[dataset]
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found; --data-dir must hold RULER's QA files as its download script "
-                                    f"names them: squad.json (SQuAD dev-v2.0.json) and hotpotqa.json "
-                                    f"(hotpot_dev_distractor_v1.json)")
+            raise FileNotFoundError(
+                f"{path} not found; --data-dir must hold RULER's QA files as its download script "
+                f"names them: squad.json (SQuAD dev-v2.0.json) and hotpotqa.json "
+                f"(hotpot_dev_distractor_v1.json)"
+            )
         raw = read_json(path, "QA data file", fix="Download it again with RULER's download_qa_dataset.sh")
     else:
         import datasets
@@ -101,13 +125,16 @@ def load_qa(dataset: str, data_dir=None) -> QAData:
                 f"could not load {repo}{'/' + config if config else ''} ({split}) from the Hugging Face hub "
                 f"({type(err).__name__}: {err}). Without the hub, download {FILES[dataset]} elsewhere (SQuAD "
                 "dev-v2.0.json -> squad.json, HotpotQA hotpot_dev_distractor_v1.json -> hotpotqa.json) and pass "
-                "--data-dir FOLDER.") from err
+                "--data-dir FOLDER."
+            ) from err
         raw = squad_from_rows(rows) if dataset == "squad" else hotpotqa_from_rows(rows)
     try:
         return read_squad(raw) if dataset == "squad" else read_hotpotqa(raw)
     except (KeyError, TypeError) as err:
-        raise ValueError(f"{dataset} data is not in the official layout (missing {err}); expected SQuAD "
-                         "dev-v2.0.json / HotpotQA hotpot_dev_distractor_v1.json") from err
+        raise ValueError(
+            f"{dataset} data is not in the official layout (missing {err}); expected SQuAD "
+            "dev-v2.0.json / HotpotQA hotpot_dev_distractor_v1.json"
+        ) from err
 
 
 def qa(data: QAData, template: str, rng, index: int, num_docs: int) -> tuple:

@@ -15,9 +15,8 @@ import re
 import warnings
 from pathlib import Path
 
-from gemfilter.lab.io import read_json_object, read_jsonl, save_png, write_text_atomic
-
 from eval.rundir import rows_to_score, task_names
+from gemfilter.lab.io import read_json_object, read_jsonl, save_png, write_text_atomic
 
 from .metrics import postprocess_pred, suite_average, task_score
 from .tasks import BY_NAME, OFFLINE, TASKS, parse_lengths
@@ -43,15 +42,20 @@ def find_runs(root) -> list:
     for length_dir in sorted((d for d in root.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)):
         pred = length_dir / "pred"
         if pred.is_dir():
-            found += [(length_dir.name, d.name, d) for d in sorted(pred.iterdir(), key=_label_order)
-                      if d.is_dir() and _has_jsonl(d)]
+            found += [
+                (length_dir.name, d.name, d)
+                for d in sorted(pred.iterdir(), key=_label_order)
+                if d.is_dir() and _has_jsonl(d)
+            ]
     if not found and _has_jsonl(root):
         found = [("?", root.name, root)]
     elif not found:
         found = [("?", d.name, d) for d in sorted(root.iterdir(), key=_label_order) if d.is_dir() and _has_jsonl(d)]
     if not found:
-        raise ValueError(f"no predictions under {root}: expected <length>/pred/<method>/<task>.jsonl, a folder of "
-                         "method folders, or one folder of <task>.jsonl files (rows with pred and outputs)")
+        raise ValueError(
+            f"no predictions under {root}: expected <length>/pred/<method>/<task>.jsonl, a folder of "
+            "method folders, or one folder of <task>.jsonl files (rows with pred and outputs)"
+        )
     return found
 
 
@@ -68,8 +72,11 @@ def score_folder(folder, num_samples: int | None = None) -> dict:
         rows = read_rows(folder / f"{task.name}.jsonl", num_samples)
         if rows:
             preds = [r["pred"] for r in rows]
-            out[task.name] = {"score": task_score(task.spec.metric, preds, [r["outputs"] for r in rows]),
-                              "nulls": sum(len(postprocess_pred(p)) == 0 for p in preds), "n": len(rows)}
+            out[task.name] = {
+                "score": task_score(task.spec.metric, preds, [r["outputs"] for r in rows]),
+                "nulls": sum(len(postprocess_pred(p)) == 0 for p in preds),
+                "n": len(rows),
+            }
     return out
 
 
@@ -80,10 +87,18 @@ def read_rows(path, num_samples: int | None = None) -> list:
     Strict: a skipped row would change a score silently, so a bad row raises and is named.
     """
     path = Path(path)
-    rows = rows_to_score(path, lambda p: read_jsonl(
-        p, required=("pred", "outputs"), strict=True, fix=f"RULER prediction rows hold pred and outputs; delete "
-        f"that line of {p} and rerun the same `run` command, which recomputes that sample"), sample_key,
-        required=("pred", "outputs"))
+    rows = rows_to_score(
+        path,
+        lambda p: read_jsonl(
+            p,
+            required=("pred", "outputs"),
+            strict=True,
+            fix=f"RULER prediction rows hold pred and outputs; delete "
+            f"that line of {p} and rerun the same `run` command, which recomputes that sample",
+        ),
+        sample_key,
+        required=("pred", "outputs"),
+    )
     if not rows:
         return []
     for i, row in enumerate(rows, 1):
@@ -123,8 +138,10 @@ def parse_scope(text) -> int | dict | None:
     a length not named there is scored on every row. Returns None, an int, or {length label: n}."""
     if text is None or str(text).strip() == "":
         return None
-    allowed = ("allowed: a whole number N >= 1 (samples 0..N-1 at every length) or counts per length, "
-               "e.g. 4096=20,8192=2 or 4k=20,8k=2")
+    allowed = (
+        "allowed: a whole number N >= 1 (samples 0..N-1 at every length) or counts per length, "
+        "e.g. 4096=20,8192=2 or 4k=20,8k=2"
+    )
 
     def count(item, digits):
         try:
@@ -188,17 +205,22 @@ def table(results: dict) -> tuple:
     rows = []
     for (L, m), s in results.items():
         scores = {t: e["score"] for t, e in s.items()}
-        rows.append([L, m] + [_fmt(scores.get(t.name)) for t in cols]
-                    + [_fmt(suite_average(scores, OFFLINE)), _fmt(suite_average(scores, BY_NAME))])
+        rows.append(
+            [L, m]
+            + [_fmt(scores.get(t.name)) for t in cols]
+            + [_fmt(suite_average(scores, OFFLINE)), _fmt(suite_average(scores, BY_NAME))]
+        )
     return header, rows, cols
 
 
 def samples_note(results: dict) -> str:
     ns = sorted({e["n"] for s in results.values() for e in s.values()})
     nulls = sum(e["nulls"] for s in results.values() for e in s.values())
-    return (f"Samples per task: {', '.join(map(str, ns))}. Empty predictions: {nulls}. Scores: round(100 x mean, 2); "
-            "string_match_all (niah, vt, cwe, fwe) or string_match_part (qa), as RULER's evaluate.py. "
-            "Averages: plain mean over the 11 offline tasks / all 13 ('-' unless every task was scored).")
+    return (
+        f"Samples per task: {', '.join(map(str, ns))}. Empty predictions: {nulls}. Scores: round(100 x mean, 2); "
+        "string_match_all (niah, vt, cwe, fwe) or string_match_part (qa), as RULER's evaluate.py. "
+        "Averages: plain mean over the 11 offline tasks / all 13 ('-' unless every task was scored)."
+    )
 
 
 def markdown(results: dict, settings: str = "") -> str:
@@ -233,8 +255,13 @@ def png(results: dict, path, title: str = "RULER") -> Path:
     _, _, cols = table(results)
     cmap = LinearSegmentedColormap.from_list("ruler", COLORS).with_extremes(bad="#DDDDDD")
     n_methods = max(sum(1 for L2, _ in results if L2 == L) for L in lengths)
-    fig, axes = plt.subplots(len(lengths), 1, squeeze=False, layout="constrained",
-                             figsize=(1.6 + 0.75 * (len(cols) + 1), 1.2 + (0.45 * n_methods + 0.9) * len(lengths)))
+    fig, axes = plt.subplots(
+        len(lengths),
+        1,
+        squeeze=False,
+        layout="constrained",
+        figsize=(1.6 + 0.75 * (len(cols) + 1), 1.2 + (0.45 * n_methods + 0.9) * len(lengths)),
+    )
     for ax, L in zip(axes[:, 0], lengths):
         methods = [m for L2, m in results if L2 == L]
         grid = np.full((len(methods), len(cols) + 1), np.nan)
@@ -269,8 +296,9 @@ def write_report(root, settings: str = "", title: str = "RULER", num_samples=Non
     if not results:
         raise ValueError(f"no scored predictions under {root}: every prediction file is empty")
     if not settings and (root / "config.json").is_file():
-        config = read_json_object(root / "config.json", "run config",
-                                  fix="Fix it or delete it; the report then omits the settings line")
+        config = read_json_object(
+            root / "config.json", "run config", fix="Fix it or delete it; the report then omits the settings line"
+        )
         settings = "Settings (config.json): " + ", ".join(f"{k} {v}" for k, v in config.items()) + "."
     md, cv = root / "report.md", root / "report.csv"
     write_text_atomic(md, markdown(results, settings))

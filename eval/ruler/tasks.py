@@ -37,37 +37,55 @@ class Kind:
         return self.template + self.answer_prefix
 
 
-KINDS = {k.name: k for k in (
-    Kind("niah", 128,
-         "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
-         "I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic "
-         "{type_needle_v} for {query} mentioned in the provided text?",
-         " The special magic {type_needle_v} for {query} mentioned in the provided text are",
-         "string_match_all"),
-    Kind("variable_tracking", 30,
-         "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
-         "Question: Find all variables that are assigned the value {query} in the text above.",
-         " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
-         "assigned the value {query}, they are: ",
-         "string_match_all"),
-    Kind("common_words_extraction", 120,
-         "Below is a numbered list of words. In these words, some appear more often than others. Memorize the "
-         "ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?",
-         " Answer: The top 10 words that appear most often in the list are:",
-         "string_match_all"),
-    Kind("freq_words_extraction", 50,
-         "Read the following coded text and track the frequency of each coded word. Find the three most "
-         "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
-         "the dots '....'. What are the three most frequently appeared words in the above coded text?",
-         " Answer: According to the coded text above, the three most frequently appeared words are:",
-         "string_match_all"),
-    Kind("qa", 32,
-         "Answer the question based on the given documents. Only give me the answer and do not output any other "
-         "words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given "
-         "documents. Only give me the answer and do not output any other words.\n\nQuestion: {query}",
-         " Answer:",
-         "string_match_part"),
-)}
+KINDS = {
+    k.name: k
+    for k in (
+        Kind(
+            "niah",
+            128,
+            "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
+            "I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic "
+            "{type_needle_v} for {query} mentioned in the provided text?",
+            " The special magic {type_needle_v} for {query} mentioned in the provided text are",
+            "string_match_all",
+        ),
+        Kind(
+            "variable_tracking",
+            30,
+            "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+            "Question: Find all variables that are assigned the value {query} in the text above.",
+            " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
+            "assigned the value {query}, they are: ",
+            "string_match_all",
+        ),
+        Kind(
+            "common_words_extraction",
+            120,
+            "Below is a numbered list of words. In these words, some appear more often than others. Memorize the "
+            "ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?",
+            " Answer: The top 10 words that appear most often in the list are:",
+            "string_match_all",
+        ),
+        Kind(
+            "freq_words_extraction",
+            50,
+            "Read the following coded text and track the frequency of each coded word. Find the three most "
+            "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
+            "the dots '....'. What are the three most frequently appeared words in the above coded text?",
+            " Answer: According to the coded text above, the three most frequently appeared words are:",
+            "string_match_all",
+        ),
+        Kind(
+            "qa",
+            32,
+            "Answer the question based on the given documents. Only give me the answer and do not output any other "
+            "words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given "
+            "documents. Only give me the answer and do not output any other words.\n\nQuestion: {query}",
+            " Answer:",
+            "string_match_part",
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -89,8 +107,19 @@ class Task:
 
 
 def _niah(name, short, haystack, k, v, num_k=1, num_v=1, num_q=1):
-    return Task(name, "niah", short, {"type_haystack": haystack, "type_needle_k": k, "type_needle_v": v,
-                                      "num_needle_k": num_k, "num_needle_v": num_v, "num_needle_q": num_q})
+    return Task(
+        name,
+        "niah",
+        short,
+        {
+            "type_haystack": haystack,
+            "type_needle_k": k,
+            "type_needle_v": v,
+            "num_needle_k": num_k,
+            "num_needle_v": num_v,
+            "num_needle_q": num_q,
+        },
+    )
 
 
 # fmt: off
@@ -113,15 +142,20 @@ TASKS = (
 
 BY_NAME = {t.name: t for t in TASKS}
 OFFLINE = tuple(t.name for t in TASKS if t.offline)
-ALIASES = {"all": tuple(BY_NAME), "offline": OFFLINE, "niah": tuple(n for n in BY_NAME if n.startswith("niah")),
-           "qa": ("qa_1", "qa_2")}
+ALIASES = {
+    "all": tuple(BY_NAME),
+    "offline": OFFLINE,
+    "niah": tuple(n for n in BY_NAME if n.startswith("niah")),
+    "qa": ("qa_1", "qa_2"),
+}
 
 
 def get_task(name: str) -> Task:
     """The task row for a name; ValueError lists the allowed names."""
     if name not in BY_NAME:
-        raise ValueError(f"unknown RULER task {name!r}; allowed: {', '.join(BY_NAME)} "
-                         f"(or the aliases {', '.join(ALIASES)})")
+        raise ValueError(
+            f"unknown RULER task {name!r}; allowed: {', '.join(BY_NAME)} (or the aliases {', '.join(ALIASES)})"
+        )
     return BY_NAME[name]
 
 
@@ -140,7 +174,8 @@ def parse_lengths(text) -> tuple:
     """'4k,8k' or '4096,8192' -> (4096, 8192). RULER's lengths are powers of two: k/K means x1024.
 
     Unlike the other commands' ``k`` (x1000, :func:`gemfilter.lab.options.parse_length`), RULER's published
-    lengths are 4096, 8192, ..., so here ``4k`` means 4096. Each length is the whole budget: prompt tokens plus tokens_to_generate (RULER's max_seq_length).
+    lengths are 4096, 8192, ..., so here ``4k`` means 4096. Each length is the whole budget: prompt tokens plus
+    tokens_to_generate (RULER's max_seq_length).
     """
     items = [s.strip() for s in str(text).split(",") if s.strip()]
     if not items:
@@ -156,7 +191,9 @@ def parse_lengths(text) -> tuple:
         if value < 256:
             raise ValueError(f"--lengths: {item!r} is too small; RULER contexts need at least 256 tokens")
         if value > MAX_TOKENS:
-            raise ValueError(f"--lengths: {item!r} is {value:,} tokens, more than any model's context window "
-                             f"(at most {MAX_TOKENS:,} allowed)")
+            raise ValueError(
+                f"--lengths: {item!r} is {value:,} tokens, more than any model's context window "
+                f"(at most {MAX_TOKENS:,} allowed)"
+            )
         out.append(value)
     return tuple(sorted(set(out)))

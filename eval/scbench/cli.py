@@ -44,36 +44,61 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gemfilter.models import add_attn_argument
     from gemfilter.lab.options import add_method_options
+    from gemfilter.models import add_attn_argument
 
-    parser = argparse.ArgumentParser(prog="gemfilter-scbench", description=__doc__.split("\n\n")[0],
-                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="gemfilter-scbench",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="compute the missing conversations and write the report", epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r = sub.add_parser(
+        "run",
+        help="compute the missing conversations and write the report",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     r.add_argument("--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M)")
     add_method_options(r, default="full,gemfilter")
-    r.add_argument("--protocols", default="reselect",
-                   help="protocols for prompt methods, comma-separated: reselect, reuse, stable (default reselect)")
+    r.add_argument(
+        "--protocols",
+        default="reselect",
+        help="protocols for prompt methods, comma-separated: reselect, reuse, stable (default reselect)",
+    )
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")
-    r.add_argument("--tasks", default="scbench_kv,scbench_prefix_suffix,scbench_vt,scbench_mf",
-                   help="comma-separated task names (default: the four offline ones)")
-    r.add_argument("--lengths", default="4096", help="window each sample is sized to, in tokens, e.g. 4096,8192 "
-                   "(k means 1000: 4k is 4000) (default 4096)")
+    r.add_argument(
+        "--tasks",
+        default="scbench_kv,scbench_prefix_suffix,scbench_vt,scbench_mf",
+        help="comma-separated task names (default: the four offline ones)",
+    )
+    r.add_argument(
+        "--lengths",
+        default="4096",
+        help="window each sample is sized to, in tokens, e.g. 4096,8192 (k means 1000: 4k is 4000) (default 4096)",
+    )
     r.add_argument("--num-samples", type=int, default=20, help="samples per task, seeds 0..n-1 (default 20)")
     r.add_argument("--turns", type=int, default=5, help="queries per context (default 5, run_scbench.py's)")
-    r.add_argument("--max-units", type=int, default=None,
-                   help="compute at most this many conversations now; the rest on a later run")
+    r.add_argument(
+        "--max-units",
+        type=int,
+        default=None,
+        help="compute at most this many conversations now; the rest on a later run",
+    )
     r.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     r.add_argument("--dtype", default=None, help="model dtype on an accelerator (default: the loader's)")
     add_attn_argument(r)
     from gemfilter.lab.serve.engine import add_engine_argument
 
     add_engine_argument(r)
-    r.add_argument("--timeout", type=float, default=600.0,
-                   help="with --engine: seconds to wait for the engine, for a connection and for each chunk of an "
-                   "answer (default 600)")
+    r.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="with --engine: seconds to wait for the engine, for a connection and for each chunk of an "
+        "answer (default 600)",
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--out", required=True, help="run folder (created; a rerun resumes it)")
     s = sub.add_parser("report", help="score a run folder again: report.md and report.png")
@@ -92,9 +117,8 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-    from gemfilter.lab.options import method_specs_of, parse_lengths, split_names
-
     from eval.rundir import print_report
+    from gemfilter.lab.options import method_specs_of, parse_lengths, split_names
 
     from .report import write_report
     from .runner import RunConfig, run
@@ -103,19 +127,33 @@ def _run(args) -> int:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
     if args.max_units is not None and args.max_units < 1:
         raise ValueError(f"--max-units must be >= 1, got {args.max_units}")
-    config = RunConfig(model=args.model, methods=tuple(s.text for s in method_specs_of(args)), topk=args.topk,
-                       layer=args.layer, protocols=split_names(args.protocols), modes=split_names(args.modes),
-                       tasks=split_names(args.tasks), lengths=parse_lengths(args.lengths),
-                       num_samples=args.num_samples, turns=args.turns, attn=args.attn, dtype=args.dtype,
-                       engine=args.engine, timeout=args.timeout, extra={"attn": args.attn or "model default"})
+    config = RunConfig(
+        model=args.model,
+        methods=tuple(s.text for s in method_specs_of(args)),
+        topk=args.topk,
+        layer=args.layer,
+        protocols=split_names(args.protocols),
+        modes=split_names(args.modes),
+        tasks=split_names(args.tasks),
+        lengths=parse_lengths(args.lengths),
+        num_samples=args.num_samples,
+        turns=args.turns,
+        attn=args.attn,
+        dtype=args.dtype,
+        engine=args.engine,
+        timeout=args.timeout,
+        extra={"attn": args.attn or "model default"},
+    )
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     if run(config, args.out, progress=not args.no_progress, max_units=args.max_units) is None:
         return 0  # not the main process
-    settings = (f"Model {args.model or 'embedded:gemma3-270m'}; layer {args.layer or 'model default'}; "
-                f"{args.turns} turns; samples = seeds 0..n-1 of each task's generator.")
+    settings = (
+        f"Model {args.model or 'embedded:gemma3-270m'}; layer {args.layer or 'model default'}; "
+        f"{args.turns} turns; samples = seeds 0..n-1 of each task's generator."
+    )
     return print_report(write_report(args.out, settings))
 
 

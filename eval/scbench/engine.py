@@ -32,9 +32,11 @@ def check_engine_labels(labelled: dict) -> None:
     """Refuse, before anything loads, what cannot run through an engine; ``labelled``: {label: (Spec, protocol)}."""
     bad = [label for label, (spec, protocol) in labelled.items() if protocol not in ("full", "reselect")]
     if bad:
-        raise ValueError(f"--engine runs full (the engine's prefix caching) and prompt methods under --protocols "
-                         f"reselect; not {', '.join(bad)}: a compressed cache that lives on between turns (reuse, "
-                         "KV-cache methods) stays in the model here, which an engine does not expose")
+        raise ValueError(
+            f"--engine runs full (the engine's prefix caching) and prompt methods under --protocols "
+            f"reselect; not {', '.join(bad)}: a compressed cache that lives on between turns (reuse, "
+            "KV-cache methods) stays in the model here, which an engine does not expose"
+        )
 
 
 class EngineTurns:
@@ -57,8 +59,14 @@ class EngineTurns:
 
     def stream(self, ids: list, max_tokens: int) -> tuple:
         """(text, seconds to the first text, the engine's generated token count or None) for one greedy request."""
-        body = {"model": self.model_id, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": self.model_id,
+            "prompt": ids,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         start, first, text, tokens = time.perf_counter(), None, [], None
         for data in self.upstream.stream("/completions", body):
             if data == "[DONE]":
@@ -76,8 +84,17 @@ class EngineTurns:
         return "".join(text), first, tokens
 
 
-def converse_engine(turns: EngineTurns, spec, protocol: str, mode: str, length: int, task: str, sample: dict,
-                    topk: int | None = None, layer: int | None = None) -> dict:
+def converse_engine(
+    turns: EngineTurns,
+    spec,
+    protocol: str,
+    mode: str,
+    length: int,
+    task: str,
+    sample: dict,
+    topk: int | None = None,
+    layer: int | None = None,
+) -> dict:
     """One sample's conversation through the engine, with the fields of :func:`eval.scbench.runner.converse`'s rows.
 
     spec: the method's :class:`~gemfilter.methods.Spec`; protocol: ``full`` or ``reselect``; topk, layer: the
@@ -103,8 +120,19 @@ def converse_engine(turns: EngineTurns, spec, protocol: str, mode: str, length: 
         if first is None:  # an empty answer (EOS first): its first token came with the end
             first = time.perf_counter() - start - sent
         truth = prompts.ground_truth[t]
-        rows.append({"turn_idx": t, "prediction": text, "ground_truth": truth, "score": score_one(task, text, truth),
-                     "ttft_s": round(sent + first, 4),
-                     "total_s": round(time.perf_counter() - start, 4), "kept": len(kept), "history_tokens": len(ids),
-                     "selection_s": round(sent, 4), "selector_cached_tokens": reused, "new_tokens": tokens})
+        rows.append(
+            {
+                "turn_idx": t,
+                "prediction": text,
+                "ground_truth": truth,
+                "score": score_one(task, text, truth),
+                "ttft_s": round(sent + first, 4),
+                "total_s": round(time.perf_counter() - start, 4),
+                "kept": len(kept),
+                "history_tokens": len(ids),
+                "selection_s": round(sent, 4),
+                "selector_cached_tokens": reused,
+                "new_tokens": tokens,
+            }
+        )
     return {"turns": rows, "prefill_s": None}

@@ -28,7 +28,6 @@ import random
 import string
 import uuid
 
-
 from . import own
 from .prompts import build_multi_request, build_multi_turn, build_prompts, max_input_length, turn_input_ids
 from .tasks import get_task
@@ -46,15 +45,21 @@ def kv(rng: random.Random, size: int, turns: int) -> dict:
     values = [_uuid(rng) for _ in range(size)]
     context = "JSON data:\n" + json.dumps(dict(zip(keys, values)))
     picked = rng.sample(range(size), turns)
-    return {"context": context, "multi_turns": [
-        {"input": f'Key: "{keys[i]}"\nThe value associated with the specified key is: ', "answer": values[i]}
-        for i in picked]}
+    return {
+        "context": context,
+        "multi_turns": [
+            {"input": f'Key: "{keys[i]}"\nThe value associated with the specified key is: ', "answer": values[i]}
+            for i in picked
+        ],
+    }
 
 
 VT_HEAD = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
-VT_QUESTION = ("Question: Find all variables that are assigned the value {value} in the text above. Answer: According "
-               "to the chain(s) of variable assignment in the text above, {num_v} variables are assigned the value "
-               "{value}, they are: ")
+VT_QUESTION = (
+    "Question: Find all variables that are assigned the value {value} in the text above. Answer: According "
+    "to the chain(s) of variable assignment in the text above, {num_v} variables are assigned the value "
+    "{value}, they are: "
+)
 VT_HOPS = 4  # RULER's vt task (synthetic.yaml: num_hops 4)
 
 
@@ -62,8 +67,12 @@ def vt(rng: random.Random, size: int, turns: int) -> dict:
     """Retr.MultiHop: ``size`` noise sentences with one 4-hop chain per turn; turn i asks for chain i's variables."""
     sentences, chains, values = own.noise_chains(rng, size, turns, VT_HOPS, "VAR {a} = {v}", "VAR {b} = VAR {a} ")
     context = VT_HEAD + "\n".join(sentences).replace(". \n", ".\n")
-    return {"context": context, "multi_turns": [
-        {"input": VT_QUESTION.format(value=values[c], num_v=VT_HOPS + 1), "answer": chains[c]} for c in range(turns)]}
+    return {
+        "context": context,
+        "multi_turns": [
+            {"input": VT_QUESTION.format(value=values[c], num_v=VT_HOPS + 1), "answer": chains[c]} for c in range(turns)
+        ],
+    }
 
 
 def _nth(values: list, n: int, pick) -> int:
@@ -106,8 +115,10 @@ def mf(rng: random.Random, size: int, turns: int) -> dict:
     return {"context": values, "multi_turns": turns_out}
 
 
-PS_HEAD = ("Below is a list of strings. Each question asks for the string that starts with a given prefix "
-           "and ends with a given suffix.\n\n")
+PS_HEAD = (
+    "Below is a list of strings. Each question asks for the string that starts with a given prefix "
+    "and ends with a given suffix.\n\n"
+)
 PS_QUESTION = 'The string that starts with "{prefix}" and ends with "{suffix}" is: '
 PS_ALPHABET = string.ascii_letters + string.digits
 PS_AFFIX = 4  # prefix and suffix length
@@ -133,16 +144,28 @@ def prefix_suffix(rng: random.Random, size: int, turns: int) -> dict:
         items += [_word(rng, suffix=t[-PS_AFFIX:]) for _ in range(PS_DISTRACTORS)]
     items += [_word(rng) for _ in range(size)]
     # a distractor or filler that matches a target's prefix and suffix both would make two answers
-    keep = [s for s in items if s in targets or not any(s[:PS_AFFIX] == t[:PS_AFFIX] and s[-PS_AFFIX:] == t[-PS_AFFIX:]
-                                                         for t in targets)]
+    keep = [
+        s
+        for s in items
+        if s in targets or not any(s[:PS_AFFIX] == t[:PS_AFFIX] and s[-PS_AFFIX:] == t[-PS_AFFIX:] for t in targets)
+    ]
     rng.shuffle(keep)
-    return {"context": PS_HEAD + "\n".join(keep), "multi_turns": [
-        {"input": PS_QUESTION.format(prefix=t[:PS_AFFIX], suffix=t[-PS_AFFIX:]), "answer": t} for t in targets]}
+    return {
+        "context": PS_HEAD + "\n".join(keep),
+        "multi_turns": [
+            {"input": PS_QUESTION.format(prefix=t[:PS_AFFIX], suffix=t[-PS_AFFIX:]), "answer": t} for t in targets
+        ],
+    }
 
 
 #: Task.generator -> (generator, smallest size it accepts).
-GENERATORS = {"kv": (kv, MAX_TURNS * 2), "vt": (vt, VT_HOPS + 1), "mf": (mf, 8), "prefix_suffix": (prefix_suffix, 0),
-              **own.GENERATORS}
+GENERATORS = {
+    "kv": (kv, MAX_TURNS * 2),
+    "vt": (vt, VT_HOPS + 1),
+    "mf": (mf, 8),
+    "prefix_suffix": (prefix_suffix, 0),
+    **own.GENERATORS,
+}
 
 
 def sample_tokens(sample: dict, task: str, tokenizer) -> int:
@@ -155,12 +178,21 @@ def sample_tokens(sample: dict, task: str, tokenizer) -> int:
     turns = len(sample["multi_turns"])
     multi = build_multi_turn(sample, task)
     request = build_multi_request(sample, task)
-    return max(len(turn_input_ids(multi, tokenizer, turns - 1)) + new * turns,
-               max(len(turn_input_ids(request, tokenizer, t)) for t in range(turns)) + new)
+    return max(
+        len(turn_input_ids(multi, tokenizer, turns - 1)) + new * turns,
+        max(len(turn_input_ids(request, tokenizer, t)) for t in range(turns)) + new,
+    )
 
 
-def make_sample(task: str, tokenizer, max_tokens: int, turns: int = MAX_TURNS, seed: int = 0, reserve: int = 0,
-                mode: str | None = None) -> dict:
+def make_sample(
+    task: str,
+    tokenizer,
+    max_tokens: int,
+    turns: int = MAX_TURNS,
+    seed: int = 0,
+    reserve: int = 0,
+    mode: str | None = None,
+) -> dict:
     """The largest sample of a synthetic task whose whole conversation fits ``max_tokens``.
 
     task: an official data name with a generator (``eval.scbench.tasks.OFFLINE``); tokenizer: the
@@ -190,9 +222,12 @@ def make_sample(task: str, tokenizer, max_tokens: int, turns: int = MAX_TURNS, s
 
     best, used = build(smallest)
     if used > budget:
-        raise ValueError(f"{task}: even the smallest sample needs more than the {budget} tokens of a {max_tokens}-token "
-                         f"window for {turns} turns" + (f" ({mode}: a first prompt of at most {limit})" if limit else "")
-                         + "; use a larger max_tokens or fewer turns")
+        raise ValueError(
+            f"{task}: even the smallest sample needs more than the {budget} tokens of a {max_tokens}-token "
+            f"window for {turns} turns"
+            + (f" ({mode}: a first prompt of at most {limit})" if limit else "")
+            + "; use a larger max_tokens or fewer turns"
+        )
     lower, upper = smallest, smallest * 2 + 8
     while True:  # grow until a size no longer fits, then bisect between the last fit and it
         sample, used = build(upper)

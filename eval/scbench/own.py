@@ -29,10 +29,14 @@ from __future__ import annotations
 import random
 import string
 
-FACTS_HEAD = ("Some facts are hidden within the following text. Make sure to memorize them. I will quiz you about "
-              "them afterwards.\n")
-MULTIKEY_HEAD = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. I will "
-                 "quiz you about the numbers afterwards.\n")
+FACTS_HEAD = (
+    "Some facts are hidden within the following text. Make sure to memorize them. I will quiz you about "
+    "them afterwards.\n"
+)
+MULTIKEY_HEAD = (
+    "Some special magic numbers are hidden within the following text. Make sure to memorize it. I will "
+    "quiz you about the numbers afterwards.\n"
+)
 VT_HEAD = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
 # Needles under distinct keys, each asked once: with 8 (3 distractors) full answered half the questions on 4
 # calibration samples, with 5 about 70% (docs/scbench.md)
@@ -58,27 +62,39 @@ def _fact(kind: int, rng: random.Random) -> tuple:
     """(the sentence put in the haystack, the question with its answer prefix, the answer) of one fact kind."""
     if kind == 0:
         key, value = _key(rng), _number(rng)
-        return (f"The special magic number for {key} is: {value}.",
-                f"What is the special magic number for {key} mentioned in the provided text? The special magic "
-                f"number for {key} mentioned in the provided text is", value)
+        return (
+            f"The special magic number for {key} is: {value}.",
+            f"What is the special magic number for {key} mentioned in the provided text? The special magic "
+            f"number for {key} mentioned in the provided text is",
+            value,
+        )
     if kind == 1:
         key, word = _key(rng), "".join(rng.choices(string.ascii_lowercase, k=8))
-        return (f"The secret passphrase for {key} is: {word}.",
-                f"What is the secret passphrase for {key} mentioned in the provided text? The secret passphrase "
-                f"for {key} mentioned in the provided text is", word)
+        return (
+            f"The secret passphrase for {key} is: {word}.",
+            f"What is the secret passphrase for {key} mentioned in the provided text? The secret passphrase "
+            f"for {key} mentioned in the provided text is",
+            word,
+        )
     if kind == 2:
         colour, place = rng.choice(COLOURS), rng.choice(OBJECTS)
-        return (f"The key to the {colour} box is hidden under {place}.",
-                f"Where is the key to the {colour} box hidden? The key to the {colour} box is hidden under",
-                place.split(" ", 1)[1])
+        return (
+            f"The key to the {colour} box is hidden under {place}.",
+            f"Where is the key to the {colour} box hidden? The key to the {colour} box is hidden under",
+            place.split(" ", 1)[1],
+        )
     if kind == 3:
         city, platform = rng.choice(CITIES), str(rng.randint(2, 19))
-        return (f"The train to {city} leaves from platform {platform}.",
-                f"From which platform does the train to {city} leave? The train to {city} leaves from platform",
-                platform)
-    return ("The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.",
-            "What is the best thing to do in San Francisco? The best thing to do in San Francisco is",
-            "Dolores Park")
+        return (
+            f"The train to {city} leaves from platform {platform}.",
+            f"From which platform does the train to {city} leave? The train to {city} leaves from platform",
+            platform,
+        )
+    return (
+        "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.",
+        "What is the best thing to do in San Francisco? The best thing to do in San Francisco is",
+        "Dolores Park",
+    )
 
 
 def said(answer: str) -> str:
@@ -105,7 +121,7 @@ def _essay(rng: random.Random, size: int) -> list:
 
     words = essay_words()
     start = rng.randrange(max(1, len(words) - size))
-    return list(words[start:start + size])
+    return list(words[start : start + size])
 
 
 def facts(rng: random.Random, size: int, turns: int) -> dict:
@@ -131,11 +147,16 @@ def multikey(rng: random.Random, size: int, turns: int) -> dict:
     needles = [f"One of the special magic numbers for {k} is: {v}." for k, v in zip(keys, values)]
     context = _insert(rng, _essay(rng, size), needles)
     asked = rng.sample(range(MULTIKEY_KEYS), turns)
-    question = ("What is the special magic number for {k} mentioned in the provided text? The special magic number for "
-                "{k} mentioned in the provided text is")
-    return {"context": context, "multi_turns": [
-        {"input": question.format(k=keys[i]), "answer": values[i], "said": said(values[i])}
-        for i in asked]}
+    question = (
+        "What is the special magic number for {k} mentioned in the provided text? The special magic number for "
+        "{k} mentioned in the provided text is"
+    )
+    return {
+        "context": context,
+        "multi_turns": [
+            {"input": question.format(k=keys[i]), "answer": values[i], "said": said(values[i])} for i in asked
+        ],
+    }
 
 
 def noise_chains(rng: random.Random, size: int, turns: int, hops: int, assign: str, link: str) -> tuple:
@@ -151,7 +172,7 @@ def noise_chains(rng: random.Random, size: int, turns: int, hops: int, assign: s
     values = rng.sample(range(10000, 100000), turns)
     sentences, chains = [NOISE] * size, []
     for c in range(turns):
-        var = names[c * (hops + 1):(c + 1) * (hops + 1)]
+        var = names[c * (hops + 1) : (c + 1) * (hops + 1)]
         chains.append(var)
         chain = [assign.format(a=var[0], v=values[c])] + [link.format(b=var[j + 1], a=var[j]) for j in range(hops)]
         # RULER's insertion: sorted random slots, each shifted by the lines already inserted, so a chain reads in order
@@ -164,12 +185,22 @@ def vt(rng: random.Random, size: int, turns: int) -> dict:
     """GF.VarTrack: ``size`` noise sentences with one chain of ``VT_HOPS`` + 1 variables per turn."""
     sentences, chains, values = noise_chains(rng, size, turns, VT_HOPS, "VAR {a} = {v}.", "VAR {b} = VAR {a}.")
     context = " ".join(sentences)
-    ask = ("Question: Find all variables that are assigned the value {v} in the text above. Answer: According to "
-           "the chain(s) of variable assignment in the text above, {n} variables are assigned the value {v}, they "
-           "are:")
-    return {"context": VT_HEAD + context, "multi_turns": [
-        {"input": ask.format(v=values[c], n=VT_HOPS + 1), "answer": ", ".join(chains[c]),
-         "said": said(", ".join(chains[c]))} for c in range(turns)]}
+    ask = (
+        "Question: Find all variables that are assigned the value {v} in the text above. Answer: According to "
+        "the chain(s) of variable assignment in the text above, {n} variables are assigned the value {v}, they "
+        "are:"
+    )
+    return {
+        "context": VT_HEAD + context,
+        "multi_turns": [
+            {
+                "input": ask.format(v=values[c], n=VT_HOPS + 1),
+                "answer": ", ".join(chains[c]),
+                "said": said(", ".join(chains[c])),
+            }
+            for c in range(turns)
+        ],
+    }
 
 
 def score(pred: str, label: str) -> float:

@@ -121,8 +121,10 @@ def _context(eg):
 def _check(eg: dict, task: Task) -> None:
     turns = eg.get("multi_turns") if isinstance(eg, dict) else None
     if not turns or not isinstance(turns, list) or not all(isinstance(t, dict) and "input" in t for t in turns):
-        raise ValueError(f"{task.name}: a sample needs 'context' and a non-empty 'multi_turns' list of "
-                         "{'input', 'answer'} objects (the official data format)")
+        raise ValueError(
+            f"{task.name}: a sample needs 'context' and a non-empty 'multi_turns' list of "
+            "{'input', 'answer'} objects (the official data format)"
+        )
     if "context" not in eg and "input" not in eg:
         raise ValueError(f"{task.name}: a sample needs a 'context' field")
 
@@ -140,18 +142,25 @@ def build_multi_turn(eg: dict, task: str, tokenizer=None, chat: bool = False, go
     turns = eg["multi_turns"]
     follow_template = spec.follow_up if gold else spec.follow_up_chat
     first = spec.template.format(context=_context(eg), **fields(eg, 0))
-    follow_ups = [follow_template.format(pre_ans=turns[i - 1]["answer"] if gold else None, **fields(eg, i))
-                  for i in range(1, len(turns))]
+    follow_ups = [
+        follow_template.format(pre_ans=turns[i - 1]["answer"] if gold else None, **fields(eg, i))
+        for i in range(1, len(turns))
+    ]
     if chat:
         _need_chat(tokenizer, task)
-        first = tokenizer.apply_chat_template([{"role": "user", "content": first}], add_generation_prompt=True,
-                                              tokenize=False)
-        system = tokenizer.apply_chat_template([{"role": "system", "content": ""}], add_generation_prompt=gold,
-                                               tokenize=False)
+        first = tokenizer.apply_chat_template(
+            [{"role": "user", "content": first}], add_generation_prompt=True, tokenize=False
+        )
+        system = tokenizer.apply_chat_template(
+            [{"role": "system", "content": ""}], add_generation_prompt=gold, tokenize=False
+        )
         follow_ups = []
         for i in range(1, len(turns)):
-            history = ([{"role": "system", "content": ""}, {"role": "assistant", "content": str(turns[i - 1]["answer"])}]
-                       if gold else [])
+            history = (
+                [{"role": "system", "content": ""}, {"role": "assistant", "content": str(turns[i - 1]["answer"])}]
+                if gold
+                else []
+            )
             user = {"role": "user", "content": spec.follow_up_chat.format(**fields(eg, i, chat_follow_up=True))}
             text = tokenizer.apply_chat_template(history + [user], add_generation_prompt=True, tokenize=False)
             follow_ups.append(text.replace(system, "") + spec.chat_suffix)
@@ -177,11 +186,17 @@ def build_multi_request(eg: dict, task: str, tokenizer=None, chat: bool = False)
     queries = [query_template.format(**fields(eg, i)) for i in range(len(turns))]
     if chat:
         _need_chat(tokenizer, task)
-        first = tokenizer.apply_chat_template([{"role": "user", "content": first + SPECIAL_DELIMITER}],
-                                              add_generation_prompt=True, tokenize=False).split(SPECIAL_DELIMITER)[0]
-        queries = [tokenizer.apply_chat_template(
-            [{"role": "system", "content": ""}, {"role": "user", "content": SPECIAL_DELIMITER + q}],
-            add_generation_prompt=True, tokenize=False).split(SPECIAL_DELIMITER)[1] for q in queries]
+        first = tokenizer.apply_chat_template(
+            [{"role": "user", "content": first + SPECIAL_DELIMITER}], add_generation_prompt=True, tokenize=False
+        ).split(SPECIAL_DELIMITER)[0]
+        queries = [
+            tokenizer.apply_chat_template(
+                [{"role": "system", "content": ""}, {"role": "user", "content": SPECIAL_DELIMITER + q}],
+                add_generation_prompt=True,
+                tokenize=False,
+            ).split(SPECIAL_DELIMITER)[1]
+            for q in queries
+        ]
     return Prompts(first, queries, get_ground_truth(eg, task), "multi-request")
 
 
@@ -191,16 +206,20 @@ def build_prompts(eg: dict, task: str, mode: str, tokenizer=None, chat: bool = F
         return build_multi_turn(eg, task, tokenizer, chat, gold)
     if mode == "multi-request":
         if not gold:
-            raise ValueError("gold=False (--disable_golden_context) applies to multi-turn only; the official "
-                             "multi-request mode has no previous answers")
+            raise ValueError(
+                "gold=False (--disable_golden_context) applies to multi-turn only; the official "
+                "multi-request mode has no previous answers"
+            )
         return build_multi_request(eg, task, tokenizer, chat)
     raise ValueError(f"unknown SCBench mode {mode!r}; allowed: {', '.join(MODES)}")
 
 
 def _need_chat(tokenizer, task):
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"{task}: chat=True needs a tokenizer with a chat template (--use_chat_template); "
-                         "pass one, or chat=False for the plain templates")
+        raise ValueError(
+            f"{task}: chat=True needs a tokenizer with a chat template (--use_chat_template); "
+            "pass one, or chat=False for the plain templates"
+        )
 
 
 def max_input_length(task: str, max_seq_length: int, turns: int, mode: str) -> int:

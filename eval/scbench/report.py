@@ -10,9 +10,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gemfilter.lab.io import corrupt, jsonl_lines
-
 from eval.rundir import rows_to_score
+from gemfilter.lab.io import corrupt, jsonl_lines
 
 from .scoring import score_one
 from .tasks import get_task
@@ -52,6 +51,7 @@ def row_problem(row) -> str | None:
 def read_rows(path: Path) -> list:
     """Every row of one result file and its unmerged shards, each sample once. A row that cannot be scored is
     an error naming its file and line (a shard's: its file and sample), never a traceback."""
+
     def read(p):
         rows = []
         for i, row, unreadable in jsonl_lines(p):
@@ -65,8 +65,11 @@ def read_rows(path: Path) -> list:
     for row in rows:  # rows of unmerged shards were read leniently: check them as strictly
         problem = row_problem(row)
         if problem is not None:
-            raise corrupt(f"{path.parent} ({path.stem}'s shards, sample {row.get('_id')!r})", problem,
-                          "Fix or delete that row, or rerun the same `run` command to merge the shards")
+            raise corrupt(
+                f"{path.parent} ({path.stem}'s shards, sample {row.get('_id')!r})",
+                problem,
+                "Fix or delete that row, or rerun the same `run` command to merge the shards",
+            )
     return rows
 
 
@@ -94,15 +97,33 @@ def score_table(found: dict) -> dict:
         task = key[3]
         get_task(task)
         turns = max(len(r["turns"]) for r in rows)
-        acc = [[score_one(task, t["prediction"], t["ground_truth"]) for r in rows for t in r["turns"]
-                if t["turn_idx"] == i] for i in range(turns)]
+        acc = [
+            [
+                score_one(task, t["prediction"], t["ground_truth"])
+                for r in rows
+                for t in r["turns"]
+                if t["turn_idx"] == i
+            ]
+            for i in range(turns)
+        ]
         ttft = [[t["ttft_s"] for r in rows for t in r["turns"] if t["turn_idx"] == i] for i in range(turns)]
         prefill = [r["prefill_s"] for r in rows if r.get("prefill_s") is not None]
-        redo = [[t["recomputed"] for r in rows for t in r["turns"] if t["turn_idx"] == i
-                 and t.get("recomputed") is not None] for i in range(turns)]
-        table[key] = {"acc": [sum(a) / len(a) for a in acc], "ttft": [sum(x) / len(x) for x in ttft], "n": len(rows),
-                      "prefill": sum(prefill) / len(prefill) if prefill else None,
-                      "recomputed": [sum(x) / len(x) if x else None for x in redo]}
+        redo = [
+            [
+                t["recomputed"]
+                for r in rows
+                for t in r["turns"]
+                if t["turn_idx"] == i and t.get("recomputed") is not None
+            ]
+            for i in range(turns)
+        ]
+        table[key] = {
+            "acc": [sum(a) / len(a) for a in acc],
+            "ttft": [sum(x) / len(x) for x in ttft],
+            "n": len(rows),
+            "prefill": sum(prefill) / len(prefill) if prefill else None,
+            "recomputed": [sum(x) / len(x) if x else None for x in redo],
+        }
     return table
 
 
@@ -118,38 +139,66 @@ def markdown(table: dict, settings: str = "") -> str:
         cells = {k: v for k, v in table.items() if k[:2] == (mode, length)}
         turns = max(len(v["acc"]) for v in cells.values())
         head = " | ".join(f"turn {i + 1}" for i in range(turns))
-        lines += [f"## {mode}, {length} tokens", "", "Accuracy (%) per turn. n: samples per task.", "",
-                  f"| method | task | n | {head} | mean |", "|---|---|---|" + "---|" * (turns + 1)]
+        lines += [
+            f"## {mode}, {length} tokens",
+            "",
+            "Accuracy (%) per turn. n: samples per task.",
+            "",
+            f"| method | task | n | {head} | mean |",
+            "|---|---|---|" + "---|" * (turns + 1),
+        ]
         labels = list(dict.fromkeys(k[2] for k in sorted(cells)))
         means = {}
         for label in labels:
             rows = [(k[3], v) for k, v in sorted(cells.items()) if k[2] == label]
             for task, v in rows:
-                lines.append(f"| {label} | {get_task(task).label} | {v['n']} | {_fmt(v['acc'])} | "
-                             f"{100 * sum(v['acc']) / len(v['acc']):.1f} |")
+                lines.append(
+                    f"| {label} | {get_task(task).label} | {v['n']} | {_fmt(v['acc'])} | "
+                    f"{100 * sum(v['acc']) / len(v['acc']):.1f} |"
+                )
             per_turn = [sum(v["acc"][i] for _, v in rows) / len(rows) for i in range(turns)]
             means[label] = per_turn
             lines.append(f"| **{label}** | all tasks | | {_fmt(per_turn)} | {100 * sum(per_turn) / turns:.1f} |")
         tasks_of = {label: {k[3] for k in cells if k[2] == label} for label in labels}
-        ttft = {label: [sum(v["ttft"][i] for k, v in cells.items() if k[2] == label) /
-                        sum(1 for k in cells if k[2] == label) for i in range(turns)] for label in labels}
+        ttft = {
+            label: [
+                sum(v["ttft"][i] for k, v in cells.items() if k[2] == label) / sum(1 for k in cells if k[2] == label)
+                for i in range(turns)
+            ]
+            for label in labels
+        }
         # a ratio compares like with like: full's time over the tasks this label ran, not over all of full's
-        base_of = {label: [sum(v["ttft"][i] for k, v in cells.items() if k[2] == "full" and (mode, length, label, k[3])
-                               in cells) / len(tasks_of[label]) for i in range(turns)]
-                   for label in labels if tasks_of[label] <= tasks_of.get("full", set())}
+        base_of = {
+            label: [
+                sum(v["ttft"][i] for k, v in cells.items() if k[2] == "full" and (mode, length, label, k[3]) in cells)
+                / len(tasks_of[label])
+                for i in range(turns)
+            ]
+            for label in labels
+            if tasks_of[label] <= tasks_of.get("full", set())
+        }
         base = base_of.get("full")
-        pre = {label: [v["prefill"] for k, v in cells.items() if k[2] == label and v["prefill"] is not None]
-               for label in labels}
+        pre = {
+            label: [v["prefill"] for k, v in cells.items() if k[2] == label and v["prefill"] is not None]
+            for label in labels
+        }
         shared = mode == "multi-request"
-        lines += ["", "Time to first token (s, mean over tasks and samples) per turn"
-                  + ("; in brackets, the ratio to full in the same run" if base else "")
-                  + ("; a turn's time starts after the shared context's prefill, shown apart" if shared else "")
-                  + ".", "", f"| method | {'context prefill | ' if shared else ''}{head} |",
-                  "|---|" + "---|" * (turns + shared)]
+        lines += [
+            "",
+            "Time to first token (s, mean over tasks and samples) per turn"
+            + ("; in brackets, the ratio to full in the same run" if base else "")
+            + ("; a turn's time starts after the shared context's prefill, shown apart" if shared else "")
+            + ".",
+            "",
+            f"| method | {'context prefill | ' if shared else ''}{head} |",
+            "|---|" + "---|" * (turns + shared),
+        ]
         for label in labels:
             own = base_of.get(label)
-            cells_ = [f"{t:.2f}" + (f" ({t / b:.2f}x)" if own and b > 0 else "") for t, b in
-                      zip(ttft[label], own or [0] * turns)]
+            cells_ = [
+                f"{t:.2f}" + (f" ({t / b:.2f}x)" if own and b > 0 else "")
+                for t, b in zip(ttft[label], own or [0] * turns)
+            ]
             if shared:
                 cells_.insert(0, f"{sum(pre[label]) / len(pre[label]):.2f}" if pre[label] else "-")
             lines.append(f"| {label} | {' | '.join(cells_)} |")
@@ -173,8 +222,13 @@ def _recomputed(cells: dict, labels: list, head: str, turns: int) -> list:
             shown[label] = means
     if not shown:
         return []
-    lines = ["", "Tokens run through the model per turn (mean over tasks and samples; - where not recorded).", "",
-             f"| method | {head} |", "|---|" + "---|" * turns]
+    lines = [
+        "",
+        "Tokens run through the model per turn (mean over tasks and samples; - where not recorded).",
+        "",
+        f"| method | {head} |",
+        "|---|" + "---|" * turns,
+    ]
     for label, means in shown.items():
         lines.append(f"| {label} | {' | '.join('-' if m is None else f'{m:.0f}' for m in means)} |")
     return lines
@@ -188,6 +242,7 @@ def figure(table: dict, path) -> None:
     import matplotlib.pyplot as plt
 
     from gemfilter.lab.io import save_png
+
     panels = sorted({(k[0], k[1]) for k in table})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (mode, length) in zip(axes[0], panels):
@@ -195,8 +250,12 @@ def figure(table: dict, path) -> None:
         for label in dict.fromkeys(k[2] for k in sorted(cells)):
             rows = [v["acc"] for k, v in cells.items() if k[2] == label]
             turns = len(rows[0])
-            ax.plot(range(1, turns + 1), [100 * sum(r[i] for r in rows) / len(rows) for i in range(turns)],
-                    marker="o", label=label)
+            ax.plot(
+                range(1, turns + 1),
+                [100 * sum(r[i] for r in rows) / len(rows) for i in range(turns)],
+                marker="o",
+                label=label,
+            )
         ax.set(title=f"{mode}, {length} tokens", xlabel="turn", ylabel="accuracy (%)", ylim=(-2, 102))
         ax.set_xticks(range(1, turns + 1))
         ax.grid(alpha=0.3)

@@ -29,9 +29,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from eval.runner import Benchmark, Unit, config_specs
+from eval.runner import run as run_units
 from gemfilter.lab.options import check_against_model
-
-from eval.runner import Benchmark, Unit, config_specs, run as run_units
 
 from .engine import converse_engine
 from .generate import MAX_TURNS, make_sample
@@ -79,8 +79,15 @@ class RunConfig:
 
     def identity(self) -> dict:
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
-        return {"model": self.model, "topk": self.topk, "layer": self.layer, "turns": self.turns,
-                "dtype": self.dtype, "samples": SAMPLE_SIZING, **engine}
+        return {
+            "model": self.model,
+            "topk": self.topk,
+            "layer": self.layer,
+            "turns": self.turns,
+            "dtype": self.dtype,
+            "samples": SAMPLE_SIZING,
+            **engine,
+        }
 
 
 def defaults(config: RunConfig) -> dict:
@@ -102,8 +109,11 @@ def labelled(config: RunConfig) -> dict:
 
 def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad setting and what is allowed."""
-    for name, values, allowed in (("--protocols", config.protocols, PROMPT_PROTOCOLS), ("--modes", config.modes, MODES),
-                                  ("--tasks", config.tasks, OFFLINE)):
+    for name, values, allowed in (
+        ("--protocols", config.protocols, PROMPT_PROTOCOLS),
+        ("--modes", config.modes, MODES),
+        ("--tasks", config.tasks, OFFLINE),
+    ):
         bad = [v for v in values if v not in allowed]
         if bad or not values:
             raise ValueError(f"{name}: {', '.join(bad) or 'empty'}; allowed: {', '.join(allowed)}")
@@ -111,8 +121,12 @@ def validate(config: RunConfig) -> None:
     for name, value in (("--num-samples", config.num_samples), ("--turns", config.turns)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    if isinstance(config.timeout, bool) or not isinstance(config.timeout, (int, float)) \
-            or not math.isfinite(config.timeout) or not 0 < config.timeout <= 86400:
+    if (
+        isinstance(config.timeout, bool)
+        or not isinstance(config.timeout, (int, float))
+        or not math.isfinite(config.timeout)
+        or not 0 < config.timeout <= 86400
+    ):
         raise ValueError(f"--timeout must be a number of seconds in (0, 86400], got {config.timeout!r}")
     if config.engine is not None:
         from .engine import check_engine_labels
@@ -149,29 +163,43 @@ class SCBench(Benchmark):
     def units(self, out, state, say) -> list:
         config, tok = self.config, self.tokenizer()
         # each mode's sample fits that mode's input budget, so the runner's middle truncation never cuts a context
-        samples = {(mode, L, t, i): make_sample(t, tok, L, config.turns, seed=i, mode=mode) for mode in config.modes
-                   for L in config.lengths for t in config.tasks for i in range(config.num_samples)}
+        samples = {
+            (mode, L, t, i): make_sample(t, tok, L, config.turns, seed=i, mode=mode)
+            for mode in config.modes
+            for L in config.lengths
+            for t in config.tasks
+            for i in range(config.num_samples)
+        }
         labels = list(labelled(config))
         # sample-major, so a run cut off leaves every mode, task and method on the same samples
-        return [Unit(f"{mode}/{L}/{label}/{t}.jsonl", str(i), (mode, L, label, t, samples[mode, L, t, i]))
-                for L in config.lengths for i in range(config.num_samples) for mode in config.modes
-                for t in config.tasks for label in labels]
+        return [
+            Unit(f"{mode}/{L}/{label}/{t}.jsonl", str(i), (mode, L, label, t, samples[mode, L, t, i]))
+            for L in config.lengths
+            for i in range(config.num_samples)
+            for mode in config.modes
+            for t in config.tasks
+            for label in labels
+        ]
 
     def row_key(self, row: dict) -> str:
         return row["_id"]
 
     def describe(self, units: list) -> str:
         c = self.config
-        return (f"SCBench: {len(units)} conversations of {c.turns} turns ({len(labelled(c))} methods x "
-                f"{len(c.tasks)} tasks x {len(c.lengths)} lengths x {len(c.modes)} modes)")
+        return (
+            f"SCBench: {len(units)} conversations of {c.turns} turns ({len(labelled(c))} methods x "
+            f"{len(c.tasks)} tasks x {len(c.lengths)} lengths x {len(c.modes)} modes)"
+        )
 
     def start(self, model, tok, done: dict):
         from gemfilter.apply import resolve
 
         labels = labelled(self.config)
         given = defaults(self.config)
-        methods = {label: (None if proto == "full" else resolve(model, spec.method(**given)), proto)
-                   for label, (spec, proto) in labels.items()}
+        methods = {
+            label: (None if proto == "full" else resolve(model, spec.method(**given)), proto)
+            for label, (spec, proto) in labels.items()
+        }
         engine = None
         if self.config.engine is not None:
             from .engine import EngineTurns
@@ -186,9 +214,13 @@ class SCBench(Benchmark):
             else:
                 row = converse_engine(engine, labels[label][0], protocol, mode, length, task, sample, **given)
                 row["engine"] = self.config.engine
-            return row | {"_id": unit.key, "method": label, "protocol": protocol,
-                          "layer": None if method is None else method.layer,
-                          "topk": None if method is None else method.topk}
+            return row | {
+                "_id": unit.key,
+                "method": label,
+                "protocol": protocol,
+                "layer": None if method is None else method.layer,
+                "topk": None if method is None else method.topk,
+            }
 
         return predict
 
@@ -221,19 +253,30 @@ def converse(model, tok, method, protocol: str, mode: str, length: int, task: st
         for t, ids in enumerate(asks):
             turn = chat.ask(ids, max_new_tokens=new)
             truth = prompts.ground_truth[t]
-            rows.append({"turn_idx": t, "prediction": turn.text, "ground_truth": truth,
-                         "score": score_one(task, turn.text, truth), "ttft_s": round(turn.ttft_s, 4),
-                         "total_s": round(turn.total_s, 4), "kept": turn.kept, "history_tokens": turn.history_tokens,
-                         "recomputed": turn.recomputed})
+            rows.append(
+                {
+                    "turn_idx": t,
+                    "prediction": turn.text,
+                    "ground_truth": truth,
+                    "score": score_one(task, turn.text, truth),
+                    "ttft_s": round(turn.ttft_s, 4),
+                    "total_s": round(turn.total_s, 4),
+                    "kept": turn.kept,
+                    "history_tokens": turn.history_tokens,
+                    "recomputed": turn.recomputed,
+                }
+            )
     return {"turns": rows, "prefill_s": prefill_s}
 
 
-def run(config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True,
-        max_units: int | None = None) -> dict | None:
+def run(
+    config: RunConfig, out, *, state=None, model_and_tokenizer=None, progress: bool = True, max_units: int | None = None
+) -> dict | None:
     """Compute the missing conversations of ``config`` into ``out`` (:func:`eval.runner.run`); return
     {file: rows} (None off the main process)."""
     from gemfilter.models import load_tokenizer
 
     bench = SCBench(config, lambda: model_and_tokenizer[1] if model_and_tokenizer else load_tokenizer(config.model))
-    return run_units(bench, out, state=state, model_and_tokenizer=model_and_tokenizer, progress=progress,
-                     max_units=max_units)
+    return run_units(
+        bench, out, state=state, model_and_tokenizer=model_and_tokenizer, progress=progress, max_units=max_units
+    )

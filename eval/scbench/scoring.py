@@ -110,7 +110,7 @@ def longbook_choice_eng(pred: str, label) -> bool:
             continue
         if len(pred) < idx + len(prefix) + 1:  # the prediction ends with this prefix
             return False
-        after = pred[idx + len(prefix) + 1:]
+        after = pred[idx + len(prefix) + 1 :]
         return any(after.startswith(s) for s in label)
     for word in pred.split():
         if word in "ABCD":  # a substring test, as officially: "" never occurs after split, "AB" would match
@@ -152,8 +152,10 @@ def score_one(task: str, pred: str, label) -> float:
     """One prediction's score for an official data name (``get_score_one`` through the task's scorer)."""
     name = get_task(task).scorer
     if name is None:
-        raise ValueError(f"{task}: its official scorer is not transcribed here (RepoQA pass@1 / Mix sub-tasks); "
-                         f"scorable tasks: {', '.join(sorted(SCORERS))}")
+        raise ValueError(
+            f"{task}: its official scorer is not transcribed here (RepoQA pass@1 / Mix sub-tasks); "
+            f"scorable tasks: {', '.join(sorted(SCORERS))}"
+        )
     return float(SCORERS[name](pred, label))
 
 
@@ -163,8 +165,10 @@ def _rows_check(rows, task):
     for row in rows:
         missing = [k for k in ("turn_idx", "prediction", "ground_truth") if k not in row]
         if missing:
-            raise ValueError(f"{task}: a prediction row lacks {missing}; rows need turn_idx, prediction and "
-                             "ground_truth (run_scbench.py's fields)")
+            raise ValueError(
+                f"{task}: a prediction row lacks {missing}; rows need turn_idx, prediction and "
+                "ground_truth (run_scbench.py's fields)"
+            )
 
 
 def score_by_turn(rows: list, task: str) -> dict:

@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from . import own
 
 _KV = "Extract the value corresponding to the specified key in the JSON object below.\n\n"
-_REPOQA = ("Based on the function description and code context, please retrieve and repeat the exact described "
-           "function from the code context in a code block wrapped by ```:\n\n")
+_REPOQA = (
+    "Based on the function description and code context, please retrieve and repeat the exact described "
+    "function from the code context in a code block wrapped by ```:\n\n"
+)
 _OPTIONS = "Question: {question}\nA. {OPTION_A}\nB. {OPTION_B}\nC. {OPTION_C}\nD. {OPTION_D}\n\n"
 
 
@@ -61,16 +63,35 @@ class Task:
 
 def _plain(name, label, max_new_tokens, scorer, head="", **kw):
     """A task of the official generic branch: ``head{context}\\n\\n{input}``, follow-up ``{pre_ans}\\n\\n{input}``."""
-    return Task(name, label, max_new_tokens, head + "{context}\n\n{input}", head + "{context}",
-                "{pre_ans}\n\n{input}", "{input}", scorer=scorer, **kw)
+    return Task(
+        name,
+        label,
+        max_new_tokens,
+        head + "{context}\n\n{input}",
+        head + "{context}",
+        "{pre_ans}\n\n{input}",
+        "{input}",
+        scorer=scorer,
+        **kw,
+    )
 
 
 def _own(name, label, max_new_tokens, head, generator):
     """This project's tasks (eval/scbench/own.py): the generic branch's templates, except that a multi-turn follow-up
     starts with the turn before's gold answer completing its sentence (``said``: " <answer>."), where the generic
     ``{pre_ans}`` glues the bare answer to the answer prefix ("... is7602368"), which the embedded model copied."""
-    return Task(name, label, max_new_tokens, head + "{context}\n\n{input}", head + "{context}", "{said}\n\n{input}",
-                "{input}", fields="said", scorer="gf_string_match", generator=generator)
+    return Task(
+        name,
+        label,
+        max_new_tokens,
+        head + "{context}\n\n{input}",
+        head + "{context}",
+        "{said}\n\n{input}",
+        "{input}",
+        fields="said",
+        scorer="gf_string_match",
+        generator=generator,
+    )
 
 
 # fmt: off
@@ -123,6 +144,7 @@ OWN = tuple(t.name for t in TASKS if t.name.startswith("gf_"))
 def get_task(name: str) -> Task:
     """The task row for an official data name; ValueError lists the allowed names."""
     if name not in BY_NAME:
-        raise ValueError(f"unknown SCBench task {name!r}; allowed: {', '.join(BY_NAME)} "
-                         f"(generated offline: {', '.join(OFFLINE)})")
+        raise ValueError(
+            f"unknown SCBench task {name!r}; allowed: {', '.join(BY_NAME)} (generated offline: {', '.join(OFFLINE)})"
+        )
     return BY_NAME[name]

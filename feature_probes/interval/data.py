@@ -52,8 +52,10 @@ class IntervalSpec:
             raise ValueError(f"p_a={self.p_a}: must lie in (0, 1)")
         share = self.positive_share()
         if self.balanced and not 0.0 < share < 1.0:
-            raise ValueError(f"the interval [{self.t1}, {self.t2}] holds probability {share:g} of s; a balanced "
-                             "split needs both classes")
+            raise ValueError(
+                f"the interval [{self.t1}, {self.t2}] holds probability {share:g} of s; a balanced "
+                "split needs both classes"
+            )
 
     def on_a_prob(self) -> float:
         """Pr[phi_i = 1] for i in A under the product law: p_a with structure, 1/2 without."""
@@ -62,7 +64,7 @@ class IntervalSpec:
     def s_pmf(self) -> list[float]:
         """P(s = 0..k) for s = sum_A phi under the product law (Binomial(k, on_a_prob))."""
         p = self.on_a_prob()
-        return [math.comb(self.k, s) * p ** s * (1 - p) ** (self.k - s) for s in range(self.k + 1)]
+        return [math.comb(self.k, s) * p**s * (1 - p) ** (self.k - s) for s in range(self.k + 1)]
 
     def inside(self, s: int) -> bool:
         return self.t1 <= s <= self.t2

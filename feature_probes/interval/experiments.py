@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from icl_probes.common import seed_everything
 from feature_probes.common import run_resumable
 from feature_probes.interval.data import IntervalSpec, make_split
 from feature_probes.parity.data import make_problem
 from feature_probes.parity.experiments import ParityRun, fit_methods, hyper
 from feature_probes.parity.model import TwoLayerNet
+from icl_probes.common import seed_everything
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,27 @@ class IntervalRun(ParityRun):
 
 
 PRESETS = {
-    "cpu": IntervalRun(note="Table A.2's sizes (d=500, D=100, k=30, t1=20, t2=30, Pr=2/3 on A, m=100, T=200), "
-                            "50000 train points (25000 per class), 10000 test points, one seed"),
+    "cpu": IntervalRun(
+        note="Table A.2's sizes (d=500, D=100, k=30, t1=20, t2=30, Pr=2/3 on A, m=100, T=200), "
+        "50000 train points (25000 per class), 10000 test points, one seed"
+    ),
     "paper": IntervalRun(seeds=(0, 1, 2, 3, 4), note="as cpu with 5 seeds"),
-    "natural": IntervalRun(spec=IntervalSpec(balanced=False), seeds=(0, 1, 2, 3, 4),
-                           note="as paper, but train and test points drawn from the product law as is "
-                                "(P(y=+1) = 0.585 with structure, 0.049 without) instead of 25000 per class"),
-    "tiny": IntervalRun(spec=IntervalSpec(d=40, D=12, k=6, t1=4, t2=6), m=20, n_train=600, n_test=300, steps=12,
-                        batch=200, eval_every=6, note="smoke test size"),
+    "natural": IntervalRun(
+        spec=IntervalSpec(balanced=False),
+        seeds=(0, 1, 2, 3, 4),
+        note="as paper, but train and test points drawn from the product law as is "
+        "(P(y=+1) = 0.585 with structure, 0.049 without) instead of 25000 per class",
+    ),
+    "tiny": IntervalRun(
+        spec=IntervalSpec(d=40, D=12, k=6, t1=4, t2=6),
+        m=20,
+        n_train=600,
+        n_test=300,
+        steps=12,
+        batch=200,
+        eval_every=6,
+        note="smoke test size",
+    ),
 }
 
 
@@ -57,8 +70,13 @@ def draw(cfg: IntervalRun, spec: IntervalSpec, h: dict, seed: int) -> tuple:
 def law_facts(spec: IntervalSpec) -> dict:
     """The exact numbers of the sampled law: P(y = +1) of the product law, gamma, sigma~, the best constant
     classifier and the best threshold on s."""
-    return dict(positive_share=spec.positive_share(), gamma=spec.gamma(), sigma_tilde=spec.centre_and_scale()[1],
-                majority=spec.majority_share(), linear_ceiling=spec.linear_ceiling())
+    return dict(
+        positive_share=spec.positive_share(),
+        gamma=spec.gamma(),
+        sigma_tilde=spec.centre_and_scale()[1],
+        majority=spec.majority_share(),
+        linear_ceiling=spec.linear_ceiling(),
+    )
 
 
 def run_interval(cfg: IntervalRun, structured: bool, seed: int, progress: bool = False) -> dict:
@@ -72,8 +90,15 @@ def run_interval(cfg: IntervalRun, structured: bool, seed: int, progress: bool =
     label = f"interval {'structured' if structured else 'no structure'} seed {seed}"
     fit = fit_methods(cfg, h, problem.star(), train, test, net, gen, seed, progress, label, pos_share=True)
     test_pos = float((test[1] > 0).float().mean())
-    return dict(structured=structured, seed=seed, A=problem.A.tolist(), hyper=h, law=law_facts(spec),
-                test_pos_share=test_pos, **fit)
+    return dict(
+        structured=structured,
+        seed=seed,
+        A=problem.A.tolist(),
+        hyper=h,
+        law=law_facts(spec),
+        test_pos_share=test_pos,
+        **fit,
+    )
 
 
 def run_table(cfg: IntervalRun, jsonl_path=None, progress: bool = True, force: bool = False) -> list[dict]:
@@ -81,5 +106,12 @@ def run_table(cfg: IntervalRun, jsonl_path=None, progress: bool = True, force: b
     each newly finished unit is appended."""
     cfg.check()
     units = [(structured, seed) for structured in cfg.laws for seed in cfg.seeds]
-    return run_resumable(cfg, jsonl_path, ("seeds", "laws", "note"), units, lambda r: (r["structured"], r["seed"]),
-                         lambda structured, seed: run_interval(cfg, structured, seed, progress), force=force)
+    return run_resumable(
+        cfg,
+        jsonl_path,
+        ("seeds", "laws", "note"),
+        units,
+        lambda r: (r["structured"], r["seed"]),
+        lambda structured, seed: run_interval(cfg, structured, seed, progress),
+        force=force,
+    )

@@ -78,7 +78,7 @@ def make_multiview(spec: MultiViewSpec, n: int, gen: torch.Generator) -> MultiVi
     k, P, C, Q = spec.k, spec.P, spec.C_P, spec.Q
     y = torch.randint(k, (n,), generator=gen)
     order = torch.rand(n, P, generator=gen).argsort(dim=1)
-    p1, p2 = order[:, :C], order[:, C:2 * C]
+    p1, p2 = order[:, :C], order[:, C : 2 * C]
     beta = spec.delta1 + (spec.delta2 - 2 * spec.delta1) * torch.rand(n, C, generator=gen)
     keys = torch.rand(n, k, generator=gen)
     keys[torch.arange(n), y] = 2.0  # never pick the own class
@@ -108,6 +108,7 @@ def single_view(data: MultiView, keep: int) -> torch.Tensor:
 
 
 # ---- Table 1's protocol on a real image data set (scikit-learn's 8x8 digits) ----
+
 
 def load_digits_split(n_test: int, seed: int):
     """scikit-learn's digits (1797 8x8 images, 10 classes, shipped with the package, no download),

@@ -13,11 +13,18 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from icl_probes.common import seed_everything
 from feature_probes.common import run_resumable
-from feature_probes.midpoint_mixup.data import (MultiViewSpec, concat_views, fixed_extras, load_digits_split,
-                                                make_multiview, pair_classes, single_view)
+from feature_probes.midpoint_mixup.data import (
+    MultiViewSpec,
+    concat_views,
+    fixed_extras,
+    load_digits_split,
+    make_multiview,
+    pair_classes,
+    single_view,
+)
 from feature_probes.midpoint_mixup.model import METHODS, MultiViewNet, SmallCNN, batch_mixup_loss, mixup_loss
+from icl_probes.common import seed_everything
 
 
 @dataclass(frozen=True)
@@ -78,27 +85,57 @@ class ImagesRun:
 
 
 SYNTHETIC_PRESETS = {
-    "cpu": SyntheticRun(data=MultiViewSpec(k=10, P=16), n_train=40, m=5, d=500, lr=10.0, steps=600, eval_every=50,
-                        seeds=(0, 1, 2),
-                        note="k=10, P=16, C_P=2, Q=2, m=5, d=500, 40 train points, full-batch GD lr 10, 600 steps, 3 seeds"),
-    "cpu-d2000": SyntheticRun(steps=1000, eval_every=50, seeds=(0, 1),
-                              note="k=10, P=30, m=10, d=2000, 50 train points, lr 20, 1000 steps, 2 seeds (about 12 min)"),
-    "tiny": SyntheticRun(data=MultiViewSpec(k=4, P=8), n_train=12, n_test=200, m=3, d=200, steps=20, eval_every=10,
-                         note="smoke-test size"),
+    "cpu": SyntheticRun(
+        data=MultiViewSpec(k=10, P=16),
+        n_train=40,
+        m=5,
+        d=500,
+        lr=10.0,
+        steps=600,
+        eval_every=50,
+        seeds=(0, 1, 2),
+        note="k=10, P=16, C_P=2, Q=2, m=5, d=500, 40 train points, full-batch GD lr 10, 600 steps, 3 seeds",
+    ),
+    "cpu-d2000": SyntheticRun(
+        steps=1000,
+        eval_every=50,
+        seeds=(0, 1),
+        note="k=10, P=30, m=10, d=2000, 50 train points, lr 20, 1000 steps, 2 seeds (about 12 min)",
+    ),
+    "tiny": SyntheticRun(
+        data=MultiViewSpec(k=4, P=8),
+        n_train=12,
+        n_test=200,
+        m=3,
+        d=200,
+        steps=20,
+        eval_every=10,
+        note="smoke-test size",
+    ),
 }
 #: The step-size sweep: the cpu preset's problem on seed 0, lr 10 / 1 / 0.1 with budgets growing as 1/lr
 #: (lr x steps = 6000), so every setting trains for the same "time". Thm 4.7 takes eta = O(1/poly(k)).
 SWEEPS = {"lr": ("lr10", "lr1", "lr0.1")}
-SYNTHETIC_PRESETS.update({
-    f"lr{lr:g}": replace(SYNTHETIC_PRESETS["cpu"], lr=lr, steps=steps, eval_every=steps // 12, seeds=(0,),
-                         note=f"the cpu preset on seed 0 with lr {lr:g} for {steps} steps (lr x steps = 6000)")
-    for lr, steps in ((10.0, 600), (1.0, 6000), (0.1, 60000))})
+SYNTHETIC_PRESETS.update(
+    {
+        f"lr{lr:g}": replace(
+            SYNTHETIC_PRESETS["cpu"],
+            lr=lr,
+            steps=steps,
+            eval_every=steps // 12,
+            seeds=(0,),
+            note=f"the cpu preset on seed 0 with lr {lr:g} for {steps} steps (lr x steps = 6000)",
+        )
+        for lr, steps in ((10.0, 600), (1.0, 6000), (0.1, 60000))
+    }
+)
 IMAGES_PRESETS = {
     "cpu": ImagesRun(note="digits (1300 train / 497 test, 8x8), SmallCNN, the paper's Adam settings, 5 seeds"),
     # The paper's FMNIST run takes 60000/750 x 100 = 8000 Adam steps; 1300 digits at batch 750 take 200. Batch 16
     # gives ceil(1300/16) x 100 = 8200 steps, the paper's step count at the paper's epochs.
-    "cpu-steps": ImagesRun(batch=16, note="as cpu with batch 16: 8200 Adam steps in 100 epochs (the paper's "
-                                          "FMNIST runs take 8000)"),
+    "cpu-steps": ImagesRun(
+        batch=16, note="as cpu with batch 16: 8200 Adam steps in 100 epochs (the paper's FMNIST runs take 8000)"
+    ),
     "tiny": ImagesRun(epochs=2, batch=256, width=4, seeds=(0,), note="smoke-test size"),
 }
 
@@ -111,13 +148,19 @@ def _synthetic_eval(model: MultiViewNet, train, test, views, k: int, learned_at:
         hit = (model(views[ell]).argmax(dim=1) == test.y).float()
         per[:, ell - 1] = torch.stack([hit[test.y == c].mean() for c in range(k)])
     learned = per >= learned_at
-    return dict(train_acc=float((model(train.x).argmax(dim=1) == train.y).float().mean()),
-                test_acc=float((model(test.x).argmax(dim=1) == test.y).float().mean()),
-                single_view_acc=float(per.mean()), both_learned=float(learned.all(dim=1).float().mean()),
-                one_learned=float((learned.sum(dim=1) == 1).float().mean()),
-                none_learned=float((~learned).all(dim=1).float().mean()),
-                lam_strong=float(own.max(dim=1).values.mean()), lam_weak=float(own.min(dim=1).values.mean()),
-                off_class_max=float(off.max()), per_class_single_view=per.tolist(), lam=own.tolist())
+    return dict(
+        train_acc=float((model(train.x).argmax(dim=1) == train.y).float().mean()),
+        test_acc=float((model(test.x).argmax(dim=1) == test.y).float().mean()),
+        single_view_acc=float(per.mean()),
+        both_learned=float(learned.all(dim=1).float().mean()),
+        one_learned=float((learned.sum(dim=1) == 1).float().mean()),
+        none_learned=float((~learned).all(dim=1).float().mean()),
+        lam_strong=float(own.max(dim=1).values.mean()),
+        lam_weak=float(own.min(dim=1).values.mean()),
+        off_class_max=float(off.max()),
+        per_class_single_view=per.tolist(),
+        lam=own.tolist(),
+    )
 
 
 def run_synthetic(cfg: SyntheticRun, method: str, seed: int, progress: bool = False) -> dict:
@@ -144,14 +187,20 @@ def run_synthetic(cfg: SyntheticRun, method: str, seed: int, progress: bool = Fa
         with torch.no_grad():
             model.w -= cfg.lr * model.w.grad
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            history.append(dict(step=step, loss=float(loss.detach()), **_synthetic_eval(model, train, test, views, k, cfg.learned_at)))
+            history.append(
+                dict(
+                    step=step,
+                    loss=float(loss.detach()),
+                    **_synthetic_eval(model, train, test, views, k, cfg.learned_at),
+                )
+            )
     slim = [{key: val for key, val in row.items() if key not in ("per_class_single_view", "lam")} for row in history]
     return dict(method=method, seed=seed, seconds=time.time() - t0, final=history[-1], init=history[0], history=slim)
 
 
 def _epoch_batches(n: int, batch: int, gen: torch.Generator) -> list:
     perm = torch.randperm(n, generator=gen)
-    return [perm[i:i + batch] for i in range(0, n, batch)]
+    return [perm[i : i + batch] for i in range(0, n, batch)]
 
 
 @torch.no_grad()
@@ -184,8 +233,15 @@ def run_images(cfg: ImagesRun, method: str, seed: int, progress: bool = False) -
             batch_mixup_loss(model, inputs[idx], y[idx], method, gen).backward()
             opt.step()
         curve.append(100 * _error(model, test_in, yt))
-    return dict(method=method, seed=seed, seconds=time.time() - t0, test_error=curve[-1], curve=curve,
-                partner=partner.tolist(), train_clean_error=100 * _error(model, concat_views(x, None, None), y))
+    return dict(
+        method=method,
+        seed=seed,
+        seconds=time.time() - t0,
+        test_error=curve[-1],
+        curve=curve,
+        partner=partner.tolist(),
+        train_clean_error=100 * _error(model, concat_views(x, None, None), y),
+    )
 
 
 def run_units(run, cfg, jsonl_path=None, progress: bool = True, force: bool = False) -> list[dict]:
@@ -194,5 +250,12 @@ def run_units(run, cfg, jsonl_path=None, progress: bool = True, force: bool = Fa
     resumes)."""
     cfg.check()
     units = [(method, seed) for method in cfg.methods for seed in cfg.seeds]
-    return run_resumable(cfg, jsonl_path, ("methods", "seeds", "note"), units, lambda r: (r["method"], r["seed"]),
-                         lambda method, seed: run(cfg, method, seed, progress), force=force)
+    return run_resumable(
+        cfg,
+        jsonl_path,
+        ("methods", "seeds", "note"),
+        units,
+        lambda r: (r["method"], r["seed"]),
+        lambda method, seed: run(cfg, method, seed, progress),
+        force=force,
+    )

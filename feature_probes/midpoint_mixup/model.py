@@ -61,8 +61,15 @@ class MultiViewNet(nn.Module):
 METHODS = ("erm", "midpoint", "uniform")
 
 
-def mixup_loss(model: MultiViewNet, x: torch.Tensor, y: torch.Tensor, method: str, gen: torch.Generator | None = None,
-               pairs: str = "all", chunk: int = 32) -> torch.Tensor:
+def mixup_loss(
+    model: MultiViewNet,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    method: str,
+    gen: torch.Generator | None = None,
+    pairs: str = "all",
+    chunk: int = 32,
+) -> torch.Tensor:
     """Full-batch training loss of Sec. 2.
 
     erm: Eq. 2.1. midpoint: Eq. 3.1, lambda = 1/2 on every ordered pair (i, j). uniform: Eq. 2.2 with
@@ -83,7 +90,7 @@ def mixup_loss(model: MultiViewNet, x: torch.Tensor, y: torch.Tensor, method: st
         return _midpoint_loss(model, a, y, pairs, chunk * n)
     total, count = a.new_zeros(()), 0
     for s in range(0, n, chunk):
-        ai, yi = a[s:s + chunk], y[s:s + chunk]
+        ai, yi = a[s : s + chunk], y[s : s + chunk]
         lam = torch.rand(len(ai), n, generator=gen)
         lv = lam[:, :, None, None, None]
         mixed = lv * ai[:, None] + (1 - lv) * a[None, :]
@@ -111,14 +118,15 @@ def _midpoint_loss(model: MultiViewNet, a: torch.Tensor, y: torch.Tensor, pairs:
     weight = torch.where(i == j, 1.0, 2.0)  # i < j stands for (i, j) and (j, i)
     total = a.new_zeros(())
     for s in range(0, len(i), block):
-        bi, bj = i[s:s + block], j[s:s + block]
+        bi, bj = i[s : s + block], j[s : s + block]
         logp = F.log_softmax(model.logits_from_preact(0.5 * (a[bi] + a[bj])), dim=-1)  # (pairs, k)
         loss = -0.5 * (logp.gather(-1, y[bi, None]) + logp.gather(-1, y[bj, None])).squeeze(-1)
-        total = total + (loss * weight[s:s + block]).sum()
+        total = total + (loss * weight[s : s + block]).sum()
     return total / weight.sum().clamp_min(1)
 
 
 # ---- Table 1's image protocol ----
+
 
 class SmallCNN(nn.Module):
     """A small CNN for 2-channel 8x8 inputs (our stand-in for ResNet-18 on the 8x8 digits):
@@ -127,16 +135,24 @@ class SmallCNN(nn.Module):
     def __init__(self, in_channels: int = 2, n_classes: int = 10, width: int = 32):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-            nn.Linear(2 * width * 16, 128), nn.ReLU(), nn.Linear(128, n_classes))
+            nn.Conv2d(in_channels, width, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(2 * width * 16, 128),
+            nn.ReLU(),
+            nn.Linear(128, n_classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
 
-def batch_mixup_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str,
-                     gen: torch.Generator) -> torch.Tensor:
+def batch_mixup_loss(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, gen: torch.Generator
+) -> torch.Tensor:
     """The authors' per-batch Mixup: one lambda per batch (1/2 for midpoint, Beta(1,1) for uniform),
     partner j = a uniformly random permutation of the batch; loss lambda CE(y_i) + (1-lambda) CE(y_j)
     on lambda x_i + (1-lambda) x_j. erm: plain cross-entropy. x: (B, C, H, W); y: (B,)."""

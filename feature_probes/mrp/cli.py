@@ -12,11 +12,11 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from icl_probes.common import pyplot
-from icl_probes.io import save_png, write_json, write_text
 from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.mrp.experiments import PRESETS, run_units
 from gemfilter.lab.entry import command
+from icl_probes.common import pyplot
+from icl_probes.io import save_png, write_json, write_text
 
 EPILOG = """examples:
   python -m feature_probes.mrp run --out results/mrp --fig-dir feature_probes/figures        # ~2 min
@@ -40,11 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m feature_probes.mrp",
         description="Mask-reconstruction pretraining (Pan, Zhou, Yan): a teacher-student encoder pretrained on masked "
-                    "multi-view patch data against supervised learning at the same width and steps.",
-        epilog="run '<subcommand> --help' for its options", formatter_class=argparse.RawDescriptionHelpFormatter)
+        "multi-view patch data against supervised learning at the same width and steps.",
+        epilog="run '<subcommand> --help' for its options",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{run,presets}")
     text = "SL baseline and MRP per mask ratio: captured features, downstream single-/multi-view accuracy"
-    sp = sub.add_parser("run", help=text, description=text, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp = sub.add_parser(
+        "run", help=text, description=text, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.subcommands = {"run": sp}
     add_run_args(sp, PRESETS)
     sp.add_argument("--mask-ratios", type=_ratios, help="mask ratios 1 - theta, e.g. 0.25,0.5,0.75")
@@ -58,8 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_config(args):
     cfg = PRESETS[args.preset]
-    names = {"seeds": "seeds", "mask_ratios": "mask_ratios", "steps": "steps", "lr_mrp": "lr_mrp", "lr_sl": "lr_sl",
-             "c_tau": "c_tau"}
+    names = {
+        "seeds": "seeds",
+        "mask_ratios": "mask_ratios",
+        "steps": "steps",
+        "lr_mrp": "lr_mrp",
+        "lr_sl": "lr_sl",
+        "c_tau": "c_tau",
+    }
     over = {field: getattr(args, attr) for attr, field in names.items() if getattr(args, attr) is not None}
     if set(over) - {"seeds", "mask_ratios"}:
         over["note"] = cfg.note + " (with command-line overrides)"
@@ -78,15 +88,22 @@ def _avg(values, digits=3):
 
 def markdown(rows: list[dict], cfg: dict, command: str) -> str:
     d = cfg["data"]
-    lines = [f"MRP probe: `{command}`", "",
-             f"k={d['k']}, d={d['d']}, P={d['P']}, C_p={d['C_p']}, mu={d['mu']}, km={d['k'] * cfg['m']} kernels, q={cfg['q']}, "
-             f"N={cfg['n_train']}, steps={cfg['steps']}, lr MRP/SL {cfg['lr_mrp']}/{cfg['lr_sl']}", "",
-             "| encoder | seeds | diverged | features captured | classes with both | winning kernels (max features each) | "
-             "head: single-view acc | head: multi-view acc | own F: single / multi | seconds |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"MRP probe: `{command}`",
+        "",
+        f"k={d['k']}, d={d['d']}, P={d['P']}, C_p={d['C_p']}, mu={d['mu']}, km={d['k'] * cfg['m']} kernels, "
+        f"q={cfg['q']}, "
+        f"N={cfg['n_train']}, steps={cfg['steps']}, lr MRP/SL {cfg['lr_mrp']}/{cfg['lr_sl']}",
+        "",
+        "| encoder | seeds | diverged | features captured | classes with both | winning kernels (max features each) | "
+        "head: single-view acc | head: multi-view acc | own F: single / multi | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     groups = [("supervised (SL)", [r for r in rows if r["method"] == "sl"])]
     for ratio in sorted({r["mask_ratio"] for r in rows if r["method"] == "mrp"}):
-        groups.append((f"MRP, mask ratio {ratio}", [r for r in rows if r["method"] == "mrp" and r["mask_ratio"] == ratio]))
+        groups.append(
+            (f"MRP, mask ratio {ratio}", [r for r in rows if r["method"] == "mrp" and r["mask_ratio"] == ratio])
+        )
     for name, mine in groups:
         if not mine:
             continue
@@ -96,13 +113,18 @@ def markdown(rows: list[dict], cfg: dict, command: str) -> str:
         own = "—"
         if mine[0]["method"] == "sl":
             own = f"{_avg(r['own']['single_acc'] for r in mine)} / {_avg(r['own']['multi_acc'] for r in mine)}"
-        lines.append(f"| {name} | {len(mine)} | {'at step ' + ', '.join(div) if div else 'no'} | "
-                     f"{_avg(r['final']['captured'] for r in ok)} | {_avg(r['final']['classes_both'] for r in ok)} | {win} | "
-                     f"{_avg(r['head']['head_single_acc'] for r in ok)} | {_avg(r['head']['head_multi_acc'] for r in ok)} | "
-                     f"{own} | {sum(r['seconds'] for r in mine):.0f} |")
+        lines.append(
+            f"| {name} | {len(mine)} | {'at step ' + ', '.join(div) if div else 'no'} | "
+            f"{_avg(r['final']['captured'] for r in ok)} | {_avg(r['final']['classes_both'] for r in ok)} | {win} | "
+            f"{_avg(r['head']['head_single_acc'] for r in ok)} | {_avg(r['head']['head_multi_acc'] for r in ok)} | "
+            f"{own} | {sum(r['seconds'] for r in mine):.0f} |"
+        )
     init = rows[0]["init"]
-    lines += ["", f"At initialisation (seed {rows[0]['seed']}): {init['captured']:.2f} of the features captured, "
-              f"Lambda mean {init['lam_mean']:.3f} (threshold {cfg['capture_at'] or 'varrho*C_p'})."]
+    lines += [
+        "",
+        f"At initialisation (seed {rows[0]['seed']}): {init['captured']:.2f} of the features captured, "
+        f"Lambda mean {init['lam_mean']:.3f} (threshold {cfg['capture_at'] or 'varrho*C_p'}).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -132,8 +154,7 @@ def main(argv=None) -> int:
     if args.command == "presets":
         print(json.dumps({k: asdict(v) for k, v in PRESETS.items()}, indent=2))
         return 0
-    cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.mrp", make_config,
-                                               "mrp_runs.jsonl")
+    cfg, command, out, figs, jsonl = start_run(parser, args, argv, "feature_probes.mrp", make_config, "mrp_runs.jsonl")
     rows = run_units(cfg, jsonl, progress=not args.quiet, force=args.force)
     write_json(out / "mrp_result.json", dict(config=asdict(cfg), command=command, runs=rows))
     md = markdown(rows, asdict(cfg), command)

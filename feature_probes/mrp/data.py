@@ -75,8 +75,11 @@ def make_patch_data(spec: PatchSpec, n: int, gen: torch.Generator, view: str = "
         raise ValueError(f"view={view!r}; allowed: mixed, multi, single")
     k, P, C, d, F = spec.k, spec.P, spec.C_p, spec.d, 2 * spec.k
     y = torch.randint(k, (n,), generator=gen)
-    single = {"mixed": torch.rand(n, generator=gen) < spec.mu, "multi": torch.zeros(n, dtype=torch.bool),
-              "single": torch.ones(n, dtype=torch.bool)}[view]
+    single = {
+        "mixed": torch.rand(n, generator=gen) < spec.mu,
+        "multi": torch.zeros(n, dtype=torch.bool),
+        "single": torch.ones(n, dtype=torch.bool),
+    }[view]
     kept = torch.where(single, torch.randint(1, 3, (n,), generator=gen), torch.zeros(n, dtype=torch.long))
     feat_class = torch.arange(F) // 2
     present = (torch.rand(n, F, generator=gen) < spec.s / k) & (feat_class[None] != y[:, None])
@@ -94,7 +97,7 @@ def make_patch_data(spec: PatchSpec, n: int, gen: torch.Generator, view: str = "
     split = split / split.sum(dim=2, keepdim=True)
     for i in range(n):
         feats = (weight[i] > 0).nonzero().squeeze(1)
-        slots = order[i, :len(feats) * C].view(len(feats), C)
+        slots = order[i, : len(feats) * C].view(len(feats), C)
         for f, ps in zip(feats.tolist(), slots):
             x[i, ps, f] = weight[i, f] * split[i, f]
             owner[i, ps] = f

@@ -18,11 +18,19 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from icl_probes.common import seed_everything
 from feature_probes.common import run_resumable
 from feature_probes.mrp.data import PatchSpec, make_patch_data
-from feature_probes.mrp.model import (Encoder, capture, class_scores, head_loss, mrp_loss_expected, sigma0_default,
-                                      teacher_tau, varrho_default)
+from feature_probes.mrp.model import (
+    Encoder,
+    capture,
+    class_scores,
+    head_loss,
+    mrp_loss_expected,
+    sigma0_default,
+    teacher_tau,
+    varrho_default,
+)
+from icl_probes.common import seed_everything
 
 DIVERGED = 1e6  # a kernel norm above this, or a non-finite loss, stops training and marks the run diverged
 
@@ -67,15 +75,28 @@ class MRPRun:
     def resolved(self) -> dict:
         k = self.data.k
         varrho = self.varrho or varrho_default(k)
-        return dict(varrho=varrho, sigma0=self.sigma0 or sigma0_default(k),
-                    capture_at=self.capture_at or varrho * self.data.C_p)
+        return dict(
+            varrho=varrho, sigma0=self.sigma0 or sigma0_default(k), capture_at=self.capture_at or varrho * self.data.C_p
+        )
 
 
 PRESETS = {
-    "cpu": MRPRun(seeds=(0, 1, 2), note="k=10, d=100, P=40, C_p=2, m=4 (40 kernels), q=3, 500 points, 150 GD steps "
-                                         "at lr 0.5, mask ratios 0.25/0.5/0.75, 3 seeds"),
-    "tiny": MRPRun(data=PatchSpec(k=3, d=12, P=12), m=2, n_train=60, n_test=60, steps=10, head_steps=10,
-                   mask_ratios=(0.5,), eval_every=5, note="smoke-test size"),
+    "cpu": MRPRun(
+        seeds=(0, 1, 2),
+        note="k=10, d=100, P=40, C_p=2, m=4 (40 kernels), q=3, 500 points, 150 GD steps "
+        "at lr 0.5, mask ratios 0.25/0.5/0.75, 3 seeds",
+    ),
+    "tiny": MRPRun(
+        data=PatchSpec(k=3, d=12, P=12),
+        m=2,
+        n_train=60,
+        n_test=60,
+        steps=10,
+        head_steps=10,
+        mask_ratios=(0.5,),
+        eval_every=5,
+        note="smoke-test size",
+    ),
 }
 
 
@@ -96,10 +117,18 @@ def _capture_summary(enc: Encoder, cfg: MRPRun) -> dict:
     lam, arg, cap = capture(enc, k, cfg.resolved()["capture_at"])
     winners = arg[cap].tolist()
     per_kernel = [winners.count(r) for r in set(winners)]
-    return dict(captured=float(cap.float().mean()), classes_both=float(cap.all(dim=1).float().mean()),
-                classes_none=float((~cap).all(dim=1).float().mean()), lam_mean=float(lam.mean()),
-                lam_min=float(lam.min()), lam_max=float(lam.max()), winning_kernels=len(per_kernel),
-                max_features_per_kernel=max(per_kernel, default=0), lam=lam.tolist(), winner=arg.tolist())
+    return dict(
+        captured=float(cap.float().mean()),
+        classes_both=float(cap.all(dim=1).float().mean()),
+        classes_none=float((~cap).all(dim=1).float().mean()),
+        lam_mean=float(lam.mean()),
+        lam_min=float(lam.min()),
+        lam_max=float(lam.max()),
+        winning_kernels=len(per_kernel),
+        max_features_per_kernel=max(per_kernel, default=0),
+        lam=lam.tolist(),
+        winner=arg.tolist(),
+    )
 
 
 def _diverged(loss: torch.Tensor, enc: Encoder) -> bool:
@@ -137,8 +166,13 @@ def _descend(enc: Encoder, cfg: MRPRun, loss_at, lr: float):
             diverged_at = t + 1
             break
         if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
-            history.append(dict(step=t + 1, loss=float(loss.detach()),
-                                **{k: v for k, v in _capture_summary(enc, cfg).items() if k not in ("lam", "winner")}))
+            history.append(
+                dict(
+                    step=t + 1,
+                    loss=float(loss.detach()),
+                    **{k: v for k, v in _capture_summary(enc, cfg).items() if k not in ("lam", "winner")},
+                )
+            )
     return history, diverged_at
 
 
@@ -151,12 +185,24 @@ def run_mrp(cfg: MRPRun, mask_ratio: float, seed: int, progress: bool = False) -
     init = _capture_summary(enc, cfg)
     t0 = time.time()
     history, diverged_at = _descend(
-        enc, cfg, lambda t: mrp_loss_expected(enc, train.x, theta, teacher_tau(theta, cfg.data.C_p, t, cfg.c_tau)),
-        cfg.lr_mrp)
+        enc,
+        cfg,
+        lambda t: mrp_loss_expected(enc, train.x, theta, teacher_tau(theta, cfg.data.C_p, t, cfg.c_tau)),
+        cfg.lr_mrp,
+    )
     final = _capture_summary(enc, cfg) if diverged_at is None else None
     head = _fit_head(enc, cfg, train, tests) if diverged_at is None else None
-    return dict(method="mrp", mask_ratio=mask_ratio, seed=seed, seconds=time.time() - t0, diverged_at=diverged_at,
-                init=init, final=final, head=head, history=history)
+    return dict(
+        method="mrp",
+        mask_ratio=mask_ratio,
+        seed=seed,
+        seconds=time.time() - t0,
+        diverged_at=diverged_at,
+        init=init,
+        final=final,
+        head=head,
+        history=history,
+    )
 
 
 def run_sl(cfg: MRPRun, seed: int, progress: bool = False) -> dict:
@@ -168,13 +214,24 @@ def run_sl(cfg: MRPRun, seed: int, progress: bool = False) -> dict:
     k, m = cfg.data.k, cfg.m
     init = _capture_summary(enc, cfg)
     t0 = time.time()
-    history, diverged_at = _descend(enc, cfg, lambda t: F.cross_entropy(class_scores(enc(train.x), k, m), train.y),
-                                    cfg.lr_sl)
+    history, diverged_at = _descend(
+        enc, cfg, lambda t: F.cross_entropy(class_scores(enc(train.x), k, m), train.y), cfg.lr_sl
+    )
     with torch.no_grad():
         acc = lambda d: float((class_scores(enc(d.x), k, m).argmax(dim=1) == d.y).float().mean())  # noqa: E731
         own = dict(train_acc=acc(train), single_acc=acc(tests["single"]), multi_acc=acc(tests["multi"]))
-    return dict(method="sl", mask_ratio=None, seed=seed, seconds=time.time() - t0, diverged_at=diverged_at, init=init,
-                final=_capture_summary(enc, cfg), own=own, head=_fit_head(enc, cfg, train, tests), history=history)
+    return dict(
+        method="sl",
+        mask_ratio=None,
+        seed=seed,
+        seconds=time.time() - t0,
+        diverged_at=diverged_at,
+        init=init,
+        final=_capture_summary(enc, cfg),
+        own=own,
+        head=_fit_head(enc, cfg, train, tests),
+        history=history,
+    )
 
 
 def run_units(cfg: MRPRun, jsonl_path=None, progress: bool = True, force: bool = False) -> list[dict]:
@@ -182,7 +239,13 @@ def run_units(cfg: MRPRun, jsonl_path=None, progress: bool = True, force: bool =
     (unless ``force``: recomputed)."""
     cfg.check()
     units = [("sl", None, s) for s in cfg.seeds] + [("mrp", r, s) for r in cfg.mask_ratios for s in cfg.seeds]
-    return run_resumable(cfg, jsonl_path, ("seeds", "mask_ratios", "note"), units,
-                         lambda r: (r["method"], r["mask_ratio"], r["seed"]),
-                         lambda method, ratio, seed: run_sl(cfg, seed) if method == "sl" else run_mrp(cfg, ratio, seed),
-                         force=force, desc="mrp units" if progress else None)
+    return run_resumable(
+        cfg,
+        jsonl_path,
+        ("seeds", "mask_ratios", "note"),
+        units,
+        lambda r: (r["method"], r["mask_ratio"], r["seed"]),
+        lambda method, ratio, seed: run_sl(cfg, seed) if method == "sl" else run_mrp(cfg, ratio, seed),
+        force=force,
+        desc="mrp units" if progress else None,
+    )

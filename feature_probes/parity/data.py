@@ -56,7 +56,7 @@ class ParitySpec:
         on s, either way round, under the exact law of s. D^(0) (weight p_o, or 1 without structure) gives
         s ~ Binomial(k, 1/2); D^(1) gives s = 0 or k, 1/2 each. k = 5, p_o = 1/2: 54/64 = 84.4%."""
         w0 = self.p_o if self.structured else 1.0
-        prob = [w0 * math.comb(self.k, s) / 2 ** self.k for s in range(self.k + 1)]
+        prob = [w0 * math.comb(self.k, s) / 2**self.k for s in range(self.k + 1)]
         prob[0] += (1 - w0) / 2
         prob[self.k] += (1 - w0) / 2
         odd = [s % 2 == 1 for s in range(self.k + 1)]  # label +1
@@ -85,7 +85,7 @@ def make_problem(spec: ParitySpec, gen: torch.Generator) -> Problem:
     spec.check()
     q, r = torch.linalg.qr(torch.randn(spec.d, spec.D, generator=gen, dtype=torch.float64))
     q = q * torch.sign(torch.diagonal(r))[None, :]  # a unique Q, so the draw depends only on the seed
-    A = torch.randperm(spec.D, generator=gen)[:spec.k].sort().values
+    A = torch.randperm(spec.D, generator=gen)[: spec.k].sort().values
     return Problem(q.float(), A)
 
 
@@ -118,7 +118,7 @@ def make_split(spec: ParitySpec, problem: Problem, n: int, gen: torch.Generator,
         while min(int((y > 0).sum()), int((y < 0).sum())) < n // 2:  # vanishingly rare; draw more
             more = sample_phi(spec, problem.A, n, gen)
             phi, y = torch.cat([phi, more]), torch.cat([y, parity_labels(more, problem.A)])
-        pos, neg = (y > 0).nonzero().squeeze(1)[:n // 2], (y < 0).nonzero().squeeze(1)[:n // 2]
+        pos, neg = (y > 0).nonzero().squeeze(1)[: n // 2], (y < 0).nonzero().squeeze(1)[: n // 2]
         idx = torch.cat([pos, neg])[torch.randperm(n, generator=gen)]
         phi, y = phi[idx], y[idx]
     return normalise(spec, problem, phi), y, phi

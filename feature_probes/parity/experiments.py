@@ -14,12 +14,21 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from icl_probes.common import seed_everything
 from feature_probes.common import run_resumable
 from feature_probes.parity.data import ParitySpec, make_problem, make_split
-from feature_probes.parity.model import (FixedFeatureHead, LinearisedNet, NTKFeatures, RidgeSystem, TwoLayerNet, gd_step,
-                                         hinge, ntk_predict, ntk_ridge, regulariser)
-
+from feature_probes.parity.model import (
+    FixedFeatureHead,
+    LinearisedNet,
+    NTKFeatures,
+    RidgeSystem,
+    TwoLayerNet,
+    gd_step,
+    hinge,
+    ntk_predict,
+    ntk_ridge,
+    regulariser,
+)
+from icl_probes.common import seed_everything
 
 #: third-stage setting -> its method key in the results (``network`` is the theorem's, as before)
 STAGE3 = {"thm_a20": "network", "adam": "network_adam"}
@@ -68,8 +77,10 @@ class ParityRun:
         if not self.stage3 or set(self.stage3) - set(STAGE3):
             raise ValueError(f"stage3={self.stage3!r}; allowed: a non-empty subset of {', '.join(STAGE3)}")
         if not self.ntk_lams or min(self.ntk_lams) <= 0 or not 0 < self.ntk_holdout < 1:
-            raise ValueError(f"ntk_lams={self.ntk_lams!r}, ntk_holdout={self.ntk_holdout}: need penalties > 0 and "
-                             "a held-out share in (0, 1)")
+            raise ValueError(
+                f"ntk_lams={self.ntk_lams!r}, ntk_holdout={self.ntk_holdout}: need penalties > 0 and "
+                "a held-out share in (0, 1)"
+            )
         if self.steps < 3:
             raise ValueError(f"steps={self.steps}: the learning process needs at least 3 steps")
         if not 0 < self.batch <= self.n_train:
@@ -79,11 +90,21 @@ class ParityRun:
 
 
 PRESETS = {
-    "cpu": ParityRun(note="the paper's sizes (d=500, D=100, k=5, p_o=1/2, m=300, T=600, 50000 train points, "
-                          "batch 1000 after step 2), one seed, 10000 test points"),
+    "cpu": ParityRun(
+        note="the paper's sizes (d=500, D=100, k=5, p_o=1/2, m=300, T=600, 50000 train points, "
+        "batch 1000 after step 2), one seed, 10000 test points"
+    ),
     "paper": ParityRun(seeds=(0, 1, 2, 3, 4), note="as cpu with the paper's 5 seeds"),
-    "tiny": ParityRun(spec=ParitySpec(d=40, D=12, k=3), m=20, n_train=600, n_test=300, steps=12, batch=200,
-                      eval_every=6, note="smoke test size"),
+    "tiny": ParityRun(
+        spec=ParitySpec(d=40, D=12, k=3),
+        m=20,
+        n_train=600,
+        n_test=300,
+        steps=12,
+        batch=200,
+        eval_every=6,
+        note="smoke test size",
+    ),
 }
 
 
@@ -93,12 +114,21 @@ def hyper(cfg: ParityRun) -> dict:
     law = replace(cfg.spec, structured=True)
     gamma, sigma = law.gamma(), law.centre_and_scale()[1]
     if cfg.step1 == "thm_a20":
-        eta1, s12 = gamma ** 2 * sigma ** 2 / (k * m ** 3), 1 / k ** 2
+        eta1, s12 = gamma**2 * sigma**2 / (k * m**3), 1 / k**2
     else:
-        eta1, s12 = gamma ** 2 * sigma / (k * m ** 3), 1 / k ** 1.5
-    return dict(gamma=gamma, sigma_tilde=sigma, sigma_w=1 / k, sigma_b=1 / k ** 2, sigma_a=sigma ** 2 / (gamma * k ** 2),
-                eta1=eta1, lam_w1=1 / (2 * eta1), smooth12=s12,
-                eta3=cfg.lr3 or k ** 2 / (T * m ** (1 / 3)), lam3=cfg.lam3)
+        eta1, s12 = gamma**2 * sigma / (k * m**3), 1 / k**1.5
+    return dict(
+        gamma=gamma,
+        sigma_tilde=sigma,
+        sigma_w=1 / k,
+        sigma_b=1 / k**2,
+        sigma_a=sigma**2 / (gamma * k**2),
+        eta1=eta1,
+        lam_w1=1 / (2 * eta1),
+        smooth12=s12,
+        eta3=cfg.lr3 or k**2 / (T * m ** (1 / 3)),
+        lam3=cfg.lam3,
+    )
 
 
 def accuracy(out: torch.Tensor, y: torch.Tensor) -> float:
@@ -160,8 +190,19 @@ def run_parity(cfg: ParityRun, structured: bool, seed: int, progress: bool = Fal
     return dict(structured=structured, seed=seed, A=problem.A.tolist(), hyper=h, **fit)
 
 
-def fit_methods(cfg, h: dict, star: torch.Tensor, train: tuple, test: tuple, net: TwoLayerNet, gen: torch.Generator,
-                seed: int, progress: bool = False, label: str = "", pos_share: bool = False) -> dict:
+def fit_methods(
+    cfg,
+    h: dict,
+    star: torch.Tensor,
+    train: tuple,
+    test: tuple,
+    net: TwoLayerNet,
+    gen: torch.Generator,
+    seed: int,
+    progress: bool = False,
+    label: str = "",
+    pos_share: bool = False,
+) -> dict:
     """The learning process of Thm A.20 and the baselines on one drawn problem (Table A.1's columns; shared with
     the interval labelling of Table A.2, ``feature_probes.interval``).
 
@@ -198,8 +239,9 @@ def fit_methods(cfg, h: dict, star: torch.Tensor, train: tuple, test: tuple, net
             bar.update(1)
         bar.close()
         with torch.no_grad():
-            methods[STAGE3[mode]] = dict(train_acc=accuracy(net(x), y), test_acc=accuracy(net(xt), yt),
-                                         cos=cos_to_star(net.w, star), curve=curve)
+            methods[STAGE3[mode]] = dict(
+                train_acc=accuracy(net(x), y), test_acc=accuracy(net(xt), yt), cos=cos_to_star(net.w, star), curve=curve
+            )
             if pos_share:
                 methods[STAGE3[mode]]["test_pos_share"] = _pos_share(net(xt))
     net_seconds = time.time() - t0
@@ -207,12 +249,15 @@ def fit_methods(cfg, h: dict, star: torch.Tensor, train: tuple, test: tuple, net
     base_batches = _batches(cfg.n_train, cfg.batch, cfg.steps, torch.Generator().manual_seed(seed + 1))
     methods["ntk_ridge"] = _ntk_ridge(cfg, init, x, y, xt, yt, pos_share)
     ntk = LinearisedNet(init)
-    for name, model, params, w in (("ntk", ntk, list(ntk.parameters()), None),
-                                   ("rf", FixedFeatureHead(w0, b0, x), None, w0),
-                                   ("one_step", FixedFeatureHead(w1, b1, x), None, w1),
-                                   ("two_step", FixedFeatureHead(w2, b2, x), None, w2)):
-        curve_b, acc = _fit_linear(model, params or list(model.parameters()), x, y, xt, yt, base_batches,
-                                   cfg.baseline_lr, cfg.eval_every)
+    for name, model, params, w in (
+        ("ntk", ntk, list(ntk.parameters()), None),
+        ("rf", FixedFeatureHead(w0, b0, x), None, w0),
+        ("one_step", FixedFeatureHead(w1, b1, x), None, w1),
+        ("two_step", FixedFeatureHead(w2, b2, x), None, w2),
+    ):
+        curve_b, acc = _fit_linear(
+            model, params or list(model.parameters()), x, y, xt, yt, base_batches, cfg.baseline_lr, cfg.eval_every
+        )
         methods[name] = dict(**acc, cos=None if w is None else cos_to_star(w, star), curve=curve_b)
         if pos_share:
             with torch.no_grad():
@@ -238,8 +283,15 @@ def _ntk_ridge(cfg: ParityRun, init: TwoLayerNet, x, y, xt, yt, pos_share: bool 
     """Ridge regression on the NTK features of the initial network (labels +-1), the penalty chosen on a
     held-out share of the training set, then refit on all of it (``ntk_ridge_fit``)."""
     feats, theta, best, iters, scores = ntk_ridge_fit(cfg, init, x, y)
-    out = dict(train_acc=accuracy(ntk_predict(feats, theta, x), y),
-               test_acc=accuracy(ntk_predict(feats, theta, xt), yt), cos=None, lam=best, cg_iters=iters, search=scores, curve=[])
+    out = dict(
+        train_acc=accuracy(ntk_predict(feats, theta, x), y),
+        test_acc=accuracy(ntk_predict(feats, theta, xt), yt),
+        cos=None,
+        lam=best,
+        cg_iters=iters,
+        search=scores,
+        curve=[],
+    )
     if pos_share:
         out["test_pos_share"] = _pos_share(ntk_predict(feats, theta, xt))
     return out
@@ -289,5 +341,12 @@ def run_table(cfg: ParityRun, jsonl_path=None, progress: bool = True, force: boo
     each newly finished unit is appended (so an interrupted table resumes)."""
     cfg.check()
     units = [(structured, seed) for structured in cfg.laws for seed in cfg.seeds]
-    return run_resumable(cfg, jsonl_path, ("seeds", "laws", "note"), units, lambda r: (r["structured"], r["seed"]),
-                         lambda structured, seed: run_parity(cfg, structured, seed, progress), force=force)
+    return run_resumable(
+        cfg,
+        jsonl_path,
+        ("seeds", "laws", "note"),
+        units,
+        lambda r: (r["structured"], r["seed"]),
+        lambda structured, seed: run_parity(cfg, structured, seed, progress),
+        force=force,
+    )

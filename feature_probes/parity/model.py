@@ -138,8 +138,11 @@ class NTKFeatures:
     def __init__(self, net: TwoLayerNet, x_train: torch.Tensor, tol: float = 1e-6):
         self.w0, self.b0, self.a0 = net.w.detach().clone(), net.b.detach().clone(), net.a.detach().clone()
         m = len(self.w0) // 2
-        if not (torch.equal(self.w0[:m], self.w0[m:]) and torch.equal(self.b0[:m], self.b0[m:])
-                and torch.equal(self.a0[:m], -self.a0[m:])):
+        if not (
+            torch.equal(self.w0[:m], self.w0[m:])
+            and torch.equal(self.b0[:m], self.b0[m:])
+            and torch.equal(self.a0[:m], -self.a0[m:])
+        ):
             raise ValueError("NTKFeatures needs the symmetric initialisation (neuron m+i = neuron i with -a_i)")
         evals, evecs = torch.linalg.eigh((x_train.T @ x_train).double())
         self.basis = evecs[:, evals > tol * evals.max()].to(x_train.dtype)  # (d, r)
@@ -151,7 +154,7 @@ class NTKFeatures:
         z = x @ self.w0[:m].T + self.b0[:m]
         slope = ((z > 0) & (z < 1)).to(x.dtype) * self.a0[:m]
         coords = torch.cat([x @ self.basis, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
-        return 2 ** 0.5 * clip_relu(z), 2 ** 0.5 * slope, coords
+        return 2**0.5 * clip_relu(z), 2**0.5 * slope, coords
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         """phi(x) in the original parameters, (n, 2m + 2m d + 2m): [d/da, d/dw (row-major), d/db]; for tests."""
@@ -184,7 +187,7 @@ class RidgeSystem:
         f, s, c = self.blocks
         self.rhs = _apply_t(self.blocks, y)
         self.gram_a = (f.T @ f).double()
-        self.gram_v = torch.stack([((c * (s[:, i:i + 1] ** 2)).T @ c).double() for i in range(s.shape[1])])
+        self.gram_v = torch.stack([((c * (s[:, i : i + 1] ** 2)).T @ c).double() for i in range(s.shape[1])])
 
     def _preconditioner(self, lam: float):
         """Block-Jacobi inverse of Phi^T Phi + lam I."""
@@ -216,7 +219,7 @@ class RidgeSystem:
         res = (rhs[0] - n0[0], rhs[1] - n0[1])
         z = precond(*res)
         d = z
-        rz, goal = dot(res, z), tol ** 2 * dot(rhs, rhs)
+        rz, goal = dot(res, z), tol**2 * dot(rhs, rhs)
         for it in range(1, iters + 1):
             if dot(res, res) <= goal:
                 return (alpha, v), it - 1
@@ -231,8 +234,9 @@ class RidgeSystem:
         return (alpha, v), iters
 
 
-def ntk_ridge(feats: NTKFeatures, x: torch.Tensor, y: torch.Tensor, lam: float, iters: int = 300,
-              tol: float = 1e-4, start=None) -> tuple:
+def ntk_ridge(
+    feats: NTKFeatures, x: torch.Tensor, y: torch.Tensor, lam: float, iters: int = 300, tol: float = 1e-4, start=None
+) -> tuple:
     """One penalty's ridge solution on (x, y): ``RidgeSystem(feats, x, y).solve(lam, ...)``."""
     return RidgeSystem(feats, x, y).solve(lam, iters, tol, start)
 

@@ -48,7 +48,9 @@ STEP1_VARIANTS = (
 
 def _cos_stats(w: torch.Tensor, star: torch.Tensor) -> dict:
     cos = (w @ star / (w.norm(dim=1).clamp_min(1e-30) * star.norm())).abs()
-    return dict(cos=cos_to_star(w, star), mean_abs_cos=float(cos.mean()), share_above_0_9=float((cos > 0.9).float().mean()))
+    return dict(
+        cos=cos_to_star(w, star), mean_abs_cos=float(cos.mean()), share_above_0_9=float((cos > 0.9).float().mean())
+    )
 
 
 def step1_cosines(cfg: ParityRun, seed: int, variants=STEP1_VARIANTS) -> list[dict]:
@@ -78,8 +80,18 @@ def step1_cosines(cfg: ParityRun, seed: int, variants=STEP1_VARIANTS) -> list[di
             gd_step(net, x[:n], y[:n], h["eta1"], 0.0, (1 - v.keep) * h["lam_w1"], h["smooth12"])
         one = _cos_stats(net.w.detach(), star)
         gd_step(net, x[:n], y[:n], 1.0, 0.5, 0.5, h["smooth12"])
-        rows.append(dict(variant=v.name, n=n, keep=v.keep, rule=v.rule, seed=seed, init=_cos_stats(start["w"], star),
-                         step1=one, step2=_cos_stats(net.w.detach(), star)))
+        rows.append(
+            dict(
+                variant=v.name,
+                n=n,
+                keep=v.keep,
+                rule=v.rule,
+                seed=seed,
+                init=_cos_stats(start["w"], star),
+                step1=one,
+                step2=_cos_stats(net.w.detach(), star),
+            )
+        )
     return rows
 
 
@@ -96,10 +108,22 @@ def ntk_spread(cfg: ParityRun, seed: int, n_train: int, n_test: int, subset: int
     right = ((ntk_predict(feats, theta, xt) > 0).float() * 2 - 1 == yt).float()
     parts = right[: n_test // subset * subset].view(-1, subset).mean(dim=1).sort().values
     q = lambda p: float(parts[min(len(parts) - 1, int(p * len(parts)))])  # noqa: E731
-    return dict(seed=seed, n_train=n_train, n_test=n_test, lam=lam, cg_iters=iters,
-                train_acc=accuracy(ntk_predict(feats, theta, x), y), test_acc=float(right.mean()),
-                subset=subset, subsets=len(parts), subset_min=float(parts[0]), subset_p05=q(0.05), subset_p95=q(0.95),
-                subset_max=float(parts[-1]), share_at_paper=float((parts >= paper_test - 1e-9).float().mean()))
+    return dict(
+        seed=seed,
+        n_train=n_train,
+        n_test=n_test,
+        lam=lam,
+        cg_iters=iters,
+        train_acc=accuracy(ntk_predict(feats, theta, x), y),
+        test_acc=float(right.mean()),
+        subset=subset,
+        subsets=len(parts),
+        subset_min=float(parts[0]),
+        subset_p05=q(0.05),
+        subset_p95=q(0.95),
+        subset_max=float(parts[-1]),
+        share_at_paper=float((parts >= paper_test - 1e-9).float().mean()),
+    )
 
 
 @dataclass(frozen=True)
@@ -124,17 +148,26 @@ class NTKStudy:
 
     def check(self) -> None:
         if not self.seeds or min(self.n_trains, default=0) < 10 or not 1 <= self.subset <= self.n_test:
-            raise ValueError(f"seeds={self.seeds}, n_trains={self.n_trains}, subset={self.subset}, n_test={self.n_test}: "
-                             "need a seed, training sizes >= 10 and 1 <= subset <= n_test")
+            raise ValueError(
+                f"seeds={self.seeds}, n_trains={self.n_trains}, subset={self.subset}, n_test={self.n_test}: "
+                "need a seed, training sizes >= 10 and 1 <= subset <= n_test"
+            )
 
 
 def run_step1(study: Step1Study, jsonl_path=None, force: bool = False, progress: bool = True) -> list[dict]:
     """One JSONL row per seed, {seed, variants: [step1_cosines rows]}, resumable."""
     from feature_probes.common import run_resumable
 
-    return run_resumable(study, jsonl_path, ("seeds",), [(s,) for s in study.seeds], lambda r: (r["seed"],),
-                         lambda seed: dict(seed=seed, variants=step1_cosines(study.run, seed, study.variants)), force=force,
-                         desc="step 1 cosines" if progress else None)
+    return run_resumable(
+        study,
+        jsonl_path,
+        ("seeds",),
+        [(s,) for s in study.seeds],
+        lambda r: (r["seed"],),
+        lambda seed: dict(seed=seed, variants=step1_cosines(study.run, seed, study.variants)),
+        force=force,
+        desc="step 1 cosines" if progress else None,
+    )
 
 
 def run_ntk(study: NTKStudy, jsonl_path=None, force: bool = False, progress: bool = True) -> list[dict]:
@@ -143,9 +176,16 @@ def run_ntk(study: NTKStudy, jsonl_path=None, force: bool = False, progress: boo
 
     study.check()
     units = [(s, n) for s in study.seeds for n in study.n_trains]
-    return run_resumable(study, jsonl_path, ("seeds", "n_trains"), units, lambda r: (r["seed"], r["n_train"]),
-                         lambda seed, n: ntk_spread(study.run, seed, n, study.n_test, study.subset), force=force,
-                         desc="NTK ridge fits" if progress else None)
+    return run_resumable(
+        study,
+        jsonl_path,
+        ("seeds", "n_trains"),
+        units,
+        lambda r: (r["seed"], r["n_train"]),
+        lambda seed, n: ntk_spread(study.run, seed, n, study.n_test, study.subset),
+        force=force,
+        desc="NTK ridge fits" if progress else None,
+    )
 
 
 def _ms(values, scale=1.0, digits=3) -> str:
@@ -157,23 +197,33 @@ def _ms(values, scale=1.0, digits=3) -> str:
 
 def step1_markdown(rows: list[dict]) -> str:
     """Mean ± std over seeds of each variant's cosines; the paper's One Step 0.848, Two Step 0.997."""
-    lines = ["| steps 1-2 | One Step cos (after step 1) | Two Step cos (after step 2) | "
-             "share of neurons with \\|cos\\| > 0.9 after step 1 |", "|---|---|---|---|"]
+    lines = [
+        "| steps 1-2 | One Step cos (after step 1) | Two Step cos (after step 2) | "
+        "share of neurons with \\|cos\\| > 0.9 after step 1 |",
+        "|---|---|---|---|",
+    ]
     for i, first in enumerate(rows[0]["variants"]):
         vs = [r["variants"][i] for r in rows]
-        lines.append(f"| {first['variant']} | {_ms([v['step1']['cos'] for v in vs])} | "
-                     f"{_ms([v['step2']['cos'] for v in vs])} | {_ms([v['step1']['share_above_0_9'] for v in vs], 100, 1)}% |")
+        lines.append(
+            f"| {first['variant']} | {_ms([v['step1']['cos'] for v in vs])} | "
+            f"{_ms([v['step2']['cos'] for v in vs])} | {_ms([v['step1']['share_above_0_9'] for v in vs], 100, 1)}% |"
+        )
     lines.append(f"| init (RF) | {_ms([r['variants'][0]['init']['cos'] for r in rows])} | | |")
     return "\n".join(lines) + "\n"
 
 
 def ntk_markdown(rows: list[dict]) -> str:
     """Mean ± std over seeds per n_train: train and test accuracy and the spread over test subsets."""
-    lines = ["| n_train | train acc (%) | test acc (%) | subset accuracy, 5th–95th percentile (%) | "
-             "subset max (%) | share of subsets ≥ 86.4% |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| n_train | train acc (%) | test acc (%) | subset accuracy, 5th–95th percentile (%) | "
+        "subset max (%) | share of subsets ≥ 86.4% |",
+        "|---|---|---|---|---|---|",
+    ]
     for n in sorted({r["n_train"] for r in rows}):
         rs = [r for r in rows if r["n_train"] == n]
-        lines.append(f"| {n} | {_ms([r['train_acc'] for r in rs], 100, 1)} | {_ms([r['test_acc'] for r in rs], 100, 1)} | "
-                     f"{_ms([r['subset_p05'] for r in rs], 100, 1)} – {_ms([r['subset_p95'] for r in rs], 100, 1)} | "
-                     f"{max(r['subset_max'] for r in rs) * 100:.1f} | {_ms([r['share_at_paper'] for r in rs], 100, 0)}% |")
+        lines.append(
+            f"| {n} | {_ms([r['train_acc'] for r in rs], 100, 1)} | {_ms([r['test_acc'] for r in rs], 100, 1)} | "
+            f"{_ms([r['subset_p05'] for r in rs], 100, 1)} – {_ms([r['subset_p95'] for r in rs], 100, 1)} | "
+            f"{max(r['subset_max'] for r in rs) * 100:.1f} | {_ms([r['share_at_paper'] for r in rs], 100, 0)}% |"
+        )
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
 from .entry import command
 
 EPILOG = """The default model is the embedded Gemma 3 270M (offline; the first load dequantizes it and
@@ -42,29 +43,37 @@ def _cmd_methods(args) -> int:
         if args.name not in REGISTRY:
             raise ValueError(f"unknown method {args.name!r}; allowed: {', '.join(sorted(REGISTRY))}")
         cls = REGISTRY[args.name]
-        print(f"{args.name} ({cls.kind} method): {cls.description}\n\n{inspect.getdoc(cls)}\n\n"
-              f"parameters (defaults), settable as {args.name}:key=value,...:")
+        print(
+            f"{args.name} ({cls.kind} method): {cls.description}\n\n{inspect.getdoc(cls)}\n\n"
+            f"parameters (defaults), settable as {args.name}:key=value,...:"
+        )
         for key, (type_name, default) in parameters(cls).items():
-            print(f"  {key} = {default!r}  [{type_name}]"
-                  + ("  (None: the model's default layer)" if key == "layer" else "")
-                  + ("  (alias k)" if key == "topk" else ""))
+            print(
+                f"  {key} = {default!r}  [{type_name}]"
+                + ("  (None: the model's default layer)" if key == "layer" else "")
+                + ("  (alias k)" if key == "topk" else "")
+            )
         if "topk" in parameters(cls):
-            print(f"  ratio  [float in (0, 1]]  instead of topk: topk = max(1, round(ratio x prompt tokens)), e.g. "
-                  f"{args.name}:ratio=0.1")
+            print(
+                f"  ratio  [float in (0, 1]]  instead of topk: topk = max(1, round(ratio x prompt tokens)), e.g. "
+                f"{args.name}:ratio=0.1"
+            )
         return 0
     width = max(len(n) for n, _ in describe())
     for name, desc in describe():
         print(f"{name:<{width}}  {REGISTRY[name].kind:<6}  {desc}")
-    print("\nkinds: prompt (picks prompt tokens; runs in front of an engine), cache (keeps topk KV rows per layer), "
-          "full (the baseline).\n\n" + SPEC_EPILOG)
+    print(
+        "\nkinds: prompt (picks prompt tokens; runs in front of an engine), cache (keeps topk KV rows per layer), "
+        "full (the baseline).\n\n" + SPEC_EPILOG
+    )
     return 0
 
 
 def check_generate_args(args):
     """Every option check that needs no weights (the config is enough), so a typo costs no model load; returns
     the method's :class:`~gemfilter.methods.spec.Spec`."""
-    from .options import check_against_model, check_int, method_specs_of
     from ..models import load_config
+    from .options import check_against_model, check_int, method_specs_of
 
     check_int(args.threads, "--threads", 0)
     check_int(args.max_new_tokens, "--max-new-tokens", 1)
@@ -102,10 +111,17 @@ def _cmd_generate(args) -> int:
     layer = method.layer
     print(answer.strip())
     rows = out.budget.kv_rows if out.budget is not None else ()
-    print(f"\n[{spec.label}] kept {out.kept[0]}/{n} prompt tokens"
-          + (f" (filter layer {layer})" if layer is not None else "")
-          + (f"; KV rows per layer {min(rows)}..{max(rows)}, {out.budget.propagated} tokens through the last layer"
-             if rows else "") + f", {seconds:.1f} s", file=sys.stderr)
+    print(
+        f"\n[{spec.label}] kept {out.kept[0]}/{n} prompt tokens"
+        + (f" (filter layer {layer})" if layer is not None else "")
+        + (
+            f"; KV rows per layer {min(rows)}..{max(rows)}, {out.budget.propagated} tokens through the last layer"
+            if rows
+            else ""
+        )
+        + f", {seconds:.1f} s",
+        file=sys.stderr,
+    )
     if args.show_selection:
         if out.kept_text is None:
             print(f"[{spec.label}] keeps per-head cache entries, not one token set: nothing to show", file=sys.stderr)
@@ -119,31 +135,43 @@ def build_parser() -> argparse.ArgumentParser:
     from .options import add_method_options
 
     parser = argparse.ArgumentParser(
-        prog="gemfilter", description="GemFilter and KV-cache baselines for Hugging Face causal LMs.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="gemfilter",
+        description="GemFilter and KV-cache baselines for Hugging Face causal LMs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    sub.add_parser("bench", help="speed and memory of each method against context length (see 'gemfilter bench -h')",
-                   add_help=False)
+    sub.add_parser(
+        "bench",
+        help="speed and memory of each method against context length (see 'gemfilter bench -h')",
+        add_help=False,
+    )
 
-    p = sub.add_parser("methods", help="list the registered methods with a one-line description",
-                       description="List the registered methods; with a NAME, print that method's documentation and "
-                       "every parameter with its default (e.g. 'gemfilter methods fastkv').", epilog=SPEC_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "methods",
+        help="list the registered methods with a one-line description",
+        description="List the registered methods; with a NAME, print that method's documentation and "
+        "every parameter with its default (e.g. 'gemfilter methods fastkv').",
+        epilog=SPEC_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("name", nargs="?", default=None, help="a method name: show its docstring and parameter defaults")
     p.set_defaults(func=_cmd_methods)
 
     p = sub.add_parser(
-        "generate", help="answer a prompt file with a method and report how many prompt tokens it kept",
+        "generate",
+        help="answer a prompt file with a method and report how many prompt tokens it kept",
         description="Read a prompt (context + question) from a file, run the method, print the answer on "
-        "stdout and 'kept K/N prompt tokens' on stderr.", epilog=EPILOG,
+        "stdout and 'kept K/N prompt tokens' on stderr.",
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--prompt-file", required=True, help="UTF-8 text file holding the whole prompt")
-    p.add_argument("--model", default=None,
-                   help="Hugging Face id or local path (default: the embedded Gemma 3 270M, offline)")
+    p.add_argument(
+        "--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M, offline)"
+    )
     add_method_options(p, methods="one", default="gemfilter", default_help="gemfilter (paper-faithful)")
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate, greedy (default 50)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
@@ -153,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .hub import add_parser as add_export_hub
     from .inspection.report import add_subcommands
-    from .serve.cli import add_parser as add_serve, add_plugin_parser
+    from .serve.cli import add_parser as add_serve
+    from .serve.cli import add_plugin_parser
 
     add_subcommands(sub)
     add_serve(sub)

@@ -7,6 +7,7 @@ import sys
 
 from ..extras import DIST, EXTRAS, MissingExtra, missing_modules, require  # noqa: F401 (re-exported)
 
+
 class ErrorExit(SystemExit):
     """End a command with one ``error: MESSAGE`` line on stderr (printed by :func:`command`) and exit 2.
 

@@ -113,8 +113,14 @@ def period_token_ids(tokenizer, special: bool = False) -> set:
     return set(tokenizer.encode(".", add_special_tokens=special))
 
 
-def insert_needle(context_ids: list, needle_ids: list, depth: float, target_len: int, period_ids: set,
-                  buffer: int = FINAL_CONTEXT_LENGTH_BUFFER) -> list:
+def insert_needle(
+    context_ids: list,
+    needle_ids: list,
+    depth: float,
+    target_len: int,
+    period_ids: set,
+    buffer: int = FINAL_CONTEXT_LENGTH_BUFFER,
+) -> list:
     """Kamradt's token-level insertion; returns the new token list.
 
     context_ids: haystack tokens (usually ``target_len`` of them); needle_ids: needle tokens;
@@ -126,8 +132,10 @@ def insert_needle(context_ids: list, needle_ids: list, depth: float, target_len:
     target = target_len - buffer
     if target < len(needle_ids):
         # The original would slice with a negative bound here and silently keep the haystack's tail.
-        raise ValueError(f"context length {target_len} is too short: it must be at least the {buffer}-token buffer "
-                         f"plus the {len(needle_ids)}-token needle ({buffer + len(needle_ids)})")
+        raise ValueError(
+            f"context length {target_len} is too short: it must be at least the {buffer}-token buffer "
+            f"plus the {len(needle_ids)}-token needle ({buffer + len(needle_ids)})"
+        )
     ctx = list(context_ids)
     if len(ctx) + len(needle_ids) > target:
         ctx = ctx[: target - len(needle_ids)]
@@ -160,8 +168,10 @@ def chat_prompt(tokenizer, context: str, question: str) -> str:
     consecutive user turns; for those, and only then, the two user turns are joined by a blank line.
     """
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("--prompt kamradt-chat needs a tokenizer with a chat template, and this one has none; "
-                         "use --prompt gemfilter (the GemFilter repo's plain prompt)")
+        raise ValueError(
+            "--prompt kamradt-chat needs a tokenizer with a chat template, and this one has none; "
+            "use --prompt gemfilter (the GemFilter repo's plain prompt)"
+        )
     messages = [
         {"role": "system", "content": KAMRADT_SYSTEM},
         {"role": "user", "content": context},
@@ -174,8 +184,9 @@ def chat_prompt(tokenizer, context: str, question: str) -> str:
         return tokenizer.apply_chat_template(merged, tokenize=False, add_generation_prompt=True)
 
 
-def check_lengths(tokenizer, lengths, *, needle: str = NEEDLE, protocol: str = "kamradt",
-                  flag: str = "--lengths") -> None:
+def check_lengths(
+    tokenizer, lengths, *, needle: str = NEEDLE, protocol: str = "kamradt", flag: str = "--lengths"
+) -> None:
     """Refuse, before any model loads, context lengths too short for the needle test (``insert_needle``
     would raise only when the cell runs): ValueError naming them and the shortest allowed length.
 
@@ -185,14 +196,25 @@ def check_lengths(tokenizer, lengths, *, needle: str = NEEDLE, protocol: str = "
     low = FINAL_CONTEXT_LENGTH_BUFFER + needle_len
     short = [n for n in lengths if n < low]
     if short:
-        raise ValueError(f"{flag}: {', '.join(map(str, short))} tokens is too short for the needle test: a context "
-                         f"needs the {FINAL_CONTEXT_LENGTH_BUFFER}-token buffer (template, question, answer) plus the "
-                         f"{needle_len}-token needle; allowed: {low} tokens or more with this tokenizer")
+        raise ValueError(
+            f"{flag}: {', '.join(map(str, short))} tokens is too short for the needle test: a context "
+            f"needs the {FINAL_CONTEXT_LENGTH_BUFFER}-token buffer (template, question, answer) plus the "
+            f"{needle_len}-token needle; allowed: {low} tokens or more with this tokenizer"
+        )
 
 
-def build_case(tokenizer, length: int, depth: float, *, haystack: str | Haystack | None = None, haystack_dir=None,
-               needle: str = NEEDLE, question: str = QUESTION, template: str = "gemfilter",
-               protocol: str = "kamradt") -> NeedleCase:
+def build_case(
+    tokenizer,
+    length: int,
+    depth: float,
+    *,
+    haystack: str | Haystack | None = None,
+    haystack_dir=None,
+    needle: str = NEEDLE,
+    question: str = QUESTION,
+    template: str = "gemfilter",
+    protocol: str = "kamradt",
+) -> NeedleCase:
     """Context of ``length`` tokens with the needle at ``depth`` percent, and the full prompt text.
 
     length: context length L in tokens (before the 200-token buffer is removed).
@@ -209,8 +231,11 @@ def build_case(tokenizer, length: int, depth: float, *, haystack: str | Haystack
         raise ValueError(f"unknown NIAH protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"length must be a positive int (tokens), got {length!r}")
-    hay = haystack if isinstance(haystack, Haystack) else make_haystack(
-        tokenizer, length, haystack=haystack, haystack_dir=haystack_dir)
+    hay = (
+        haystack
+        if isinstance(haystack, Haystack)
+        else make_haystack(tokenizer, length, haystack=haystack, haystack_dir=haystack_dir)
+    )
     special = PROTOCOLS[protocol]
     full = hay.special_ids(tokenizer) if special else hay.ids
     # encode_and_trim: the cut is decoded to text and re-encoded, as in the original.
@@ -218,7 +243,7 @@ def build_case(tokenizer, length: int, depth: float, *, haystack: str | Haystack
     ctx_ids = tokenizer.encode(text, add_special_tokens=special)
     needle_ids = tokenizer.encode(needle, add_special_tokens=special)
     ids = insert_needle(ctx_ids, needle_ids, depth, length, period_token_ids(tokenizer, special))
-    start = next(i for i in range(len(ids) - len(needle_ids) + 1) if ids[i:i + len(needle_ids)] == needle_ids)
+    start = next(i for i in range(len(ids) - len(needle_ids) + 1) if ids[i : i + len(needle_ids)] == needle_ids)
     end = start + len(needle_ids)
     specials = set(getattr(tokenizer, "all_special_ids", ()))
     while start < end and ids[start] in specials:  # the needle's own BOS (gemfilter-repo) is not the needle

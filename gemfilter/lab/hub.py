@@ -59,8 +59,10 @@ def export(out: Path, repo_id: str | None = None, force: bool = False) -> list:
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"{out} already holds files; give an empty or new folder, or --force to overwrite the "
-                         f"repo's files ({', '.join(FILES)}) there")
+        raise ValueError(
+            f"{out} already holds files; give an empty or new folder, or --force to overwrite the "
+            f"repo's files ({', '.join(FILES)}) there"
+        )
     written = []
     for name, data in source_files().items():
         if name == "README.md" and repo_id is not None:
@@ -73,17 +75,27 @@ def export(out: Path, repo_id: str | None = None, force: bool = False) -> list:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export-hub",
-                       help="write GemFilter's transformers custom_generate repo to a folder (for the Hub)",
-                       description="Write the Hub repo that makes model.generate(..., custom_generate=REPO, "
-                       "trust_remote_code=True, gemfilter_method=SPEC) run gemfilter.generate: a model card "
-                       "(README.md), custom_generate/generate.py and custom_generate/requirements.txt.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "export-hub",
+        help="write GemFilter's transformers custom_generate repo to a folder (for the Hub)",
+        description="Write the Hub repo that makes model.generate(..., custom_generate=REPO, "
+        "trust_remote_code=True, gemfilter_method=SPEC) run gemfilter.generate: a model card "
+        "(README.md), custom_generate/generate.py and custom_generate/requirements.txt.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("out", metavar="DIR", help="folder to write the repo into (created if missing; must be empty)")
-    p.add_argument("--repo-id", default=None, metavar="OWNER/NAME",
-                   help=f"where you will publish it, written into the model card's examples (default: {PLACEHOLDER})")
-    p.add_argument("--force", action="store_true",
-                   help="write into a folder that already holds files (the repo's files are overwritten, others kept)")
+    p.add_argument(
+        "--repo-id",
+        default=None,
+        metavar="OWNER/NAME",
+        help=f"where you will publish it, written into the model card's examples (default: {PLACEHOLDER})",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a folder that already holds files (the repo's files are overwritten, others kept)",
+    )
     p.set_defaults(func=cmd_export_hub)
 
 
@@ -92,6 +104,9 @@ def cmd_export_hub(args) -> int:
     written = export(out, args.repo_id, args.force)
     repo = args.repo_id or PLACEHOLDER
     print("\n".join(str(p) for p in written))
-    print(f"\npublish: hf upload {repo} {out} .\nuse:     model.generate(**enc, custom_generate=\"{repo}\", "
-          "trust_remote_code=True, gemfilter_method=\"gemfilter:k=1024\")", file=sys.stdout)
+    print(
+        f'\npublish: hf upload {repo} {out} .\nuse:     model.generate(**enc, custom_generate="{repo}", '
+        'trust_remote_code=True, gemfilter_method="gemfilter:k=1024")',
+        file=sys.stdout,
+    )
     return 0

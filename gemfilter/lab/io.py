@@ -50,8 +50,11 @@ def read_text(path, what: str = "file") -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise corrupt(path, f"this {what} is not UTF-8 text (byte {err.start}: {data[err.start:err.start + 4]!r})",
-                      "Re-save it as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE > NEW)") from None
+        raise corrupt(
+            path,
+            f"this {what} is not UTF-8 text (byte {err.start}: {data[err.start : err.start + 4]!r})",
+            "Re-save it as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE > NEW)",
+        ) from None
 
 
 def read_json(path, what: str = "JSON file", fix: str | None = None):
@@ -61,15 +64,20 @@ def read_json(path, what: str = "JSON file", fix: str | None = None):
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise corrupt(path, f"this {what} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})",
-                      fix or _delete_fix(path)) from None
+        raise corrupt(
+            path,
+            f"this {what} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})",
+            fix or _delete_fix(path),
+        ) from None
 
 
 def read_json_object(path, what: str = "JSON file", fix: str | None = None) -> dict:
     """Like :func:`read_json`, but the value must be a JSON object."""
     value = read_json(path, what, fix)
     if not isinstance(value, dict):
-        raise corrupt(path, f"this {what} must hold a JSON object, not {type(value).__name__}", fix or _delete_fix(path))
+        raise corrupt(
+            path, f"this {what} must hold a JSON object, not {type(value).__name__}", fix or _delete_fix(path)
+        )
     return value
 
 
@@ -98,8 +106,9 @@ def jsonl_lines(path):
                 yield i, None, f"not valid JSON ({err.msg})"
 
 
-def read_jsonl(path, *, required=(), strict: bool = False, skip_note: str = "that row will be recomputed",
-               fix: str | None = None) -> list:
+def read_jsonl(
+    path, *, required=(), strict: bool = False, skip_note: str = "that row will be recomputed", fix: str | None = None
+) -> list:
     """The rows (JSON objects) of a JSONL file; [] if it does not exist. Blank lines are ignored.
 
     A line that is not UTF-8, not JSON (e.g. cut short by a kill), not an object, or lacks a field of
@@ -112,8 +121,11 @@ def read_jsonl(path, *, required=(), strict: bool = False, skip_note: str = "tha
     rows = []
     for i, row, unreadable in jsonl_lines(path):
         # A killed append leaves a line cut short: bad JSON, or bad UTF-8 if cut inside a character.
-        problem = _row_problem(row, required) if unreadable is None else \
-            f"the line is {unreadable}; a write cut short by a kill?"
+        problem = (
+            _row_problem(row, required)
+            if unreadable is None
+            else f"the line is {unreadable}; a write cut short by a kill?"
+        )
         if problem is None:
             rows.append(row)
         elif strict:
@@ -308,11 +320,15 @@ def check_out_dir(path, flag: str = "--out", files=()) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        raise ValueError(f"{flag} {path} cannot be written ({err.strerror or err}); name a folder you can write to") from None
+        raise ValueError(
+            f"{flag} {path} cannot be written ({err.strerror or err}); name a folder you can write to"
+        ) from None
     for name in files:
         if (path / name).is_dir():
-            raise ValueError(f"{flag} {path}: {path / name} is a folder, but the command writes a file there; "
-                             "remove or rename it, or use another --out")
+            raise ValueError(
+                f"{flag} {path}: {path / name} is a folder, but the command writes a file there; "
+                "remove or rename it, or use another --out"
+            )
     return path
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+
 from ..compat import text_config
 
 #: No model we know of reads more tokens than this; a larger --lengths value is a typo (1e9 would spin).
@@ -32,8 +33,10 @@ def parse_length(item, flag: str = "--lengths") -> int:
     if value != int(value) or value < 1:
         raise ValueError(f"{flag}: {text!r} must be a positive whole number of tokens (1000, 2k, 1.5k)")
     if value > MAX_TOKENS:
-        raise ValueError(f"{flag}: {text!r} is {int(value):,} tokens, more than any model's context window "
-                         f"(at most {MAX_TOKENS:,} allowed)")
+        raise ValueError(
+            f"{flag}: {text!r} is {int(value):,} tokens, more than any model's context window "
+            f"(at most {MAX_TOKENS:,} allowed)"
+        )
     return int(value)
 
 
@@ -103,8 +106,6 @@ def check_int(value, flag: str, low: int) -> None:
         raise ValueError(f"{flag} must be a whole number >= {low}, got {value!r}")
 
 
-
-
 def check_against_model(config, *, layer=None, lengths=(), length_flag: str = "--lengths", specs=()) -> None:
     """Check options against a model's config (no weights needed): 0 <= layer < layers, lengths <= window.
 
@@ -118,24 +119,37 @@ def check_against_model(config, *, layer=None, lengths=(), length_flag: str = "-
     for spec in specs:
         own = dict(spec.params).get("layer")
         if own is not None and isinstance(m, int) and not 0 <= own < m:
-            raise ValueError(f"{spec.text}: layer={own} is outside [0, {m}): this model has {m} decoder layers "
-                             "(0-based)")
+            raise ValueError(
+                f"{spec.text}: layer={own} is outside [0, {m}): this model has {m} decoder layers (0-based)"
+            )
     window = getattr(text, "max_position_embeddings", None)
     too_long = [n for n in lengths if isinstance(window, int) and n > window]
     if too_long:
-        raise ValueError(f"{length_flag}: {', '.join(map(str, too_long))} tokens exceed this model's context window "
-                         f"of {window} tokens (max_position_embeddings); allowed: up to {window}")
+        raise ValueError(
+            f"{length_flag}: {', '.join(map(str, too_long))} tokens exceed this model's context window "
+            f"of {window} tokens (max_position_embeddings); allowed: up to {window}"
+        )
 
 
 #: How a method is named on every command line; shown in the help of --methods / --method.
-SPEC_HELP = ("NAME[:key=value,...], e.g. gemfilter-span:k=256, snapkv:ratio=0.1 (keep 10%% of each prompt), "
-             "fastkv:k=512,tsp_len=2048,layer=11; k is topk, and every parameter listed by "
-             "'gemfilter methods NAME' can be set")
+SPEC_HELP = (
+    "NAME[:key=value,...], e.g. gemfilter-span:k=256, snapkv:ratio=0.1 (keep 10%% of each prompt), "
+    "fastkv:k=512,tsp_len=2048,layer=11; k is topk, and every parameter listed by "
+    "'gemfilter methods NAME' can be set"
+)
 
 
-def add_method_options(parser, *, methods: str | None = "list", default: str | None = "full,gemfilter",
-                       default_help: str | None = None, topk: str = "int", topk_default: int | None = None,
-                       topk_help: str | None = None, layer: bool = True) -> None:
+def add_method_options(
+    parser,
+    *,
+    methods: str | None = "list",
+    default: str | None = "full,gemfilter",
+    default_help: str | None = None,
+    topk: str = "int",
+    topk_default: int | None = None,
+    topk_help: str | None = None,
+    layer: bool = True,
+) -> None:
     """Add the method options every command shares: the one definition of ``--methods``/``--method``, ``--topk``
     (and RULER's ``--ratio``) and ``--layer``.
 
@@ -146,30 +160,55 @@ def add_method_options(parser, *, methods: str | None = "list", default: str | N
     layer: whether to add ``--layer``.
     """
     if methods == "list":
-        parser.add_argument("--methods", default=default, metavar="SPECS",
-                            help="comma-separated methods, each " + SPEC_HELP + "; a key=value after a comma "
-                            "continues the method before it (full,gemfilter:k=256,layer=11,snapkv is three). "
-                            f"Default: {default_help or default}")
+        parser.add_argument(
+            "--methods",
+            default=default,
+            metavar="SPECS",
+            help="comma-separated methods, each " + SPEC_HELP + "; a key=value after a comma "
+            "continues the method before it (full,gemfilter:k=256,layer=11,snapkv is three). "
+            f"Default: {default_help or default}",
+        )
     elif methods == "one":
-        parser.add_argument("--method", default=default, metavar="SPEC",
-                            help="the method, " + SPEC_HELP + f". Default: {default_help or default}")
-    budget = ("tokens kept (prompt methods) or KV entries per layer (cache methods) (default: each method's own, "
-              "see 'gemfilter methods NAME')")
+        parser.add_argument(
+            "--method",
+            default=default,
+            metavar="SPEC",
+            help="the method, " + SPEC_HELP + f". Default: {default_help or default}",
+        )
+    budget = (
+        "tokens kept (prompt methods) or KV entries per layer (cache methods) (default: each method's own, "
+        "see 'gemfilter methods NAME')"
+    )
     if topk == "list":  # text, read by parse_topks: several budgets
-        kw = dict(default=None, metavar="K,...", help="comma-separated default budgets, one run per budget, for the "
-                  "methods whose spec sets none: " + budget)
+        kw = dict(
+            default=None,
+            metavar="K,...",
+            help="comma-separated default budgets, one run per budget, for the methods whose spec sets none: " + budget,
+        )
     else:
-        kw = dict(type=int, default=topk_default, metavar="K",
-                  help=topk_help or "default budget for the methods whose spec sets none: " + budget)
+        kw = dict(
+            type=int,
+            default=topk_default,
+            metavar="K",
+            help=topk_help or "default budget for the methods whose spec sets none: " + budget,
+        )
     parser.add_argument("--topk", **kw)
     if topk == "list":
-        parser.add_argument("--ratio", type=float, default=None,
-                            help="instead of --topk: keep this fraction (0-1] of each prompt's tokens")
+        parser.add_argument(
+            "--ratio",
+            type=float,
+            default=None,
+            help="instead of --topk: keep this fraction (0-1] of each prompt's tokens",
+        )
     if layer:
-        parser.add_argument("--layer", type=int, default=None,
-                            help="default 0-based layer for the methods that have one and whose spec sets none: "
-                            "the filter layer (FastKV: its TSP layer) (default: the model's, e.g. 13 for "
-                            "Llama 3.1 8B, 11 for the embedded model)")
+        parser.add_argument(
+            "--layer",
+            type=int,
+            default=None,
+            help="default 0-based layer for the methods that have one and whose spec sets none: "
+            "the filter layer (FastKV: its TSP layer) (default: the model's, e.g. 13 for "
+            "Llama 3.1 8B, 11 for the embedded model)",
+        )
 
 
 def parse_topks(text, flag: str = "--topk") -> tuple:
@@ -211,6 +250,9 @@ def method_specs_of(args, default: str | None = None, *, note=None) -> tuple:
         unused["ratio"] = lacking
     shown = {"topk": given, "layer": layer, "ratio": ratio}
     for key, lack in unused.items():
-        print(f"note: --{key} {shown[key]} does not apply to {', '.join(dict.fromkeys(lack))} (no "
-              f"{'layer' if key == 'layer' else 'budget'}; see 'gemfilter methods NAME')", file=note or sys.stderr)
+        print(
+            f"note: --{key} {shown[key]} does not apply to {', '.join(dict.fromkeys(lack))} (no "
+            f"{'layer' if key == 'layer' else 'budget'}; see 'gemfilter methods NAME')",
+            file=note or sys.stderr,
+        )
     return specs

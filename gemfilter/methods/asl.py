@@ -40,7 +40,7 @@ def prefix_ranks(query, key, valid, window: int, kernel: int):
     w = min(window, n)
     votes = window_scores(query, key, valid, w)
     prefix = valid.clone()
-    prefix[:, n - w:] = False
+    prefix[:, n - w :] = False
     pooled = pool_scores(votes, prefix, kernel)  # -inf off the prefix
     order = pooled.argsort(dim=1, descending=True)
     ranks = torch.empty_like(order)
@@ -77,8 +77,10 @@ class GemFilterASL(PaperFilter):
     kernel: int = 7
     own_score_pass: ClassVar[bool] = True
     name: ClassVar[str] = "gemfilter-asl"
-    description: ClassVar[str] = ("variant (ASL): the filter layer chosen per prompt, where the rank variance of "
-                                  "the window votes over 8 layers drops below 0.3 of L_min's; top-k + window")
+    description: ClassVar[str] = (
+        "variant (ASL): the filter layer chosen per prompt, where the rank variance of "
+        "the window votes over 8 layers drops below 0.3 of L_min's; top-k + window"
+    )
     scores_last_row: ClassVar[bool] = False
     scores_sliding_layers: ClassVar[bool] = True  # it ranks at every layer, windowed ones included
 
@@ -120,10 +122,10 @@ class GemFilterASL(PaperFilter):
                 if chosen[r] is not None:
                     continue
                 prefix = valid[r].clone()
-                prefix[n - w:] = False
+                prefix[n - w :] = False
                 p = int(prefix.sum())
                 if idx >= layer and p > 0:
-                    stack = torch.stack([h[r, prefix] for h in history[max(0, idx - self.layers + 1):]])
+                    stack = torch.stack([h[r, prefix] for h in history[max(0, idx - self.layers + 1) :]])
                     var = rank_variance(stack, min(self.topk - self.window, p))
                     if base[r] is None:  # L_min sets the scale (official: ratio 1 there, so never selects)
                         base[r] = var

@@ -13,8 +13,19 @@ from typing import ClassVar
 
 #: count parameters of the methods, with their least allowed value. ``layer`` may be None (the model's default);
 #: its range depends on the model, so it is checked against the model's layers when the method meets it.
-COUNTS = {"topk": 1, "layer": 0, "kernel": 1, "window": 1, "tsp_len": 1, "sink": 0, "tail": 0, "max_span": 1,
-          "block": 1, "layers": 1, "chunk": 1}
+COUNTS = {
+    "topk": 1,
+    "layer": 0,
+    "kernel": 1,
+    "window": 1,
+    "tsp_len": 1,
+    "sink": 0,
+    "tail": 0,
+    "max_span": 1,
+    "block": 1,
+    "layers": 1,
+    "chunk": 1,
+}
 OPTIONAL = {"layer", "chunk"}
 
 
@@ -91,9 +102,11 @@ class Method:
             if f.name in COUNTS and not (value is None and f.name in OPTIONAL):
                 low = COUNTS[f.name]
                 if isinstance(value, bool) or not isinstance(value, int):
-                    raise TypeError(f"{self.name}: {f.name} must be an int"
-                                    + (" (or None: the model's default)" if f.name in OPTIONAL else "")
-                                    + f", got {value!r}")
+                    raise TypeError(
+                        f"{self.name}: {f.name} must be an int"
+                        + (" (or None: the model's default)" if f.name in OPTIONAL else "")
+                        + f", got {value!r}"
+                    )
                 if low is not None and value < low:
                     raise ValueError(f"{self.name}: {f.name}={value} must be >= {low}")
 

@@ -131,8 +131,10 @@ def held_rows(cache, kept: list) -> list:
 
 def check_gqa(name: str, gqa: str) -> None:
     if gqa not in GQA_MODES:
-        raise ValueError(f"{name}: gqa must be one of {', '.join(GQA_MODES)} (group-mean: one set per KV head, "
-                         f"kvpress; repeat-kv: one set per query head, the paper's baselines), got {gqa!r}")
+        raise ValueError(
+            f"{name}: gqa must be one of {', '.join(GQA_MODES)} (group-mean: one set per KV head, "
+            f"kvpress; repeat-kv: one set per query head, the paper's baselines), got {gqa!r}"
+        )
 
 
 def per_gqa(scores, h_kv: int, gqa: str):
@@ -210,8 +212,10 @@ class CacheCall:
     def continuation(self) -> Continuation:
         """Decoding keeps original positions (after each row's real tokens) over the evicted rows."""
         if self.per_head:
-            raise NotContinuable(f"{self.method.name} keeps one set per query head, so its cache holds h heads that "
-                                 "its own attention reads without repeating them")
+            raise NotContinuable(
+                f"{self.method.name} keeps one set per query head, so its cache holds h heads that "
+                "its own attention reads without repeating them"
+            )
         real = self.valid.sum(1)
         return Continuation(positions=real, valid=real_rows(self.valid if self.skip else self.kept_mask))
 
@@ -238,7 +242,9 @@ class _CacheMethod(CacheMethod):
         full-attention layer to evict; when it fits, nothing is evicted and any model will do.
         """
         if self.topk <= self.window:
-            raise ValueError(f"{self.name}: topk={self.topk} must exceed the window of {self.window} kept recent tokens")
+            raise ValueError(
+                f"{self.name}: topk={self.topk} must exceed the window of {self.window} kept recent tokens"
+            )
         windows = {sliding_window_of(config, i) for i in range(num_layers(config))}
         if prompt_tokens > self.topk and None not in windows:
             raise ValueError(
@@ -269,8 +275,10 @@ class SnapKV(_CacheMethod):
     pooling: str = "avg"
     gqa: str = "group-mean"
     name: ClassVar[str] = "snapkv"
-    description: ClassVar[str] = ("baseline: last-32-query softmax votes, pool 5, top (k-32) + window; "
-                                  "gqa=group-mean: one set per KV head, cache h_kv heads (kvpress)")
+    description: ClassVar[str] = (
+        "baseline: last-32-query softmax votes, pool 5, top (k-32) + window; "
+        "gqa=group-mean: one set per KV head, cache h_kv heads (kvpress)"
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -291,8 +299,9 @@ class SnapKVPerHead(SnapKV):
 
     gqa: str = "repeat-kv"
     name: ClassVar[str] = "snapkv-per-head"
-    description: ClassVar[str] = ("paper's baseline: snapkv with gqa=repeat-kv, one set per query head, cache h "
-                                  "heads (official copy)")
+    description: ClassVar[str] = (
+        "paper's baseline: snapkv with gqa=repeat-kv, one set per query head, cache h heads (official copy)"
+    )
 
 
 @register
@@ -308,8 +317,10 @@ class H2O(_CacheMethod):
     block: int = 256
     gqa: str = "group-mean"
     name: ClassVar[str] = "h2o"
-    description: ClassVar[str] = ("baseline: 32 recent + (k-32) heavy hitters by blockwise prefill column sums; "
-                                  "gqa=group-mean: one set per KV head (kvpress)")
+    description: ClassVar[str] = (
+        "baseline: 32 recent + (k-32) heavy hitters by blockwise prefill column sums; "
+        "gqa=group-mean: one set per KV head (kvpress)"
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -332,8 +343,9 @@ class H2OPerHead(H2O):
 
     gqa: str = "repeat-kv"
     name: ClassVar[str] = "h2o-per-head"
-    description: ClassVar[str] = ("paper's baseline: h2o with gqa=repeat-kv, one set per query head, cache h "
-                                  "heads (official copy)")
+    description: ClassVar[str] = (
+        "paper's baseline: h2o with gqa=repeat-kv, one set per query head, cache h heads (official copy)"
+    )
 
 
 @register

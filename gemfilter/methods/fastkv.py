@@ -111,13 +111,19 @@ class FastKVCall:
         device = input_ids.device
         with wrapped_attention(model), torch.no_grad():
             try:
-                model.base_model(input_ids=input_ids, position_ids=torch.arange(self.n, device=device).expand(b, -1),
-                                 use_cache=False, **{STATE_KWARG: self})
+                model.base_model(
+                    input_ids=input_ids,
+                    position_ids=torch.arange(self.n, device=device).expand(b, -1),
+                    use_cache=False,
+                    **{STATE_KWARG: self},
+                )
             except FilterLayerReached as stop:
                 self.kept_idx, scores = stop.payload
             else:
-                raise TypeError(f"{type(model).__name__} finished the forward pass without reaching TSP layer "
-                                f"{self.tsp}'s attention: it does not pass keyword arguments to its attention kernel")
+                raise TypeError(
+                    f"{type(model).__name__} finished the forward pass without reaching TSP layer "
+                    f"{self.tsp}'s attention: it does not pass keyword arguments to its attention kernel"
+                )
         self.ids = input_ids.gather(1, self.kept_idx)
         self.selection = Selection(indices=list(self.kept_idx), scores=scores, layer=self.tsp, kept_ids=list(self.ids))
         self.kept = [min(self.n, method.topk)] * b
@@ -167,10 +173,13 @@ class FastKVCall:
             q_pos = self.decoded[:, -q:]
             if window is None:
                 slots = torch.arange(L, device=key.device)
-                mask = None if q == 1 else position_mask(slots[None, L - q:], slots[None], None, query.dtype)
+                mask = None if q == 1 else position_mask(slots[None, L - q :], slots[None], None, query.dtype)
             else:
-                prompt = self.kept_idx if i > self.tsp else torch.arange(self.n, device=key.device)[None].expand(
-                    q_pos.shape[0], -1)
+                prompt = (
+                    self.kept_idx
+                    if i > self.tsp
+                    else torch.arange(self.n, device=key.device)[None].expand(q_pos.shape[0], -1)
+                )
                 k_pos = torch.cat([prompt, self.decoded], dim=1)[:, -L:]
                 mask = position_mask(q_pos, k_pos, window, query.dtype)
             self.masks[stage] = mask
@@ -197,8 +206,10 @@ class FastKVCall:
     def continuation(self) -> Continuation:
         """Decoding goes on at n over the kept rows; full-attention layers then need no mask but causality."""
         if any(w is not None for w in self.windows):
-            raise NotContinuable("fastkv on a model with sliding-window layers masks those layers by original "
-                                 "positions at every decode step")
+            raise NotContinuable(
+                "fastkv on a model with sliding-window layers masks those layers by original "
+                "positions at every decode step"
+            )
         return Continuation(positions=self.kept_idx.new_full((self.kept_idx.shape[0],), self.n), valid=None)
 
     def decode(self, kwargs, cache, past):
@@ -240,19 +251,23 @@ class FastKV(CacheMethod):
     score_dtype: str = "model"
     shared: ClassVar[bool] = False
     name: ClassVar[str] = "fastkv"
-    description: ClassVar[str] = ("FastKV (Jo et al. 2025): all tokens to TSP layer, top tsp_len=2048 by last-8-query "
-                                  "softmax (pool 7) go on at original positions; full-attention layers cache topk")
+    description: ClassVar[str] = (
+        "FastKV (Jo et al. 2025): all tokens to TSP layer, top tsp_len=2048 by last-8-query "
+        "softmax (pool 7) go on at original positions; full-attention layers cache topk"
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if self.pooling not in ("avg", "max"):
             raise ValueError(f"fastkv: pooling must be 'avg' (v1) or 'max' (v3), got {self.pooling!r}")
         if self.score_dtype not in SCORE_DTYPES:
-            raise ValueError(f"fastkv: score_dtype must be 'model' (the official casts) or 'fp32', got "
-                             f"{self.score_dtype!r}")
+            raise ValueError(
+                f"fastkv: score_dtype must be 'model' (the official casts) or 'fp32', got {self.score_dtype!r}"
+            )
         if self.tsp_len <= self.window:
-            raise ValueError(f"fastkv: tsp_len={self.tsp_len} must exceed the window of {self.window} always-kept "
-                             "tokens")
+            raise ValueError(
+                f"fastkv: tsp_len={self.tsp_len} must exceed the window of {self.window} always-kept tokens"
+            )
 
     def default_layer(self, model) -> int:
         return tsp_default_layer(model)
@@ -282,20 +297,24 @@ class FastKV(CacheMethod):
         rows report. (The official code ignores the window and compresses such layers; not built here.)
         config: a model or its transformers config."""
         if self.topk <= self.window:
-            raise ValueError(f"fastkv: topk={self.topk} (the KV budget) must exceed the window of {self.window} "
-                             "always-kept recent tokens")
+            raise ValueError(
+                f"fastkv: topk={self.topk} (the KV budget) must exceed the window of {self.window} "
+                "always-kept recent tokens"
+            )
         windows = [sliding_window_of(config, i) for i in range(num_layers(config))]
         if prompt_tokens > self.topk and None not in windows and max(windows) - 1 > self.topk:
             raise ValueError(
                 f"fastkv compresses only full-attention layers, and every layer of this model has a sliding window "
                 f"({', '.join(map(str, sorted(set(windows))))}): each would cache {max(windows) - 1} rows, more than "
                 f"topk={self.topk}. Give topk >= {max(windows) - 1}, or use a method that selects prompt tokens "
-                "(gemfilter, gemfilter-span, gemfilter-orig-pos)")
+                "(gemfilter, gemfilter-span, gemfilter-orig-pos)"
+            )
 
     def scores(self, query, key, valid, scaling):
         """Pooled window votes per query head (b, h, n): query (b, h, n, d), key (b, h_kv, n, d)."""
         votes = (window_votes if self.score_dtype == "fp32" else window_votes_official)(
-            query, key, valid, scaling, self.window)  # (b, h, n)
+            query, key, valid, scaling, self.window
+        )  # (b, h, n)
         return pool_prefix(votes, self.window, self.kernel, self.pooling)
 
     def per_kv_head(self, pooled, h_kv: int):
@@ -315,7 +334,7 @@ class FastKV(CacheMethod):
         # Over every query head; officially the sum of the KV heads' group sums, in that order.
         total = pooled.sum(1) if self.score_dtype == "fp32" else group_sum(pooled, h_kv).sum(1)
         idx = keep_indices(total[:, None], valid, self.tsp_len, self.window)[:, 0]
-        total[:, -self.window:] = float("inf")
+        total[:, -self.window :] = float("inf")
         return idx, total
 
     def begin(self, model, input_ids, valid, tokenizer=None):
@@ -323,8 +342,10 @@ class FastKV(CacheMethod):
         n = input_ids.shape[1]
         if self.fires(n):
             if not bool(valid.all()):
-                raise ValueError("fastkv: left-padded batches are not supported when token-selective propagation "
-                                 f"fires (prompt longer than tsp_len={self.tsp_len}): run the rows one at a time")
+                raise ValueError(
+                    "fastkv: left-padded batches are not supported when token-selective propagation "
+                    f"fires (prompt longer than tsp_len={self.tsp_len}): run the rows one at a time"
+                )
             check_mask_kernel(model, "fastkv: its second prefill pass")
             return FastKVCall(self, model, input_ids)
         return CacheCall(self, model, input_ids, valid)  # no propagation: only each layer's KV budget

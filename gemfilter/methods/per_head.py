@@ -41,8 +41,9 @@ def _layer_class():
             self.keys, self.values, self.groups = keys, values, groups
 
         def update(self, key_states, value_states, *args, **kwargs):
-            return super().update(repeat_heads(key_states, self.groups), repeat_heads(value_states, self.groups),
-                                  *args, **kwargs)
+            return super().update(
+                repeat_heads(key_states, self.groups), repeat_heads(value_states, self.groups), *args, **kwargs
+            )
 
     return PerQueryHeadLayer
 

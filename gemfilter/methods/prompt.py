@@ -7,14 +7,25 @@ sentences ranked by their best softmax score, plus the first tokens and the ques
 
 from __future__ import annotations
 
-import torch
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
+
 from ..attention import STATE_KWARG
 from ..continuation import Continuation, NotContinuable, real_rows
-from ..selection import (check_mask_kernel, decode_mask, filter_pass, last_row_scores, layer_windows, paper_pick,
-                         position_mask, positions_from_mask, select_chunked, select_tokens)
+from ..selection import (
+    check_mask_kernel,
+    decode_mask,
+    filter_pass,
+    last_row_scores,
+    layer_windows,
+    paper_pick,
+    position_mask,
+    positions_from_mask,
+    select_chunked,
+    select_tokens,
+)
 from .registry import register
 from .spec import PromptMethod
 
@@ -26,8 +37,8 @@ def pad_left(rows: list, pad_id: int):
     mask = torch.zeros_like(ids)
     for i, r in enumerate(rows):
         if len(r):
-            ids[i, width - len(r):] = r
-            mask[i, width - len(r):] = 1
+            ids[i, width - len(r) :] = r
+            mask[i, width - len(r) :] = 1
     return ids, mask
 
 
@@ -92,9 +103,11 @@ class _FilterMethod(PromptMethod):
     def __post_init__(self):
         super().__post_init__()
         if self.chunk is not None and not self.scores_last_row:
-            raise ValueError(f"{self.name}: chunk={self.chunk}: a chunked filter pass keeps only the K/V of earlier "
-                             "chunks, which scores alike only for methods that read the last query row (gemfilter, "
-                             "gemfilter-span, gemfilter-orig-pos); leave chunk unset")
+            raise ValueError(
+                f"{self.name}: chunk={self.chunk}: a chunked filter pass keeps only the K/V of earlier "
+                "chunks, which scores alike only for methods that read the last query row (gemfilter, "
+                "gemfilter-span, gemfilter-orig-pos); leave chunk unset"
+            )
 
     def select(self, model, input_ids, attention_mask=None, tokenizer=None):
         """This method's selection (Algorithm 2, steps 1-4) of ``input_ids`` (b, n).
@@ -103,18 +116,26 @@ class _FilterMethod(PromptMethod):
         filter pass runs the prompt in chunks of that many tokens (:func:`gemfilter.selection.select_chunked`)."""
         if self.chunk is not None:
             return select_chunked(model, self, input_ids, attention_mask, self.chunk, tokenizer)
-        return select_tokens(model, input_ids, attention_mask, layer=self.layer, topk=self.topk, kernel=self.kernel,
-                             method=self, tokenizer=tokenizer)
+        return select_tokens(
+            model,
+            input_ids,
+            attention_mask,
+            layer=self.layer,
+            topk=self.topk,
+            kernel=self.kernel,
+            method=self,
+            tokenizer=tokenizer,
+        )
 
     def cached_scores(self, model, new_ids, cache, valid, tail=None):
         """Raw scores (b, n) over every token, running only ``new_ids`` (b, t) on ``cache`` (the earlier tokens'
         layers 0..r); valid: (b, n) bool over every token; tail: the earlier rows for window scores."""
-        return filter_pass(model, new_ids, torch.ones_like(new_ids), self.layer,
-                           lambda q, k: self.score(q, k, valid), cache=cache)
+        return filter_pass(
+            model, new_ids, torch.ones_like(new_ids), self.layer, lambda q, k: self.score(q, k, valid), cache=cache
+        )
 
     def begin(self, model, input_ids, valid, tokenizer=None):
-        return self.start(model, self.select(model, input_ids, None if valid.all() else valid.long(), tokenizer),
-                          valid)
+        return self.start(model, self.select(model, input_ids, None if valid.all() else valid.long(), tokenizer), valid)
 
     def start(self, model, selection, valid):
         """The per-call state that generates from ``selection`` (valid: (b, n) bool, the prompt's real tokens)."""
@@ -185,8 +206,10 @@ class OrigPosCall(PromptCall):
     def continuation(self) -> Continuation:
         """Decoding goes on at the prompt's true length; sliding windows need this call's position masks."""
         if self.windowed:
-            raise NotContinuable("gemfilter-orig-pos on a model with sliding-window layers measures each window "
-                                 "in original positions through its own masks at every decode step")
+            raise NotContinuable(
+                "gemfilter-orig-pos on a model with sliding-window layers measures each window "
+                "in original positions through its own masks at every decode step"
+            )
         return Continuation(positions=self.real, valid=real_rows(self.kept_mask))
 
     def decode(self, kwargs, cache, past):
@@ -208,8 +231,9 @@ class OrigPosCall(PromptCall):
         if (window, q, L) not in self.masks:  # the same for every sliding layer of this forward: built once
             pos = torch.cat([self.positions, self.decoded], dim=1)
             valid = torch.cat([self.kept_mask.bool(), torch.ones_like(self.decoded, dtype=torch.bool)], dim=1)
-            self.masks[window, q, L] = position_mask(pos[:, -q:], pos[:, -L:], window, query.dtype,
-                                                     key_valid=valid[:, -L:])
+            self.masks[window, q, L] = position_mask(
+                pos[:, -q:], pos[:, -L:], window, query.dtype, key_valid=valid[:, -L:]
+            )
         return kernel(module, query, key, value, self.masks[window, q, L], **kwargs)
 
 
@@ -226,8 +250,10 @@ class GemFilterOrigPos(GemFilter):
 
     one_pass_scoring: ClassVar[bool] = False  # its positions and windows need the call's masks: apply()
     name: ClassVar[str] = "gemfilter-orig-pos"
-    description: ClassVar[str] = ("ablation: gemfilter's selection, kept tokens keep their original position ids "
-                                  "(SpecPrefill-style), decoding at n, n+1, ...")
+    description: ClassVar[str] = (
+        "ablation: gemfilter's selection, kept tokens keep their original position ids "
+        "(SpecPrefill-style), decoding at n, n+1, ..."
+    )
 
     def start(self, model, selection, valid):
         return OrigPosCall(model, selection, valid)
@@ -280,7 +306,7 @@ def softmax_last_row(query, key, valid):
     b, h, _, d = query.shape
     h_kv = key.shape[1]
     q = query[:, :, -1, :].float().reshape(b, h_kv, h // h_kv, d)
-    logits = torch.einsum("bkgd,bknd->bkgn", q, key.float()) / d ** 0.5
+    logits = torch.einsum("bkgd,bknd->bkgn", q, key.float()) / d**0.5
     logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
     return logits.softmax(-1).sum(dim=(1, 2))
 

@@ -14,8 +14,10 @@ def register(cls):
     """Class decorator: add a method class to :data:`REGISTRY` under ``cls.name``. It subclasses one of the
     typed bases (``PromptMethod``, ``CacheMethod``, ``FullMethod``), which declare what a method can do."""
     if not (isinstance(cls, type) and issubclass(cls, Method)):
-        raise TypeError(f"{cls!r} is not a method class: subclass gemfilter.methods.PromptMethod, CacheMethod or "
-                        "FullMethod (a frozen dataclass), which declare what a method can do")
+        raise TypeError(
+            f"{cls!r} is not a method class: subclass gemfilter.methods.PromptMethod, CacheMethod or "
+            "FullMethod (a frozen dataclass), which declare what a method can do"
+        )
     if cls.name in REGISTRY:
         raise ValueError(f"method name {cls.name!r} is registered twice")
     REGISTRY[cls.name] = cls

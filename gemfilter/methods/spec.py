@@ -58,8 +58,10 @@ def _parse_value(method: str, key: str, text: str, type_name: str):
                 raise ValueError(text)
             return text.lower() in ("true", "1")
     except ValueError:
-        raise ValueError(f"{method}: {key}={text!r} is not a{'n' if base == 'int' else ''} {base}"
-                         + (" (or none)" if type_name.endswith("or none") else "")) from None
+        raise ValueError(
+            f"{method}: {key}={text!r} is not a{'n' if base == 'int' else ''} {base}"
+            + (" (or none)" if type_name.endswith("or none") else "")
+        ) from None
     return text
 
 

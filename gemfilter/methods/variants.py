@@ -52,15 +52,17 @@ def window_probs(query, key, valid, window: int):
     h_kv, n = key.shape[1], key.shape[2]
     w = min(window, n)
     if t < w:
-        raise ValueError(f"window scores need the last {w} query rows, got {t}: a cached pass must keep the rows "
-                         "of the tokens before (gemfilter.selection.QueryTail)")
-    q = query[:, :, t - w:, :].float().reshape(b, h_kv, h // h_kv, w, d)
-    logits = torch.einsum("bkgwd,bknd->bkgwn", q, key.float()) / d ** 0.5
+        raise ValueError(
+            f"window scores need the last {w} query rows, got {t}: a cached pass must keep the rows "
+            "of the tokens before (gemfilter.selection.QueryTail)"
+        )
+    q = query[:, :, t - w :, :].float().reshape(b, h_kv, h // h_kv, w, d)
+    logits = torch.einsum("bkgwd,bknd->bkgwn", q, key.float()) / d**0.5
     rows = torch.arange(n - w, n, device=query.device)[:, None]
     allowed = (torch.arange(n, device=query.device)[None, :] <= rows)[None] & valid[:, None, :]  # (b, w, n)
     logits = logits.masked_fill(~allowed[:, None, None], float("-inf"))
     # a padding row allows no key, so its softmax is NaN: masked_fill (not a product) clears it
-    return logits.softmax(-1).masked_fill(~valid[:, None, None, n - w:, None], 0.0)
+    return logits.softmax(-1).masked_fill(~valid[:, None, None, n - w :, None], 0.0)
 
 
 @register
@@ -76,8 +78,10 @@ class GemFilterQWin(PaperFilter):
 
     window: int = 16
     name: ClassVar[str] = "gemfilter-qwin"
-    description: ClassVar[str] = ("variant: softmax votes of the last 16 query rows (SnapKV-style window) at the "
-                                  "filter layer, summed over rows and heads, avg-pool 5, top-k, regenerate")
+    description: ClassVar[str] = (
+        "variant: softmax votes of the last 16 query rows (SnapKV-style window) at the "
+        "filter layer, summed over rows and heads, avg-pool 5, top-k, regenerate"
+    )
     # it reads rows before the last, which a cache of the earlier turns does not hold: a QueryTail keeps them
     scores_last_row: ClassVar[bool] = False
 
@@ -95,16 +99,21 @@ class GemFilterQWin(PaperFilter):
 def window_cached_scores(method, model, new_ids, cache, valid, tail):
     """A window method's raw scores on a cached pass: the new tokens' query rows at the filter layer, after the
     earlier ones ``tail`` (a :class:`gemfilter.selection.QueryTail`) kept, score every key the cache holds."""
-    return filter_pass(model, new_ids, torch.ones_like(new_ids), method.layer,
-                       lambda q, k: method.score(tail.extend(method.layer, q), k, valid), cache=cache)
+    return filter_pass(
+        model,
+        new_ids,
+        torch.ones_like(new_ids),
+        method.layer,
+        lambda q, k: method.score(tail.extend(method.layer, q), k, valid),
+        cache=cache,
+    )
 
 
 def claa_layers(model, layer: int, count: int) -> list:
     """The layers whose scores ``gemfilter-claa`` averages: the ``count`` layers ending at ``layer`` (clamped
     at 0), less the sliding-window ones before ``layer`` (their q.k beyond the window is no learned signal;
     the filter layer itself always counts, as in ``gemfilter``)."""
-    return [i for i in range(max(0, layer - count + 1), layer + 1)
-            if i == layer or sliding_window_of(model, i) is None]
+    return [i for i in range(max(0, layer - count + 1), layer + 1) if i == layer or sliding_window_of(model, i) is None]
 
 
 @register
@@ -124,8 +133,10 @@ class GemFilterCLAA(PaperFilter):
     layers: int = 4
     own_score_pass: ClassVar[bool] = True
     name: ClassVar[str] = "gemfilter-claa"
-    description: ClassVar[str] = ("variant (CLAA): last-row softmax averaged over the 4 layers ending at the filter "
-                                  "layer (sliding ones skipped), avg-pool 5, top-k, regenerate")
+    description: ClassVar[str] = (
+        "variant (CLAA): last-row softmax averaged over the 4 layers ending at the filter "
+        "layer (sliding ones skipped), avg-pool 5, top-k, regenerate"
+    )
     # its score is the pass below, not the filter layer's alone (every layer it reads holds the last row)
     scores_last_row: ClassVar[bool] = False
 
@@ -150,8 +161,9 @@ def claa_scores(model, input_ids, mask, layer, valid, count, cache=None):
         if idx in wanted:
             seen.append(softmax_last_row(query, key, valid))
 
-    last = filter_pass(model, input_ids, mask, layer, lambda q, k: softmax_last_row(q, k, valid), observe=observe,
-                       cache=cache)
+    last = filter_pass(
+        model, input_ids, mask, layer, lambda q, k: softmax_last_row(q, k, valid), observe=observe, cache=cache
+    )
     return torch.stack(seen + [last]).mean(0)
 
 
@@ -164,8 +176,10 @@ class GemFilterSpanQWin(SpanFilter):
 
     window: int = 16
     name: ClassVar[str] = "gemfilter-span-qwin"
-    description: ClassVar[str] = ("variant: gemfilter-span's whole sentences, ranked by the votes of the last 16 "
-                                  "query rows instead of the last row")
+    description: ClassVar[str] = (
+        "variant: gemfilter-span's whole sentences, ranked by the votes of the last 16 "
+        "query rows instead of the last row"
+    )
     scores_last_row: ClassVar[bool] = False
 
     @property
@@ -189,8 +203,10 @@ class GemFilterSpanCLAA(SpanFilter):
     layers: int = 4
     own_score_pass: ClassVar[bool] = True
     name: ClassVar[str] = "gemfilter-span-claa"
-    description: ClassVar[str] = ("variant: gemfilter-span's whole sentences, ranked by the last-row softmax "
-                                  "averaged over the 4 layers ending at the filter layer")
+    description: ClassVar[str] = (
+        "variant: gemfilter-span's whole sentences, ranked by the last-row softmax "
+        "averaged over the 4 layers ending at the filter layer"
+    )
     scores_last_row: ClassVar[bool] = False
 
     def score_pass(self, model, input_ids, mask, layer, valid):
@@ -215,8 +231,10 @@ class GemFilterSpanQMax(SpanFilter):
 
     window: int = 48
     name: ClassVar[str] = "gemfilter-span-qmax"
-    description: ClassVar[str] = ("improvement: gemfilter-span's whole sentences, ranked by each token's largest "
-                                  "softmax weight from any head and any of the last 48 query rows")
+    description: ClassVar[str] = (
+        "improvement: gemfilter-span's whole sentences, ranked by each token's largest "
+        "softmax weight from any head and any of the last 48 query rows"
+    )
     scores_last_row: ClassVar[bool] = False
 
     @property

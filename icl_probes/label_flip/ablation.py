@@ -6,7 +6,8 @@ between the label tokens and (a) the original sentence and (b) the irrelevant se
 models attend mainly to the relevant sentence, larger ones to both.
 
 Our reading (documented in icl_probes/label_flip/README.md, "Deviations and choices"): every input,
-exemplars and query, gets one irrelevant sentence appended. The query is followed by "The answer is <word>", where <word> is the query's
+exemplars and query, gets one irrelevant sentence appended. The query is followed by "The answer is <word>", where
+<word> is the query's
 true label word ("correct") or the other one ("wrong"), so the last query row IS the label token
 (the word's last token when it has several). From that row of the final layer, per head
 (``gemfilter.lab.inspection.core``'s ``attn_last_row_heads`` capture, no n x n map), we report
@@ -48,13 +49,16 @@ KINDS = ("correct", "wrong")
 @dataclass(frozen=True)
 class AblationPrompt:
     text: str
-    relevant: tuple    # (start, end) character span of the query's sentence in text
+    relevant: tuple  # (start, end) character span of the query's sentence in text
     irrelevant: tuple  # (start, end) character span of the query's irrelevant sentence
 
 
-def build(task: Task, exemplars, shown, query: Example, label_word: str, irrelevant, rng: random.Random) -> AblationPrompt:
+def build(
+    task: Task, exemplars, shown, query: Example, label_word: str, irrelevant, rng: random.Random
+) -> AblationPrompt:
     """The spec's template with an irrelevant sentence after every input's last field, ending in
     "The answer is <label_word>" (no period, so the label is the last token)."""
+
     def with_sentence(ex: Example, sentence: str) -> tuple:
         return ex.inputs[:-1] + (f"{ex.inputs[-1]} {sentence}",)
 
@@ -94,14 +98,29 @@ def measure(model, tok, prompt: AblationPrompt, layer: int = -1) -> dict:
     for name, span in (("relevant", prompt.relevant), ("irrelevant", prompt.irrelevant)):
         a, b = token_span(enc["offset_mapping"], span)
         block = rows[:, a:b]
-        out.update({f"{name}_norm": float(block.norm()), f"{name}_mass": float(block.sum(-1).mean()),
-                    f"{name}_tokens": b - a})
+        out.update(
+            {f"{name}_norm": float(block.norm()), f"{name}_mass": float(block.sum(-1).mean()), f"{name}_tokens": b - a}
+        )
     return out
 
 
-def run_ablation(models, dataset: str, out, *, n_prompts: int = 100, m: int = 16, share=0, seed: int = 100,
-                 irrelevant=IRRELEVANT, data_dir=None, loader=None, model_loader=None, progress: bool = True,
-                 device: str = "auto", attn: str | None = None) -> list:
+def run_ablation(
+    models,
+    dataset: str,
+    out,
+    *,
+    n_prompts: int = 100,
+    m: int = 16,
+    share=0,
+    seed: int = 100,
+    irrelevant=IRRELEVANT,
+    data_dir=None,
+    loader=None,
+    model_loader=None,
+    progress: bool = True,
+    device: str = "auto",
+    attn: str | None = None,
+) -> list:
     """One JSONL row per (model, prompt, kind) in ``out/ablation.jsonl``, resumable; returns the rows.
 
     Exemplars are drawn per prompt (seed, index) and ``share`` percent of their labels flipped
@@ -121,8 +140,11 @@ def run_ablation(models, dataset: str, out, *, n_prompts: int = 100, m: int = 16
     queries = [evals[i] for i in eval_indices(len(evals), n_prompts)]
     path = Path(out) / "ablation.jsonl"
     # rows of other settings may share the file; only these settings' rows count as done
-    rows = [r for r in read_jsonl(path)
-            if r.get("dataset") == dataset and r.get("m") == m and r.get("share") == share and r.get("seed") == seed]
+    rows = [
+        r
+        for r in read_jsonl(path)
+        if r.get("dataset") == dataset and r.get("m") == m and r.get("share") == share and r.get("seed") == seed
+    ]
     done = {(r["model"], r["index"], r["kind"]) for r in rows}
     jobs = [(mn, i, k) for mn in models for i in range(len(queries)) for k in KINDS if (mn, i, k) not in done]
     bar = tqdm(total=len(jobs), desc="ablation", disable=not progress, unit="prompt")
@@ -140,7 +162,9 @@ def run_ablation(models, dataset: str, out, *, n_prompts: int = 100, m: int = 16
             word = task.label_words[q.label if kind == "correct" else 1 - q.label]
             # the same irrelevant sentences for both kinds: seed the sentence choice by the prompt only
             p = build(task, exemplars, shown, q, word, irrelevant, random.Random(f"irrelevant:{seed}:{i}"))
-            row = dict(model=mname, dataset=dataset, index=i, kind=kind, m=m, share=share, seed=seed, **measure(model, tok, p))
+            row = dict(
+                model=mname, dataset=dataset, index=i, kind=kind, m=m, share=share, seed=seed, **measure(model, tok, p)
+            )
             append_jsonl(path, row)
             rows.append(row)
             bar.update(1)
@@ -152,15 +176,22 @@ def run_ablation(models, dataset: str, out, *, n_prompts: int = 100, m: int = 16
 
 def summary(rows) -> str:
     """Markdown: mean norms and masses per model and kind."""
-    lines = ["| model | label | relevant norm | irrelevant norm | relevant mass | irrelevant mass | prompts |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | label | relevant norm | irrelevant norm | relevant mass | irrelevant mass | prompts |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for model in sorted({r["model"] for r in rows}):
         for kind in KINDS:
             rs = [r for r in rows if r["model"] == model and r["kind"] == kind]
             if rs:
-                mean = {k: sum(r[k] for r in rs) / len(rs) for k in ("relevant_norm", "irrelevant_norm", "relevant_mass", "irrelevant_mass")}
-                lines.append(f"| {model} | {kind} | {mean['relevant_norm']:.4f} | {mean['irrelevant_norm']:.4f} | "
-                             f"{mean['relevant_mass']:.4f} | {mean['irrelevant_mass']:.4f} | {len(rs)} |")
+                mean = {
+                    k: sum(r[k] for r in rs) / len(rs)
+                    for k in ("relevant_norm", "irrelevant_norm", "relevant_mass", "irrelevant_mass")
+                }
+                lines.append(
+                    f"| {model} | {kind} | {mean['relevant_norm']:.4f} | {mean['irrelevant_norm']:.4f} | "
+                    f"{mean['relevant_mass']:.4f} | {mean['irrelevant_mass']:.4f} | {len(rs)} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -172,17 +203,30 @@ def plot(rows, path, metric: str = "norm") -> None:
     plt = pyplot()
     models = sorted({r["model"] for r in rows})
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 3.6), squeeze=False)
-    styles = {("correct", "relevant"): ("tab:blue", "-"), ("correct", "irrelevant"): ("tab:blue", ":"),
-              ("wrong", "relevant"): ("tab:red", "-"), ("wrong", "irrelevant"): ("tab:red", ":")}
+    styles = {
+        ("correct", "relevant"): ("tab:blue", "-"),
+        ("correct", "irrelevant"): ("tab:blue", ":"),
+        ("wrong", "relevant"): ("tab:red", "-"),
+        ("wrong", "irrelevant"): ("tab:red", ":"),
+    }
     for ax, model in zip(axes[0], models):
         layer = "?"
         for (kind, span), (color, ls) in styles.items():
             rs = sorted((r for r in rows if r["model"] == model and r["kind"] == kind), key=lambda r: r["index"])
-            ax.plot([r["index"] for r in rs], [r[f"{span}_{metric}"] for r in rs], color=color, ls=ls, marker=".",
-                    label=f"{kind} label, {span}")
+            ax.plot(
+                [r["index"] for r in rs],
+                [r[f"{span}_{metric}"] for r in rs],
+                color=color,
+                ls=ls,
+                marker=".",
+                label=f"{kind} label, {span}",
+            )
             layer = rs[0]["layer"] if rs else layer
-        ax.set(title=f"{model.split('/')[-1]}: final layer (layer {layer}), last row", xlabel="prompt index",
-               ylabel=f"attention {metric} (all heads)")
+        ax.set(
+            title=f"{model.split('/')[-1]}: final layer (layer {layer}), last row",
+            xlabel="prompt index",
+            ylabel=f"attention {metric} (all heads)",
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     save_png(fig, path)

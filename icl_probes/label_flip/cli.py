@@ -1,7 +1,8 @@
 """``python -m icl_probes.label_flip``: label-flip ICL (Ch. 5 of Z. Shi's 2024 dissertation).
 
 Subcommands: ``datasets`` (the registry), ``llm`` (Figs. 5.1-5.2), ``ablation`` (Fig. 5.3),
-``theory`` (Sec. 5.4). transformers and the model code are imported only by ``llm`` and ``ablation`` (``icl_probes.io`` writes the files).
+``theory`` (Sec. 5.4). transformers and the model code are imported only by ``llm`` and ``ablation`` (``icl_probes.io``
+writes the files).
 """
 
 from __future__ import annotations
@@ -47,34 +48,57 @@ def build_parser() -> argparse.ArgumentParser:
     from gemfilter.models import add_attn_argument
 
     fmt = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(prog="python -m icl_probes.label_flip", formatter_class=fmt, epilog=EPILOG,
-                                description="Label-flip in-context learning (Z. Shi 2024, Ch. 5): larger models follow "
-                                            "flipped exemplar labels more, and the rank-r linear-attention theory says why.")
+    p = argparse.ArgumentParser(
+        prog="python -m icl_probes.label_flip",
+        formatter_class=fmt,
+        epilog=EPILOG,
+        description="Label-flip in-context learning (Z. Shi 2024, Ch. 5): larger models follow "
+        "flipped exemplar labels more, and the rank-r linear-attention theory says why.",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    sub.add_parser("datasets", help="list the registered binary tasks", formatter_class=fmt,
-                   description="List the task registry: hub source, prompt fields, label words, evaluation split.")
+    sub.add_parser(
+        "datasets",
+        help="list the registered binary tasks",
+        formatter_class=fmt,
+        description="List the task registry: hub source, prompt fields, label words, evaluation split.",
+    )
 
-    llm = sub.add_parser("llm", help="accuracy vs flipped-label share for one or more LLMs (Figs. 5.1-5.2)",
-                         formatter_class=fmt, description=(
-                             "Score M-shot prompts whose exemplar labels are flipped at each share; one JSONL row per "
-                             "(model, dataset, share, seed, prompt) in OUT/label_flip.jsonl (an interrupted run resumes).\n"
-                             "Writes OUT/summary.md and OUT/label_flip.png (a panel per dataset plus the average)."),
-                         epilog="examples:\n  python -m icl_probes.label_flip llm --preset cpu-demo --fig "
-                                "icl_probes/figures/label_flip_demo.png\n  python -m icl_probes.label_flip llm --datasets sst2 "
-                                "--data-dir glue_jsonl --models embedded,meta-llama/Llama-3.2-1B --n-eval 200 --seeds 100,13\n"
-                                "outputs: OUT/label_flip.jsonl, OUT/settings.json, OUT/summary.md, OUT/label_flip.png")
-    llm.add_argument("--preset", choices=PRESETS, default="cpu-demo",
-                     help="defaults for models/datasets/seeds/n-eval (explicit options win); default: %(default)s")
+    llm = sub.add_parser(
+        "llm",
+        help="accuracy vs flipped-label share for one or more LLMs (Figs. 5.1-5.2)",
+        formatter_class=fmt,
+        description=(
+            "Score M-shot prompts whose exemplar labels are flipped at each share; one JSONL row per "
+            "(model, dataset, share, seed, prompt) in OUT/label_flip.jsonl (an interrupted run resumes).\n"
+            "Writes OUT/summary.md and OUT/label_flip.png (a panel per dataset plus the average)."
+        ),
+        epilog="examples:\n  python -m icl_probes.label_flip llm --preset cpu-demo --fig "
+        "icl_probes/figures/label_flip_demo.png\n  python -m icl_probes.label_flip llm --datasets sst2 "
+        "--data-dir glue_jsonl --models embedded,meta-llama/Llama-3.2-1B --n-eval 200 --seeds 100,13\n"
+        "outputs: OUT/label_flip.jsonl, OUT/settings.json, OUT/summary.md, OUT/label_flip.png",
+    )
+    llm.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default="cpu-demo",
+        help="defaults for models/datasets/seeds/n-eval (explicit options win); default: %(default)s",
+    )
     llm.add_argument("--models", help="comma-separated: 'embedded' (Gemma 3 270M) or HF ids / local paths")
     llm.add_argument("--datasets", help="comma-separated registry names (see the datasets subcommand)")
     llm.add_argument("--shares", default="0,25,50,75,100", help="flip shares in percent, 0..100 (default: %(default)s)")
     llm.add_argument("--seeds", help="comma-separated seeds; one exemplar set per seed (Min et al.: 100,13,21,42,87)")
     llm.add_argument("--n-eval", type=int, help="evaluation prompts per dataset (fewer if the split is smaller)")
     llm.add_argument("-M", "--m", type=int, default=16, help="in-context exemplars per prompt (default: %(default)s)")
-    llm.add_argument("--predict", choices=("logprob", "generate"), default="logprob",
-                     help="compare label-word log-probs (default) or parse greedy generations")
-    llm.add_argument("--per-prompt", action="store_true", help="fresh exemplars for every query (slower: no shared cache)")
+    llm.add_argument(
+        "--predict",
+        choices=("logprob", "generate"),
+        default="logprob",
+        help="compare label-word log-probs (default) or parse greedy generations",
+    )
+    llm.add_argument(
+        "--per-prompt", action="store_true", help="fresh exemplars for every query (slower: no shared cache)"
+    )
     llm.add_argument("--unbalanced", action="store_true", help="sample exemplars uniformly instead of M/2 per class")
     llm.add_argument("--data-dir", help="local <task>/<split>.jsonl files instead of the hub")
     llm.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
@@ -83,14 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     llm.add_argument("--out", default="results/label_flip", help="output folder (default: %(default)s)")
     llm.add_argument("--fig", help="also copy the plot to this PNG path")
 
-    ab = sub.add_parser("ablation", help="last-row attention: label token vs relevant/irrelevant sentence (Fig. 5.3)",
-                        formatter_class=fmt, description=(
-                            "Append an irrelevant sentence to every input, end the prompt with the correct or the wrong "
-                            "label word, and measure the final layer's last attention row per head on the query sentence "
-                            "and on its irrelevant sentence (Frobenius norm over heads x span, and mean mass)."),
-                        epilog="examples:\n  python -m icl_probes.label_flip ablation --n-prompts 30 --fig "
-                               "icl_probes/figures/label_flip_ablation.png\n"
-                               "outputs: OUT/ablation.jsonl, OUT/ablation.md, OUT/ablation.png")
+    ab = sub.add_parser(
+        "ablation",
+        help="last-row attention: label token vs relevant/irrelevant sentence (Fig. 5.3)",
+        formatter_class=fmt,
+        description=(
+            "Append an irrelevant sentence to every input, end the prompt with the correct or the wrong "
+            "label word, and measure the final layer's last attention row per head on the query sentence "
+            "and on its irrelevant sentence (Frobenius norm over heads x span, and mean mass)."
+        ),
+        epilog="examples:\n  python -m icl_probes.label_flip ablation --n-prompts 30 --fig "
+        "icl_probes/figures/label_flip_ablation.png\n"
+        "outputs: OUT/ablation.jsonl, OUT/ablation.md, OUT/ablation.png",
+    )
     ab.add_argument("--models", default="embedded", help="comma-separated models (default: %(default)s)")
     ab.add_argument("--dataset", default="synthetic", help="registry name (paper: sst2); default: %(default)s")
     ab.add_argument("--n-prompts", type=int, default=100, help="prompts (paper: 100); default: %(default)s")
@@ -105,13 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--out", default="results/label_flip")
     ab.add_argument("--fig", help="also copy the plot to this PNG path")
 
-    th = sub.add_parser("theory", help="rank-r linear attention under label noise: closed form vs Monte Carlo (Sec. 5.4)",
-                        formatter_class=fmt, description=(
-                            "Thm 5.4.1's optimal rank-r U*, Thm 5.4.2's loss in closed form against a Monte Carlo estimate "
-                            "for every (r, sigma), slopes in sigma^2 per r, and Thm 5.4.3's gap L(r') - L(r). Pure torch."),
-                        epilog="examples:\n  python -m icl_probes.label_flip theory --fig icl_probes/figures/label_flip_theory.png\n"
-                               "  python -m icl_probes.label_flip theory --ranks 1,5,10 --sigmas 0,1,3 --samples 20000\n"
-                               "outputs: OUT/theory.json, OUT/theory.md, OUT/theory.png")
+    th = sub.add_parser(
+        "theory",
+        help="rank-r linear attention under label noise: closed form vs Monte Carlo (Sec. 5.4)",
+        formatter_class=fmt,
+        description=(
+            "Thm 5.4.1's optimal rank-r U*, Thm 5.4.2's loss in closed form against a Monte Carlo estimate "
+            "for every (r, sigma), slopes in sigma^2 per r, and Thm 5.4.3's gap L(r') - L(r). Pure torch."
+        ),
+        epilog="examples:\n  python -m icl_probes.label_flip theory --fig icl_probes/figures/label_flip_theory.png\n"
+        "  python -m icl_probes.label_flip theory --ranks 1,5,10 --sigmas 0,1,3 --samples 20000\n"
+        "outputs: OUT/theory.json, OUT/theory.md, OUT/theory.png",
+    )
     th.add_argument("--d", type=int, default=10, help="input dimension (default: %(default)s)")
     th.add_argument("--n-pretrain", type=int, default=1000, help="N, pretraining prompt length (default: %(default)s)")
     th.add_argument("-M", "--m", type=int, default=16, help="evaluation prompt length (default: %(default)s)")
@@ -160,12 +194,19 @@ def _llm(args) -> int:
     check_out_dir(args.out)  # before the sweep, not after it
     preset = PRESETS[args.preset]
     cfg = llm.SweepConfig(
-        models=_names(args.models or preset["models"]), datasets=_names(args.datasets or preset["datasets"]),
+        models=_names(args.models or preset["models"]),
+        datasets=_names(args.datasets or preset["datasets"]),
         shares=tuple(float(x) if "." in x else int(x) for x in _names(args.shares)),
-        seeds=_ints(args.seeds or preset["seeds"], "--seeds"), m=args.m,
-        n_eval=args.n_eval if args.n_eval is not None else preset["n_eval"], predict=args.predict,
-        balanced=not args.unbalanced, per_prompt=args.per_prompt, data_dir=args.data_dir, device=args.device,
-        attn=args.attn)
+        seeds=_ints(args.seeds or preset["seeds"], "--seeds"),
+        m=args.m,
+        n_eval=args.n_eval if args.n_eval is not None else preset["n_eval"],
+        predict=args.predict,
+        balanced=not args.unbalanced,
+        per_prompt=args.per_prompt,
+        data_dir=args.data_dir,
+        device=args.device,
+        attn=args.attn,
+    )
     out = Path(args.out)
     rows = llm.run_sweep(cfg, out)
     summary = llm.summarize(rows)
@@ -193,9 +234,19 @@ def _ablation(args) -> int:
         raise ValueError(f"--n-prompts must be >= 1, got {args.n_prompts}")
     share = int(args.share) if float(args.share).is_integer() else args.share
     out = Path(args.out)
-    rows = ablation.run_ablation(_names(args.models), args.dataset, out, n_prompts=args.n_prompts, m=args.m, share=share,
-                                 seed=args.seed, irrelevant=irrelevant, data_dir=args.data_dir,
-                                 device=args.device, attn=args.attn)
+    rows = ablation.run_ablation(
+        _names(args.models),
+        args.dataset,
+        out,
+        n_prompts=args.n_prompts,
+        m=args.m,
+        share=share,
+        seed=args.seed,
+        irrelevant=irrelevant,
+        data_dir=args.data_dir,
+        device=args.device,
+        attn=args.attn,
+    )
     table = ablation.summary(rows)
     write_text(out / "ablation.md", table)
     print(table)
@@ -212,8 +263,16 @@ def _theory(args) -> int:
         sigmas = tuple(float(x) for x in _names(args.sigmas))
     except ValueError:
         raise ValueError(f"--sigmas must be comma-separated numbers, got {args.sigmas!r}") from None
-    cfg = theory.TheoryConfig(d=args.d, n_pretrain=args.n_pretrain, m=args.m, ranks=_ints(args.ranks, "--ranks"),
-                              sigmas=sigmas, spectrum=args.spectrum, samples=args.samples, seed=args.seed)
+    cfg = theory.TheoryConfig(
+        d=args.d,
+        n_pretrain=args.n_pretrain,
+        m=args.m,
+        ranks=_ints(args.ranks, "--ranks"),
+        sigmas=sigmas,
+        spectrum=args.spectrum,
+        samples=args.samples,
+        seed=args.seed,
+    )
     check_out_dir(args.out)
     result = theory.run(cfg)
     out = Path(args.out)

@@ -38,24 +38,69 @@ class Task:
 
 
 _GLUE = "nyu-mll/glue"
-TASKS = {t.name: t for t in (
-    Task("sst2", (("sentence", "sentence"),), ("negative", "positive"), (_GLUE, "sst2"),
-         note="movie-review sentiment; 872 validation sentences"),
-    Task("subj", (("text", "sentence"),), ("objective", "subjective"), ("SetFit/subj", None), eval_split="test",
-         note="Pang & Lee subjectivity (SetFit copy: label 0 objective, 1 subjective)"),
-    Task("cola", (("sentence", "sentence"),), ("unacceptable", "acceptable"), (_GLUE, "cola"),
-         note="grammatical acceptability"),
-    Task("rte", (("sentence1", "sentence1"), ("sentence2", "sentence2")), ("true", "false"), (_GLUE, "rte"),
-         note="entailment (0) -> true; Min et al. use True/False for sentence pairs"),
-    Task("qnli", (("question", "question"), ("sentence", "sentence")), ("true", "false"), (_GLUE, "qnli"),
-         note="the sentence answers the question (0 = entailment) -> true"),
-    Task("mrpc", (("sentence1", "sentence1"), ("sentence2", "sentence2")), ("false", "true"), (_GLUE, "mrpc"),
-         note="paraphrase (1 = equivalent) -> true"),
-    Task("qqp", (("question1", "question1"), ("question2", "question2")), ("false", "true"), (_GLUE, "qqp"),
-         note="duplicate questions (1) -> true"),
-    Task("synthetic", (("sentence", "sentence"),), ("negative", "positive"), None, eval_split="test",
-         note="generated here: one sentiment word inside neutral filler; no download"),
-)}
+TASKS = {
+    t.name: t
+    for t in (
+        Task(
+            "sst2",
+            (("sentence", "sentence"),),
+            ("negative", "positive"),
+            (_GLUE, "sst2"),
+            note="movie-review sentiment; 872 validation sentences",
+        ),
+        Task(
+            "subj",
+            (("text", "sentence"),),
+            ("objective", "subjective"),
+            ("SetFit/subj", None),
+            eval_split="test",
+            note="Pang & Lee subjectivity (SetFit copy: label 0 objective, 1 subjective)",
+        ),
+        Task(
+            "cola",
+            (("sentence", "sentence"),),
+            ("unacceptable", "acceptable"),
+            (_GLUE, "cola"),
+            note="grammatical acceptability",
+        ),
+        Task(
+            "rte",
+            (("sentence1", "sentence1"), ("sentence2", "sentence2")),
+            ("true", "false"),
+            (_GLUE, "rte"),
+            note="entailment (0) -> true; Min et al. use True/False for sentence pairs",
+        ),
+        Task(
+            "qnli",
+            (("question", "question"), ("sentence", "sentence")),
+            ("true", "false"),
+            (_GLUE, "qnli"),
+            note="the sentence answers the question (0 = entailment) -> true",
+        ),
+        Task(
+            "mrpc",
+            (("sentence1", "sentence1"), ("sentence2", "sentence2")),
+            ("false", "true"),
+            (_GLUE, "mrpc"),
+            note="paraphrase (1 = equivalent) -> true",
+        ),
+        Task(
+            "qqp",
+            (("question1", "question1"), ("question2", "question2")),
+            ("false", "true"),
+            (_GLUE, "qqp"),
+            note="duplicate questions (1) -> true",
+        ),
+        Task(
+            "synthetic",
+            (("sentence", "sentence"),),
+            ("negative", "positive"),
+            None,
+            eval_split="test",
+            note="generated here: one sentiment word inside neutral filler; no download",
+        ),
+    )
+}
 
 #: ``--preset paper``'s datasets: the paper's five (SST-2, named in its text, and Subj; the spec's candidates RTE,
 #: QQP and MRPC, after Wei et al. 2023's binary tasks) plus QNLI, one beyond them (docs/icl-probes.md says so;
@@ -71,8 +116,10 @@ class Example:
 
 def get_task(name: str) -> Task:
     if name not in TASKS:
-        raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(TASKS)} "
-                         "(python -m icl_probes.label_flip datasets lists them)")
+        raise ValueError(
+            f"unknown dataset {name!r}; allowed: {', '.join(TASKS)} "
+            "(python -m icl_probes.label_flip datasets lists them)"
+        )
     return TASKS[name]
 
 
@@ -83,12 +130,16 @@ def to_example(task: Task, record: dict, where: str) -> Example:
     keys = [k for k, _ in task.fields] + [task.label_key]
     missing = [k for k in keys if k not in record]
     if missing:
-        raise ValueError(f"{where}: record lacks {', '.join(missing)}; {task.name} records need the fields {', '.join(keys)}")
+        raise ValueError(
+            f"{where}: record lacks {', '.join(missing)}; {task.name} records need the fields {', '.join(keys)}"
+        )
     label = record[task.label_key]
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(task.label_words):
-        raise ValueError(f"{where}: label must be an int in 0..{len(task.label_words) - 1} "
-                         f"({', '.join(task.label_words)}), got {label!r} (GLUE test splits hide labels as -1: "
-                         "evaluate on validation)")
+        raise ValueError(
+            f"{where}: label must be an int in 0..{len(task.label_words) - 1} "
+            f"({', '.join(task.label_words)}), got {label!r} (GLUE test splits hide labels as -1: "
+            "evaluate on validation)"
+        )
     return Example(tuple(str(record[k]).strip() for k, _ in task.fields), label)
 
 
@@ -96,9 +147,11 @@ def load_local(task: Task, split: str, data_dir) -> list:
     """Examples of ``<data_dir>/<task>/<split>.jsonl``; FileNotFoundError says what is expected."""
     path = Path(data_dir) / task.name / f"{split}.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; --data-dir must hold <task>/<split>.jsonl files with the hub's "
-                                f"field names, here {task.name}/{split}.jsonl with {', '.join(k for k, _ in task.fields)}, "
-                                f"{task.label_key}")
+        raise FileNotFoundError(
+            f"{path} not found; --data-dir must hold <task>/<split>.jsonl files with the hub's "
+            f"field names, here {task.name}/{split}.jsonl with {', '.join(k for k, _ in task.fields)}, "
+            f"{task.label_key}"
+        )
     out = []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
@@ -128,16 +181,66 @@ def load_hub(task: Task, split: str) -> list:
 
 
 # Synthetic task: a sentiment word inside neutral filler, so the label is decided by one word.
-POSITIVE = ("wonderful", "excellent", "delightful", "superb", "great", "lovely", "brilliant", "fantastic",
-            "pleasant", "charming", "enjoyable", "marvelous")
-NEGATIVE = ("terrible", "awful", "dreadful", "horrible", "boring", "disappointing", "poor", "bad",
-            "unpleasant", "dull", "miserable", "annoying")
-SUBJECTS = ("the film", "the meal", "the hotel", "the concert", "the book", "the trip", "the game", "the show",
-            "the class", "the museum", "the café", "the new phone")
-OPENERS = ("on tuesday afternoon", "after the long drive", "according to my cousin", "during the holidays",
-           "last weekend", "in the old town", "before the rain started", "at the end of march")
-TAILS = ("and we paid in cash", "and the bus left at noon", "and the room was on the second floor",
-         "and my neighbour came along", "and it lasted about two hours", "and the tickets were printed")
+POSITIVE = (
+    "wonderful",
+    "excellent",
+    "delightful",
+    "superb",
+    "great",
+    "lovely",
+    "brilliant",
+    "fantastic",
+    "pleasant",
+    "charming",
+    "enjoyable",
+    "marvelous",
+)
+NEGATIVE = (
+    "terrible",
+    "awful",
+    "dreadful",
+    "horrible",
+    "boring",
+    "disappointing",
+    "poor",
+    "bad",
+    "unpleasant",
+    "dull",
+    "miserable",
+    "annoying",
+)
+SUBJECTS = (
+    "the film",
+    "the meal",
+    "the hotel",
+    "the concert",
+    "the book",
+    "the trip",
+    "the game",
+    "the show",
+    "the class",
+    "the museum",
+    "the café",
+    "the new phone",
+)
+OPENERS = (
+    "on tuesday afternoon",
+    "after the long drive",
+    "according to my cousin",
+    "during the holidays",
+    "last weekend",
+    "in the old town",
+    "before the rain started",
+    "at the end of march",
+)
+TAILS = (
+    "and we paid in cash",
+    "and the bus left at noon",
+    "and the room was on the second floor",
+    "and my neighbour came along",
+    "and it lasted about two hours",
+    "and the tickets were printed",
+)
 
 
 def synthetic_examples(split: str, n: int = 2000) -> list:
@@ -162,7 +265,10 @@ def load_examples(task: Task, split: str, data_dir=None, loader=None) -> list:
     generator for tasks without a hub entry, ``data_dir`` if given, else the hub."""
     if loader is not None:
         records = loader(task, split)
-        return [r if isinstance(r, Example) else to_example(task, r, f"{task.name}/{split}[{i}]") for i, r in enumerate(records)]
+        return [
+            r if isinstance(r, Example) else to_example(task, r, f"{task.name}/{split}[{i}]")
+            for i, r in enumerate(records)
+        ]
     if task.hub is None:
         return synthetic_examples(split)
     if data_dir is not None:
@@ -176,6 +282,8 @@ def describe() -> str:
     for t in TASKS.values():
         src = "generated" if t.hub is None else "/".join(x for x in t.hub if x)
         fields = ", ".join(name for _, name in t.fields)
-        rows.append(f"{t.name:10s} {src:22s} fields: {fields:22s} labels: {'/'.join(t.label_words):24s} "
-                    f"eval: {t.eval_split:10s} {t.note}")
+        rows.append(
+            f"{t.name:10s} {src:22s} fields: {fields:22s} labels: {'/'.join(t.label_words):24s} "
+            f"eval: {t.eval_split:10s} {t.note}"
+        )
     return "\n".join(rows)

@@ -70,8 +70,14 @@ class SweepConfig:
 
     def identity(self) -> dict:
         """Settings a resumed run must share with the rows already written."""
-        return dict(m=self.m, n_eval=self.n_eval, predict=self.predict, balanced=self.balanced, per_prompt=self.per_prompt,
-                    max_new_tokens=self.max_new_tokens if self.predict == "generate" else None)
+        return dict(
+            m=self.m,
+            n_eval=self.n_eval,
+            predict=self.predict,
+            balanced=self.balanced,
+            per_prompt=self.per_prompt,
+            max_new_tokens=self.max_new_tokens if self.predict == "generate" else None,
+        )
 
 
 def continuation_ids(tok, prompt_ids: list, prompt: str, word: str) -> list:
@@ -81,8 +87,8 @@ def continuation_ids(tok, prompt_ids: list, prompt: str, word: str) -> list:
     word's standalone tokens.
     """
     full = tok(prompt + " " + word)["input_ids"]
-    if full[:len(prompt_ids)] == prompt_ids and len(full) > len(prompt_ids):
-        return full[len(prompt_ids):]
+    if full[: len(prompt_ids)] == prompt_ids and len(full) > len(prompt_ids):
+        return full[len(prompt_ids) :]
     return tok.encode(" " + word, add_special_tokens=False)
 
 
@@ -113,9 +119,9 @@ class LabelScorer:
         """Log-softmax rows (keep, vocab) for the last ``keep`` positions of token list ``seq``."""
         if prefix and self.use_cache:
             pids, cache = self._prefix_state(prefix)
-            if seq[:len(pids)] == pids and len(seq) - len(pids) >= keep:
+            if seq[: len(pids)] == pids and len(seq) - len(pids) >= keep:
                 self.cache_hits += 1
-                rest = torch.tensor([seq[len(pids):]], device=self.device)
+                rest = torch.tensor([seq[len(pids) :]], device=self.device)
                 out = self.model(rest, **cache_kwargs(copy.deepcopy(cache)), use_cache=True, logits_to_keep=keep)
                 return out.logits[0].float().log_softmax(-1)
         out = self.model(torch.tensor([seq], device=self.device), logits_to_keep=keep)
@@ -145,7 +151,7 @@ def generate_label(model, tok, prompt: str, words, max_new_tokens: int = 5) -> t
     """(label id or -1, generated text) from greedy decoding."""
     enc = tok(prompt, return_tensors="pt").to(next(model.parameters()).device)
     out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-    text = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     first = re.sub(r"[^\w]", "", text.strip().split()[0]).lower() if text.strip() else ""
     lowered = [w.lower() for w in words]
     return (lowered.index(first) if first in lowered else -1), text
@@ -181,8 +187,10 @@ def run_sweep(cfg: SweepConfig, out, *, loader=None, model_loader=None, progress
     for row in rows:
         mismatch = {k: (row.get(k), v) for k, v in cfg.identity().items() if row.get(k) != v}
         if mismatch:
-            raise ValueError(f"{path} holds rows made with other settings {mismatch} (stored, asked); "
-                             "use another --out folder or the same settings")
+            raise ValueError(
+                f"{path} holds rows made with other settings {mismatch} (stored, asked); "
+                "use another --out folder or the same settings"
+            )
     done = {_key(r) for r in rows}
     data = {}
     for name in cfg.datasets:  # load data before any model, so a missing dataset fails fast
@@ -190,8 +198,14 @@ def run_sweep(cfg: SweepConfig, out, *, loader=None, model_loader=None, progress
         train = load_examples(task, task.train_split, cfg.data_dir, loader)
         evals = load_examples(task, task.eval_split, cfg.data_dir, loader)
         data[name] = (task, train, class_index(train), [evals[i] for i in eval_indices(len(evals), cfg.n_eval)])
-    jobs = [(mname, d, share, seed, i) for mname in cfg.models for d in cfg.datasets for share in cfg.shares
-            for seed in cfg.seeds for i in range(len(data[d][3]))]
+    jobs = [
+        (mname, d, share, seed, i)
+        for mname in cfg.models
+        for d in cfg.datasets
+        for share in cfg.shares
+        for seed in cfg.seeds
+        for i in range(len(data[d][3]))
+    ]
     pending = [j for j in jobs if j not in done]
     bar = tqdm(total=len(pending), desc="label-flip", disable=not progress, unit="prompt")
     for mname in cfg.models:
@@ -203,8 +217,16 @@ def run_sweep(cfg: SweepConfig, out, *, loader=None, model_loader=None, progress
         for _, dname, share, seed, i in mine:
             task, train, by_class, queries = data[dname]
             p = make_prompt(task, train, by_class, queries[i], cfg.m, share, seed, i, cfg.balanced, cfg.per_prompt)
-            row = dict(model=mname, dataset=dname, share=share, seed=seed, index=i, label=p.query_label,
-                       n_flipped=sum(p.flipped), **cfg.identity())
+            row = dict(
+                model=mname,
+                dataset=dname,
+                share=share,
+                seed=seed,
+                index=i,
+                label=p.query_label,
+                n_flipped=sum(p.flipped),
+                **cfg.identity(),
+            )
             if cfg.predict == "logprob":
                 lps = scorer(p.text, task.label_words, p.prefix)
                 row.update(pred=int(max(range(len(lps)), key=lps.__getitem__)), logprobs=lps)
@@ -254,7 +276,11 @@ def summarize(rows) -> dict:
                 if vals:
                     mean = sum(vals) / len(vals)
                     std = (sum((v - mean) ** 2 for v in vals) / len(vals)) ** 0.5
-                    n = sum(counts.get((model, dd, s, seed), 0) for dd in (datasets if d == "average" else [d]) for seed in seeds)
+                    n = sum(
+                        counts.get((model, dd, s, seed), 0)
+                        for dd in (datasets if d == "average" else [d])
+                        for seed in seeds
+                    )
                     res[d][s] = (mean, std, n)
         out[model] = res
     return out
@@ -265,8 +291,11 @@ def markdown(summary: dict) -> str:
     lines.append("|---|---|" + "---|" * len(_shares(summary)))
     for model, res in summary.items():
         for d, cells in res.items():
-            lines.append(f"| {model} | {d} | " + " | ".join(
-                f"{cells[s][0]:.3f} ± {cells[s][1]:.3f}" if s in cells else "" for s in _shares(summary)) + " |")
+            lines.append(
+                f"| {model} | {d} | "
+                + " | ".join(f"{cells[s][0]:.3f} ± {cells[s][1]:.3f}" if s in cells else "" for s in _shares(summary))
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -288,8 +317,14 @@ def plot(summary: dict, path, title: str = "") -> None:
         for model, res in summary.items():
             cells = res.get(d, {})
             xs = sorted(cells)
-            ax.errorbar(xs, [cells[s][0] for s in xs], yerr=[cells[s][1] for s in xs], marker="o", capsize=3,
-                        label=model.split("/")[-1])
+            ax.errorbar(
+                xs,
+                [cells[s][0] for s in xs],
+                yerr=[cells[s][1] for s in xs],
+                marker="o",
+                capsize=3,
+                label=model.split("/")[-1],
+            )
         ax.axhline(0.5, color="gray", ls="--", lw=1, label="chance")
         ax.set(title=d, xlabel="flipped exemplar labels (%)", ylabel="accuracy", ylim=(0, 1.02), xticks=FLIP_SHARES)
         ax.grid(alpha=0.3)

@@ -66,8 +66,10 @@ def format_inputs(task: Task, inputs: tuple) -> str:
 
 def format_prefix(task: Task, exemplars, shown) -> str:
     """The exemplars with the shown label words, each followed by a blank line."""
-    return "".join(f"{format_inputs(task, ex.inputs)}\nThe answer is {task.label_words[lab]}.\n\n"
-                   for ex, lab in zip(exemplars, shown))
+    return "".join(
+        f"{format_inputs(task, ex.inputs)}\nThe answer is {task.label_words[lab]}.\n\n"
+        for ex, lab in zip(exemplars, shown)
+    )
 
 
 def format_prompt(task: Task, exemplars, shown, query: Example) -> str:
@@ -97,15 +99,27 @@ def sample_exemplars(train, by_class: dict, m: int, rng: random.Random, balanced
     picked = []
     for lab in labels:
         if counts[lab] > len(by_class[lab]):
-            raise ValueError(f"balanced sampling needs {counts[lab]} training examples of label {lab}, "
-                             f"the split has {len(by_class[lab])}; use fewer exemplars or --unbalanced")
+            raise ValueError(
+                f"balanced sampling needs {counts[lab]} training examples of label {lab}, "
+                f"the split has {len(by_class[lab])}; use fewer exemplars or --unbalanced"
+            )
         picked += rng.sample(by_class[lab], counts[lab])
     rng.shuffle(picked)
     return [train[i] for i in picked]
 
 
-def make_prompt(task: Task, train, by_class, query: Example, m: int, share, seed: int, index: int,
-                balanced: bool = True, per_prompt: bool = False) -> Prompt:
+def make_prompt(
+    task: Task,
+    train,
+    by_class,
+    query: Example,
+    m: int,
+    share,
+    seed: int,
+    index: int,
+    balanced: bool = True,
+    per_prompt: bool = False,
+) -> Prompt:
     """The prompt for (seed, prompt index) at one flip share (percent); see the module docstring."""
     k = n_flips(share, m)
     rng = random.Random(f"label_flip:{seed}:{index}" if per_prompt else f"label_flip:{seed}")

@@ -32,7 +32,7 @@ import torch
 
 #: Eigenvalue profiles lambda_i, i = 1..d (one table; the config names one).
 SPECTRA = {
-    "inverse": lambda i: 1.0 / i,           # the prototype's choice in the spec
+    "inverse": lambda i: 1.0 / i,  # the prototype's choice in the spec
     "flat": lambda i: 1.0,
     "geometric": lambda i: 0.7 ** (i - 1),
 }
@@ -129,13 +129,13 @@ def sample_errors(q, lam, vs: dict, sigmas, m: int, n: int, gen, w=None) -> dict
     """
     d = lam.shape[0]
     root = q * lam.sqrt()  # x = Q D^{1/2} z ~ N(0, Q D Q^T)
-    x = torch.randn(n, m, d, generator=gen, dtype=torch.float64) @ root.T       # (n, M, d)
-    xq = torch.randn(n, d, generator=gen, dtype=torch.float64) @ root.T         # (n, d)
-    eps = torch.randn(n, m, generator=gen, dtype=torch.float64)                 # (n, M), unit noise
+    x = torch.randn(n, m, d, generator=gen, dtype=torch.float64) @ root.T  # (n, M, d)
+    xq = torch.randn(n, d, generator=gen, dtype=torch.float64) @ root.T  # (n, d)
+    eps = torch.randn(n, m, generator=gen, dtype=torch.float64)  # (n, M), unit noise
     ws = torch.randn(n, d, generator=gen, dtype=torch.float64) if w is None else w.expand(n, d)
     clean = torch.einsum("nmd,nd->nm", x, ws)
-    h_clean = torch.einsum("nmd,nm->nd", x, clean) / m   # h splits into a clean and a noise part,
-    h_noise = torch.einsum("nmd,nm->nd", x, eps) / m     # so one draw serves every sigma
+    h_clean = torch.einsum("nmd,nm->nd", x, clean) / m  # h splits into a clean and a noise part,
+    h_noise = torch.einsum("nmd,nm->nd", x, eps) / m  # so one draw serves every sigma
     target = (xq * ws).sum(-1)
     out = {}
     for r, v in vs.items():
@@ -207,9 +207,20 @@ def run(cfg: TheoryConfig) -> dict:
     for r in ranks[1:]:
         for sigma in cfg.sigmas:
             mean, se = gap_mc[("gap", r, sigma)]
-            gap_rows.append(dict(r=r, r0=r0, sigma=sigma, thm_5_4_3=gap_formula(lam, r0, r, s, sigma**2, cfg.n_pretrain, cfg.m),
-                                 approx=(r - r0) * (float((s**2 * lam).sum()) + sigma**2) / cfg.m, mc=mean, mc_se=se))
-    return dict(config=asdict(cfg), eigenvalues=lam.tolist(), loss=loss_rows, slopes=slopes, best_rank=best, gap=gap_rows)
+            gap_rows.append(
+                dict(
+                    r=r,
+                    r0=r0,
+                    sigma=sigma,
+                    thm_5_4_3=gap_formula(lam, r0, r, s, sigma**2, cfg.n_pretrain, cfg.m),
+                    approx=(r - r0) * (float((s**2 * lam).sum()) + sigma**2) / cfg.m,
+                    mc=mean,
+                    mc_se=se,
+                )
+            )
+    return dict(
+        config=asdict(cfg), eigenvalues=lam.tolist(), loss=loss_rows, slopes=slopes, best_rank=best, gap=gap_rows
+    )
 
 
 def _fit_slope(points) -> float:
@@ -225,16 +236,27 @@ def markdown(result: dict) -> str:
     """Tables: closed form vs Monte Carlo, slopes per r, Thm 5.4.3 gaps."""
     lines = ["| r | sigma | closed form | Monte Carlo | MC s.e. | z |", "|---|---|---|---|---|---|"]
     for row in result["loss"]:
-        lines.append(f"| {row['r']} | {row['sigma']:g} | {row['closed_form']:.4f} | {row['mc']:.4f} | "
-                     f"{row['mc_se']:.4f} | {row['z']:+.2f} |")
+        lines.append(
+            f"| {row['r']} | {row['sigma']:g} | {row['closed_form']:.4f} | {row['mc']:.4f} | "
+            f"{row['mc_se']:.4f} | {row['z']:+.2f} |"
+        )
     lines += ["", "| r | slope dL/dsigma^2 (closed form) | slope (MC fit) |", "|---|---|---|"]
     lines += [f"| {s['r']} | {s['closed_form']:.4f} | {s['mc_fit']:.4f} |" for s in result["slopes"]]
-    lines += ["", "Best rank per sigma (closed form): " + ", ".join(f"sigma={k}: r={v}" for k, v in result["best_rank"].items())]
+    lines += [
+        "",
+        "Best rank per sigma (closed form): " + ", ".join(f"sigma={k}: r={v}" for k, v in result["best_rank"].items()),
+    ]
     if result["gap"]:
-        lines += ["", "| r' | r | sigma | Thm 5.4.3 | (r'-r)(‖s‖²_D+σ²)/M | Monte Carlo (paired) | MC s.e. |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {g['r']} | {g['r0']} | {g['sigma']:g} | {g['thm_5_4_3']:.4f} | {g['approx']:.4f} | "
-                  f"{g['mc']:.4f} | {g['mc_se']:.4f} |" for g in result["gap"]]
+        lines += [
+            "",
+            "| r' | r | sigma | Thm 5.4.3 | (r'-r)(‖s‖²_D+σ²)/M | Monte Carlo (paired) | MC s.e. |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {g['r']} | {g['r0']} | {g['sigma']:g} | {g['thm_5_4_3']:.4f} | {g['approx']:.4f} | "
+            f"{g['mc']:.4f} | {g['mc_se']:.4f} |"
+            for g in result["gap"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -252,18 +274,30 @@ def plot(result: dict, path) -> None:
         rows = [row for row in result["loss"] if row["r"] == r]
         x = [row["sigma"] ** 2 for row in rows]
         axes[0].plot(x, [row["closed_form"] for row in rows], color=color, label=f"r={r}")
-        axes[0].errorbar(x, [row["mc"] for row in rows], yerr=[2 * row["mc_se"] for row in rows], fmt="o", color=color, ms=4)
+        axes[0].errorbar(
+            x, [row["mc"] for row in rows], yerr=[2 * row["mc_se"] for row in rows], fmt="o", color=color, ms=4
+        )
         grows = [g for g in result["gap"] if g["r"] == r]
         if grows:
             xg = [g["sigma"] ** 2 for g in grows]
             axes[1].plot(xg, [g["thm_5_4_3"] for g in grows], color=color, label=f"r'={r}")
-            axes[1].errorbar(xg, [g["mc"] for g in grows], yerr=[2 * g["mc_se"] for g in grows], fmt="o", color=color, ms=4)
+            axes[1].errorbar(
+                xg, [g["mc"] for g in grows], yerr=[2 * g["mc_se"] for g in grows], fmt="o", color=color, ms=4
+            )
     cfg = result["config"]
-    axes[0].set(xlabel="label noise σ²", ylabel="evaluation loss E_w[L]",
-                title=f"Thm 5.4.2, w~N(0,I): lines closed form, dots MC±2se\n(d={cfg['d']}, N={cfg['n_pretrain']}, M={cfg['m']})")
+    axes[0].set(
+        xlabel="label noise σ²",
+        ylabel="evaluation loss E_w[L]",
+        title=(
+            f"Thm 5.4.2, w~N(0,I): lines closed form, dots MC±2se\n(d={cfg['d']}, N={cfg['n_pretrain']}, M={cfg['m']})"
+        ),
+    )
     r0 = result["gap"][0]["r0"] if result["gap"] else ranks[0]
-    axes[1].set(xlabel="label noise σ²", ylabel=f"L(r') - L({r0})",
-                title=f"Thm 5.4.3, w=Q s, s on top-{r0}: larger r, steeper in σ²")
+    axes[1].set(
+        xlabel="label noise σ²",
+        ylabel=f"L(r') - L({r0})",
+        title=f"Thm 5.4.3, w=Q s, s on top-{r0}: larger r, steeper in σ²",
+    )
     for ax in axes:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)

@@ -65,8 +65,9 @@ def _schedule(eta, T: int, batch: int, like: torch.Tensor) -> torch.Tensor:
         return eta.unsqueeze(0).expand(batch, T)
     if eta.dim() == 2 and eta.shape == (batch, T):
         return eta
-    raise ValueError(f"eta must be a scalar, a (T,)=({T},) schedule or a (B, T)=({batch}, {T}) tensor; "
-                     f"got shape {tuple(eta.shape)}")
+    raise ValueError(
+        f"eta must be a scalar, a (T,)=({T},) schedule or a (B, T)=({batch}, {T}) tensor; got shape {tuple(eta.shape)}"
+    )
 
 
 def looped_forward(Z0: torch.Tensor, Q: torch.Tensor, P: torch.Tensor, eta, T: int, all_loops: bool = False):
@@ -135,8 +136,9 @@ class Tasks:
         return build_input(self.X, self.y, self.alpha)
 
 
-def sample_tasks(batch: int, n: int, d: int, generator: torch.Generator, alpha_range=(0.5, 2.0),
-                 dtype=torch.float32, device="cpu") -> Tasks:
+def sample_tasks(
+    batch: int, n: int, d: int, generator: torch.Generator, alpha_range=(0.5, 2.0), dtype=torch.float32, device="cpu"
+) -> Tasks:
     """Sample the Ch. 8 task: X_ij ~ N(0,1), theta* uniform on the unit sphere, y = X theta*.
 
     alpha ~ +-U[alpha_range] with a random sign (any alpha != 0 is a valid query; the looped model is
@@ -174,5 +176,5 @@ def query_error(out: torch.Tensor, theta: torch.Tensor, alpha: torch.Tensor) -> 
 def relative_sq_error(out: torch.Tensor, theta: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """||out/alpha - theta*||^2 / ||theta*||^2 (= ||theta^(t) - theta*||^2 / ||theta^(0) - theta*||^2)."""
     if out.dim() == 3:
-        return ((out / alpha[:, None, None] - theta[:, None, :]) ** 2).sum(-1) / (theta ** 2).sum(-1, keepdim=True)
-    return ((out / alpha[:, None] - theta) ** 2).sum(-1) / (theta ** 2).sum(-1)
+        return ((out / alpha[:, None, None] - theta[:, None, :]) ** 2).sum(-1) / (theta**2).sum(-1, keepdim=True)
+    return ((out / alpha[:, None] - theta) ** 2).sum(-1) / (theta**2).sum(-1)

@@ -24,8 +24,10 @@ def prepare_out(out, cfg, kind: str) -> Path:
         have = read_json(path, "run config")
         if have != want:
             diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
-            raise ValueError(f"{out} already holds a run with another config (differs in: {', '.join(diff)}); "
-                             "rerun with the same options to resume, or pick a new --out")
+            raise ValueError(
+                f"{out} already holds a run with another config (differs in: {', '.join(diff)}); "
+                "rerun with the same options to resume, or pick a new --out"
+            )
     else:
         write_json(path, want)
     return out

@@ -27,8 +27,14 @@ from tqdm.auto import tqdm
 
 from icl_probes.common import resolve_device, seed_everything
 from icl_probes.io import append_jsonl, read_jsonl, replacing
-from icl_probes.looped.model import (construction, gram_spectrum, looped_forward_fast, query_error,
-                                     relative_sq_error, sample_tasks)
+from icl_probes.looped.model import (
+    construction,
+    gram_spectrum,
+    looped_forward_fast,
+    query_error,
+    relative_sq_error,
+    sample_tasks,
+)
 from icl_probes.looped.outdir import prepare_out
 
 LOSSES = ("last", "mean")
@@ -93,10 +99,16 @@ class TrainConfig:
 
 PRESETS = {
     "cpu": ({}, "d=5, n=20, T=10, 10000 Adam steps of 256 tasks, 4 models, eval to 40 loops (~3 min on 2 cores)"),
-    "paper": (dict(d=10, n=40, T=20, eval_loops=100, steps=12000, curriculum=6000, batch=1024, eval_tasks=20000,
-                   log_every=500), "d=10, n=40, T=20, 12000 steps of 1024 tasks, 4 models, eval to 100 loops (GPU)"),
-    "smoke": (dict(d=3, n=8, T=3, eval_loops=6, steps=20, curriculum=10, batch=16, eval_tasks=64, log_every=10),
-              "d=3, n=8, T=3, 20 steps (a test of the plumbing, seconds)"),
+    "paper": (
+        dict(
+            d=10, n=40, T=20, eval_loops=100, steps=12000, curriculum=6000, batch=1024, eval_tasks=20000, log_every=500
+        ),
+        "d=10, n=40, T=20, 12000 steps of 1024 tasks, 4 models, eval to 100 loops (GPU)",
+    ),
+    "smoke": (
+        dict(d=3, n=8, T=3, eval_loops=6, steps=20, curriculum=10, batch=16, eval_tasks=64, log_every=10),
+        "d=3, n=8, T=3, 20 steps (a test of the plumbing, seconds)",
+    ),
 }
 
 
@@ -113,7 +125,9 @@ class LearnedLoop(torch.nn.Module):
         self.T, self.eta_mode = T, eta_mode
         self.Q = torch.nn.Parameter((torch.randn(d + 1, d + 1, generator=init, dtype=torch.float64) * std).to(dtype))
         self.P = torch.nn.Parameter((torch.randn(d + 1, d + 1, generator=init, dtype=torch.float64) * std).to(dtype))
-        self.eta = torch.nn.Parameter(torch.full((T if eta_mode == "per-loop" else 1,), 1 / (4 * n * (d + 1)), dtype=dtype))
+        self.eta = torch.nn.Parameter(
+            torch.full((T if eta_mode == "per-loop" else 1,), 1 / (4 * n * (d + 1)), dtype=dtype)
+        )
 
     def schedule(self, loops: int) -> torch.Tensor:
         """The (loops,) step sizes: learned ones for t < T, the last learned one after that."""
@@ -146,22 +160,33 @@ def compare_with_construction(model: LearnedLoop) -> dict:
     Qc, Pc = construction(Q.shape[0] - 1)
     d = Q.shape[0] - 1
     sign = 1.0 if cosine(Q, Qc) >= 0 else -1.0
-    return {"cos_Q": sign * cosine(Q, Qc), "cos_P": sign * cosine(P, Pc), "cos_QP": cosine(Q @ P, Qc @ Pc),
-            "cos_Q_block": sign * cosine(Q[:d, :d], Qc[:d, :d]), "cos_P_block": sign * cosine(P[:d, :d], Pc[:d, :d]),
-            "Q": Q.tolist(), "P": P.tolist(), "eta": model.eta.detach().double().cpu().tolist()}
+    return {
+        "cos_Q": sign * cosine(Q, Qc),
+        "cos_P": sign * cosine(P, Pc),
+        "cos_QP": cosine(Q @ P, Qc @ Pc),
+        "cos_Q_block": sign * cosine(Q[:d, :d], Qc[:d, :d]),
+        "cos_P_block": sign * cosine(P[:d, :d], Pc[:d, :d]),
+        "Q": Q.tolist(),
+        "P": P.tolist(),
+        "eta": model.eta.detach().double().cpu().tolist(),
+    }
 
 
 def eval_tasks(cfg: TrainConfig, device):
     """Held-out tasks from their own seed (never seen in training, the same for every model)."""
-    return sample_tasks(cfg.eval_tasks, cfg.n, cfg.d, torch.Generator().manual_seed(cfg.seed + 10_000),
-                        dtype=cfg.dtype, device=device)
+    return sample_tasks(
+        cfg.eval_tasks, cfg.n, cfg.d, torch.Generator().manual_seed(cfg.seed + 10_000), dtype=cfg.dtype, device=device
+    )
 
 
 def error_curves(outs: torch.Tensor, tasks) -> dict:
     """Per loop t = 0..loops: mean and median relative squared error, mean query error |<q,theta*> - alpha|."""
     rel = relative_sq_error(outs, tasks.theta, tasks.alpha)
-    return {"rel_sq_error_mean": rel.mean(0).tolist(), "rel_sq_error_median": rel.median(0).values.tolist(),
-            "query_error_mean": query_error(outs, tasks.theta, tasks.alpha).mean(0).tolist()}
+    return {
+        "rel_sq_error_mean": rel.mean(0).tolist(),
+        "rel_sq_error_median": rel.median(0).values.tolist(),
+        "query_error_mean": query_error(outs, tasks.theta, tasks.alpha).mean(0).tolist(),
+    }
 
 
 @torch.no_grad()
@@ -170,18 +195,28 @@ def baselines(cfg: TrainConfig, device) -> dict:
     tasks = eval_tasks(cfg, device)
     Qc, Pc = construction(cfg.d, dtype=cfg.dtype, device=device)
     L, _ = gram_spectrum(tasks.X)
-    out = {"construction, eta=1/L": error_curves(
-        looped_forward_fast(tasks.input(), Qc, Pc, (1 / L)[:, None].expand(-1, cfg.eval_loops), cfg.eval_loops), tasks)}
+    out = {
+        "construction, eta=1/L": error_curves(
+            looped_forward_fast(tasks.input(), Qc, Pc, (1 / L)[:, None].expand(-1, cfg.eval_loops), cfg.eval_loops),
+            tasks,
+        )
+    }
     # Tune the constant eta on separate tasks, at the training loop count, as a learned eta would be.
-    tune = sample_tasks(cfg.eval_tasks, cfg.n, cfg.d, torch.Generator().manual_seed(cfg.seed + 20_000),
-                        dtype=cfg.dtype, device=device)
+    tune = sample_tasks(
+        cfg.eval_tasks, cfg.n, cfg.d, torch.Generator().manual_seed(cfg.seed + 20_000), dtype=cfg.dtype, device=device
+    )
     grid = torch.linspace(0.02, 2.0, 100).tolist()
-    score = [relative_sq_error(looped_forward_fast(tune.input(), Qc, Pc, c / cfg.n, cfg.T)[:, -1], tune.theta,
-                               tune.alpha).mean().item() for c in grid]
+    score = [
+        relative_sq_error(looped_forward_fast(tune.input(), Qc, Pc, c / cfg.n, cfg.T)[:, -1], tune.theta, tune.alpha)
+        .mean()
+        .item()
+        for c in grid
+    ]
     score = [s if s == s else float("inf") for s in score]  # a divergent eta gives nan
     best = grid[min(range(len(grid)), key=score.__getitem__)] / cfg.n
     out[f"construction, eta={best:.4f} (tuned)"] = error_curves(
-        looped_forward_fast(tasks.input(), Qc, Pc, best, cfg.eval_loops), tasks)
+        looped_forward_fast(tasks.input(), Qc, Pc, best, cfg.eval_loops), tasks
+    )
     return out
 
 
@@ -194,11 +229,15 @@ def load_checkpoint(path, device) -> dict:
         state = torch.load(path, map_location=device, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{path}: not a checkpoint this command wrote (refused to unpickle anything but tensors and "
-                         f"plain values: {first}). Delete it to restart that run from step 0") from None
+        raise ValueError(
+            f"{path}: not a checkpoint this command wrote (refused to unpickle anything but tensors and "
+            f"plain values: {first}). Delete it to restart that run from step 0"
+        ) from None
     if not isinstance(state, dict) or not {"model", "opt", "data_rng", "step"} <= set(state):
-        raise ValueError(f"{path}: not a checkpoint this command wrote (it lacks model/opt/data_rng/step). "
-                         "Delete it to restart that run from step 0")
+        raise ValueError(
+            f"{path}: not a checkpoint this command wrote (it lacks model/opt/data_rng/step). "
+            "Delete it to restart that run from step 0"
+        )
     return state
 
 
@@ -235,17 +274,31 @@ def train_one(cfg: TrainConfig, run: str, out, progress: bool = True) -> dict:
         bar.update(1)
         if step % cfg.log_every == 0 or step == cfg.steps:
             with replacing(ckpt_path) as tmp:  # a kill mid-save leaves the previous checkpoint intact
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "data_rng": data.get_state(),
-                            "step": step}, tmp)
-            append_jsonl(out / "rows.jsonl", {"kind": "log", "run": run, "step": step, "loops": cfg.loops_at(step - 1),
-                                              "loss": sum(running) / len(running)})
+                torch.save(
+                    {"model": model.state_dict(), "opt": opt.state_dict(), "data_rng": data.get_state(), "step": step},
+                    tmp,
+                )
+            append_jsonl(
+                out / "rows.jsonl",
+                {
+                    "kind": "log",
+                    "run": run,
+                    "step": step,
+                    "loops": cfg.loops_at(step - 1),
+                    "loss": sum(running) / len(running),
+                },
+            )
             bar.set_postfix(loss=f"{running[-1]:.2e}")
             running = []
     bar.close()
     with torch.no_grad():
         tasks = eval_tasks(cfg, device)
-        row = {"kind": "final", "run": run, **error_curves(model(tasks.input(), cfg.eval_loops), tasks),
-               **compare_with_construction(model)}
+        row = {
+            "kind": "final",
+            "run": run,
+            **error_curves(model(tasks.input(), cfg.eval_loops), tasks),
+            **compare_with_construction(model),
+        }
     return row
 
 

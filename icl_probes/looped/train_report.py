@@ -26,14 +26,21 @@ def summarise(cfg: TrainConfig, rows: list) -> dict:
         for row in rows:  # a resumed run may log a step twice; the later row wins
             if row["kind"] == "log" and row["run"] == run:
                 log[row["step"]] = row["loss"]
-        models[run] = {**{k: v for k, v in r.items() if k not in ("kind", "run")},
-                       "loss_log": sorted(log.items()),
-                       # "more loops, lower error": within training and past it
-                       "monotone_to_T": all(e[t + 1] <= e[t] for t in range(cfg.T)),
-                       "error_at_T": e[cfg.T], "error_at_2T": e[min(2 * cfg.T, cfg.eval_loops)],
-                       "error_at_end": e[cfg.eval_loops], "best_loop": min(range(len(e)), key=e.__getitem__)}
-    return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "models": models,
-            "baselines": {k: v for k, v in base.items() if k != "kind"}}
+        models[run] = {
+            **{k: v for k, v in r.items() if k not in ("kind", "run")},
+            "loss_log": sorted(log.items()),
+            # "more loops, lower error": within training and past it
+            "monotone_to_T": all(e[t + 1] <= e[t] for t in range(cfg.T)),
+            "error_at_T": e[cfg.T],
+            "error_at_2T": e[min(2 * cfg.T, cfg.eval_loops)],
+            "error_at_end": e[cfg.eval_loops],
+            "best_loop": min(range(len(e)), key=e.__getitem__),
+        }
+    return {
+        "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+        "models": models,
+        "baselines": {k: v for k, v in base.items() if k != "kind"},
+    }
 
 
 def _fmt(x: float) -> str:
@@ -46,20 +53,31 @@ def markdown_table(results: dict) -> str:
     T, E = cfg["T"], cfg["eval_loops"]
     loops = sorted({1, 2, T // 2, T, min(2 * T, E), E} - {0})
     head = " | ".join(f"t={t}" for t in loops)
-    lines = [f"Mean relative squared error ||TF/alpha - theta*||^2 on {cfg['eval_tasks']} held-out tasks "
-             f"(d={cfg['d']}, n={cfg['n']}, trained with T={T} loops; t > {T} is extrapolation):", "",
-             f"| model | {head} | query error at t={T} |", "|---|" + "---|" * (len(loops) + 1)]
+    lines = [
+        f"Mean relative squared error ||TF/alpha - theta*||^2 on {cfg['eval_tasks']} held-out tasks "
+        f"(d={cfg['d']}, n={cfg['n']}, trained with T={T} loops; t > {T} is extrapolation):",
+        "",
+        f"| model | {head} | query error at t={T} |",
+        "|---|" + "---|" * (len(loops) + 1),
+    ]
     curves = [(f"learned {k}", v) for k, v in results["models"].items()] + list(results["baselines"].items())
     for name, v in curves:
         e, q = v["rel_sq_error_mean"], v["query_error_mean"]
         lines.append(f"| {name} | " + " | ".join(_fmt(e[t]) for t in loops) + f" | {_fmt(q[T])} |")
-    lines += ["", "Learned weights against the construction (cosine after normalisation; (Q, P) and (cQ, P/c) are the "
-              "same model, so the sign is fixed by cos(Q, I) >= 0):", "",
-              "| model | cos(Q, I) | cos(P, P*) | cos(QP, Q*P*) | cos(Q[:d,:d], I_d) | cos(P[:d,:d], I_d) | "
-              "error falls every loop to T | best loop |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Learned weights against the construction (cosine after normalisation; (Q, P) and (cQ, P/c) are the "
+        "same model, so the sign is fixed by cos(Q, I) >= 0):",
+        "",
+        "| model | cos(Q, I) | cos(P, P*) | cos(QP, Q*P*) | cos(Q[:d,:d], I_d) | cos(P[:d,:d], I_d) | "
+        "error falls every loop to T | best loop |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for k, v in results["models"].items():
-        lines.append(f"| {k} | {v['cos_Q']:.3f} | {v['cos_P']:.3f} | {v['cos_QP']:.3f} | {v['cos_Q_block']:.3f} | "
-                     f"{v['cos_P_block']:.3f} | {'yes' if v['monotone_to_T'] else 'no'} | {v['best_loop']} |")
+        lines.append(
+            f"| {k} | {v['cos_Q']:.3f} | {v['cos_P']:.3f} | {v['cos_QP']:.3f} | {v['cos_Q_block']:.3f} | "
+            f"{v['cos_P_block']:.3f} | {'yes' if v['monotone_to_T'] else 'no'} | {v['best_loop']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -17,11 +17,18 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from gemfilter.lab.entry import command
 from icl_probes.common import as_stored, resolve_device
 from icl_probes.io import check_out_dir, read_json, remove_jsonl_rows, write_json, write_text
 from icl_probes.modular import plots, report
-from icl_probes.modular.experiments import GROK_PRESETS, MLP_PRESETS, TRANSFORMER_PRESETS, run_grokking, run_mlp, run_transformer
-from gemfilter.lab.entry import command
+from icl_probes.modular.experiments import (
+    GROK_PRESETS,
+    MLP_PRESETS,
+    TRANSFORMER_PRESETS,
+    run_grokking,
+    run_mlp,
+    run_transformer,
+)
 
 PRESETS = {"mlp": MLP_PRESETS, "transformer": TRANSFORMER_PRESETS, "grok": GROK_PRESETS}
 
@@ -61,20 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m icl_probes.modular",
         description="Modular addition with k inputs (Z. Shi 2024, Ch. 4): Fourier features of the Eq. 4.2 "
-                    "network, W^KQ of a one-layer transformer, and grokking against k.",
+        "network, W^KQ of a one-layer transformer, and grokking against k.",
         epilog="run '<subcommand> --help' for its options; 'presets' lists every preset with its settings",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{mlp,transformer,grok,presets}")
     parser.subcommands = {}  # errors are reported by the subcommand's parser, so its usage line is shown
-    helps = {"mlp": "Eq. 4.2 network: per-neuron Fourier power and frequency histogram (Figs. 4.1, 4.2)",
-             "transformer": "one-layer transformer: W^KQ per head and its 2-D DFT (Fig. 4.3)",
-             "grok": "two-layer transformers over several (k, p): grokking delay (Fig. 4.4)"}
+    helps = {
+        "mlp": "Eq. 4.2 network: per-neuron Fourier power and frequency histogram (Figs. 4.1, 4.2)",
+        "transformer": "one-layer transformer: W^KQ per head and its 2-D DFT (Fig. 4.3)",
+        "grok": "two-layer transformers over several (k, p): grokking delay (Fig. 4.4)",
+    }
     for name, text in helps.items():
-        sp = sub.add_parser(name, help=text, description=text, epilog=EPILOG[name],
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp = sub.add_parser(
+            name, help=text, description=text, epilog=EPILOG[name], formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         parser.subcommands[name] = sp
-        sp.add_argument("--preset", default="cpu", choices=sorted(PRESETS[name]),
-                        help="settings table entry (default cpu; see the 'presets' subcommand)")
+        sp.add_argument(
+            "--preset",
+            default="cpu",
+            choices=sorted(PRESETS[name]),
+            help="settings table entry (default cpu; see the 'presets' subcommand)",
+        )
         sp.add_argument("--out", required=True, type=Path, help="folder for the JSON, markdown and JSONL outputs")
         sp.add_argument("--fig-dir", type=Path, help="folder for the PNG figures (default: --out)")
         sp.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
@@ -87,12 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--schedule", choices=["constant", "cosine"], help="override the lr schedule after warm-up")
         sp.add_argument("--eval-every", type=int, help="override the evaluation interval in steps")
         sp.add_argument("--no-log", action="store_true", help="write no JSONL log (fewer output files)")
-        sp.add_argument("--force", action="store_true",
-                        help="retrain even if a finished result with these settings exists; mlp/transformer: replace "
-                        "a result of other settings; grok: drop only the rows of the listed (k, p) pairs")
+        sp.add_argument(
+            "--force",
+            action="store_true",
+            help="retrain even if a finished result with these settings exists; mlp/transformer: replace "
+            "a result of other settings; grok: drop only the rows of the listed (k, p) pairs",
+        )
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
-        sp.add_argument("--max-minutes", type=float, help="stop training after this many minutes and write what "
-                        "was reached (marked time_limit in the JSON); for a sweep, the budget covers all runs")
+        sp.add_argument(
+            "--max-minutes",
+            type=float,
+            help="stop training after this many minutes and write what "
+            "was reached (marked time_limit in the JSON); for a sweep, the budget covers all runs",
+        )
         if name in ("mlp", "transformer"):
             sp.add_argument("--k", type=int, help="number of inputs (>= 2)")
             sp.add_argument("--p", type=int, help="modulus (an odd prime)")
@@ -104,19 +126,40 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--d-model", type=int, help="residual stream (hidden) dimension")
         if name == "grok":
             sp.add_argument("--kps", type=_kps, help='(k, p) pairs, e.g. "2,97;3,23;4,11;5,7"')
-    sub.add_parser("presets", help="print every preset's settings as JSON",
-                   description="Print every preset of every subcommand with all its settings as JSON.")
+    sub.add_parser(
+        "presets",
+        help="print every preset's settings as JSON",
+        description="Print every preset of every subcommand with all its settings as JSON.",
+    )
     return parser
 
 
 def make_config(args):
     """The preset named by --preset with the command-line overrides applied."""
     cfg = PRESETS[args.command][args.preset]
-    train = {key: getattr(args, attr) for key, attr in (("steps", "steps"), ("lr", "lr"), ("weight_decay", "weight_decay"),
-             ("batch_size", "batch_size"), ("schedule", "schedule"), ("eval_every", "eval_every")) if getattr(args, attr) is not None}
+    train = {
+        key: getattr(args, attr)
+        for key, attr in (
+            ("steps", "steps"),
+            ("lr", "lr"),
+            ("weight_decay", "weight_decay"),
+            ("batch_size", "batch_size"),
+            ("schedule", "schedule"),
+            ("eval_every", "eval_every"),
+        )
+        if getattr(args, attr) is not None
+    }
     over = {"train": replace(cfg.train, **train)}
-    for key, attr in (("seed", "seed"), ("k", "k"), ("p", "p"), ("m", "m"), ("init_std", "init_std"),
-                      ("n_heads", "heads"), ("d_model", "d_model"), ("kps", "kps")):
+    for key, attr in (
+        ("seed", "seed"),
+        ("k", "k"),
+        ("p", "p"),
+        ("m", "m"),
+        ("init_std", "init_std"),
+        ("n_heads", "heads"),
+        ("d_model", "d_model"),
+        ("kps", "kps"),
+    ):
         if getattr(args, attr, None) is not None:
             over[key] = getattr(args, attr)
     if train or len(over) > 1:
@@ -144,8 +187,10 @@ def _same(path: Path, cfg, force: bool = False) -> dict | None:
             diff = ", ".join(f"{k}: {have.get(k)!r} there, {want[k]!r} now" for k in want if have.get(k) != want[k])
         else:
             diff = "it stores no settings"
-        raise ValueError(f"--out {path.parent} already holds {path.name} of other settings ({diff}); use another "
-                         "--out to keep both, or --force to replace it")
+        raise ValueError(
+            f"--out {path.parent} already holds {path.name} of other settings ({diff}); use another "
+            "--out to keep both, or --force to replace it"
+        )
     if force or stored.get("final", {}).get("time_limit"):
         return None  # asked to retrain, or cut short by --max-minutes: train again
     return stored
@@ -183,17 +228,22 @@ def main(argv=None) -> int:
             path = out / "mlp_result.json"
             result = _same(path, cfg, args.force)
             if result is None:
-                result = run_mlp(cfg, device, None if args.no_log else out / "mlp_log.jsonl", progress, deadline=deadline)
+                result = run_mlp(
+                    cfg, device, None if args.no_log else out / "mlp_log.jsonl", progress, deadline=deadline
+                )
                 write_json(path, result)
             md = report.mlp_markdown(result, command)
-            pngs = [plots.plot_neurons(result, figs / "modular_fig41_neurons.png"),
-                    plots.plot_frequencies(result, figs / "modular_fig42_frequencies.png")]
+            pngs = [
+                plots.plot_neurons(result, figs / "modular_fig41_neurons.png"),
+                plots.plot_frequencies(result, figs / "modular_fig42_frequencies.png"),
+            ]
         elif args.command == "transformer":
             path = out / "transformer_result.json"
             result = _same(path, cfg, args.force)
             if result is None:
-                result = run_transformer(cfg, device, None if args.no_log else out / "transformer_log.jsonl", progress,
-                                         deadline=deadline)
+                result = run_transformer(
+                    cfg, device, None if args.no_log else out / "transformer_log.jsonl", progress, deadline=deadline
+                )
                 write_json(path, result)
             md = report.transformer_markdown(result, command)
             pngs = [plots.plot_kq(result, figs / "modular_fig43_wkq.png")]
@@ -204,7 +254,9 @@ def main(argv=None) -> int:
 
                 _drop_rows(jsonl, grok_settings(cfg), {tuple(kp) for kp in cfg.kps})
             rows = run_grokking(cfg, device, jsonl, progress, deadline=deadline)
-            write_json(out / "grok_result.json", dict(experiment="grok", config=asdict(cfg), device=str(device), runs=rows))
+            write_json(
+                out / "grok_result.json", dict(experiment="grok", config=asdict(cfg), device=str(device), runs=rows)
+            )
             md = report.grok_markdown(rows, asdict(cfg), command)
             pngs = [plots.plot_grokking(rows, figs / "modular_fig44_grokking.png")]
     except ValueError as err:

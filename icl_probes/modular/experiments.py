@@ -19,7 +19,14 @@ import torch
 from icl_probes.common import as_stored, seed_everything
 from icl_probes.io import append_jsonl, read_jsonl
 from icl_probes.modular.data import check_kp, make_split
-from icl_probes.modular.fourier import dft2, dft2_interaction_share, dft2_sparsity, frequency_histogram, neuron_power, one_sided_power
+from icl_probes.modular.fourier import (
+    dft2,
+    dft2_interaction_share,
+    dft2_sparsity,
+    frequency_histogram,
+    neuron_power,
+    one_sided_power,
+)
 from icl_probes.modular.mlp import PowerMLP, paper_width
 from icl_probes.modular.train import TrainConfig, train
 from icl_probes.modular.transformer import ModularTransformer
@@ -86,32 +93,62 @@ def _tc(**kw) -> TrainConfig:
 
 
 MLP_PRESETS = {
-    "cpu": MLPRun(k=2, p=47, train=_tc(steps=3000, lr=5e-3, weight_decay=1.0, batch_size=0, eval_every=100),
-                  note="CPU: k=2, p=47 (m=184, 1104 train points), full batch, weight decay 1.0 instead of 0.005"),
-    "cpu-k3": MLPRun(k=3, p=23, train=_tc(steps=3000, lr=5e-3, weight_decay=1.0, batch_size=0, eval_every=100),
-                     note="CPU: k=3, p=23 (m=352), full batch, weight decay 1.0 instead of 0.005"),
-    "paper": MLPRun(k=4, p=47, m=2944, train=_tc(steps=30000, lr=5e-3, weight_decay=0.005, batch_size=1024,
-                                                 eval_every=1000),
-                    note="C.10.1: k=4, p=47, m=2944, lr 5e-3, lambda 0.005, batch 1024 (steps: our choice)"),
+    "cpu": MLPRun(
+        k=2,
+        p=47,
+        train=_tc(steps=3000, lr=5e-3, weight_decay=1.0, batch_size=0, eval_every=100),
+        note="CPU: k=2, p=47 (m=184, 1104 train points), full batch, weight decay 1.0 instead of 0.005",
+    ),
+    "cpu-k3": MLPRun(
+        k=3,
+        p=23,
+        train=_tc(steps=3000, lr=5e-3, weight_decay=1.0, batch_size=0, eval_every=100),
+        note="CPU: k=3, p=23 (m=352), full batch, weight decay 1.0 instead of 0.005",
+    ),
+    "paper": MLPRun(
+        k=4,
+        p=47,
+        m=2944,
+        train=_tc(steps=30000, lr=5e-3, weight_decay=0.005, batch_size=1024, eval_every=1000),
+        note="C.10.1: k=4, p=47, m=2944, lr 5e-3, lambda 0.005, batch 1024 (steps: our choice)",
+    ),
 }
 
 TRANSFORMER_PRESETS = {
-    "cpu": TransformerRun(k=3, p=17, d_model=64, n_heads=8, d_head=16, d_mlp=256,
-                          train=_tc(steps=2000, lr=1e-3, weight_decay=1.0, batch_size=1024, eval_every=100),
-                          note="CPU: k=3, p=17, 8 heads, d_model 64, weight decay 1.0 instead of 0.001"),
-    "paper": TransformerRun(k=4, p=31, train=_tc(steps=20000, lr=1e-3, weight_decay=1e-3, batch_size=1024,
-                                                 eval_every=1000),
-                            note="Fig. 4.3 / C.10: k=4, p=31, 160 heads, d_model 128, lr 1e-3, lambda 1e-3"),
+    "cpu": TransformerRun(
+        k=3,
+        p=17,
+        d_model=64,
+        n_heads=8,
+        d_head=16,
+        d_mlp=256,
+        train=_tc(steps=2000, lr=1e-3, weight_decay=1.0, batch_size=1024, eval_every=100),
+        note="CPU: k=3, p=17, 8 heads, d_model 64, weight decay 1.0 instead of 0.001",
+    ),
+    "paper": TransformerRun(
+        k=4,
+        p=31,
+        train=_tc(steps=20000, lr=1e-3, weight_decay=1e-3, batch_size=1024, eval_every=1000),
+        note="Fig. 4.3 / C.10: k=4, p=31, 160 heads, d_model 128, lr 1e-3, lambda 1e-3",
+    ),
 }
 
 GROK_PRESETS = {
-    "cpu": GrokRun(kps=((2, 97), (3, 23), (4, 11), (5, 7)), d_model=64, n_heads=4, d_head=16, d_mlp=256,
-                   stop_after_grok=5,
-                   train=_tc(steps=3000, lr=1e-3, weight_decay=1.0, batch_size=1024, eval_every=50),
-                   note="CPU: 4 heads, d_model 64, weight decay 1.0 instead of 1e-3, (3,23) and (5,7) for (3,31), (5,5)"),
-    "paper": GrokRun(stop_after_grok=5, train=_tc(steps=15000, lr=1e-3, weight_decay=1e-3, batch_size=1024,
-                                                   eval_every=100),
-                     note="Fig. 4.4 / C.10: 160 heads, d_model 128, lr 1e-3, lambda 1e-3, 50% train"),
+    "cpu": GrokRun(
+        kps=((2, 97), (3, 23), (4, 11), (5, 7)),
+        d_model=64,
+        n_heads=4,
+        d_head=16,
+        d_mlp=256,
+        stop_after_grok=5,
+        train=_tc(steps=3000, lr=1e-3, weight_decay=1.0, batch_size=1024, eval_every=50),
+        note="CPU: 4 heads, d_model 64, weight decay 1.0 instead of 1e-3, (3,23) and (5,7) for (3,31), (5,5)",
+    ),
+    "paper": GrokRun(
+        stop_after_grok=5,
+        train=_tc(steps=15000, lr=1e-3, weight_decay=1e-3, batch_size=1024, eval_every=100),
+        note="Fig. 4.4 / C.10: 160 heads, d_model 128, lr 1e-3, lambda 1e-3, 50% train",
+    ),
 }
 
 
@@ -131,11 +168,19 @@ def _power_summary(model: PowerMLP) -> dict:
     norm = (model.U.detach().pow(2).sum(dim=(0, 1)) + model.W.detach().pow(2).sum(dim=1)).sqrt().cpu()
     active = norm >= ACTIVE_FRACTION * norm.max()
     hist = frequency_histogram(freq, model.p)
-    return dict(power=power.tolist(), freq=freq.tolist(), norm=norm.tolist(), histogram=hist,
-                mean_power=float(power.mean()), frac_power_ge=float((power >= POWER_THRESHOLD).float().mean()),
-                covered=sum(c > 0 for c in hist), n_freq=len(hist), n_active=int(active.sum()),
-                frac_power_ge_active=float((power[active] >= POWER_THRESHOLD).float().mean()),
-                covered_active=int(torch.unique(freq[active]).numel()))
+    return dict(
+        power=power.tolist(),
+        freq=freq.tolist(),
+        norm=norm.tolist(),
+        histogram=hist,
+        mean_power=float(power.mean()),
+        frac_power_ge=float((power >= POWER_THRESHOLD).float().mean()),
+        covered=sum(c > 0 for c in hist),
+        n_freq=len(hist),
+        n_active=int(active.sum()),
+        frac_power_ge_active=float((power[active] >= POWER_THRESHOLD).float().mean()),
+        covered_active=int(torch.unique(freq[active]).numel()),
+    )
 
 
 def _train_logged(model, split, cfg, log_path, desc: str, progress: bool, deadline) -> tuple[list, float]:
@@ -144,13 +189,27 @@ def _train_logged(model, split, cfg, log_path, desc: str, progress: bool, deadli
     if log_path is not None:
         open(log_path, "w").close()
     t0 = time.time()
-    history = train(model, split, cfg.train, cfg.seed, desc=desc, progress=progress, deadline=deadline,
-                    on_eval=(lambda row: append_jsonl(log_path, row)) if log_path is not None else None)
+    history = train(
+        model,
+        split,
+        cfg.train,
+        cfg.seed,
+        desc=desc,
+        progress=progress,
+        deadline=deadline,
+        on_eval=(lambda row: append_jsonl(log_path, row)) if log_path is not None else None,
+    )
     return history, time.time() - t0
 
 
-def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = True, n_examples: int = 8,
-            deadline: float | None = None) -> dict:
+def run_mlp(
+    cfg: MLPRun,
+    device: torch.device,
+    log_path=None,
+    progress: bool = True,
+    n_examples: int = 8,
+    deadline: float | None = None,
+) -> dict:
     """Train the Eq. 4.2 network and measure its Fourier features before and after.
 
     log_path: JSONL file that receives one row per evaluation (truncated first), or None.
@@ -168,12 +227,27 @@ def run_mlp(cfg: MLPRun, device: torch.device, log_path=None, progress: bool = T
     history, seconds = _train_logged(model, split, cfg, log_path, f"mlp k={cfg.k} p={cfg.p} m={m}", progress, deadline)
     emb1 = model.embeddings()
     ex = list(range(min(n_examples, m)))
-    examples = dict(neurons=ex, init=emb0[0, ex].tolist(), final=emb1[0, ex].tolist(),
-                    init_spectrum=one_sided_power(emb0[0, ex]).tolist(),
-                    final_spectrum=one_sided_power(emb1[0, ex]).tolist())
-    return dict(experiment="mlp", config=asdict(cfg), m=m, n_train=len(split.x_train), n_test=len(split.x_test),
-                device=str(device), seconds=seconds, history=history, final=history[-1],
-                init_power=init_power, final_power=_power_summary(model), examples=examples)
+    examples = dict(
+        neurons=ex,
+        init=emb0[0, ex].tolist(),
+        final=emb1[0, ex].tolist(),
+        init_spectrum=one_sided_power(emb0[0, ex]).tolist(),
+        final_spectrum=one_sided_power(emb1[0, ex]).tolist(),
+    )
+    return dict(
+        experiment="mlp",
+        config=asdict(cfg),
+        m=m,
+        n_train=len(split.x_train),
+        n_test=len(split.x_test),
+        device=str(device),
+        seconds=seconds,
+        history=history,
+        final=history[-1],
+        init_power=init_power,
+        final_power=_power_summary(model),
+        examples=examples,
+    )
 
 
 def _build_transformer(cfg, k: int, p: int, device) -> ModularTransformer:
@@ -184,13 +258,24 @@ def _kq_summary(model: ModularTransformer) -> dict:
     w = model.w_kq(0)
     sparsity = [dft2_sparsity(w[h]) for h in range(len(w))]
     inter = [dft2_interaction_share(w[h]) for h in range(len(w))]
-    return dict(share=[s for s, _ in sparsity], dominant=[list(f) for _, f in sparsity], interaction_share=inter,
-                norm=w.flatten(1).norm(dim=1).tolist(), mean_share=sum(s for s, _ in sparsity) / len(w),
-                mean_interaction_share=sum(inter) / len(w))
+    return dict(
+        share=[s for s, _ in sparsity],
+        dominant=[list(f) for _, f in sparsity],
+        interaction_share=inter,
+        norm=w.flatten(1).norm(dim=1).tolist(),
+        mean_share=sum(s for s, _ in sparsity) / len(w),
+        mean_interaction_share=sum(inter) / len(w),
+    )
 
 
-def run_transformer(cfg: TransformerRun, device: torch.device, log_path=None, progress: bool = True,
-                    n_show: int = 4, deadline: float | None = None) -> dict:
+def run_transformer(
+    cfg: TransformerRun,
+    device: torch.device,
+    log_path=None,
+    progress: bool = True,
+    n_show: int = 4,
+    deadline: float | None = None,
+) -> dict:
     """Train a one-layer transformer and measure how 2-D-Fourier-sparse each head's W^{KQ} is.
 
     Returns config, history, per-head share of W^{KQ}'s non-constant 2-D power in its top 4 DFT
@@ -203,15 +288,26 @@ def run_transformer(cfg: TransformerRun, device: torch.device, log_path=None, pr
     split = make_split(cfg.k, cfg.p, cfg.train_frac, cfg.seed).to(device)
     model = _build_transformer(cfg, cfg.k, cfg.p, device)
     init = _kq_summary(model)
-    history, seconds = _train_logged(model, split, cfg, log_path, f"transformer k={cfg.k} p={cfg.p}", progress,
-                                     deadline)
+    history, seconds = _train_logged(
+        model, split, cfg, log_path, f"transformer k={cfg.k} p={cfg.p}", progress, deadline
+    )
     final = _kq_summary(model)
     w = model.w_kq(0)
     show = sorted(range(len(w)), key=lambda h: -final["norm"][h])[:n_show]  # the most active heads
     heads = dict(heads=show, w_kq=[w[h].tolist() for h in show], dft2=[dft2(w[h]).tolist() for h in show])
-    return dict(experiment="transformer", config=asdict(cfg), n_train=len(split.x_train), n_test=len(split.x_test),
-                device=str(device), seconds=seconds, history=history, final=history[-1], init_kq=init,
-                final_kq=final, shown=heads)
+    return dict(
+        experiment="transformer",
+        config=asdict(cfg),
+        n_train=len(split.x_train),
+        n_test=len(split.x_test),
+        device=str(device),
+        seconds=seconds,
+        history=history,
+        final=history[-1],
+        init_kq=init,
+        final_kq=final,
+        shown=heads,
+    )
 
 
 def first_step(history: list[dict], key: str, threshold: float):
@@ -242,8 +338,9 @@ def grok_settings(cfg: GrokRun) -> dict:
     return {key: val for key, val in as_stored(cfg).items() if key not in ("kps", "note")}
 
 
-def run_grokking(cfg: GrokRun, device: torch.device, jsonl_path, progress: bool = True,
-                 deadline: float | None = None) -> list[dict]:
+def run_grokking(
+    cfg: GrokRun, device: torch.device, jsonl_path, progress: bool = True, deadline: float | None = None
+) -> list[dict]:
     """Train one two-layer transformer per (k, p) in cfg.kps; append one row per finished run to jsonl_path.
 
     Rows already in jsonl_path with the same (k, p) and the same settings are kept and not rerun
@@ -272,10 +369,21 @@ def run_grokking(cfg: GrokRun, device: torch.device, jsonl_path, progress: bool 
             return cfg.stop_after_grok >= 0 and evals_since[0] > cfg.stop_after_grok
 
         t0 = time.time()
-        history = train(model, split, cfg.train, cfg.seed, progress=progress, desc=f"grok k={k} p={p}", stop=stop,
-                        deadline=deadline)
-        row = dict(k=k, p=p, time_limit=bool(history[-1].get("time_limit")), n_train=len(split.x_train), n_test=len(split.x_test), seconds=time.time() - t0,
-                   **grokking_delay(history, cfg.threshold), final=history[-1], history=history, settings=settings)
+        history = train(
+            model, split, cfg.train, cfg.seed, progress=progress, desc=f"grok k={k} p={p}", stop=stop, deadline=deadline
+        )
+        row = dict(
+            k=k,
+            p=p,
+            time_limit=bool(history[-1].get("time_limit")),
+            n_train=len(split.x_train),
+            n_test=len(split.x_test),
+            seconds=time.time() - t0,
+            **grokking_delay(history, cfg.threshold),
+            final=history[-1],
+            history=history,
+            settings=settings,
+        )
         if jsonl_path:
             append_jsonl(jsonl_path, row)
         rows.append(row)

@@ -38,8 +38,11 @@ def plot_neurons(result: dict, path, n: int = 6):
             bot.set_ylabel("normalised power")
             bot.legend(fontsize=7)
     k, m = result["config"]["k"], result["m"]
-    fig.suptitle(f"Eq. 4.2 network, k={k}, p={p}, m={m}: trained embeddings and their Fourier power "
-                 f"(test acc {result['final']['test_acc']:.3f})", fontsize=10)
+    fig.suptitle(
+        f"Eq. 4.2 network, k={k}, p={p}, m={m}: trained embeddings and their Fourier power "
+        f"(test acc {result['final']['test_acc']:.3f})",
+        fontsize=10,
+    )
     fig.tight_layout()
     return save_png(fig, path)
 
@@ -89,9 +92,12 @@ def plot_kq(result: dict, path):
         axes[1, c].set_xlabel("frequency j2", fontsize=8)
         axes[1, c].set_ylabel("frequency j1", fontsize=8)
     cfg = result["config"]
-    fig.suptitle(f"one-layer transformer, k={cfg['k']}, p={cfg['p']}, {cfg['n_heads']} heads: the {n} heads "
-                 f"with largest ||W^KQ|| (mean top-4 share over all heads {result['final_kq']['mean_share']:.2f}, "
-                 f"init {result['init_kq']['mean_share']:.2f})", fontsize=9)
+    fig.suptitle(
+        f"one-layer transformer, k={cfg['k']}, p={cfg['p']}, {cfg['n_heads']} heads: the {n} heads "
+        f"with largest ||W^KQ|| (mean top-4 share over all heads {result['final_kq']['mean_share']:.2f}, "
+        f"init {result['init_kq']['mean_share']:.2f})",
+        fontsize=9,
+    )
     fig.tight_layout()
     return save_png(fig, path)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 def _train_line(cfg: dict) -> str:
     t = cfg["train"]
-    return (f"AdamW lr {t['lr']}, betas {tuple(t['betas'])}, weight decay {t['weight_decay']}, warm-up {t['warmup']}, "
-            f"{t['schedule']} schedule, batch {t['batch_size'] or 'full'}, {t['steps']} steps, seed {cfg['seed']}")
+    return (
+        f"AdamW lr {t['lr']}, betas {tuple(t['betas'])}, weight decay {t['weight_decay']}, warm-up {t['warmup']}, "
+        f"{t['schedule']} schedule, batch {t['batch_size'] or 'full'}, {t['steps']} steps, seed {cfg['seed']}"
+    )
 
 
 def _limit(r: dict) -> list[str]:
@@ -37,10 +39,12 @@ def mlp_markdown(r: dict, command: str = "") -> str:
     lines = _run_head(r, f"## Eq. 4.2 network: k={c['k']}, p={c['p']}, m={r['m']} (Figs. 4.1, 4.2)") + [
         f"| neurons with max normalised power >= 0.9 | {i['frac_power_ge']:.1%} | {f['frac_power_ge']:.1%} |",
         f"| mean max normalised power | {i['mean_power']:.3f} | {f['mean_power']:.3f} |",
-        f"| frequencies covered (of 1..{(c['p'] - 1) // 2}) | {i['covered']}/{i['n_freq']} | {f['covered']}/{f['n_freq']} |",
+        f"| frequencies covered (of 1..{(c['p'] - 1) // 2}) | {i['covered']}/{i['n_freq']} | "
+        f"{f['covered']}/{f['n_freq']} |",
         f"| active neurons (norm >= 0.1 x largest) | {i['n_active']}/{r['m']} | {f['n_active']}/{r['m']} |",
         f"| active neurons with power >= 0.9 | {i['frac_power_ge_active']:.1%} | {f['frac_power_ge_active']:.1%} |",
-        f"| frequencies covered by active neurons | {i['covered_active']}/{i['n_freq']} | {f['covered_active']}/{f['n_freq']} |",
+        f"| frequencies covered by active neurons | {i['covered_active']}/{i['n_freq']} | "
+        f"{f['covered_active']}/{f['n_freq']} |",
         "",
         f"Argmax-frequency histogram after training (j=1..): {f['histogram']}",
     ]
@@ -61,9 +65,12 @@ def transformer_markdown(r: dict, command: str = "") -> str:
         f"| mean top-4 share of the interaction part (j1, j2 != 0) | {r['init_kq']['mean_interaction_share']:.3f} "
         f"| {r['final_kq']['mean_interaction_share']:.3f} |",
         "",
-        "Shown heads (largest ||W^KQ||): " + ", ".join(
+        "Shown heads (largest ||W^KQ||): "
+        + ", ".join(
             f"{h} (share {share1[h]:.2f}, interaction share {r['final_kq']['interaction_share'][h]:.2f}, "
-            f"dominant (j1,j2)={tuple(r['final_kq']['dominant'][h])})" for h in r["shown"]["heads"]),
+            f"dominant (j1,j2)={tuple(r['final_kq']['dominant'][h])})"
+            for h in r["shown"]["heads"]
+        ),
     ]
     if command:
         lines += ["", f"Command: `{command}`"]
@@ -84,12 +91,17 @@ def grok_markdown(rows: list[dict], cfg: dict, command: str = "") -> str:
     ]
     fmt = lambda v: "not reached" if v is None else str(v)  # noqa: E731
     for r in rows:
-        lines.append(f"| {r['k']} | {r['p']} | {r['n_train']} | {fmt(r['train_step'])} | {fmt(r['test_step'])} | "
-                     f"{fmt(r['delay'])} | {r['gap_area']:.0f} | {r['final']['train_acc']:.3f} / {r['final']['test_acc']:.3f}"
-                     f"{' (time limit at step %d)' % r['final']['step'] if r.get('time_limit') else ''} | {r['seconds']:.0f} |")
-    lines += ["", f"Delays are measured at the evaluation interval ({cfg['train']['eval_every']} steps). The gap area "
-              "sums max(0, train acc - test acc) over steps: about the delay for a sharp jump, about 0 when the "
-              "curves rise together."]
+        lines.append(
+            f"| {r['k']} | {r['p']} | {r['n_train']} | {fmt(r['train_step'])} | {fmt(r['test_step'])} | "
+            f"{fmt(r['delay'])} | {r['gap_area']:.0f} | {r['final']['train_acc']:.3f} / {r['final']['test_acc']:.3f}"
+            f"{' (time limit at step %d)' % r['final']['step'] if r.get('time_limit') else ''} | {r['seconds']:.0f} |"
+        )
+    lines += [
+        "",
+        f"Delays are measured at the evaluation interval ({cfg['train']['eval_every']} steps). The gap area "
+        "sums max(0, train acc - test acc) over steps: about the delay for a sharp jump, about 0 when the "
+        "curves rise together.",
+    ]
     if command:
         lines += ["", f"Command: `{command}`"]
     return "\n".join(lines) + "\n"

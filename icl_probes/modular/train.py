@@ -108,8 +108,14 @@ def train(
         tr_loss, tr_acc = evaluate(model, split.x_train, split.y_train)
         te_loss, te_acc = evaluate(model, split.x_test, split.y_test)
         model.train()
-        row = dict(step=step, lr=opt.param_groups[0]["lr"], train_loss=tr_loss, train_acc=tr_acc,
-                   test_loss=te_loss, test_acc=te_acc)
+        row = dict(
+            step=step,
+            lr=opt.param_groups[0]["lr"],
+            train_loss=tr_loss,
+            train_acc=tr_acc,
+            test_loss=te_loss,
+            test_acc=te_acc,
+        )
         history.append(row)
         if on_eval is not None:
             on_eval(row)

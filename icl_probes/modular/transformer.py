@@ -49,8 +49,16 @@ class ModularTransformer(nn.Module):
     Parameters: tok (p, d_model), pos (k, d_model), blocks, unembed (d_model -> p).
     """
 
-    def __init__(self, k: int, p: int, n_layers: int = 1, d_model: int = 128, n_heads: int = 160,
-                 d_head: int = 32, d_mlp: int = 512):
+    def __init__(
+        self,
+        k: int,
+        p: int,
+        n_layers: int = 1,
+        d_model: int = 128,
+        n_heads: int = 160,
+        d_head: int = 32,
+        d_mlp: int = 512,
+    ):
         super().__init__()
         for name, val in dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_head, d_mlp=d_mlp).items():
             if val < 1:

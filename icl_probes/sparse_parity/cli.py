@@ -41,8 +41,9 @@ def _ints(text: str) -> tuple:
     except ValueError:
         vals = ()
     if not vals or min(vals) < 0:
-        raise argparse.ArgumentTypeError(f"expected non-negative integers separated by commas, e.g. 0,1,2; "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected non-negative integers separated by commas, e.g. 0,1,2; got {text!r}"
+        )
     return vals
 
 
@@ -61,30 +62,46 @@ def build_parser() -> argparse.ArgumentParser:
 
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
-        prog="python -m icl_probes.sparse_parity", formatter_class=fmt,
+        prog="python -m icl_probes.sparse_parity",
+        formatter_class=fmt,
         epilog="run '<subcommand> --help' for its options",
         description="Sparse-parity in-context learning with two-layer multi-head linear attention (Z. Shi 2024, "
-                    "Sec. 5.5): Thm 5.5.1's closed-form heads for a small (m = 2(v1+1)) and a large (m = 2(v2+1)) "
-                    "model, Thm 5.5.2's noise ratio (v1+1)/(v2+1), accuracy under flipped labels, and training.")
+        "Sec. 5.5): Thm 5.5.1's closed-form heads for a small (m = 2(v1+1)) and a large (m = 2(v2+1)) "
+        "model, Thm 5.5.2's noise ratio (v1+1)/(v2+1), accuracy under flipped labels, and training.",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="{run,report,presets}")
-    r = sub.add_parser("run", formatter_class=fmt, epilog=EPILOG, help="run the parts of a preset (resumable)",
-                       description="Run every unit of the chosen parts; one JSONL row per finished unit, so a rerun of "
-                                   "the same command into the same --out resumes. Then write the tables and figures.")
-    r.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="settings (default cpu, ~10 min on one "
-                   "thread; tiny is a smoke test); the 'presets' subcommand prints them")
+    r = sub.add_parser(
+        "run",
+        formatter_class=fmt,
+        epilog=EPILOG,
+        help="run the parts of a preset (resumable)",
+        description="Run every unit of the chosen parts; one JSONL row per finished unit, so a rerun of "
+        "the same command into the same --out resumes. Then write the tables and figures.",
+    )
+    r.add_argument(
+        "--preset",
+        default="cpu",
+        choices=sorted(PRESETS),
+        help="settings (default cpu, ~10 min on one "
+        "thread; tiny is a smoke test); the 'presets' subcommand prints them",
+    )
     r.add_argument("--out", required=True, type=Path, help="folder for rows.jsonl, result.json and summary.md")
     r.add_argument("--fig-dir", type=Path, help="folder for the PNG figures (default: --out)")
-    r.add_argument("--parts", type=_parts, default=PARTS,
-                   help=f"comma-separated subset of {','.join(PARTS)} (default all)")
+    r.add_argument(
+        "--parts", type=_parts, default=PARTS, help=f"comma-separated subset of {','.join(PARTS)} (default all)"
+    )
     r.add_argument("--seed", type=int, help="seed of G and every draw (default: the preset's, 0)")
     r.add_argument("--prompts", type=int, help="prompts per cell of the loss and flips parts (cpu: 2000)")
     r.add_argument("--train-seeds", type=_ints, help="seeds of the training units, e.g. 0,1,2 (default 0)")
     r.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     r.add_argument("--force", action="store_true", help="recompute the chosen units (their old rows are dropped first)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
-    rp = sub.add_parser("report", formatter_class=fmt, help="write summary.md, result.json and the figures again",
-                        description="Build summary.md, result.json and the figures again from a run folder's "
-                                    "rows.jsonl.")
+    rp = sub.add_parser(
+        "report",
+        formatter_class=fmt,
+        help="write summary.md, result.json and the figures again",
+        description="Build summary.md, result.json and the figures again from a run folder's rows.jsonl.",
+    )
     rp.add_argument("dir", type=Path, help="a folder written by 'run' (its --out)")
     rp.add_argument("--fig-dir", type=Path, help="folder for the PNG figures (default: the folder)")
     sub.add_parser("presets", help="print every preset's settings as JSON")
@@ -142,8 +159,9 @@ def main(argv=None) -> int:
             if not rows:
                 raise ValueError(f"{path} holds no rows; run 'run' into {args.dir} first")
             result = json.loads((args.dir / "result.json").read_text()) if (args.dir / "result.json").is_file() else {}
-            md = write_outputs(rows, args.dir, figs, result.get("command", "(unknown command)"),
-                               result.get("config", {}))
+            md = write_outputs(
+                rows, args.dir, figs, result.get("command", "(unknown command)"), result.get("config", {})
+            )
             print(md)
             return 0
         if args.threads < 1:

@@ -77,8 +77,11 @@ def sample_pairs(law: TaskLaw, n: int, gen: torch.Generator, which: str = "mixtu
     if which != "mixture":
         raise ValueError(f"which={which!r}; allowed: mixture, s1, s2")
     from_s2 = torch.rand(n, generator=gen) < law.p_t
-    return torch.where(from_s2[:, None], s2[torch.randint(len(s2), (n,), generator=gen)],
-                       s1[torch.randint(len(s1), (n,), generator=gen)])
+    return torch.where(
+        from_s2[:, None],
+        s2[torch.randint(len(s2), (n,), generator=gen)],
+        s1[torch.randint(len(s1), (n,), generator=gen)],
+    )
 
 
 def sample_phi(pairs: torch.Tensor, n: int, d: int, gamma: float, gen: torch.Generator) -> torch.Tensor:
@@ -87,8 +90,9 @@ def sample_phi(pairs: torch.Tensor, n: int, d: int, gamma: float, gen: torch.Gen
     B = len(pairs)
     phi = torch.randint(0, 2, (B, n, d), generator=gen).to(torch.float64) * 2 - 1
     values = torch.tensor(PAIR_VALUES, dtype=torch.float64)
-    which = torch.multinomial(torch.tensor(pair_probs(gamma), dtype=torch.float64), B * n, replacement=True,
-                              generator=gen).view(B, n)
+    which = torch.multinomial(
+        torch.tensor(pair_probs(gamma), dtype=torch.float64), B * n, replacement=True, generator=gen
+    ).view(B, n)
     i = pairs[:, 0][:, None].expand(B, n)
     j = pairs[:, 1][:, None].expand(B, n)
     phi.scatter_(2, i[..., None], values[which, 0][..., None])
@@ -116,8 +120,9 @@ class Prompts:
     phi_q: torch.Tensor
 
 
-def sample_prompts(law: TaskLaw, G: torch.Tensor, n: int, batch: int, gen: torch.Generator,
-                   which: str = "mixture") -> Prompts:
+def sample_prompts(
+    law: TaskLaw, G: torch.Tensor, n: int, batch: int, gen: torch.Generator, which: str = "mixture"
+) -> Prompts:
     """B prompts of N examples each: tasks by ``sample_pairs`` (which), phi by ``sample_phi``, x = G phi."""
     law.check()
     pairs = sample_pairs(law, batch, gen, which)

@@ -21,8 +21,15 @@ import torch
 
 from icl_probes.common import as_stored
 from icl_probes.io import append_jsonl, read_jsonl, remove_jsonl_rows
-from icl_probes.sparse_parity.data import (PAIR_VALUES, TaskLaw, flip_labels, flip_ranks, random_orthonormal,
-                                           sample_prompts, task_sets)
+from icl_probes.sparse_parity.data import (
+    PAIR_VALUES,
+    TaskLaw,
+    flip_labels,
+    flip_ranks,
+    random_orthonormal,
+    sample_prompts,
+    task_sets,
+)
 from icl_probes.sparse_parity.model import closed_form, exact_limit_loss, forward, hinge, signal_term
 from icl_probes.sparse_parity.theory import d_matrix, projection_energy, projector, sample_xi, subset_check
 from icl_probes.sparse_parity.train import TrainSettings, TrainUnit, train_heads
@@ -48,9 +55,14 @@ class SparseParityRun:
     flip_ms: tuple = (64, 256, 1024, 4096)
     flip_rates: tuple = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
     noise_sigmas: tuple = (0.0, 1.0, 2.0, 4.0)
-    train: tuple = (TrainUnit(1, 3, 4, "full", 8000), TrainUnit(1, 3, 8, "full", 20000),
-                    TrainUnit(1, 3, 16, "full", 12000), TrainUnit(1, 3, 8, "diagonal", 20000),
-                    TrainUnit(2, 4, 6, "full", 6000), TrainUnit(2, 4, 10, "full", 6000))
+    train: tuple = (
+        TrainUnit(1, 3, 4, "full", 8000),
+        TrainUnit(1, 3, 8, "full", 20000),
+        TrainUnit(1, 3, 16, "full", 12000),
+        TrainUnit(1, 3, 8, "diagonal", 20000),
+        TrainUnit(2, 4, 6, "full", 6000),
+        TrainUnit(2, 4, 10, "full", 6000),
+    )
     train_seeds: tuple = (0,)
     train_settings: TrainSettings = field(default_factory=lambda: TrainSettings(batch=1024))
     note: str = ""
@@ -61,11 +73,15 @@ class SparseParityRun:
         TaskLaw(4, 2, self.gamma).check()
         lengths = self.loss_ns + self.ratio_ms + self.flip_ms
         if min(lengths, default=0) < 1 or self.prompts < 1 or self.ratio_samples < 2:
-            raise ValueError(f"prompt lengths {lengths} must be >= 1, prompts={self.prompts} >= 1 "
-                             f"and ratio_samples={self.ratio_samples} >= 2")
+            raise ValueError(
+                f"prompt lengths {lengths} must be >= 1, prompts={self.prompts} >= 1 "
+                f"and ratio_samples={self.ratio_samples} >= 2"
+            )
         if any(not 0 <= r <= 0.5 for r in self.flip_rates) or any(s < 0 for s in self.noise_sigmas):
-            raise ValueError(f"flip rates {self.flip_rates} must lie in [0, 1/2] (XOR labels are invariant when every "
-                             f"label is negated) and noise sigmas {self.noise_sigmas} must be >= 0")
+            raise ValueError(
+                f"flip rates {self.flip_rates} must lie in [0, 1/2] (XOR labels are invariant when every "
+                f"label is negated) and noise sigmas {self.noise_sigmas} must be >= 0"
+            )
         for unit in self.train:
             unit.check()
         self.train_settings.check()
@@ -74,34 +90,49 @@ class SparseParityRun:
 PRESETS = {
     "cpu": SparseParityRun(note="(v1, v2) = (1, 3) and (2, 4), gamma = 1/8, 2000 prompts per cell, one training seed"),
     "train-seeds": SparseParityRun(
-        train=(TrainUnit(1, 3, 4, "full", 8000), TrainUnit(1, 3, 8, "full", 20000), TrainUnit(1, 3, 16, "full", 12000),
-               TrainUnit(1, 3, 8, "diagonal", 20000)), train_seeds=(1, 2),
-        note="cpu's (1, 3) training units with seeds 1 and 2 (run with --parts train)"),
+        train=(
+            TrainUnit(1, 3, 4, "full", 8000),
+            TrainUnit(1, 3, 8, "full", 20000),
+            TrainUnit(1, 3, 16, "full", 12000),
+            TrainUnit(1, 3, 8, "diagonal", 20000),
+        ),
+        train_seeds=(1, 2),
+        note="cpu's (1, 3) training units with seeds 1 and 2 (run with --parts train)",
+    ),
     "train-long": SparseParityRun(
         train=(TrainUnit(2, 4, 6, "full", 24000), TrainUnit(2, 4, 10, "full", 24000)),
-        note="cpu's (2, 4) training units, 4x the steps (run with --parts train)"),
-    "tiny": SparseParityRun(pairs=((1, 2),), loss_ns=(8, 64), prompts=200, ratio_ms=(16, 64), ratio_samples=2000,
-                            flip_ms=(32,), flip_rates=(0.0, 0.25, 0.5), noise_sigmas=(0.0, 1.0),
-                            train=(TrainUnit(1, 2, 4, "full", 200), TrainUnit(1, 2, 4, "diagonal", 200)),
-                            note="smoke test size"),
+        note="cpu's (2, 4) training units, 4x the steps (run with --parts train)",
+    ),
+    "tiny": SparseParityRun(
+        pairs=((1, 2),),
+        loss_ns=(8, 64),
+        prompts=200,
+        ratio_ms=(16, 64),
+        ratio_samples=2000,
+        flip_ms=(32,),
+        flip_rates=(0.0, 0.25, 0.5),
+        noise_sigmas=(0.0, 1.0),
+        train=(TrainUnit(1, 2, 4, "full", 200), TrainUnit(1, 2, 4, "diagonal", 200)),
+        note="smoke test size",
+    ),
 }
 
 
 def _law(cfg: SparseParityRun, v1: int, v2: int) -> TaskLaw:
-    return TaskLaw(2 ** v2, 2 ** v1, cfg.gamma)
+    return TaskLaw(2**v2, 2**v1, cfg.gamma)
 
 
 def _unit_seed(cfg: SparseParityRun, unit: tuple) -> int:
     """A deterministic seed per unit from its key (Python's hash of strings is salted per process, so not that)."""
     text = repr((cfg.seed,) + tuple(unit))
-    return sum((i + 1) * ord(c) for i, c in enumerate(text)) % (2 ** 31)
+    return sum((i + 1) * ord(c) for i, c in enumerate(text)) % (2**31)
 
 
 def _setup(cfg: SparseParityRun, unit: tuple):
     """(law, G, generator) of a unit ("part", v1, v2, ...): G depends on (seed, d) only, so every part of a pair sees
     the same dictionary; the generator is the unit's own."""
     v1, v2 = unit[1], unit[2]
-    G = random_orthonormal(2 ** v2, torch.Generator().manual_seed(cfg.seed))
+    G = random_orthonormal(2**v2, torch.Generator().manual_seed(cfg.seed))
     return _law(cfg, v1, v2), G, torch.Generator().manual_seed(_unit_seed(cfg, unit))
 
 
@@ -118,9 +149,14 @@ def run_closed(cfg: SparseParityRun, v1: int, v2: int) -> dict:
     s1, s2 = task_sets(law.d, law.k)
     out = dict(part="closed", v1=v1, v2=v2, d=law.d, k=law.k, p_t_bound=law.p_t_bound())
     for name, h in (("g1", g1), ("g2", g2)):
-        out[name] = dict(index=list(h.index), a=h.a.tolist(), diag_times_4gamma=(h.diag() * 4 * cfg.gamma).tolist(),
-                         norm=float(h.V.pow(2).sum()), s1=exact_limit_loss(h.a, h.V, s1, cfg.gamma),
-                         s2=exact_limit_loss(h.a, h.V, s2, cfg.gamma))
+        out[name] = dict(
+            index=list(h.index),
+            a=h.a.tolist(),
+            diag_times_4gamma=(h.diag() * 4 * cfg.gamma).tolist(),
+            norm=float(h.V.pow(2).sum()),
+            s1=exact_limit_loss(h.a, h.V, s1, cfg.gamma),
+            s2=exact_limit_loss(h.a, h.V, s2, cfg.gamma),
+        )
         # Thm 5.5.2, first bullet: the signal part on every S1 task and every sign of (phi_q,i, phi_q,j)
         pairs = s1.repeat_interleave(4, dim=0)
         phi_q = torch.ones(len(pairs), law.d, dtype=torch.float64)
@@ -147,11 +183,11 @@ def run_loss(cfg: SparseParityRun, v1: int, v2: int, n: int) -> dict:
                 z = pr.y_q * forward(heads[name].a, weights[name], pr.X, pr.y, pr.x_q)
                 loss = hinge(z)
                 sums[name][0] += float(loss.sum())
-                sums[name][1] += float((loss ** 2).sum())
+                sums[name][1] += float((loss**2).sum())
                 sums[name][2] += float((z > 0).sum())
         for name, (s, sq, right) in sums.items():
             mean = s / cfg.prompts
-            se = (max(sq / cfg.prompts - mean ** 2, 0.0) / cfg.prompts) ** 0.5
+            se = (max(sq / cfg.prompts - mean**2, 0.0) / cfg.prompts) ** 0.5
             out[f"{name}_{which}"] = dict(loss=mean, loss_se=se, acc=right / cfg.prompts)
     return out
 
@@ -167,10 +203,21 @@ def run_ratio(cfg: SparseParityRun, v1: int, v2: int, m: int) -> dict:
     e1, se1 = projection_energy(p1, xi)
     e2, se2 = projection_energy(p2, xi)
     per = ((xi @ p1) ** 2).sum(1) - (v1 + 1) / (v2 + 1) * ((xi @ p2) ** 2).sum(1)  # delta method for the ratio's s.e.
-    out = dict(part="ratio", v1=v1, v2=v2, m=m, formula=(v1 + 1) / (v2 + 1), rank1=int(torch.linalg.matrix_rank(p1)),
-               rank2=int(torch.linalg.matrix_rank(p2)), xi_e1=e1, xi_e1_se=se1, xi_e2=e2, xi_e2_se=se2,
-               xi_ratio=e1 / e2,
-               xi_ratio_se=float(per.std() / len(per) ** 0.5 / e2))
+    out = dict(
+        part="ratio",
+        v1=v1,
+        v2=v2,
+        m=m,
+        formula=(v1 + 1) / (v2 + 1),
+        rank1=int(torch.linalg.matrix_rank(p1)),
+        rank2=int(torch.linalg.matrix_rank(p2)),
+        xi_e1=e1,
+        xi_e1_se=se1,
+        xi_e2=e2,
+        xi_e2_se=se2,
+        xi_ratio=e1 / e2,
+        xi_ratio_se=float(per.std() / len(per) ** 0.5 / e2),
+    )
     n_prompts = min(cfg.prompts, cfg.ratio_samples)
     r_all = []
     for b in _prompt_chunks(cfg, m, n_prompts):
@@ -182,8 +229,9 @@ def run_ratio(cfg: SparseParityRun, v1: int, v2: int, m: int) -> dict:
     r = torch.cat(r_all)
     f1, fse1 = projection_energy(p1, r)
     f2, fse2 = projection_energy(p2, r)
-    out.update(prompt_e1=f1, prompt_e1_se=fse1, prompt_e2=f2, prompt_e2_se=fse2, prompt_ratio=f1 / f2,
-               prompts=n_prompts)
+    out.update(
+        prompt_e1=f1, prompt_e1_se=fse1, prompt_e2=f2, prompt_e2_se=fse2, prompt_ratio=f1 / f2, prompts=n_prompts
+    )
     return out
 
 
@@ -205,8 +253,15 @@ def run_flips(cfg: SparseParityRun, v1: int, v2: int, m: int) -> dict:
                 z = pr.y_q * forward(heads[name].a, weights[name], pr.X, y, pr.x_q)
                 sums[(kind, lvl, name)][0] += float((z > 0).sum())
                 sums[(kind, lvl, name)][1] += float(hinge(z).sum())
-    rows = [dict(kind=kind, level=lvl, **{f"{name}_acc": sums[(kind, lvl, name)][0] / cfg.prompts for name in heads},
-                 **{f"{name}_loss": sums[(kind, lvl, name)][1] / cfg.prompts for name in heads}) for kind, lvl in keys]
+    rows = [
+        dict(
+            kind=kind,
+            level=lvl,
+            **{f"{name}_acc": sums[(kind, lvl, name)][0] / cfg.prompts for name in heads},
+            **{f"{name}_loss": sums[(kind, lvl, name)][1] / cfg.prompts for name in heads},
+        )
+        for kind, lvl in keys
+    ]
     return dict(part="flips", v1=v1, v2=v2, m=m, rows=rows)
 
 

@@ -53,7 +53,7 @@ def closed_form(v: int, v2: int, gamma: float) -> Heads:
     k = 2^v): 2(v + 1) neurons, numbered as in g2*. float64."""
     if not 1 <= v <= v2:
         raise ValueError(f"v={v}, v2={v2}: need 1 <= v <= v2")
-    d = 2 ** v2
+    d = 2**v2
     a, diags = {}, {}
     for i in range(1, v2 + 1):
         a[i] = -1.0
@@ -62,9 +62,12 @@ def closed_form(v: int, v2: int, gamma: float) -> Heads:
     diags[v2 + 1] = torch.full((d,), -v / (4 * gamma), dtype=torch.float64)
     for i in range(v2 + 2, 2 * v2 + 3):
         a[i], diags[i] = a[i - v2 - 1], -diags[i - v2 - 1]
-    keep = (list(range(1, v + 1)) + [v2 + 1] + list(range(v2 + 2, v2 + v + 2)) + [2 * v2 + 2])
-    return Heads(torch.tensor([a[i] for i in keep], dtype=torch.float64),
-                 torch.diag_embed(torch.stack([diags[i] for i in keep])), tuple(keep))
+    keep = list(range(1, v + 1)) + [v2 + 1] + list(range(v2 + 2, v2 + v + 2)) + [2 * v2 + 2]
+    return Heads(
+        torch.tensor([a[i] for i in keep], dtype=torch.float64),
+        torch.diag_embed(torch.stack([diags[i] for i in keep])),
+        tuple(keep),
+    )
 
 
 def forward(a: torch.Tensor, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, x_q: torch.Tensor) -> torch.Tensor:
@@ -74,8 +77,9 @@ def forward(a: torch.Tensor, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, 
     return torch.relu(torch.einsum("bd,mde,be->bm", s, W, x_q)) @ a
 
 
-def limit_forward(a: torch.Tensor, W: torch.Tensor, G: torch.Tensor, pairs: torch.Tensor, x_q: torch.Tensor,
-                  gamma: float) -> torch.Tensor:
+def limit_forward(
+    a: torch.Tensor, W: torch.Tensor, G: torch.Tensor, pairs: torch.Tensor, x_q: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """g for N -> infinity: y^T X / N -> E[y x] = G E[y phi] = 2 gamma (G_i + G_j) for the task (i, j).
     pairs (B, 2), x_q (B, d) -> (B,)."""
     s = 2 * gamma * (G[:, pairs[:, 0]] + G[:, pairs[:, 1]]).T

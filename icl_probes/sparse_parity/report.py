@@ -16,28 +16,41 @@ def _pairs(rows, part):
 
 
 def _closed_table(rows) -> list[str]:
-    lines = ["| (v1, v2) | d | k | model | neurons (g2* numbering) | ‖W‖² | S1 loss, N→∞ | S2 loss, N→∞ | "
-             "S1 signal term: max hinge | p_T bound |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| (v1, v2) | d | k | model | neurons (g2* numbering) | ‖W‖² | S1 loss, N→∞ | S2 loss, N→∞ | "
+        "S1 signal term: max hinge | p_T bound |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in (r for r in rows if r["part"] == "closed"):
         for name in ("g1", "g2"):
             g = r[name]
-            lines.append(f"| ({r['v1']}, {r['v2']}) | {r['d']} | {r['k']} | {name}* | "
-                         f"{','.join(map(str, g['index']))} | "
-                         f"{g['norm']:.0f} | {g['s1']['loss']:.4f} | {g['s2']['loss']:.4f} | "
-                         f"{g['signal_s1']['max_hinge']:.3g} | {r['p_t_bound']:.3g} |")
-    lines += ["", "| (v1, v2) | g1* neuron | the same neuron of g2* (a and V) | same up to positive rescaling | "
-              "scale (g1* / g2*) |", "|---|---|---|---|---|"]
+            lines.append(
+                f"| ({r['v1']}, {r['v2']}) | {r['d']} | {r['k']} | {name}* | "
+                f"{','.join(map(str, g['index']))} | "
+                f"{g['norm']:.0f} | {g['s1']['loss']:.4f} | {g['s2']['loss']:.4f} | "
+                f"{g['signal_s1']['max_hinge']:.3g} | {r['p_t_bound']:.3g} |"
+            )
+    lines += [
+        "",
+        "| (v1, v2) | g1* neuron | the same neuron of g2* (a and V) | same up to positive rescaling | "
+        "scale (g1* / g2*) |",
+        "|---|---|---|---|---|",
+    ]
     for r in (r for r in rows if r["part"] == "closed"):
         for s in r["subset"]:
-            lines.append(f"| ({r['v1']}, {r['v2']}) | {s['index']} | {','.join(map(str, s['exact'])) or 'none'} | "
-                         f"{','.join(map(str, s['rescaled'])) or 'none'} | "
-                         f"{', '.join(f'{x:.3g}' for x in s['scale']) or '—'} |")
+            lines.append(
+                f"| ({r['v1']}, {r['v2']}) | {s['index']} | {','.join(map(str, s['exact'])) or 'none'} | "
+                f"{','.join(map(str, s['rescaled'])) or 'none'} | "
+                f"{', '.join(f'{x:.3g}' for x in s['scale']) or '—'} |"
+            )
     return lines
 
 
 def _loss_table(rows) -> list[str]:
-    lines = ["| (v1, v2) | N | g1* S1 loss / acc | g2* S1 loss / acc | g1* S2 loss / acc | g2* S2 loss / acc |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| (v1, v2) | N | g1* S1 loss / acc | g2* S1 loss / acc | g1* S2 loss / acc | g2* S2 loss / acc |",
+        "|---|---|---|---|---|---|",
+    ]
     for v1, v2 in _pairs(rows, "loss"):
         mine = [r for r in rows if r["part"] == "loss" and (r["v1"], r["v2"]) == (v1, v2)]
         for r in sorted(mine, key=lambda r: r["n"]):
@@ -45,20 +58,27 @@ def _loss_table(rows) -> list[str]:
             lines.append(f"| ({v1}, {v2}) | {r['n']} | " + " | ".join(cells) + " |")
         closed = next((r for r in rows if r["part"] == "closed" and (r["v1"], r["v2"]) == (v1, v2)), None)
         if closed:
-            cells = [f"{closed[g][s]['loss']:.3f} / {closed[g][s]['acc']:.3f}"
-                     for g, s in (("g1", "s1"), ("g2", "s1"), ("g1", "s2"), ("g2", "s2"))]
+            cells = [
+                f"{closed[g][s]['loss']:.3f} / {closed[g][s]['acc']:.3f}"
+                for g, s in (("g1", "s1"), ("g2", "s1"), ("g1", "s2"), ("g2", "s2"))
+            ]
             lines.append(f"| ({v1}, {v2}) | ∞ (exact) | " + " | ".join(cells) + " |")
     return lines
 
 
 def _ratio_table(rows) -> list[str]:
-    lines = ["| (v1, v2) | M | E‖P_D1 Ξ‖² (rank/M) | E‖P_D2 Ξ‖² (rank/M) | ratio, Monte Carlo | "
-             "(v1+1)/(v2+1) | "
-             "ratio on S1 prompts' noise |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| (v1, v2) | M | E‖P_D1 Ξ‖² (rank/M) | E‖P_D2 Ξ‖² (rank/M) | ratio, Monte Carlo | "
+        "(v1+1)/(v2+1) | "
+        "ratio on S1 prompts' noise |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in sorted((r for r in rows if r["part"] == "ratio"), key=lambda r: (r["v1"], r["v2"], r["m"])):
-        lines.append(f"| ({r['v1']}, {r['v2']}) | {r['m']} | {r['xi_e1']:.4g} ({r['rank1'] / r['m']:.4g}) | "
-                     f"{r['xi_e2']:.4g} ({r['rank2'] / r['m']:.4g}) | {r['xi_ratio']:.3f} ± {r['xi_ratio_se']:.3f} | "
-                     f"{r['formula']:.3f} | {r['prompt_ratio']:.3f} |")
+        lines.append(
+            f"| ({r['v1']}, {r['v2']}) | {r['m']} | {r['xi_e1']:.4g} ({r['rank1'] / r['m']:.4g}) | "
+            f"{r['xi_e2']:.4g} ({r['rank2'] / r['m']:.4g}) | {r['xi_ratio']:.3f} ± {r['xi_ratio_se']:.3f} | "
+            f"{r['formula']:.3f} | {r['prompt_ratio']:.3f} |"
+        )
     return lines
 
 
@@ -68,8 +88,10 @@ def _flip_table(rows, kind: str) -> list[str]:
         return []
     levels = [x["level"] for x in flips[0]["rows"] if x["kind"] == kind]
     head = "flip rate" if kind == "flip" else "noise σ"
-    lines = ["| (v1, v2) | M | " + " | ".join(f"{head} {lv:g}: g1* / g2*" for lv in levels) + " |",
-             "|---|---|" + "---|" * len(levels)]
+    lines = [
+        "| (v1, v2) | M | " + " | ".join(f"{head} {lv:g}: g1* / g2*" for lv in levels) + " |",
+        "|---|---|" + "---|" * len(levels),
+    ]
     for r in sorted(flips, key=lambda r: (r["v1"], r["v2"], r["m"])):
         cells = [f"{x['g1_acc']:.3f} / {x['g2_acc']:.3f}" for x in r["rows"] if x["kind"] == kind]
         lines.append(f"| ({r['v1']}, {r['v2']}) | {r['m']} | " + " | ".join(cells) + " |")
@@ -81,29 +103,35 @@ def _train_key(r: dict) -> tuple:
 
 
 def _train_table(rows) -> list[str]:
-    lines = ["| (v1, v2) | m | W | steps | seed | S1 loss | S2 loss | least margin | ‖W‖² | "
-             "‖W‖² at margin 1 | "
-             "closed form: S2 loss, ‖W‖² | compared with | mean best cos | distinct | off-diagonal share |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| (v1, v2) | m | W | steps | seed | S1 loss | S2 loss | least margin | ‖W‖² | "
+        "‖W‖² at margin 1 | "
+        "closed form: S2 loss, ‖W‖² | compared with | mean best cos | distinct | off-diagonal share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted((r for r in rows if r["part"] == "train"), key=_train_key):
         ref = r["closed"]["g1" if r["target"] == "g1*" else "g2"]
         at1 = "—" if r["norm_at_margin_1"] is None else f"{r['norm_at_margin_1']:.0f}"
-        lines.append(f"| ({r['v1']}, {r['v2']}) | {r['m']} | {r['kind']} | {r['steps']} | {r['seed']} | "
-                     f"{r['s1_loss']:.2g} | {r['s2_loss']:.3g} | {r['margin']:.3f} | {r['norm']:.0f} | {at1} | "
-                     f"{ref['s2_loss']:.3g}, {ref['norm']:.0f} | {r['target']} | {r['match']['mean_cos']:.2f} | "
-                     f"{'yes' if r['match']['distinct'] else 'no'} | {r['match']['offdiag_share']:.2f} |")
+        lines.append(
+            f"| ({r['v1']}, {r['v2']}) | {r['m']} | {r['kind']} | {r['steps']} | {r['seed']} | "
+            f"{r['s1_loss']:.2g} | {r['s2_loss']:.3g} | {r['margin']:.3f} | {r['norm']:.0f} | {at1} | "
+            f"{ref['s2_loss']:.3g}, {ref['norm']:.0f} | {r['target']} | {r['match']['mean_cos']:.2f} | "
+            f"{'yes' if r['match']['distinct'] else 'no'} | {r['match']['offdiag_share']:.2f} |"
+        )
     return lines
 
 
 def markdown(rows: list[dict]) -> str:
     """Every table of the run, in a fixed order (sections left out when the run has no rows of that part)."""
     out = []
-    for title, lines in (("Thm 5.5.1: the closed-form neurons (exact, N → ∞)", _closed_table(rows)),
-                         ("Hinge loss / accuracy against the prompt length N", _loss_table(rows)),
-                         ("Thm 5.5.2: the noise each model sees", _ratio_table(rows)),
-                         ("Accuracy on S1 prompts under flipped in-context labels", _flip_table(rows, "flip")),
-                         ("Accuracy on S1 prompts under Gaussian label noise y + σε", _flip_table(rows, "noise")),
-                         ("Training the m-head model from small initialisation", _train_table(rows))):
+    for title, lines in (
+        ("Thm 5.5.1: the closed-form neurons (exact, N → ∞)", _closed_table(rows)),
+        ("Hinge loss / accuracy against the prompt length N", _loss_table(rows)),
+        ("Thm 5.5.2: the noise each model sees", _ratio_table(rows)),
+        ("Accuracy on S1 prompts under flipped in-context labels", _flip_table(rows, "flip")),
+        ("Accuracy on S1 prompts under Gaussian label noise y + σε", _flip_table(rows, "noise")),
+        ("Training the m-head model from small initialisation", _train_table(rows)),
+    ):
         if len(lines) > 2:
             out += [f"### {title}", "", *lines, ""]
     return "\n".join(out)
@@ -117,33 +145,63 @@ def plot_theory(rows: list[dict], path):
     colors = {pair: f"C{i}" for i, pair in enumerate(sorted({(r["v1"], r["v2"]) for r in rows if "v1" in r}))}
     for (v1, v2), c in colors.items():
         loss = sorted((r for r in rows if r["part"] == "loss" and (r["v1"], r["v2"]) == (v1, v2)), key=lambda r: r["n"])
-        for key, ls, label in (("g1_s1", "-", "g1* S1"), ("g2_s1", "--", "g2* S1"), ("g1_s2", ":", "g1* S2"),
-                               ("g2_s2", "-.", "g2* S2")):
+        for key, ls, label in (
+            ("g1_s1", "-", "g1* S1"),
+            ("g2_s1", "--", "g2* S1"),
+            ("g1_s2", ":", "g1* S2"),
+            ("g2_s2", "-.", "g2* S2"),
+        ):
             if loss:
-                axes[0].plot([r["n"] for r in loss], [r[key]["loss"] for r in loss], ls, color=c,
-                             label=f"({v1},{v2}) {label}")
-        ratio = sorted((r for r in rows if r["part"] == "ratio" and (r["v1"], r["v2"]) == (v1, v2)),
-                       key=lambda r: r["m"])
+                axes[0].plot(
+                    [r["n"] for r in loss], [r[key]["loss"] for r in loss], ls, color=c, label=f"({v1},{v2}) {label}"
+                )
+        ratio = sorted(
+            (r for r in rows if r["part"] == "ratio" and (r["v1"], r["v2"]) == (v1, v2)), key=lambda r: r["m"]
+        )
         if ratio:
-            axes[1].errorbar([r["m"] for r in ratio], [r["xi_ratio"] for r in ratio],
-                             yerr=[2 * r["xi_ratio_se"] for r in ratio], fmt="o", color=c,
-                             label=f"({v1},{v2}) Ξ, MC ± 2 s.e.")
-            axes[1].plot([r["m"] for r in ratio], [r["prompt_ratio"] for r in ratio], "x", color=c,
-                         label=f"({v1},{v2}) S1 prompts")
+            axes[1].errorbar(
+                [r["m"] for r in ratio],
+                [r["xi_ratio"] for r in ratio],
+                yerr=[2 * r["xi_ratio_se"] for r in ratio],
+                fmt="o",
+                color=c,
+                label=f"({v1},{v2}) Ξ, MC ± 2 s.e.",
+            )
+            axes[1].plot(
+                [r["m"] for r in ratio],
+                [r["prompt_ratio"] for r in ratio],
+                "x",
+                color=c,
+                label=f"({v1},{v2}) S1 prompts",
+            )
             axes[1].axhline(ratio[0]["formula"], color=c, lw=0.8, ls="--")
         flips = [r for r in rows if r["part"] == "flips" and (r["v1"], r["v2"]) == (v1, v2)]
         if flips:
             top = max(flips, key=lambda r: r["m"])
             for ax, kind in ((axes[2], "flip"), (axes[3], "noise")):
                 pts = [x for x in top["rows"] if x["kind"] == kind]
-                ax.plot([x["level"] for x in pts], [x["g1_acc"] for x in pts], "-o", color=c, ms=4,
-                        label=f"({v1},{v2}) g1* (small), M={top['m']}")
-                ax.plot([x["level"] for x in pts], [x["g2_acc"] for x in pts], "--s", color=c, ms=4,
-                        label=f"({v1},{v2}) g2* (large), M={top['m']}")
-    axes[0].set(xscale="log", xlabel="in-context examples N", ylabel="hinge loss",
-                title="Thm 5.5.1's heads: loss against N")
-    axes[1].set(xscale="log", xlabel="M", ylabel="E‖P_D1‖² / E‖P_D2‖²",
-                title="Thm 5.5.2: noise ratio (dashed: (v1+1)/(v2+1))")
+                ax.plot(
+                    [x["level"] for x in pts],
+                    [x["g1_acc"] for x in pts],
+                    "-o",
+                    color=c,
+                    ms=4,
+                    label=f"({v1},{v2}) g1* (small), M={top['m']}",
+                )
+                ax.plot(
+                    [x["level"] for x in pts],
+                    [x["g2_acc"] for x in pts],
+                    "--s",
+                    color=c,
+                    ms=4,
+                    label=f"({v1},{v2}) g2* (large), M={top['m']}",
+                )
+    axes[0].set(
+        xscale="log", xlabel="in-context examples N", ylabel="hinge loss", title="Thm 5.5.1's heads: loss against N"
+    )
+    axes[1].set(
+        xscale="log", xlabel="M", ylabel="E‖P_D1‖² / E‖P_D2‖²", title="Thm 5.5.2: noise ratio (dashed: (v1+1)/(v2+1))"
+    )
     axes[2].set(xlabel="share of flipped in-context labels", ylabel="accuracy on S1 tasks", title="label flips")
     axes[3].set(xlabel="label noise σ (y + σ ε)", ylabel="accuracy on S1 tasks", title="Gaussian label noise")
     for ax in axes:
@@ -158,12 +216,12 @@ def _best_match(row: list, a: float, target: dict) -> tuple:
     direction to the learned a_i diag V^(i) (``row``); (len(target), -2) when no neuron has that sign."""
     best = (len(target["a"]), -2.0)
     norm = sum(v * v for v in row) ** 0.5
-    for l, (al, dl) in enumerate(zip(target["a"], target["diag_times_4gamma"])):
+    for j, (al, dl) in enumerate(zip(target["a"], target["diag_times_4gamma"])):
         if (al > 0) != (a > 0):
             continue
         want = [al * v for v in dl]
         cos = sum(x * y for x, y in zip(row, want)) / max(1e-30, norm * sum(v * v for v in want) ** 0.5)
-        best = max(best, (l, cos), key=lambda t: t[1])
+        best = max(best, (j, cos), key=lambda t: t[1])
     return best
 
 
@@ -176,8 +234,13 @@ def plot_train(rows: list[dict], path):
     if not runs:
         fig = plt.figure()
         return save_png(fig, path)
-    fig, axes = plt.subplots(len(runs), 2, figsize=(9, 1.6 + 1.1 * len(runs) + 0.12 * sum(r["m"] for r in runs)),
-                             squeeze=False, gridspec_kw=dict(width_ratios=(1, 1)))
+    fig, axes = plt.subplots(
+        len(runs),
+        2,
+        figsize=(9, 1.6 + 1.1 * len(runs) + 0.12 * sum(r["m"] for r in runs)),
+        squeeze=False,
+        gridspec_kw=dict(width_ratios=(1, 1)),
+    )
     for (ax_c, ax_l), r in zip(axes, runs):
         c = closed.get((r["v1"], r["v2"]))
         target = None if c is None else c["g1" if r["target"] == "g1*" else "g2"]
@@ -198,8 +261,11 @@ def plot_train(rows: list[dict], path):
         vmax = max(1e-12, max(abs(v) for row in mat for v in row))
         ax_l.imshow(mat, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
         ax_l.set_yticks(range(len(order)), labels, fontsize=6)
-        ax_l.set_title(f"learned: ({r['v1']},{r['v2']}), m={r['m']}, {r['kind']}, S2 loss {r['s2_loss']:.2g}, "
-                       f"mean best cos {r['match']['mean_cos']:.2f}", fontsize=8)
+        ax_l.set_title(
+            f"learned: ({r['v1']},{r['v2']}), m={r['m']}, {r['kind']}, S2 loss {r['s2_loss']:.2g}, "
+            f"mean best cos {r['match']['mean_cos']:.2f}",
+            fontsize=8,
+        )
         for ax in (ax_c, ax_l):
             ax.set_xticks([])
     return save_png(fig, path)

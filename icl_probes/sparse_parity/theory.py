@@ -39,8 +39,12 @@ def sample_xi(M: int, d: int, samples: int, gen: torch.Generator) -> torch.Tenso
 def _binomial(M: int, samples: int, d: int, gen: torch.Generator) -> torch.Tensor:
     """Bin(M, 1/2) counts (samples, d) from ``gen``: inverse-CDF of uniforms on the exact pmf (M <= 10^5)."""
     k = torch.arange(M + 1, dtype=torch.float64)
-    logpmf = torch.lgamma(torch.tensor(M + 1.0, dtype=torch.float64)) - torch.lgamma(k + 1) - torch.lgamma(M - k + 1) \
+    logpmf = (
+        torch.lgamma(torch.tensor(M + 1.0, dtype=torch.float64))
+        - torch.lgamma(k + 1)
+        - torch.lgamma(M - k + 1)
         - M * torch.log(torch.tensor(2.0, dtype=torch.float64))
+    )
     cdf = torch.cumsum(torch.exp(logpmf), 0)
     cdf[-1] = 1.0
     u = torch.rand(samples, d, generator=gen, dtype=torch.float64)
@@ -70,24 +74,34 @@ def match_heads(a: torch.Tensor, V: torch.Tensor, target: Heads, min_share: floa
     size = a.abs() * V.flatten(1).norm(dim=1)
     live = size >= min_share * size.max()
     rows, best_idx = [], []
-    for l in range(len(target.a)):
-        want = target.diag()[l]
-        ok = live & (sign == torch.sign(target.a[l]))
+    for j in range(len(target.a)):
+        want = target.diag()[j]
+        ok = live & (sign == torch.sign(target.a[j]))
         if not bool(ok.any()):
-            rows.append(dict(index=target.index[l] if target.index else l + 1, cos=-1.0, norm_ratio=None, head=None))
+            rows.append(dict(index=target.index[j] if target.index else j + 1, cos=-1.0, norm_ratio=None, head=None))
             best_idx.append(None)
             continue
         cos = (eff @ want) / (eff.norm(dim=1).clamp_min(1e-30) * want.norm())
         cos = torch.where(ok, cos, torch.full_like(cos, -2.0))
         i = int(cos.argmax())
-        rows.append(dict(index=target.index[l] if target.index else l + 1, cos=float(cos[i]),
-                         norm_ratio=float(eff[i].norm() / want.norm()), head=i))
+        rows.append(
+            dict(
+                index=target.index[j] if target.index else j + 1,
+                cos=float(cos[i]),
+                norm_ratio=float(eff[i].norm() / want.norm()),
+                head=i,
+            )
+        )
         best_idx.append(i)
     off = (V - torch.diag_embed(torch.diagonal(V, dim1=1, dim2=2))).flatten(1).norm(dim=1)
     off = off / V.flatten(1).norm(dim=1).clamp_min(1e-30)
-    return dict(rows=rows, mean_cos=sum(r["cos"] for r in rows) / len(rows),
-                distinct=None not in best_idx and len(set(best_idx)) == len(best_idx),
-                live=int(live.sum()), offdiag_share=float(off[live].mean()))
+    return dict(
+        rows=rows,
+        mean_cos=sum(r["cos"] for r in rows) / len(rows),
+        distinct=None not in best_idx and len(set(best_idx)) == len(best_idx),
+        live=int(live.sum()),
+        offdiag_share=float(off[live].mean()),
+    )
 
 
 def subset_check(small: Heads, large: Heads, tol: float = 1e-12) -> list[dict]:
@@ -96,11 +110,20 @@ def subset_check(small: Heads, large: Heads, tol: float = 1e-12) -> list[dict]:
     out = []
     s_sign, s_eff = effective(small.a, small.V)
     l_sign, l_eff = effective(large.a, large.V)
-    for l in range(len(small.a)):
-        exact = [int(large.index[i]) for i in range(len(large.a))
-                 if abs(float(large.a[i] - small.a[l])) <= tol and float((large.V[i] - small.V[l]).abs().max()) <= tol]
-        cos = (l_eff @ s_eff[l]) / (l_eff.norm(dim=1) * s_eff[l].norm())
-        same = [i for i in range(len(large.a)) if l_sign[i] == s_sign[l] and float(cos[i]) >= 1 - tol]
-        out.append(dict(index=int(small.index[l]), exact=exact, rescaled=[int(large.index[i]) for i in same],
-                        scale=[float(s_eff[l].norm() / l_eff[i].norm()) for i in same]))
+    for j in range(len(small.a)):
+        exact = [
+            int(large.index[i])
+            for i in range(len(large.a))
+            if abs(float(large.a[i] - small.a[j])) <= tol and float((large.V[i] - small.V[j]).abs().max()) <= tol
+        ]
+        cos = (l_eff @ s_eff[j]) / (l_eff.norm(dim=1) * s_eff[j].norm())
+        same = [i for i in range(len(large.a)) if l_sign[i] == s_sign[j] and float(cos[i]) >= 1 - tol]
+        out.append(
+            dict(
+                index=int(small.index[j]),
+                exact=exact,
+                rescaled=[int(large.index[i]) for i in same],
+                scale=[float(s_eff[j].norm() / l_eff[i].norm()) for i in same],
+            )
+        )
     return out

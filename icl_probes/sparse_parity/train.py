@@ -20,8 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
-from icl_probes.sparse_parity.data import (PAIR_VALUES, TaskLaw, pair_probs, random_orthonormal, sample_pairs,
-                                           sample_phi, task_sets)
+from icl_probes.sparse_parity.data import (
+    PAIR_VALUES,
+    TaskLaw,
+    pair_probs,
+    random_orthonormal,
+    sample_pairs,
+    sample_phi,
+    task_sets,
+)
 from icl_probes.sparse_parity.model import closed_form, exact_limit_loss, hinge
 from icl_probes.sparse_parity.theory import match_heads
 
@@ -93,7 +100,7 @@ def train_heads(unit: TrainUnit, settings: TrainSettings, gamma: float, seed: in
     Seed use: G, the initialisation and the sampled batches follow `seed`."""
     unit.check()
     settings.check()
-    d, k = 2 ** unit.v2, 2 ** unit.v1
+    d, k = 2**unit.v2, 2**unit.v1
     base = TaskLaw(d, k, gamma)
     law = TaskLaw(d, k, gamma, settings.p_t_share * base.p_t_bound())
     gen = torch.Generator().manual_seed(seed)
@@ -113,8 +120,9 @@ def train_heads(unit: TrainUnit, settings: TrainSettings, gamma: float, seed: in
 
         def weights():
             return w
+
     s1, s2 = task_sets(d, k)
-    exact = (len(s1) + len(s2)) * 2 ** d <= settings.exact_rows
+    exact = (len(s1) + len(s2)) * 2**d <= settings.exact_rows
     if exact:
         pairs, phi_q, prob = (torch.cat(t) for t in zip(exact_rows(law, s1, 1 - law.p_t), exact_rows(law, s2, law.p_t)))
         design, y_q = _design(G, pairs, phi_q, gamma), torch.gather(phi_q, 1, pairs).prod(dim=1)
@@ -153,12 +161,33 @@ def train_heads(unit: TrainUnit, settings: TrainSettings, gamma: float, seed: in
     closed = {}
     for name, heads in (("g1", t1), ("g2", t2)):
         e1, e2 = exact_limit_loss(heads.a, heads.V, s1, gamma), exact_limit_loss(heads.a, heads.V, s2, gamma)
-        closed[name] = dict(s1_loss=e1["loss"], s2_loss=e2["loss"], norm=float(heads.V.pow(2).sum()),
-                            population_loss=(1 - law.p_t) * e1["loss"] + law.p_t * e2["loss"])
-    return dict(v1=unit.v1, v2=unit.v2, m=m, kind=unit.kind, seed=seed, p_t=law.p_t, exact_loss=exact,
-                s1_loss=on1["loss"], s2_loss=on2["loss"], s1_acc=on1["acc"], s2_acc=on2["acc"], margin=margin,
-                population_loss=(1 - law.p_t) * on1["loss"] + law.p_t * on2["loss"], norm=norm,
-                norm_at_margin_1=norm / margin ** 2 if margin > 0 else None, closed=closed,
-                target=f"g{1 if target_v == unit.v1 else 2}*", match=match_heads(a_fin, V, target),
-                a=a_fin.tolist(), diag=torch.diagonal(V, dim1=1, dim2=2).tolist(), curve=curve,
-                seconds=time.time() - t0)
+        closed[name] = dict(
+            s1_loss=e1["loss"],
+            s2_loss=e2["loss"],
+            norm=float(heads.V.pow(2).sum()),
+            population_loss=(1 - law.p_t) * e1["loss"] + law.p_t * e2["loss"],
+        )
+    return dict(
+        v1=unit.v1,
+        v2=unit.v2,
+        m=m,
+        kind=unit.kind,
+        seed=seed,
+        p_t=law.p_t,
+        exact_loss=exact,
+        s1_loss=on1["loss"],
+        s2_loss=on2["loss"],
+        s1_acc=on1["acc"],
+        s2_acc=on2["acc"],
+        margin=margin,
+        population_loss=(1 - law.p_t) * on1["loss"] + law.p_t * on2["loss"],
+        norm=norm,
+        norm_at_margin_1=norm / margin**2 if margin > 0 else None,
+        closed=closed,
+        target=f"g{1 if target_v == unit.v1 else 2}*",
+        match=match_heads(a_fin, V, target),
+        a=a_fin.tolist(),
+        diag=torch.diagonal(V, dim1=1, dim2=2).tolist(),
+        curve=curve,
+        seconds=time.time() - t0,
+    )

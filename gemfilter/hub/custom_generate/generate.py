@@ -17,8 +17,15 @@ import gemfilter
 from gemfilter.methods import parse_method
 
 
-def generate(model, inputs=None, gemfilter_method="gemfilter", gemfilter_tokenizer=None, gemfilter_selector=None,
-             gemfilter_output=False, **kwargs):
+def generate(
+    model,
+    inputs=None,
+    gemfilter_method="gemfilter",
+    gemfilter_tokenizer=None,
+    gemfilter_selector=None,
+    gemfilter_output=False,
+    **kwargs,
+):
     """``model.generate`` with the prompt filtered by GemFilter (or another registered method).
 
     Parameters
@@ -38,8 +45,10 @@ def generate(model, inputs=None, gemfilter_method="gemfilter", gemfilter_tokeniz
     args = {k: v for k, v in kwargs.items() if v is not None}  # transformers passes every named argument, most None
     ids = inputs if inputs is not None else args.pop("input_ids", None)
     if ids is None:
-        raise ValueError("GemFilter needs the prompt's token ids: call model.generate(input_ids=...) or "
-                         "model.generate(**tokenizer(prompt, return_tensors='pt'), ...)")
+        raise ValueError(
+            "GemFilter needs the prompt's token ids: call model.generate(input_ids=...) or "
+            "model.generate(**tokenizer(prompt, return_tensors='pt'), ...)"
+        )
     prompt = {"input_ids": ids, "attention_mask": args.pop("attention_mask", None)}
     if isinstance(gemfilter_method, str):
         method = parse_method(gemfilter_method, prompt_tokens=int(torch.as_tensor(ids).shape[-1]))
@@ -50,8 +59,9 @@ def generate(model, inputs=None, gemfilter_method="gemfilter", gemfilter_tokeniz
     # for the call (else it would call itself).
     own = model.__dict__.pop("generate", None)
     try:
-        out = gemfilter.generate(model, prompt, method=method, tokenizer=gemfilter_tokenizer,
-                                 selector=gemfilter_selector, **args)
+        out = gemfilter.generate(
+            model, prompt, method=method, tokenizer=gemfilter_tokenizer, selector=gemfilter_selector, **args
+        )
     finally:
         if own is not None:
             model.generate = own

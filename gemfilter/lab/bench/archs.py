@@ -52,8 +52,14 @@ ARCHS = {
 TEST_SHRINK = 8
 TEST_VOCAB = 1024
 
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-          "float32": torch.float32, "fp32": torch.float32}
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
 
 
 def is_config_name(name) -> bool:
@@ -62,7 +68,7 @@ def is_config_name(name) -> bool:
 
 def arch_of(name: str) -> Arch:
     """The :class:`Arch` for ``config:<arch>``; a clear error that lists the shipped ones otherwise."""
-    key = name[len(PREFIX):] if is_config_name(name) else name
+    key = name[len(PREFIX) :] if is_config_name(name) else name
     if key not in ARCHS:
         raise ValueError(f"unknown architecture {name!r}; shipped: {', '.join(PREFIX + k for k in ARCHS)}")
     return ARCHS[key]
@@ -152,8 +158,16 @@ def _shrink_for_tests(values: dict) -> None:
             values[key] = ids % TEST_VOCAB
 
 
-def build_model(name: str, *, layers: int | None = None, dtype=None, device=None, test_shrink: bool = False,
-                attn: str | None = None, seed: int = 0):
+def build_model(
+    name: str,
+    *,
+    layers: int | None = None,
+    dtype=None,
+    device=None,
+    test_shrink: bool = False,
+    attn: str | None = None,
+    seed: int = 0,
+):
     """Random-weight causal LM of ``config:<arch>``, in eval mode, on ``device`` in ``dtype``.
 
     layers: keep the first N decoder layers (None: all). dtype: "auto" (see :func:`resolve_dtype`),

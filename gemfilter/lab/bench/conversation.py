@@ -31,16 +31,27 @@ def parse_runs(text: str, topk: int) -> list:
         if protocol not in PROTOCOLS:
             raise ValueError(f"--runs {item!r}: the protocol must be one of {', '.join(PROTOCOLS)}")
         if (protocol == "full") != (not spec):
-            raise ValueError(f"--runs {item!r}: 'full' takes no method, the other protocols need one "
-                             "(e.g. reselect:gemfilter)")
+            raise ValueError(
+                f"--runs {item!r}: 'full' takes no method, the other protocols need one (e.g. reselect:gemfilter)"
+            )
         runs.append((protocol, parse_spec(spec, topk=topk).text if spec else None))
     if not runs:
         raise ValueError("--runs is empty; e.g. " + DEFAULT_RUNS)
     return runs
 
 
-def converse(model, protocol: str, spec: str | None, context: int, turns: int, question: int, answer: int,
-             topk: int, layer: int | None, seed: int = 0) -> list:
+def converse(
+    model,
+    protocol: str,
+    spec: str | None,
+    context: int,
+    turns: int,
+    question: int,
+    answer: int,
+    topk: int,
+    layer: int | None,
+    seed: int = 0,
+) -> list:
     """One conversation: a ``context``-token document with the first question, then ``turns - 1`` follow-ups of
     ``question`` tokens; returns a row per turn (ttft_s, total_s, kept, history_tokens, peak_mib)."""
     import torch
@@ -61,31 +72,46 @@ def converse(model, protocol: str, spec: str | None, context: int, turns: int, q
             if t == 0:
                 ids = torch.cat([doc, ids], dim=1)
             turn = chat.ask(ids, max_new_tokens=answer, min_new_tokens=answer)
-            rows.append({"turn": t + 1, "ttft_s": turn.ttft_s, "total_s": turn.total_s, "kept": turn.kept,
-                         "history_tokens": turn.history_tokens, "peak_mib": turn.peak_mib,
-                         "new_tokens": int(turn.new_tokens.shape[0])})
+            rows.append(
+                {
+                    "turn": t + 1,
+                    "ttft_s": turn.ttft_s,
+                    "total_s": turn.total_s,
+                    "kept": turn.kept,
+                    "history_tokens": turn.history_tokens,
+                    "peak_mib": turn.peak_mib,
+                    "new_tokens": int(turn.new_tokens.shape[0]),
+                }
+            )
     return rows
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gemfilter.lab.bench.conversation",
-                                description=__doc__.split("\n\n")[0] + " One row per turn, appended to --out as it "
-                                "ends; a run already in --out is skipped (resume).")
+    p = argparse.ArgumentParser(
+        prog="python -m gemfilter.lab.bench.conversation",
+        description=__doc__.split("\n\n")[0] + " One row per turn, appended to --out as it "
+        "ends; a run already in --out is skipped (resume).",
+    )
     p.add_argument("--model", required=True, help="config:<arch> (random weights), e.g. config:llama-3.1-8b")
     p.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers")
     p.add_argument("--test-shrink", action="store_true", help="TESTS ONLY: the shrunk architecture")
     p.add_argument("--dtype", default=None, help="auto (default), bf16, fp16 or fp32")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
-    p.add_argument("--runs", default=DEFAULT_RUNS,
-                   help=f"protocol[:method spec], comma-separated (default {DEFAULT_RUNS})")
+    p.add_argument(
+        "--runs", default=DEFAULT_RUNS, help=f"protocol[:method spec], comma-separated (default {DEFAULT_RUNS})"
+    )
     p.add_argument("--context", type=int, default=32768, help="document tokens (default 32768)")
     p.add_argument("--turns", type=int, default=5, help="questions per conversation (default 5)")
     p.add_argument("--question-tokens", type=int, default=32, help="tokens per question (default 32)")
     p.add_argument("--answer-tokens", type=int, default=20, help="tokens per answer, forced (default 20)")
     from ..options import add_method_options
 
-    add_method_options(p, methods=None, topk_default=1024,
-                       topk_help="budget of the methods whose spec sets none (default 1024, the paper's k)")
+    add_method_options(
+        p,
+        methods=None,
+        topk_default=1024,
+        topk_help="budget of the methods whose spec sets none (default 1024, the paper's k)",
+    )
     p.add_argument("--out", required=True, help="JSONL file the rows are appended to")
     args = p.parse_args(argv)
     from ..io import append_jsonl, read_jsonl
@@ -93,9 +119,13 @@ def main(argv=None) -> int:
 
     if not is_config_name(args.model):
         p.error(f"--model {args.model!r}: give config:<arch> (random weights: timing only)")
-    for flag, value in (("--context", args.context), ("--turns", args.turns),
-                        ("--question-tokens", args.question_tokens), ("--answer-tokens", args.answer_tokens),
-                        ("--topk", args.topk)):
+    for flag, value in (
+        ("--context", args.context),
+        ("--turns", args.turns),
+        ("--question-tokens", args.question_tokens),
+        ("--answer-tokens", args.answer_tokens),
+        ("--topk", args.topk),
+    ):
         if value < 1:
             p.error(f"{flag} must be >= 1, got {value}")
     try:
@@ -103,16 +133,28 @@ def main(argv=None) -> int:
     except ValueError as err:
         p.error(str(err))
     layer = args.layer if args.layer is not None else arch_of(args.model).paper_layer
-    setting = dict(model=args.model, layers=args.layers, context=args.context, turns=args.turns,
-                   question_tokens=args.question_tokens, answer_tokens=args.answer_tokens, topk=args.topk, layer=layer)
+    setting = dict(
+        model=args.model,
+        layers=args.layers,
+        context=args.context,
+        turns=args.turns,
+        question_tokens=args.question_tokens,
+        answer_tokens=args.answer_tokens,
+        topk=args.topk,
+        layer=layer,
+    )
     from pathlib import Path
 
     done = set()
     if Path(args.out).exists():
-        done = {(r["protocol"], r["method"]) for r in read_jsonl(Path(args.out), required=("protocol", "method"))
-                if all(r.get(k) == v for k, v in setting.items())}
-    model = build_model(args.model, layers=args.layers, dtype=args.dtype, device=args.device,
-                        test_shrink=args.test_shrink)
+        done = {
+            (r["protocol"], r["method"])
+            for r in read_jsonl(Path(args.out), required=("protocol", "method"))
+            if all(r.get(k) == v for k, v in setting.items())
+        }
+    model = build_model(
+        args.model, layers=args.layers, dtype=args.dtype, device=args.device, test_shrink=args.test_shrink
+    )
     from .core import device_name
 
     device = next(model.parameters()).device
@@ -123,14 +165,28 @@ def main(argv=None) -> int:
         if (protocol, spec or "full") in done:
             continue
         start = time.perf_counter()
-        rows = converse(model, protocol, spec, args.context, args.turns, args.question_tokens, args.answer_tokens,
-                        args.topk, layer)
+        rows = converse(
+            model, protocol, spec, args.context, args.turns, args.question_tokens, args.answer_tokens, args.topk, layer
+        )
         for row in rows:
-            append_jsonl(args.out, {**setting, "protocol": protocol, "method": spec or "full", **row,
-                                    "dtype": str(model.dtype).replace("torch.", ""), "device": str(device),
-                                    "device_name": device_name(device)})
-        print(f"{protocol} {spec or 'full'}: ttft " + ", ".join(f"{r['ttft_s']:.3f}" for r in rows)
-              + f" s ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
+            append_jsonl(
+                args.out,
+                {
+                    **setting,
+                    "protocol": protocol,
+                    "method": spec or "full",
+                    **row,
+                    "dtype": str(model.dtype).replace("torch.", ""),
+                    "device": str(device),
+                    "device_name": device_name(device),
+                },
+            )
+        print(
+            f"{protocol} {spec or 'full'}: ttft "
+            + ", ".join(f"{r['ttft_s']:.3f}" for r in rows)
+            + f" s ({time.perf_counter() - start:.1f} s)",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -96,8 +96,9 @@ def _load_model(model_name, attn, layers, dtype, device, test_shrink, seed):
     from gemfilter.lab.bench import archs
 
     if archs.is_config_name(model_name):
-        model = archs.build_model(model_name, layers=layers, dtype=dtype, device=device, test_shrink=test_shrink,
-                                  attn=attn, seed=seed)
+        model = archs.build_model(
+            model_name, layers=layers, dtype=dtype, device=device, test_shrink=test_shrink, attn=attn, seed=seed
+        )
         return model, None, dict(weights="random", changes=list(model.config.gemfilter_changes))
     if layers is not None or test_shrink:
         raise ValueError("--layers and the test shrink apply to config:<arch> models only")
@@ -136,8 +137,18 @@ class Bench:
     """One loaded model and what its cells share: the decoders that compiled cells reuse (one per capacity, so
     every prompt method at k rows compiles once; full's, one per length, are dropped after their cell)."""
 
-    def __init__(self, model_name, attn=None, layers=None, dtype=None, device=None, test_shrink=False, seed=0,
-                 threads=0, compile=False):
+    def __init__(
+        self,
+        model_name,
+        attn=None,
+        layers=None,
+        dtype=None,
+        device=None,
+        test_shrink=False,
+        seed=0,
+        threads=0,
+        compile=False,
+    ):
         import torch
 
         if threads:
@@ -180,8 +191,14 @@ class Bench:
         method = resolve(model, parse_spec(method_name).method(n, topk=topk, layer=layer))
         reason = h2o_exclusion(method, model, n, device)
         if reason is not None:
-            return {"method": method_name, "length": length, "n": n, "excluded": reason, "device": str(device),
-                    "device_name": device_name(device)}
+            return {
+                "method": method_name,
+                "length": length,
+                "n": n,
+                "excluded": reason,
+                "device": str(device),
+                "device_name": device_name(device),
+            }
         kw = forced_kwargs(gen_tokens)
         decoder = None
         if self.compile:  # full's capacity follows n: its decoder serves this cell only
@@ -189,8 +206,14 @@ class Bench:
         # Untimed warm-up: first-call overheads (CUDA context, kernel choice, allocator; compilation and CUDA graph
         # capture for a compiled cell, which needs a few decode steps) are not what we measure.
         w = warmup_tokens(device, n, warmup_budget(method))
-        gemfilter.generate(model, {k: v[:, -w:] for k, v in enc.items()}, method=method, tokenizer=tok,
-                           compile=decoder or False, **forced_kwargs(min(gen_tokens, 8) if decoder else 2))
+        gemfilter.generate(
+            model,
+            {k: v[:, -w:] for k, v in enc.items()},
+            method=method,
+            tokenizer=tok,
+            compile=decoder or False,
+            **forced_kwargs(min(gen_tokens, 8) if decoder else 2),
+        )
         sync()
         memory = PeakMemory(device)
         memory.baseline = memory.now()
@@ -206,8 +229,9 @@ class Bench:
             self.masks.seconds = 0.0
         sync()
         start = time.perf_counter()
-        out = gemfilter.generate(model, enc, method=method, tokenizer=tok, streamer=clock, compile=decoder or False,
-                                 on_begin=on_begin, **kw)
+        out = gemfilter.generate(
+            model, enc, method=method, tokenizer=tok, streamer=clock, compile=decoder or False, on_begin=on_begin, **kw
+        )
         sync()
         end = time.perf_counter()
         gen_peak_abs = memory.peak_abs()
@@ -220,24 +244,55 @@ class Bench:
         cache_bytes = out.decode_cache_bytes if out.decode_cache_bytes is not None else out.budget.kv_bytes
         gen_s = end - clock.first_token
         return {
-            **theory, **budget_fields(out), "attn": self.kernel,
-            "mask_s": None if self.masks is None else self.masks.seconds, "method": method_name, "length": length,
-            "n": n, "kept": out.kept[0], "layer": method.layer, "m": m,
-            "prompt_s": clock.first_token - start, "gen_s": gen_s, "total_s": end - start,
+            **theory,
+            **budget_fields(out),
+            "attn": self.kernel,
+            "mask_s": None if self.masks is None else self.masks.seconds,
+            "method": method_name,
+            "length": length,
+            "n": n,
+            "kept": out.kept[0],
+            "layer": method.layer,
+            "m": m,
+            "prompt_s": clock.first_token - start,
+            "gen_s": gen_s,
+            "total_s": end - start,
             "decode_ms": 1000 * gen_s / max(new_tokens - 1, 1),
-            "prompt_peak_mib": clock.prompt_peak, "gen_peak_mib": gen_peak_abs - memory.baseline,
-            "prompt_peak_abs_mib": clock.prompt_peak_abs, "gen_peak_abs_mib": gen_peak_abs,
-            "filter_peak_abs_mib": begun.get("filter_peak_abs_mib"), "cache_mib": cache_bytes / 2**20,
-            "loaded_mib": memory.baseline, "weights_mib": self.weights_bytes / 2**20,
-            "dtype": str(model.dtype).replace("torch.", ""), "warmup_tokens": w,
-            "new_tokens": new_tokens, "device": str(device), "device_name": device_name(device),
-            "threads": torch.get_num_threads(), "compile": self.compile, **self.extra,
+            "prompt_peak_mib": clock.prompt_peak,
+            "gen_peak_mib": gen_peak_abs - memory.baseline,
+            "prompt_peak_abs_mib": clock.prompt_peak_abs,
+            "gen_peak_abs_mib": gen_peak_abs,
+            "filter_peak_abs_mib": begun.get("filter_peak_abs_mib"),
+            "cache_mib": cache_bytes / 2**20,
+            "loaded_mib": memory.baseline,
+            "weights_mib": self.weights_bytes / 2**20,
+            "dtype": str(model.dtype).replace("torch.", ""),
+            "warmup_tokens": w,
+            "new_tokens": new_tokens,
+            "device": str(device),
+            "device_name": device_name(device),
+            "threads": torch.get_num_threads(),
+            "compile": self.compile,
+            **self.extra,
         }
 
 
-def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: int | None, layer, threads: int = 0,
-            attn: str | None = None, layers: int | None = None, dtype: str | None = None, device: str | None = None,
-            test_shrink: bool = False, seed: int = 0, compile: bool = False) -> dict:
+def measure(
+    model_name,
+    method_name: str,
+    length: int,
+    gen_tokens: int,
+    topk: int | None,
+    layer,
+    threads: int = 0,
+    attn: str | None = None,
+    layers: int | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    test_shrink: bool = False,
+    seed: int = 0,
+    compile: bool = False,
+) -> dict:
     """One measurement, in this process. Returns times in seconds and peaks in MiB.
 
     attn: attention kernel (None: the model's default). ``mask_s`` is the time spent building masks
@@ -247,13 +302,22 @@ def measure(model_name, method_name: str, length: int, gen_tokens: int, topk: in
     compile: decode on a static cache with a compiled step (:mod:`gemfilter.compiled`).
 
     Memory fields (MiB): ``weights_mib`` the parameters' bytes; ``loaded_mib`` what was allocated when the timed
-    run began (the weights, and a compiled cell's static cache, which its warm-up allocated); ``filter_peak_abs_mib`` the peak until the
-    method's own pass ended (a prompt method's filter pass, FastKV's first pass); ``prompt_peak_abs_mib`` until
-    the first new token; ``cache_mib`` the KV cache decoding reads (the static cache when compiled);
-    ``gen_peak_abs_mib`` the generation phase's peak.
+    run began (the weights, and a compiled cell's static cache, which its warm-up allocated); ``filter_peak_abs_mib``
+    the peak until the method's own pass ended (a prompt method's filter pass, FastKV's first pass);
+    ``prompt_peak_abs_mib`` until the first new token; ``cache_mib`` the KV cache decoding reads (the static cache
+    when compiled); ``gen_peak_abs_mib`` the generation phase's peak.
     """
-    bench = Bench(model_name, attn=attn, layers=layers, dtype=dtype, device=device, test_shrink=test_shrink,
-                  seed=seed, threads=threads, compile=compile)
+    bench = Bench(
+        model_name,
+        attn=attn,
+        layers=layers,
+        dtype=dtype,
+        device=device,
+        test_shrink=test_shrink,
+        seed=seed,
+        threads=threads,
+        compile=compile,
+    )
     return bench.measure(method_name, length, gen_tokens, topk, layer)
 
 
@@ -280,6 +344,7 @@ def die_with_parent(parent: int) -> None:
     if os.getppid() != parent:
         os._exit(1)
     if not armed:
+
         def watch():
             while os.getppid() == parent:
                 time.sleep(1.0)
@@ -317,7 +382,8 @@ def run_worker(spec: dict, timeout: float | None = None) -> dict:
         raise RuntimeError(
             f"the {spec['method_name']} measurement at length {spec['length']} ran past --timeout {timeout} s and "
             "was stopped. Finished cells are kept in bench.jsonl; rerun with a larger --timeout (or shorter "
-            "--lengths) to measure the rest") from None
+            "--lengths) to measure the rest"
+        ) from None
     finally:
         if main:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
@@ -346,8 +412,13 @@ def run_cells(common: dict, cells: list, timeout: float | None = None):
         while todo:
             spec = {"common": common, "cells": [[i, m, n] for i, (m, n) in todo]}
             with tempfile.TemporaryFile("w+") as err:
-                proc = subprocess.Popen([sys.executable, "-m", "gemfilter.lab.bench.core", "--cells", json.dumps(spec)],
-                                        stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "gemfilter.lab.bench.core", "--cells", json.dumps(spec)],
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    text=True,
+                    env=env,
+                )
                 try:
                     while todo:
                         ready = select.select([proc.stdout], [], [], timeout)[0]
@@ -363,8 +434,11 @@ def run_cells(common: dict, cells: list, timeout: float | None = None):
                         proc.kill()
                         proc.wait()
                         err.seek(0)
-                        why = (f"ran past --timeout {timeout} s and was stopped" if stopped
-                               else f"ended the worker (exit {proc.returncode}):\n{err.read()[-3000:]}")
+                        why = (
+                            f"ran past --timeout {timeout} s and was stopped"
+                            if stopped
+                            else f"ended the worker (exit {proc.returncode}):\n{err.read()[-3000:]}"
+                        )
                         yield index, None, f"the {method} measurement at length {length} {why}"
                 finally:
                     if proc.poll() is None:
@@ -415,5 +489,7 @@ if __name__ == "__main__":
         sys.exit(_worker_entry(sys.argv[2]))
     if len(sys.argv) == 3 and sys.argv[1] == "--cells":
         sys.exit(_cells_entry(sys.argv[2]))
-    sys.exit("python -m gemfilter.lab.bench.core is the benchmark's internal worker (--worker SPEC_JSON, or "
-             "--cells SPEC_JSON for many cells in one process); run 'gemfilter bench --help'")
+    sys.exit(
+        "python -m gemfilter.lab.bench.core is the benchmark's internal worker (--worker SPEC_JSON, or "
+        "--cells SPEC_JSON for many cells in one process); run 'gemfilter bench --help'"
+    )

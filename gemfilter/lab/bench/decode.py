@@ -91,17 +91,29 @@ def probe(model, k: int = 1024, gen: int = 50, paths=PATHS, seed: int = 0, log=p
     ids = random_prompt(model.config.vocab_size, k, seed=seed, device=device)
     forced = forced_kwargs(gen)
     full = get_method("full")
+    eager_decoder = StaticDecoder(model, k + gen - 1, compile=False) if "static-eager" in paths else None
+    compiled_decoder = StaticDecoder(model, k + gen - 1) if "compiled" in paths else None
     runs = {
         "generate": lambda s: model.generate(ids, streamer=s, **forced),
         "apply-full": lambda s: gemfilter.generate(model, ids, method=full, streamer=s, **forced),
-        "static-eager": lambda s, d=StaticDecoder(model, k + gen - 1, compile=False) if "static-eager" in paths
-        else None: gemfilter.generate(model, ids, method=full, streamer=s, compile=d, **forced),
-        "compiled": lambda s, d=StaticDecoder(model, k + gen - 1) if "compiled" in paths else None:
-        gemfilter.generate(model, ids, method=full, streamer=s, compile=d, **forced),
+        "static-eager": lambda s, d=eager_decoder: gemfilter.generate(
+            model, ids, method=full, streamer=s, compile=d, **forced
+        ),
+        "compiled": lambda s, d=compiled_decoder: gemfilter.generate(
+            model, ids, method=full, streamer=s, compile=d, **forced
+        ),
         "hf-static": lambda s: model.generate(ids, streamer=s, cache_implementation="static", **forced),
     }
-    common = {"k": k, "gen_tokens": gen, "bound_ms": bound_ms, "bandwidth_gbs": bandwidth / 1e9, **size,
-              "dtype": str(model.dtype).replace("torch.", ""), "device": str(device), "device_name": device_name(device)}
+    common = {
+        "k": k,
+        "gen_tokens": gen,
+        "bound_ms": bound_ms,
+        "bandwidth_gbs": bandwidth / 1e9,
+        **size,
+        "dtype": str(model.dtype).replace("torch.", ""),
+        "device": str(device),
+        "device_name": device_name(device),
+    }
     for path in paths:
         start = time.perf_counter()
         try:
@@ -120,9 +132,12 @@ def probe(model, k: int = 1024, gen: int = 50, paths=PATHS, seed: int = 0, log=p
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gemfilter.lab.bench.decode", description=__doc__.split("\n\n")[0],
-                                epilog="Paths: " + ", ".join(PATHS) + ". Each row records decode_ms, bound_ms, "
-                                "the measured bandwidth and the bytes counted.")
+    p = argparse.ArgumentParser(
+        prog="python -m gemfilter.lab.bench.decode",
+        description=__doc__.split("\n\n")[0],
+        epilog="Paths: " + ", ".join(PATHS) + ". Each row records decode_ms, bound_ms, "
+        "the measured bandwidth and the bytes counted.",
+    )
     p.add_argument("--model", required=True, help="config:<arch> (random weights), e.g. config:llama-3.1-8b")
     p.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers")
     p.add_argument("--test-shrink", action="store_true", help="TESTS ONLY: the shrunk architecture")
@@ -130,8 +145,11 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--k", type=int, default=1024, help="prompt tokens: the kept cache's rows (default 1024)")
     p.add_argument("--gen-tokens", type=int, default=50, help="new tokens per run, forced (default 50)")
-    p.add_argument("--paths", default=",".join(PATHS[:4]),
-                   help=f"comma-separated, from {', '.join(PATHS)} (default: all but hf-static)")
+    p.add_argument(
+        "--paths",
+        default=",".join(PATHS[:4]),
+        help=f"comma-separated, from {', '.join(PATHS)} (default: all but hf-static)",
+    )
     p.add_argument("--out", required=True, help="JSONL file the rows are appended to")
     args = p.parse_args(argv)
     from ..io import append_jsonl
@@ -145,8 +163,9 @@ def main(argv=None) -> int:
         p.error(f"--model {args.model!r}: give config:<arch> (random weights: timing only)")
     if args.k < 2 or args.gen_tokens < 2:
         p.error("--k and --gen-tokens must be >= 2")
-    model = build_model(args.model, layers=args.layers, dtype=args.dtype, device=args.device,
-                        test_shrink=args.test_shrink)
+    model = build_model(
+        args.model, layers=args.layers, dtype=args.dtype, device=args.device, test_shrink=args.test_shrink
+    )
     for row in probe(model, k=args.k, gen=args.gen_tokens, paths=paths, log=lambda m: print(m, file=sys.stderr)):
         append_jsonl(args.out, {"model": args.model, "layers": args.layers, **row})
     return 0

@@ -14,14 +14,20 @@ import statistics
 K = 1024
 #: The paper's settings (Sec. 9.4 / Fig. 9.3): k = 1024, 50 new tokens, 4K..120K tokens, the
 #: architecture's own filter layer (13 for Llama 3.1 8B, 19 for Mistral Nemo and Phi 3.5).
-PAPER_PRESET = dict(methods="full,snapkv,gemfilter", topk=1024, gen_tokens=50,
-                    lengths=",".join(str(x * K) for x in (4, 8, 16, 32, 64, 120)))
+PAPER_PRESET = dict(
+    methods="full,snapkv,gemfilter",
+    topk=1024,
+    gen_tokens=50,
+    lengths=",".join(str(x * K) for x in (4, 8, 16, 32, 64, 120)),
+)
 PRESETS = {"paper": PAPER_PRESET}
 
 #: GemFilter's time and memory as a fraction of each baseline's, as the paper reports them.
 PAPER_RATIOS = {
-    ("total_s", "snapkv"): 1 / 2.4, ("total_s", "full"): 1 / 2.4,
-    ("peak_abs_mib", "snapkv"): 0.70, ("peak_abs_mib", "full"): 0.30,
+    ("total_s", "snapkv"): 1 / 2.4,
+    ("total_s", "full"): 1 / 2.4,
+    ("peak_abs_mib", "snapkv"): 0.70,
+    ("peak_abs_mib", "full"): 0.30,
 }
 
 H2O_LEFT_OUT = (
@@ -53,8 +59,10 @@ def h2o_exclusion(method, model, n: int, device) -> str | None:
     else:
         free = _mem_available()
     if free is not None and need > free:
-        return (f"H2O's blockwise attention sums need about {need / 2**30:.1f} GiB at n={n} "
-                f"({cfg.num_attention_heads} heads, block {method.block}); {free / 2**30:.1f} GiB is free")
+        return (
+            f"H2O's blockwise attention sums need about {need / 2**30:.1f} GiB at n={n} "
+            f"({cfg.num_attention_heads} heads, block {method.block}); {free / 2**30:.1f} GiB is free"
+        )
     return None
 
 
@@ -77,7 +85,9 @@ def _cells(rows: list) -> dict:
     cells = {}
     for key, rs in groups.items():
         cell = {f: statistics.median(r[f] for r in rs) for f in ("n", "kept", "prompt_s", "gen_s", "total_s")}
-        peaks = [max(r["prompt_peak_abs_mib"], r["gen_peak_abs_mib"]) for r in rs if r.get("gen_peak_abs_mib") is not None]
+        peaks = [
+            max(r["prompt_peak_abs_mib"], r["gen_peak_abs_mib"]) for r in rs if r.get("gen_peak_abs_mib") is not None
+        ]
         cell["peak_abs_mib"] = statistics.median(peaks) if peaks else None
         cell["layer"], cell["m"] = rs[0].get("layer"), rs[0].get("m")
         cells[key] = cell
@@ -120,15 +130,20 @@ def paper_table(rows: list, meta: dict, excluded: list = ()) -> str:
         f"tokens, forced for every method; untimed warm-up of {first.get('warmup_tokens', '?')} tokens before each "
         "timed run.",
         "Peak memory is the whole run's absolute peak, weights included "
-        + ("(torch.cuda.max_memory_allocated)." if str(first.get("device", "")).startswith("cuda")
-           else "(process peak RSS, VmHWM: also counts Python and torch themselves)."),
+        + (
+            "(torch.cuda.max_memory_allocated)."
+            if str(first.get("device", "")).startswith("cuda")
+            else "(process peak RSS, VmHWM: also counts Python and torch themselves)."
+        ),
         "",
         "| n | method | kept | prompt s | gen s | total s | peak MiB |",
         "|---|---|---|---|---|---|---|",
     ]
     for (method, length), c in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        lines.append(f"| {int(c['n'])} | {method} | {int(c['kept'])} | {c['prompt_s']:.2f} | {c['gen_s']:.2f} | "
-                     f"{c['total_s']:.2f} | {_f(c['peak_abs_mib'], '.0f')} |")
+        lines.append(
+            f"| {int(c['n'])} | {method} | {int(c['kept'])} | {c['prompt_s']:.2f} | {c['gen_s']:.2f} | "
+            f"{c['total_s']:.2f} | {_f(c['peak_abs_mib'], '.0f')} |"
+        )
     p = PAPER_RATIOS
     lines += [
         "",
@@ -141,7 +156,8 @@ def paper_table(rows: list, meta: dict, excluded: list = ()) -> str:
     ]
     for r in ratios(rows):
         lines.append(
-            f"| {int(r['n'])} | {_f(r['prompt_s/full'])} | {_f(r['theory_prompt_ratio'])} | {_f(r['prompt_s/snapkv'])} | "
+            f"| {int(r['n'])} | {_f(r['prompt_s/full'])} | {_f(r['theory_prompt_ratio'])} | "
+            f"{_f(r['prompt_s/snapkv'])} | "
             f"{_f(r['total_s/snapkv'])} | {p[('total_s', 'snapkv')]:.2f} | {_f(r['total_s/full'])} | "
             f"{p[('total_s', 'full')]:.2f} | {_f(r['peak_abs_mib/snapkv'])} | {p[('peak_abs_mib', 'snapkv')]:.2f} | "
             f"{_f(r['peak_abs_mib/full'])} | {p[('peak_abs_mib', 'full')]:.2f} |"

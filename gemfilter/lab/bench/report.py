@@ -13,9 +13,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from ..entry import ErrorExit, command
 from ..io import append_jsonl, check_out_dir, save_png, write_json_atomic, write_text_atomic
 from ..options import add_method_options, check_against_model, parse_lengths
-from ..entry import ErrorExit, command
 from .rows import key_of, load_rows
 
 DEFAULT_METHODS = "full,gemfilter,snapkv,h2o"
@@ -47,8 +47,15 @@ def summarize(rows: list, kernels=None) -> dict:
     for (attn, method, length), rs in cells.items():
         cell = {f: statistics.median(r[f] for r in rs) for f in fields}
         mask = [r["mask_s"] for r in rs if r.get("mask_s") is not None]
-        cell.update(attn=attn, method=method, length=length, repeats=len(rs), layer=rs[0].get("layer"),
-                    m=rs[0].get("m"), mask_s=statistics.median(mask) if mask else None)
+        cell.update(
+            attn=attn,
+            method=method,
+            length=length,
+            repeats=len(rs),
+            layer=rs[0].get("layer"),
+            m=rs[0].get("m"),
+            mask_s=statistics.median(mask) if mask else None,
+        )
         if "theory_prompt_ratio" in rs[0]:  # the method's own cost model (fastkv), and this code's cost
             cell.update(theory_prompt_ratio=rs[0]["theory_prompt_ratio"], theory_here_ratio=rs[0]["theory_here_ratio"])
         elif cell["layer"] is not None:  # Theorem 9.3
@@ -72,8 +79,11 @@ def summarize(rows: list, kernels=None) -> dict:
             f: growth_exponent([c["n"] for c in series], [c[f] for c in series]) for f in ("prompt_s", "total_s")
         }
     order = {k: i for i, k in enumerate(kernels or [])}
-    return {"cells": sorted(med.values(), key=lambda c: (c["length"], c["method"], order.get(c["attn"], 99))),
-            "exponents": exponents, "ref_kernel": ref_kernel}
+    return {
+        "cells": sorted(med.values(), key=lambda c: (c["length"], c["method"], order.get(c["attn"], 99))),
+        "exponents": exponents,
+        "ref_kernel": ref_kernel,
+    }
 
 
 def _label(attn, method) -> str:
@@ -115,12 +125,21 @@ def markdown(summary: dict, meta: dict) -> str:
             f"{c['gen_s']:.2f} | {c['total_s']:.2f} | {_fmt(c.get('mask_s'), '.3f')} | "
             f"{_fmt(c.get('prompt_s_vs_full'))} | {_fmt(c.get('theory_prompt_ratio'))} | "
             f"{_fmt(c.get('theory_here_ratio', c.get('theory_prompt_ratio')))} | "
-            + (f"{_fmt(c.get('prompt_s_vs_ref_full'))} | {_fmt(c.get('prompt_peak_mib_vs_ref_full'))} | " if ref else "")
+            + (
+                f"{_fmt(c.get('prompt_s_vs_ref_full'))} | {_fmt(c.get('prompt_peak_mib_vs_ref_full'))} | "
+                if ref
+                else ""
+            )
             + f"{_fmt(c.get('total_s_vs_full'))} | {_fmt(c.get('total_s_vs_snapkv'))} | "
             f"{c['prompt_peak_mib']:.0f} | {c['gen_peak_mib']:.0f} |"
         )
-    lines += ["", "Growth exponent b of time ~ n^b (least squares over the lengths):", "",
-              "| method | prompt phase | prompt + generation |", "|---|---|---|"]
+    lines += [
+        "",
+        "Growth exponent b of time ~ n^b (least squares over the lengths):",
+        "",
+        "| method | prompt phase | prompt + generation |",
+        "|---|---|---|",
+    ]
     for method, e in summary["exponents"].items():
         lines.append(f"| {method} | {_fmt(e['prompt_s'])} | {_fmt(e['total_s'])} |")
     return "\n".join(lines) + "\n"
@@ -134,11 +153,15 @@ def plot(summary: dict, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    panels = (("prompt_s", "prompt phase (s)"), ("gen_s", "generation phase (s)"),
-              ("prompt_peak_mib", "prompt-phase peak memory (MiB)"))
+    panels = (
+        ("prompt_s", "prompt phase (s)"),
+        ("gen_s", "generation phase (s)"),
+        ("prompt_peak_mib", "prompt-phase peak memory (MiB)"),
+    )
     for attn, method in sorted({(c["attn"], c["method"]) for c in summary["cells"]}, key=lambda x: (str(x[0]), x[1])):
-        series = sorted((c for c in summary["cells"] if (c["attn"], c["method"]) == (attn, method)),
-                        key=lambda c: c["n"])
+        series = sorted(
+            (c for c in summary["cells"] if (c["attn"], c["method"]) == (attn, method)), key=lambda c: c["n"]
+        )
         for ax, (field, _) in zip(axes, panels):
             ax.plot([c["n"] for c in series], [c[field] for c in series], marker="o", label=_label(attn, method))
     for ax, (_, label) in zip(axes, panels):
@@ -162,77 +185,142 @@ def build_parser() -> argparse.ArgumentParser:
         "length, each in a fresh subprocess; report medians, ratios against full and snapkv, Theorem 9.3's "
         "(r+1)/m, and the growth exponent of time in n. Interrupted runs resume from OUT/bench.jsonl.",
     )
-    p.add_argument("--model", default=None,
-                   help="HF id or local path (default: embedded Gemma 3 270M), or one of the paper's architectures "
-                   "with random weights: " + ", ".join("config:" + a for a in ARCHS) + " (random-token prompts)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="the paper's Fig. 9.3 settings: methods full,snapkv,gemfilter (H2O left out, as in the "
-                   "paper), k=1024, 50 new tokens, lengths 4K..120K, the architecture's paper layer (13 for Llama "
-                   "3.1 8B, 19 for Nemo and Phi). Options you give explicitly override it")
-    p.add_argument("--layers", type=int, default=None,
-                   help="config:<arch> only: keep the first N decoder layers (a scaled model; the report says so)")
-    p.add_argument("--dtype", default=None,
-                   help="auto (bf16 on CUDA and on CPUs with native bf16, else fp32; the default for config:<arch>), "
-                   "bf16, fp16 or fp32")
-    p.add_argument("--device", default=None,
-                   help="cpu, cuda, cuda:N, or auto (HF models: device_map='auto'); default: config:<arch> on cuda "
-                   "if available, HF models as load_model places them (CPU)")
-    p.add_argument("--test-shrink", action="store_true",
-                   help="TESTS ONLY: shrink config:<arch> widths/heads by 8 and the vocabulary to 1024; the timings "
-                   "then describe no published architecture")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="HF id or local path (default: embedded Gemma 3 270M), or one of the paper's architectures "
+        "with random weights: " + ", ".join("config:" + a for a in ARCHS) + " (random-token prompts)",
+    )
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="the paper's Fig. 9.3 settings: methods full,snapkv,gemfilter (H2O left out, as in the "
+        "paper), k=1024, 50 new tokens, lengths 4K..120K, the architecture's paper layer (13 for Llama "
+        "3.1 8B, 19 for Nemo and Phi). Options you give explicitly override it",
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="config:<arch> only: keep the first N decoder layers (a scaled model; the report says so)",
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="auto (bf16 on CUDA and on CPUs with native bf16, else fp32; the default for config:<arch>), "
+        "bf16, fp16 or fp32",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda, cuda:N, or auto (HF models: device_map='auto'); default: config:<arch> on cuda "
+        "if available, HF models as load_model places them (CPU)",
+    )
+    p.add_argument(
+        "--test-shrink",
+        action="store_true",
+        help="TESTS ONLY: shrink config:<arch> widths/heads by 8 and the vocabulary to 1024; the timings "
+        "then describe no published architecture",
+    )
     add_method_options(p, default=DEFAULT_METHODS)
-    p.add_argument("--lengths", default=DEFAULT_LENGTHS,
-                   help=f"context lengths in tokens, k = thousands, e.g. 2k,4k (default {DEFAULT_LENGTHS})")
-    p.add_argument("--gen-tokens", type=int, default=50, help="tokens generated per run, forced (min = max) for every method (default 50, as in the paper)")
+    p.add_argument(
+        "--lengths",
+        default=DEFAULT_LENGTHS,
+        help=f"context lengths in tokens, k = thousands, e.g. 2k,4k (default {DEFAULT_LENGTHS})",
+    )
+    p.add_argument(
+        "--gen-tokens",
+        type=int,
+        default=50,
+        help="tokens generated per run, forced (min = max) for every method (default 50, as in the paper)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="runs per cell; medians are reported (default 1)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads in each worker (default: torch's choice)")
     add_attn_argument(p, multiple=True)
     p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a worker is killed (default 1800)")
-    p.add_argument("--compile", action="store_true",
-                   help="decode on a static KV cache with a compiled step (torch.compile; CUDA graphs on CUDA) after "
-                   "each method's own prefill: gemfilter.generate(..., compile=True). The warm-up compiles; the timed "
-                   "run does not. Rows record compile=true and never mix with an eager run's: give such a run its "
-                   "own --out")
-    p.add_argument("--longest-first", action="store_true",
-                   help="measure the longest --lengths first, so that a run cut short (a time limit) keeps them")
-    p.add_argument("--one-process", action="store_true",
-                   help="run every cell of a kernel in one worker process: the model loads once and compiled cells "
-                   "share one decoder per capacity (each cell still warms up first). On CUDA each cell's peaks are "
-                   "its own (reset per cell); on a CPU freed memory may stay in the process, so keep fresh processes "
-                   "(the default) for CPU memory figures")
-    p.add_argument("--keep-going", action="store_true",
-                   help="a cell that fails (out of memory, past --timeout) prints one 'error:' line and the run goes "
-                   "on with the next cell; the report covers the cells that ran and the exit status is 2. A rerun "
-                   "measures only the failed and missing cells (default: stop at the first failure)")
-    p.add_argument("--engine", default=None, metavar="URL",
-                   help="time a serving engine instead (its OpenAI base URL, e.g. http://127.0.0.1:8000/v1): time to "
-                   "first token and total time of full against the last of --methods (a prompt method) through an "
-                   "in-process 'gemfilter serve', and the proxy's own overhead; writes OUT/bench-engine.md. A row is "
-                   "kept only with proof its stream completed (finish_reason, tokens, [DONE]); a broken answer is an "
-                   "error row, retried by a rerun, and ends the run with one error line (exit 2)")
-    p.add_argument("--plugin", action="store_true",
-                   help="with --engine: the engine is vLLM started with its GemFilter plugin (VLLM_PLUGINS=gemfilter, "
-                   "docs/serving.md); also time the method through the plugin, in the same run as plain vLLM and "
-                   "the proxy (the request carries {\"gemfilter\": {\"method\": ...}}, with --topk where the spec "
-                   "sets no budget)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode on a static KV cache with a compiled step (torch.compile; CUDA graphs on CUDA) after "
+        "each method's own prefill: gemfilter.generate(..., compile=True). The warm-up compiles; the timed "
+        "run does not. Rows record compile=true and never mix with an eager run's: give such a run its "
+        "own --out",
+    )
+    p.add_argument(
+        "--longest-first",
+        action="store_true",
+        help="measure the longest --lengths first, so that a run cut short (a time limit) keeps them",
+    )
+    p.add_argument(
+        "--one-process",
+        action="store_true",
+        help="run every cell of a kernel in one worker process: the model loads once and compiled cells "
+        "share one decoder per capacity (each cell still warms up first). On CUDA each cell's peaks are "
+        "its own (reset per cell); on a CPU freed memory may stay in the process, so keep fresh processes "
+        "(the default) for CPU memory figures",
+    )
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="a cell that fails (out of memory, past --timeout) prints one 'error:' line and the run goes "
+        "on with the next cell; the report covers the cells that ran and the exit status is 2. A rerun "
+        "measures only the failed and missing cells (default: stop at the first failure)",
+    )
+    p.add_argument(
+        "--engine",
+        default=None,
+        metavar="URL",
+        help="time a serving engine instead (its OpenAI base URL, e.g. http://127.0.0.1:8000/v1): time to "
+        "first token and total time of full against the last of --methods (a prompt method) through an "
+        "in-process 'gemfilter serve', and the proxy's own overhead; writes OUT/bench-engine.md. A row is "
+        "kept only with proof its stream completed (finish_reason, tokens, [DONE]); a broken answer is an "
+        "error row, retried by a rerun, and ends the run with one error line (exit 2)",
+    )
+    p.add_argument(
+        "--plugin",
+        action="store_true",
+        help="with --engine: the engine is vLLM started with its GemFilter plugin (VLLM_PLUGINS=gemfilter, "
+        "docs/serving.md); also time the method through the plugin, in the same run as plain vLLM and "
+        'the proxy (the request carries {"gemfilter": {"method": ...}}, with --topk where the spec '
+        "sets no budget)",
+    )
     g = p.add_argument_group("conversations through the engine (--engine URL --turns T; writes OUT/bench-turns.md)")
-    g.add_argument("--turns", type=int, default=0,
-                   help="questions per conversation, one fact of its document each (default 0: the single-request "
-                   "benchmark above). Routes: full straight to the engine (its prefix caching as deployed), and the "
-                   "last of --methods through in-process proxies with the selector's prefix cache (cached) and "
-                   "without it (uncached)")
-    g.add_argument("--mode", default="multi-turn",
-                   help="multi-turn (each question follows the history: document, questions, the engine's answers), "
-                   "multi-request (each question over the document alone), or both, comma-separated "
-                   "(SCBench's two modes; default multi-turn)")
-    g.add_argument("--concurrency", default="1",
-                   help="conversations at once, each over a document of its own, e.g. 1,4,8 (default 1)")
+    g.add_argument(
+        "--turns",
+        type=int,
+        default=0,
+        help="questions per conversation, one fact of its document each (default 0: the single-request "
+        "benchmark above). Routes: full straight to the engine (its prefix caching as deployed), and the "
+        "last of --methods through in-process proxies with the selector's prefix cache (cached) and "
+        "without it (uncached)",
+    )
+    g.add_argument(
+        "--mode",
+        default="multi-turn",
+        help="multi-turn (each question follows the history: document, questions, the engine's answers), "
+        "multi-request (each question over the document alone), or both, comma-separated "
+        "(SCBench's two modes; default multi-turn)",
+    )
+    g.add_argument(
+        "--concurrency",
+        default="1",
+        help="conversations at once, each over a document of its own, e.g. 1,4,8 (default 1)",
+    )
     g.add_argument("--routes", default="full,cached,uncached", help="which routes to time (default all three)")
-    g.add_argument("--selector-cache-gb", type=float, default=1.0,
-                   help="the cached route's prefix cache, GB of K/V (default 1.0, as gemfilter serve's)")
-    g.add_argument("--selector-workers", type=int, default=1,
-                   help="selections at once on the selector model (default 1, as gemfilter serve's)")
+    g.add_argument(
+        "--selector-cache-gb",
+        type=float,
+        default=1.0,
+        help="the cached route's prefix cache, GB of K/V (default 1.0, as gemfilter serve's)",
+    )
+    g.add_argument(
+        "--selector-workers",
+        type=int,
+        default=1,
+        help="selections at once on the selector model (default 1, as gemfilter serve's)",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of the documents and their facts (default 0)")
     return p
 
@@ -258,9 +346,12 @@ def _check_arch_args(args) -> None:
     if not 1 <= m <= total:
         raise ErrorExit(f"--layers {args.layers}: {args.model} has {total} decoder layers; give 1..{total}")
     if args.layer is not None and not 0 <= args.layer < m:
-        hint = f" (the paper's layer {arch_of(args.model).paper_layer} needs >= {arch_of(args.model).paper_layer + 1} layers)"
-        raise ErrorExit(f"--layer {args.layer} is outside the model's {m} layers (0..{m - 1}){hint}; "
-                         "pass --layer to choose one inside, e.g. --layers 8 --layer 3")
+        paper = arch_of(args.model).paper_layer
+        hint = f" (the paper's layer {paper} needs >= {paper + 1} layers)"
+        raise ErrorExit(
+            f"--layer {args.layer} is outside the model's {m} layers (0..{m - 1}){hint}; "
+            "pass --layer to choose one inside, e.g. --layers 8 --layer 3"
+        )
 
 
 OUTPUTS = ("bench.jsonl", "bench.json", "bench.md", "bench.png")
@@ -268,8 +359,8 @@ OUTPUTS = ("bench.jsonl", "bench.json", "bench.md", "bench.png")
 
 def check_args(args) -> tuple:
     """Every check that needs no measurement, before the first worker starts: (methods, lengths, kernels, out)."""
-    from ..options import check_int, method_specs_of
     from ...models import ATTN_CHOICES, load_config
+    from ..options import check_int, method_specs_of
 
     specs = method_specs_of(args)
     methods = [s.label for s in specs]
@@ -278,16 +369,19 @@ def check_args(args) -> tuple:
     bad = [a for a in kernels if a is not None and a not in ATTN_CHOICES]
     if bad or len(set(kernels)) != len(kernels):
         raise ValueError(f"--attn {args.attn!r}: give distinct kernels from {', '.join(ATTN_CHOICES)}")
-    for flag, value, low in (("--repeats", args.repeats, 1), ("--gen-tokens", args.gen_tokens, 1),
-                             ("--threads", args.threads, 0)):
+    for flag, value, low in (
+        ("--repeats", args.repeats, 1),
+        ("--gen-tokens", args.gen_tokens, 1),
+        ("--threads", args.threads, 0),
+    ):
         check_int(value, flag, low)
     out = check_out_dir(args.out, files=OUTPUTS)
     from .archs import is_config_name
 
     if not is_config_name(args.model):  # config:<arch> models are checked by _check_arch_args
         check_against_model(load_config(args.model), layer=args.layer, lengths=lengths, specs=specs)
-        from ..haystack import check_lengths
         from ...models import load_tokenizer
+        from ..haystack import check_lengths
 
         check_lengths(load_tokenizer(args.model), lengths)  # the prompt is a needle case: not in a worker, later
     return methods, lengths, kernels, out
@@ -310,8 +404,10 @@ def main(argv=None) -> int:
         if args.turns and not args.engine:
             raise ValueError("--turns times conversations through a serving engine: give --engine URL too")
         if args.plugin and (not args.engine or args.turns):
-            raise ValueError("--plugin adds the vLLM plugin's route to the single-request engine benchmark: give "
-                             "--engine URL (and no --turns)")
+            raise ValueError(
+                "--plugin adds the vLLM plugin's route to the single-request engine benchmark: give "
+                "--engine URL (and no --turns)"
+            )
         if args.engine and args.turns:
             from ..serve.turns import run
 
@@ -330,12 +426,26 @@ def _measured(args, todo):
     a fresh worker process, or with --one-process every cell of a kernel in one."""
     from . import core
 
-    common = dict(model_name=args.model, threads=args.threads, layers=args.layers, dtype=args.dtype,
-                  device=args.device, test_shrink=args.test_shrink, compile=args.compile)
+    common = dict(
+        model_name=args.model,
+        threads=args.threads,
+        layers=args.layers,
+        dtype=args.dtype,
+        device=args.device,
+        test_shrink=args.test_shrink,
+        compile=args.compile,
+    )
     if not args.one_process:
         for attn, method, length, rep in todo:
-            spec = dict(common, method_name=method, length=length, gen_tokens=args.gen_tokens, topk=args.topk,
-                        layer=args.layer, attn=attn)
+            spec = dict(
+                common,
+                method_name=method,
+                length=length,
+                gen_tokens=args.gen_tokens,
+                topk=args.topk,
+                layer=args.layer,
+                attn=attn,
+            )
             try:
                 yield (attn, method, length, rep), core.run_worker(spec, timeout=args.timeout), None
             except RuntimeError as err:
@@ -355,14 +465,29 @@ def _main(args) -> int:
     jsonl = out / "bench.jsonl"
     # layer_arg, not layer: each row keeps the layer its method actually resolved to; threads_arg, not
     # threads: each row keeps the thread count its worker actually used
-    meta = dict(model=args.model or "embedded:gemma3-270m", topk=args.topk, gen_tokens=args.gen_tokens,
-                layer_arg=args.layer, threads_arg=args.threads, layers=args.layers, dtype_arg=args.dtype,
-                device_arg=args.device, test_shrink=args.test_shrink, compile=args.compile)
+    meta = dict(
+        model=args.model or "embedded:gemma3-270m",
+        topk=args.topk,
+        gen_tokens=args.gen_tokens,
+        layer_arg=args.layer,
+        threads_arg=args.threads,
+        layers=args.layers,
+        dtype_arg=args.dtype,
+        device_arg=args.device,
+        test_shrink=args.test_shrink,
+        compile=args.compile,
+    )
     rows = load_rows(jsonl, meta)
     # attn_arg is the kernel asked for (None: the model's default); attn the kernel it resolved to.
     done = {key_of(r) for r in rows}
-    todo = [(a, m, n, i) for n in sorted(lengths, reverse=args.longest_first) for m in methods for a in kernels
-            for i in range(args.repeats) if (a, m, n, i) not in done]
+    todo = [
+        (a, m, n, i)
+        for n in sorted(lengths, reverse=args.longest_first)
+        for m in methods
+        for a in kernels
+        for i in range(args.repeats)
+        if (a, m, n, i) not in done
+    ]
     failed = []
     bar = tqdm(total=len(todo), desc="bench cells", unit="run")
     for (attn, method, length, rep), row, error in _measured(args, todo):
@@ -381,13 +506,19 @@ def _main(args) -> int:
     excluded = [r for r in rows if r.get("excluded")]
     rows = [r for r in rows if not r.get("excluded")]
     if not rows:
-        raise ErrorExit("no cell could run: " + "; ".join([f"{r['method']} at {r['length']}: {r['excluded']}"
-                                                                   for r in excluded] + [f"{f}: failed" for f in failed]))
+        raise ErrorExit(
+            "no cell could run: "
+            + "; ".join(
+                [f"{r['method']} at {r['length']}: {r['excluded']}" for r in excluded]
+                + [f"{f}: failed" for f in failed]
+            )
+        )
     summary = summarize(rows, kernels if len(kernels) > 1 else None)
     cells = summary["cells"]
     device = _span(r["device"] + (f" ({r['device_name']})" if r.get("device_name") else "") for r in rows)
-    meta.update(device=device, threads=_span(r.get("threads") for r in rows),
-                repeats=_span(c["repeats"] for c in cells))
+    meta.update(
+        device=device, threads=_span(r.get("threads") for r in rows), repeats=_span(c["repeats"] for c in cells)
+    )
     write_json_atomic(out / "bench.json", {"meta": meta, **summary, "excluded": excluded})
     table = markdown(summary, meta)
     from .archs import is_config_name
@@ -396,16 +527,25 @@ def _main(args) -> int:
         from .paper import paper_table
 
         for kernel in kernels:  # one comparison per kernel: its header names the kernel
-            table += "\n" + paper_table([r for r in rows if r.get("attn_arg") == kernel],
-                                         dict(meta, preset=args.preset, methods=",".join(methods)), excluded)
+            table += "\n" + paper_table(
+                [r for r in rows if r.get("attn_arg") == kernel],
+                dict(meta, preset=args.preset, methods=",".join(methods)),
+                excluded,
+            )
     write_text_atomic(out / "bench.md", table)
-    plot(summary, out / "bench.png",
-         f"{meta['model']} on {meta['device']}, k={args.topk or 'per method'}, t={args.gen_tokens}")
+    plot(
+        summary,
+        out / "bench.png",
+        f"{meta['model']} on {meta['device']}, k={args.topk or 'per method'}, t={args.gen_tokens}",
+    )
     print(table)
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)
     if failed:
-        print(f"error: {len(failed)} cell(s) failed and are not in the report: {'; '.join(failed)}. A rerun "
-              "measures only those", file=sys.stderr)
+        print(
+            f"error: {len(failed)} cell(s) failed and are not in the report: {'; '.join(failed)}. A rerun "
+            "measures only those",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

@@ -4,7 +4,8 @@ Paper: Shi et al. 2024, Sec. 9.4 and Fig. 9.5. The filter layer is "the first la
 reaches the needle". We run short NIAH probes over a few lengths and depths, trace every layer once
 per probe, and measure per layer and k the fraction of probes whose GemFilter top-k reaches the
 needle (needle distance 0). For the smallest k of the grid at which some full-attention layer has
-coverage >= ``threshold``, the recommendation is the first such layer, and that k. The result is stored per model as JSON under the cache dir
+coverage >= ``threshold``, the recommendation is the first such layer, and that k. The result is stored per model as
+JSON under the cache dir
 (``gemfilter.layers.calibration_path``), and ``default_layer`` uses it from then on. A model is its identity
 (``gemfilter.layers.model_identity``): the resolved absolute path of a local folder (or the hub id and
 revision) and a hash of its config.json, so a relative ``--model m`` in another folder is another model.
@@ -12,8 +13,8 @@ revision) and a hash of its config.json, so a relative ``--model m`` in another 
 
 from __future__ import annotations
 
-from ..io import write_json_atomic
 from ...layers import calibration_path, model_identity, model_key
+from ..io import write_json_atomic
 from .core import needle_distances, needle_token_span, trace
 
 
@@ -43,8 +44,18 @@ def recommend(table: dict, sliding: list, threshold: float):
     return best, ks[-1]
 
 
-def calibrate(model, tokenizer, *, lengths=(1000, 2000, 4000), depths=(10, 50, 90), ks=(256, 512, 1024),
-              threshold: float = 0.8, haystack_dir=None, save: bool = True, progress=None) -> dict:
+def calibrate(
+    model,
+    tokenizer,
+    *,
+    lengths=(1000, 2000, 4000),
+    depths=(10, 50, 90),
+    ks=(256, 512, 1024),
+    threshold: float = 0.8,
+    haystack_dir=None,
+    save: bool = True,
+    progress=None,
+) -> dict:
     """Run the probes and return (and by default store) the calibration record."""
     from ..haystack import NEEDLE, build_case, make_haystack
 
@@ -68,9 +79,14 @@ def calibrate(model, tokenizer, *, lengths=(1000, 2000, 4000), depths=(10, 50, 9
     table = coverage_table(distances, list(ks))
     layer, k = recommend(table, sliding, threshold)
     record = {
-        "model": model_key(model), "identity": model_identity(model), "layer": layer, "topk": k, "threshold": threshold,
+        "model": model_key(model),
+        "identity": model_identity(model),
+        "layer": layer,
+        "topk": k,
+        "threshold": threshold,
         "sliding_layers": [i for i, w in enumerate(sliding) if w is not None],
-        "coverage": {str(k): v for k, v in table.items()}, "probes": probes,
+        "coverage": {str(k): v for k, v in table.items()},
+        "probes": probes,
         "distances": [{str(k): v for k, v in d.items()} for d in distances],
     }
     if save:

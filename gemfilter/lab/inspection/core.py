@@ -93,8 +93,7 @@ def trace(model, input_ids, *, names=CAPTURE_NAMES, window: int = 32) -> Trace:
     mask = torch.ones_like(ids)
     state = _CaptureState(tuple(names), mask.bool(), window)
     with wrapped_attention(model), torch.no_grad():
-        model.base_model(input_ids=ids, position_ids=positions_from_mask(mask), use_cache=False,
-                         **{STATE_KWARG: state})
+        model.base_model(input_ids=ids, position_ids=positions_from_mask(mask), use_cache=False, **{STATE_KWARG: state})
     m = num_layers(model)
     return Trace(n=ids.shape[1], layers=m, sliding=[sliding_window_of(model, i) for i in range(m)], store=state.store)
 
@@ -141,7 +140,7 @@ def needle_token_span(tokenizer, prompt: str, needle: str):
     for variant in (needle, needle.strip(), " " + needle.strip()):
         sub = tokenizer.encode(variant, add_special_tokens=False)
         for i in range(len(ids) - len(sub) + 1):
-            if sub and ids[i:i + len(sub)] == sub:
+            if sub and ids[i : i + len(sub)] == sub:
                 return i, i + len(sub)
     text = needle.strip()
     at = prompt.find(text)

@@ -89,9 +89,9 @@ def _num_layers(config) -> int:
 
 def _check_inspect(args) -> Path:
     """Option checks that need no weights (only the model's config); returns the checked --out."""
+    from ...models import load_config
     from ..io import check_out_dir
     from ..options import check_against_model, check_int, parse_length
-    from ...models import load_config
 
     args.length = parse_length(args.length, "--length")
     check_int(args.topk, "--topk", 1)
@@ -102,16 +102,17 @@ def _check_inspect(args) -> Path:
     m = _num_layers(config)
     if args.print_selection is not None and not 0 <= args.print_selection < m:
         raise ValueError(f"--print-selection {args.print_selection} is outside [0, {m}): this model has {m} layers")
-    return check_out_dir(args.out, files=("needle_distance.png", "attention_last_row.png", "kept_per_layer.png",
-                                          "inspect.json"))
+    return check_out_dir(
+        args.out, files=("needle_distance.png", "attention_last_row.png", "kept_per_layer.png", "inspect.json")
+    )
 
 
 def _check_calibrate(args) -> tuple:
     """(lengths, depths, ks), every check that needs no weights, and the calibration folder writable."""
+    from ...layers import calibration_path
+    from ...models import load_config
     from ..io import check_out_dir
     from ..options import check_against_model, parse_depths, parse_lengths, parse_positive_ints
-    from ...models import load_config
-    from ...layers import calibration_path
 
     lengths = parse_lengths(args.lengths, "--lengths")
     depths = parse_depths(args.depths, "--depths")
@@ -125,10 +126,9 @@ def _check_calibrate(args) -> tuple:
 
 
 def _cmd_inspect(args) -> int:
-    from ..haystack import NEEDLE, build_case
-
-    from ..io import write_json_atomic
     from ...models import load_model
+    from ..haystack import NEEDLE, build_case
+    from ..io import write_json_atomic
 
     out = _check_inspect(args)
     require("plots", "gemfilter inspect")
@@ -139,16 +139,33 @@ def _cmd_inspect(args) -> int:
     tr = trace(model, ids)
     name = args.model or "embedded Gemma 3 270M"
     dist = needle_distances(tr, span, args.topk)
-    plot_needle_distance(dist, tr.sliding, out / "needle_distance.png",
-                         f"{name}: needle distance per layer (n={tr.n}, k={args.topk}, depth {args.depth}%)")
-    plot_attention_map(tr.stack("attn_last_row"), span, tr.sliding, out / "attention_last_row.png",
-                       f"{name}: last-row attention per layer (n={tr.n})")
-    kept = {"GemFilter": [gemfilter_kept(tr, i, args.topk) for i in range(tr.layers)],
-            "SnapKV (head mean)": [snapkv_kept(tr, i, args.topk) for i in range(tr.layers)]}
-    plot_kept(kept, tr.n, span, tr.layers, out / "kept_per_layer.png",
-              f"{name}: kept positions per layer, k={args.topk}")
-    record = {"n": tr.n, "needle": list(span), "topk": args.topk, "needle_distance": dist,
-              "sliding_layers": [i for i, w in enumerate(tr.sliding) if w is not None]}
+    plot_needle_distance(
+        dist,
+        tr.sliding,
+        out / "needle_distance.png",
+        f"{name}: needle distance per layer (n={tr.n}, k={args.topk}, depth {args.depth}%)",
+    )
+    plot_attention_map(
+        tr.stack("attn_last_row"),
+        span,
+        tr.sliding,
+        out / "attention_last_row.png",
+        f"{name}: last-row attention per layer (n={tr.n})",
+    )
+    kept = {
+        "GemFilter": [gemfilter_kept(tr, i, args.topk) for i in range(tr.layers)],
+        "SnapKV (head mean)": [snapkv_kept(tr, i, args.topk) for i in range(tr.layers)],
+    }
+    plot_kept(
+        kept, tr.n, span, tr.layers, out / "kept_per_layer.png", f"{name}: kept positions per layer, k={args.topk}"
+    )
+    record = {
+        "n": tr.n,
+        "needle": list(span),
+        "topk": args.topk,
+        "needle_distance": dist,
+        "sliding_layers": [i for i, w in enumerate(tr.sliding) if w is not None],
+    }
     write_json_atomic(out / "inspect.json", record)
     print("layer  type     needle distance")
     for i, d in enumerate(dist):
@@ -157,8 +174,7 @@ def _cmd_inspect(args) -> int:
         idx = kept["GemFilter"][args.print_selection]
         print(f"\n--- kept text at layer {args.print_selection} (k={args.topk}) ---")
         print(tok.decode(ids[0, idx]))
-    print(f"wrote {out}/needle_distance.png, attention_last_row.png, kept_per_layer.png, inspect.json",
-          file=sys.stderr)
+    print(f"wrote {out}/needle_distance.png, attention_last_row.png, kept_per_layer.png, inspect.json", file=sys.stderr)
     return 0
 
 
@@ -171,12 +187,23 @@ def _cmd_calibrate(args) -> int:
     lengths, depths, ks = _check_calibrate(args)
     model, tok = load_model(args.model, attn=args.attn)
     with tqdm(total=len(lengths) * len(depths), desc="calibration probes") as bar:
-        record = calibrate(model, tok, lengths=lengths, depths=depths, ks=ks, threshold=args.threshold,
-                           haystack_dir=args.haystack_dir, save=not args.dry_run, progress=bar.update)
+        record = calibrate(
+            model,
+            tok,
+            lengths=lengths,
+            depths=depths,
+            ks=ks,
+            threshold=args.threshold,
+            haystack_dir=args.haystack_dir,
+            save=not args.dry_run,
+            progress=bar.update,
+        )
     print(format_table(record))
-    print(f"\nrecommended: layer {record['layer']}, k={record['topk']} (the smallest k at which a full-attention "
-          f"layer's top-k reaches the needle in >= {args.threshold:.0%} of {len(record['probes'])} probes; the first "
-          "such layer)")
+    print(
+        f"\nrecommended: layer {record['layer']}, k={record['topk']} (the smallest k at which a full-attention "
+        f"layer's top-k reaches the needle in >= {args.threshold:.0%} of {len(record['probes'])} probes; the first "
+        "such layer)"
+    )
     if "path" in record:
         print(f"stored in {record['path']}: generate now uses layer {record['layer']} by default for this model")
     return 0
@@ -186,31 +213,49 @@ def add_subcommands(sub) -> None:
     from ...models import add_attn_argument
     from ..options import add_method_options
 
-    p = sub.add_parser("inspect", help="per-layer needle distance, last-row attention map, kept positions (PNG)",
-                       description="Trace one NIAH prompt through every layer, storing only last rows, and plot "
-                       "Fig. 9.5 (needle distance per layer), Fig. 9.2 (last-row attention) and Fig. G.5 "
-                       "(GemFilter vs SnapKV kept positions).")
+    p = sub.add_parser(
+        "inspect",
+        help="per-layer needle distance, last-row attention map, kept positions (PNG)",
+        description="Trace one NIAH prompt through every layer, storing only last rows, and plot "
+        "Fig. 9.5 (needle distance per layer), Fig. 9.2 (last-row attention) and Fig. G.5 "
+        "(GemFilter vs SnapKV kept positions).",
+    )
     p.add_argument("--model", default=None, help="HF id or local path (default: embedded Gemma 3 270M)")
     add_attn_argument(p)
     p.add_argument("--length", default="2000", help="context length in tokens, k = thousands, e.g. 2k (default 2000)")
     p.add_argument("--depth", type=float, default=50, help="needle depth in percent (default 50)")
     # k of the traced kept sets, not a method's budget: no method is built, so no --method and its own default
-    add_method_options(p, methods=None, layer=False, topk_default=256,
-                       topk_help="k of the kept sets drawn at every layer, GemFilter's and SnapKV's (default 256)")
+    add_method_options(
+        p,
+        methods=None,
+        layer=False,
+        topk_default=256,
+        topk_help="k of the kept sets drawn at every layer, GemFilter's and SnapKV's (default 256)",
+    )
     p.add_argument("--haystack-dir", default=None, help="folder of .txt files (default: the PG essays)")
-    p.add_argument("--print-selection", type=int, default=None, metavar="LAYER",
-                   help="also print GemFilter's kept text at this layer")
+    p.add_argument(
+        "--print-selection",
+        type=int,
+        default=None,
+        metavar="LAYER",
+        help="also print GemFilter's kept text at this layer",
+    )
     p.add_argument("--out", default="results/inspect", help="output folder (default results/inspect)")
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("calibrate", help="choose a model's filter layer and k from NIAH probes (paper's rule)",
-                       description="Run short NIAH probes and measure, for every layer and k, how often GemFilter's "
-                       "top-k reaches the needle. At the smallest k where a full-attention layer does so in at least "
-                       "--threshold of the probes, recommend the first such layer (the paper's rule) and that k, and "
-                       "store them as this model's default.")
+    p = sub.add_parser(
+        "calibrate",
+        help="choose a model's filter layer and k from NIAH probes (paper's rule)",
+        description="Run short NIAH probes and measure, for every layer and k, how often GemFilter's "
+        "top-k reaches the needle. At the smallest k where a full-attention layer does so in at least "
+        "--threshold of the probes, recommend the first such layer (the paper's rule) and that k, and "
+        "store them as this model's default.",
+    )
     p.add_argument("--model", default=None, help="HF id or local path (default: embedded Gemma 3 270M)")
     add_attn_argument(p)
-    p.add_argument("--lengths", default="1000,2000,4000", help="probe lengths in tokens, k = thousands (default 1000,2000,4000)")
+    p.add_argument(
+        "--lengths", default="1000,2000,4000", help="probe lengths in tokens, k = thousands (default 1000,2000,4000)"
+    )
     p.add_argument("--depths", default="10,50,90", help="probe depths in percent (default 10,50,90)")
     p.add_argument("--topk-grid", default="256,512,1024", help="k values to test (default 256,512,1024)")
     p.add_argument("--threshold", type=float, default=0.8, help="coverage needed (default 0.8)")

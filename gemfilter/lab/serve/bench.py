@@ -73,16 +73,14 @@ def stream_timed(url: str, body: dict, timeout: float) -> dict:
     with ``stream_options``, else the text chunks counted; ``tokens_from`` says which) and ``done`` (True).
     """
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     start = time.perf_counter()
     first, text, meta, finish, usage, chunks, done = None, [], None, None, None, 0, False
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             kind = resp.headers.get("Content-Type", "")
             if not kind.startswith("text/event-stream"):
-                raise BrokenStream(f"the answer is not a stream (Content-Type {kind or 'none'!r}): "
-                                   f"{resp.read(120)!r}")
+                raise BrokenStream(f"the answer is not a stream (Content-Type {kind or 'none'!r}): {resp.read(120)!r}")
             for line in resp:
                 line = line.strip()
                 if not line.startswith(b"data:"):
@@ -98,8 +96,9 @@ def stream_timed(url: str, body: dict, timeout: float) -> dict:
                 usage = chunk.get("usage") or usage
                 choices = chunk.get("choices") or []
                 piece = "".join(c.get("text", "") for c in choices if isinstance(c, dict))
-                finish = next((c["finish_reason"] for c in choices if isinstance(c, dict) and c.get("finish_reason")),
-                              finish)
+                finish = next(
+                    (c["finish_reason"] for c in choices if isinstance(c, dict) and c.get("finish_reason")), finish
+                )
                 if piece:
                     chunks += 1
                     if first is None:
@@ -116,9 +115,16 @@ def stream_timed(url: str, body: dict, timeout: float) -> dict:
     if first is None:
         raise BrokenStream("the stream carried no text")
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return {"ttft": first, "total": time.perf_counter() - start, "text": "".join(text), "meta": meta,
-            "finish_reason": finish, "tokens": chunks if tokens is None else tokens,
-            "tokens_from": "text chunks" if tokens is None else "usage", "done": done}
+    return {
+        "ttft": first,
+        "total": time.perf_counter() - start,
+        "text": "".join(text),
+        "meta": meta,
+        "finish_reason": finish,
+        "tokens": chunks if tokens is None else tokens,
+        "tokens_from": "text chunks" if tokens is None else "usage",
+        "done": done,
+    }
 
 
 def complete(row: dict) -> bool:
@@ -130,18 +136,31 @@ def summarize(rows: list, method: str) -> list:
     """One dict per length: medians of each route and the ratios docs/serving.md reports."""
     out = []
     for n in sorted({r["length"] for r in rows}):
+
         def med(route, key):
             vals = [r[key] for r in rows if r["length"] == n and r["route"] == route and r[key] is not None]
             return statistics.median(vals) if vals else None
 
         d, p, g, q = "full, direct", "full, proxy", f"{method}, proxy", f"{method}, plugin"
-        row = {"length": n, "prompt_tokens": med(d, "prompt_tokens"), "kept_tokens": med(g, "kept_tokens"),
-               "ttft_full": med(d, "ttft"), "total_full": med(d, "total"), "ttft_method": med(g, "ttft"),
-               "total_method": med(g, "total"), "selection": med(g, "selection_seconds"),
-               "overhead_ttft": None, "overhead_total": None}
+        row = {
+            "length": n,
+            "prompt_tokens": med(d, "prompt_tokens"),
+            "kept_tokens": med(g, "kept_tokens"),
+            "ttft_full": med(d, "ttft"),
+            "total_full": med(d, "total"),
+            "ttft_method": med(g, "ttft"),
+            "total_method": med(g, "total"),
+            "selection": med(g, "selection_seconds"),
+            "overhead_ttft": None,
+            "overhead_total": None,
+        }
         if any(r["route"] == q for r in rows):  # --plugin: the same method inside the engine's own server
-            row.update(kept_plugin=med(q, "kept_tokens"), ttft_plugin=med(q, "ttft"), total_plugin=med(q, "total"),
-                       selection_plugin=med(q, "selection_seconds"))
+            row.update(
+                kept_plugin=med(q, "kept_tokens"),
+                ttft_plugin=med(q, "ttft"),
+                total_plugin=med(q, "total"),
+                selection_plugin=med(q, "selection_seconds"),
+            )
         if med(p, "ttft") is not None and row["ttft_full"] is not None:
             row["overhead_ttft"] = med(p, "ttft") - row["ttft_full"]
             row["overhead_total"] = med(p, "total") - row["total_full"]
@@ -159,40 +178,52 @@ def markdown(summary: list, meta: dict) -> str:
     m = meta["method"]
     if any("ttft_plugin" in r for r in summary):
         return _markdown_plugin(summary, meta, f, ratio)
-    lines = [f"# Through the engine: full vs {m} (k={meta['topk'] or 'its own'}, layer {meta['layer']})", "",
-             f"engine {meta['engine']}; {meta['gen_tokens']} new tokens, streamed; medians of {meta['repeats']} "
-             f"run(s); selector on {meta['selector_device']}.", "",
-             f"| length | prompt tokens | kept | TTFT full (s) | TTFT {m} (s) | TTFT full / {m} | total full (s) | "
-             f"total {m} (s) | total full / {m} | selection (s) | proxy overhead TTFT / total (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Through the engine: full vs {m} (k={meta['topk'] or 'its own'}, layer {meta['layer']})",
+        "",
+        f"engine {meta['engine']}; {meta['gen_tokens']} new tokens, streamed; medians of {meta['repeats']} "
+        f"run(s); selector on {meta['selector_device']}.",
+        "",
+        f"| length | prompt tokens | kept | TTFT full (s) | TTFT {m} (s) | TTFT full / {m} | total full (s) | "
+        f"total {m} (s) | total full / {m} | selection (s) | proxy overhead TTFT / total (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in summary:
-        lines.append(f"| {r['length']} | {f(r['prompt_tokens'], '.0f')} | {f(r['kept_tokens'], '.0f')} | "
-                     f"{f(r['ttft_full'])} | {f(r['ttft_method'])} | {ratio(r['ttft_full'], r['ttft_method'])} | "
-                     f"{f(r['total_full'])} | {f(r['total_method'])} | {ratio(r['total_full'], r['total_method'])} | "
-                     f"{f(r['selection'])} | {f(r['overhead_ttft'], '+.3f')} / {f(r['overhead_total'], '+.3f')} |")
+        lines.append(
+            f"| {r['length']} | {f(r['prompt_tokens'], '.0f')} | {f(r['kept_tokens'], '.0f')} | "
+            f"{f(r['ttft_full'])} | {f(r['ttft_method'])} | {ratio(r['ttft_full'], r['ttft_method'])} | "
+            f"{f(r['total_full'])} | {f(r['total_method'])} | {ratio(r['total_full'], r['total_method'])} | "
+            f"{f(r['selection'])} | {f(r['overhead_ttft'], '+.3f')} / {f(r['overhead_total'], '+.3f')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def _markdown_plugin(summary: list, meta: dict, f, ratio) -> str:
     """The table of a ``--plugin`` run: plain vLLM, the proxy in front of it, and the plugin inside it."""
     m = meta["method"]
-    lines = [f"# Time to first token: plain vLLM, {m} through the proxy, {m} through the vLLM plugin "
-             f"(k={meta['topk'] or 'its own'}, layer {meta['layer']})", "",
-             f"engine {meta['engine']} (started with VLLM_PLUGINS=gemfilter; full requests carry no gemfilter field "
-             f"and reach vLLM's own route); {meta['gen_tokens']} new tokens, streamed; medians of {meta['repeats']} "
-             f"run(s); proxy's selector on {meta['selector_device']}.", "",
-             "| length | prompt tokens | kept (proxy / plugin) | TTFT vLLM (s) | TTFT proxy (s) | TTFT plugin (s) | "
-             "vLLM / proxy | vLLM / plugin | proxy / plugin | total vLLM / proxy / plugin (s) | "
-             "selection proxy / plugin (s) | proxy overhead TTFT (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Time to first token: plain vLLM, {m} through the proxy, {m} through the vLLM plugin "
+        f"(k={meta['topk'] or 'its own'}, layer {meta['layer']})",
+        "",
+        f"engine {meta['engine']} (started with VLLM_PLUGINS=gemfilter; full requests carry no gemfilter field "
+        f"and reach vLLM's own route); {meta['gen_tokens']} new tokens, streamed; medians of {meta['repeats']} "
+        f"run(s); proxy's selector on {meta['selector_device']}.",
+        "",
+        "| length | prompt tokens | kept (proxy / plugin) | TTFT vLLM (s) | TTFT proxy (s) | TTFT plugin (s) | "
+        "vLLM / proxy | vLLM / plugin | proxy / plugin | total vLLM / proxy / plugin (s) | "
+        "selection proxy / plugin (s) | proxy overhead TTFT (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in summary:
-        lines.append(f"| {r['length']} | {f(r['prompt_tokens'], '.0f')} | {f(r['kept_tokens'], '.0f')} / "
-                     f"{f(r.get('kept_plugin'), '.0f')} | {f(r['ttft_full'])} | {f(r['ttft_method'])} | "
-                     f"{f(r.get('ttft_plugin'))} | {ratio(r['ttft_full'], r['ttft_method'])} | "
-                     f"{ratio(r['ttft_full'], r.get('ttft_plugin'))} | "
-                     f"{ratio(r['ttft_method'], r.get('ttft_plugin'))} | "
-                     f"{f(r['total_full'])} / {f(r['total_method'])} / {f(r.get('total_plugin'))} | "
-                     f"{f(r['selection'])} / {f(r.get('selection_plugin'))} | {f(r['overhead_ttft'], '+.3f')} |")
+        lines.append(
+            f"| {r['length']} | {f(r['prompt_tokens'], '.0f')} | {f(r['kept_tokens'], '.0f')} / "
+            f"{f(r.get('kept_plugin'), '.0f')} | {f(r['ttft_full'])} | {f(r['ttft_method'])} | "
+            f"{f(r.get('ttft_plugin'))} | {ratio(r['ttft_full'], r['ttft_method'])} | "
+            f"{ratio(r['ttft_full'], r.get('ttft_plugin'))} | "
+            f"{ratio(r['ttft_method'], r.get('ttft_plugin'))} | "
+            f"{f(r['total_full'])} / {f(r['total_method'])} / {f(r.get('total_plugin'))} | "
+            f"{f(r['selection'])} / {f(r.get('selection_plugin'))} | {f(r['overhead_ttft'], '+.3f')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -200,9 +231,9 @@ def run(args) -> int:
     """Run the engine benchmark for ``gemfilter bench --engine``'s parsed ``args``; returns the exit status."""
     from tqdm import tqdm
 
+    from ...methods import FullMethod
     from ..haystack import build_case, check_lengths, make_haystack
     from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
-    from ...methods import FullMethod
     from ..options import check_int, method_specs_of, parse_lengths
     from .cli import connect
     from .proxy import ProxyServer, request_options
@@ -211,27 +242,41 @@ def run(args) -> int:
     spec = specs[-1]
     method = spec.text
     if len(specs) > 1:  # the help says so; a run with several must say it too, or a user reads b's table as a's
-        print(f"note: --engine measures full against one prompt method, the last of --methods: {method} "
-              f"(not {', '.join(s.text for s in specs[:-1])})", file=sys.stderr)
+        print(
+            f"note: --engine measures full against one prompt method, the last of --methods: {method} "
+            f"(not {', '.join(s.text for s in specs[:-1])})",
+            file=sys.stderr,
+        )
     if issubclass(spec.cls, FullMethod):
         raise ValueError("--engine compares full with a prompt method: give one, e.g. --methods gemfilter")
     request_options({}, {"method": method, "topk": args.topk})
     lengths = parse_lengths(args.lengths, "--lengths")
-    for flag, value, low in (("--repeats", args.repeats, 1), ("--gen-tokens", args.gen_tokens, 1),
-                             ("--threads", args.threads, 0)):
+    for flag, value, low in (
+        ("--repeats", args.repeats, 1),
+        ("--gen-tokens", args.gen_tokens, 1),
+        ("--threads", args.threads, 0),
+    ):
         check_int(value, flag, low)
     out = check_out_dir(args.out, files=OUTPUTS)
     layer = dict(spec.params).get("layer", args.layer)  # the spec's layer wins, as for every default
-    upstream, selector, _ = connect(args.engine, timeout=args.timeout, model=args.model, layer=layer,
-                                    attn=args.attn, threads=args.threads)
+    upstream, selector, _ = connect(
+        args.engine, timeout=args.timeout, model=args.model, layer=layer, attn=args.attn, threads=args.threads
+    )
     model_id, tok, layer = upstream.default_model(), selector.tokenizer, selector.layer
     check_lengths(tok, lengths)  # before the warm-up: a length too short for the needle is one line
     server = ProxyServer(("127.0.0.1", 0), selector, upstream, method=method, topk=args.topk, quiet=True)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     proxy = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
     device = next(selector.model.parameters()).device
-    meta = dict(engine=args.engine, model=args.model or "embedded:gemma3-270m", method=method, topk=args.topk,
-                layer=layer, gen_tokens=args.gen_tokens, selector_device=str(device))
+    meta = dict(
+        engine=args.engine,
+        model=args.model or "embedded:gemma3-270m",
+        method=method,
+        topk=args.topk,
+        layer=layer,
+        gen_tokens=args.gen_tokens,
+        selector_device=str(device),
+    )
     if args.plugin:
         meta["plugin"] = True  # rows of a run with the plugin's route never mix with one without
     jsonl = out / "bench-engine.jsonl"
@@ -251,8 +296,14 @@ def run(args) -> int:
         if url == proxy:
             return {"method": m}  # the server's --topk
         return plugin_field if route.endswith(", plugin") else None
-    todo = [(n, route, url, m, i) for n in lengths for i in range(args.repeats) for route, url, m in routes
-            if (n, route, i) not in done]
+
+    todo = [
+        (n, route, url, m, i)
+        for n in lengths
+        for i in range(args.repeats)
+        for route, url, m in routes
+        if (n, route, i) not in done
+    ]
     hay = make_haystack(tok, max(lengths)) if todo else None
     try:
         if todo:  # warm-up, not recorded: the engine's first request and the selector's first pass are slower
@@ -260,22 +311,40 @@ def run(args) -> int:
             for route, url, m in routes:
                 field = gemfilter_field(route, url, m)
                 try:
-                    res = stream_timed(url, {"model": model_id, "prompt": warm, "max_tokens": 2, "temperature": 0,
-                                             **({"gemfilter": field} if field is not None else {})}, args.timeout)
+                    res = stream_timed(
+                        url,
+                        {
+                            "model": model_id,
+                            "prompt": warm,
+                            "max_tokens": 2,
+                            "temperature": 0,
+                            **({"gemfilter": field} if field is not None else {}),
+                        },
+                        args.timeout,
+                    )
                 except BrokenStream as err:
                     raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
                 if route.endswith(", plugin") and not res["meta"]:
-                    raise BrokenStream(f"the engine at {args.engine} answered a request with a gemfilter field "
-                                       "without GemFilter's metadata: start it with VLLM_PLUGINS=gemfilter (the "
-                                       "vLLM plugin, docs/serving.md), or leave out --plugin")
+                    raise BrokenStream(
+                        f"the engine at {args.engine} answered a request with a gemfilter field "
+                        "without GemFilter's metadata: start it with VLLM_PLUGINS=gemfilter (the "
+                        "vLLM plugin, docs/serving.md), or leave out --plugin"
+                    )
         for n, route, url, m, i in tqdm(todo, desc="engine runs", unit="run"):
             case = build_case(tok, n, 50, haystack=hay)
             # A first line of its own per run, so that no engine serves it from a cached prefix of an earlier run
             # (vLLM's automatic prefix caching would make every repeat's prefill almost free).
             ids = tok(f"Run {uuid.uuid4().hex[:8]}.\n" + case.prompt, add_special_tokens=case.add_special_tokens)[
-                "input_ids"]
-            body = {"model": model_id, "prompt": ids, "max_tokens": args.gen_tokens, "min_tokens": args.gen_tokens,
-                    "ignore_eos": True, "temperature": 0}
+                "input_ids"
+            ]
+            body = {
+                "model": model_id,
+                "prompt": ids,
+                "max_tokens": args.gen_tokens,
+                "min_tokens": args.gen_tokens,
+                "ignore_eos": True,
+                "temperature": 0,
+            }
             field = gemfilter_field(route, url, m)
             if field is not None:
                 body["gemfilter"] = field
@@ -286,13 +355,23 @@ def run(args) -> int:
                     raise BrokenStream(f"the engine generated {res['tokens']} tokens, not the forced {args.gen_tokens}")
             except BrokenStream as err:  # kept as evidence, never as a timing: a rerun measures it again
                 append_jsonl(jsonl, dict(where, error=str(err)))
-                raise BrokenStream(f"{route} at length {n} (repeat {i}): {err}; nothing was timed for it (an error "
-                                   f"row in {jsonl.name}, retried by a rerun)") from None
+                raise BrokenStream(
+                    f"{route} at length {n} (repeat {i}): {err}; nothing was timed for it (an error "
+                    f"row in {jsonl.name}, retried by a rerun)"
+                ) from None
             info = res["meta"] or {}
-            row = dict(where, ttft=res["ttft"], total=res["total"], prompt_tokens=len(ids),
-                       kept_tokens=info.get("kept_tokens", len(ids)), selection_seconds=info.get("selection_seconds"),
-                       finish_reason=res["finish_reason"], tokens=res["tokens"], tokens_from=res["tokens_from"],
-                       done=res["done"])
+            row = dict(
+                where,
+                ttft=res["ttft"],
+                total=res["total"],
+                prompt_tokens=len(ids),
+                kept_tokens=info.get("kept_tokens", len(ids)),
+                selection_seconds=info.get("selection_seconds"),
+                finish_reason=res["finish_reason"],
+                tokens=res["tokens"],
+                tokens_from=res["tokens_from"],
+                done=res["done"],
+            )
             append_jsonl(jsonl, row)
             rows.append(row)
     finally:

@@ -17,11 +17,26 @@ import dataclasses
 MAX_BODY = 64 * 2**20
 OPTIONS = ("method", "topk")
 #: Chat fields the engine's completions endpoint cannot serve for a rewritten chat prompt.
-CHAT_ONLY = ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs", "top_logprobs",
-             "parallel_tool_calls", "chat_template", "chat_template_kwargs")
+CHAT_ONLY = (
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "parallel_tool_calls",
+    "chat_template",
+    "chat_template_kwargs",
+)
 #: Fields about the prompt itself, refused on a rewritten prompt when set (field -> the value that is no-op).
-PROMPT_FIELDS = {"echo": False, "prompt_logprobs": None, "truncate_prompt_tokens": None,
-                 "continue_final_message": False, "add_generation_prompt": True}
+PROMPT_FIELDS = {
+    "echo": False,
+    "prompt_logprobs": None,
+    "truncate_prompt_tokens": None,
+    "continue_final_message": False,
+    "add_generation_prompt": True,
+}
 #: Content part types whose text vLLM takes into a chat prompt, and the key holding it.
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
 
@@ -43,19 +58,26 @@ def request_options(body: dict, defaults: dict, layer: int | None = None) -> dic
 
     given = body.get("gemfilter", {})
     if not isinstance(given, dict):
-        raise BadRequest(f"'gemfilter' must be an object such as {{\"method\": \"gemfilter-span:k=512\"}} or "
-                         f"{{\"topk\": 1024}}, got {type(given).__name__}")
+        raise BadRequest(
+            f'\'gemfilter\' must be an object such as {{"method": "gemfilter-span:k=512"}} or '
+            f'{{"topk": 1024}}, got {type(given).__name__}'
+        )
     unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
         raise BadRequest(f"unknown gemfilter option(s) {', '.join(unknown)}; allowed: {', '.join(OPTIONS)}")
     try:
         spec = parse_spec(given.get("method", defaults["method"]))
     except (ValueError, AttributeError) as err:  # AttributeError: a method that is not a string
-        raise BadRequest(str(err) if isinstance(err, ValueError) else
-                         f"method must be a string such as \"gemfilter-span:k=512\", got {given['method']!r}") from None
+        raise BadRequest(
+            str(err)
+            if isinstance(err, ValueError)
+            else f'method must be a string such as "gemfilter-span:k=512", got {given["method"]!r}'
+        ) from None
     if not spec.cls.serves_engine:
-        raise BadRequest(f"method {spec.text!r} cannot run in front of an engine; allowed: "
-                         f"{', '.join(prompt_methods())} (KV-cache methods such as snapkv evict inside the engine)")
+        raise BadRequest(
+            f"method {spec.text!r} cannot run in front of an engine; allowed: "
+            f"{', '.join(prompt_methods())} (KV-cache methods such as snapkv evict inside the engine)"
+        )
     topk = defaults.get("topk")
     if given.get("topk") is not None:
         if "method" in given and (spec.ratio is not None or "topk" in dict(spec.params)):
@@ -65,8 +87,10 @@ def request_options(body: dict, defaults: dict, layer: int | None = None) -> dic
         topk = given["topk"]
     own = dict(spec.params).get("layer")
     if own is not None and layer is not None and own != layer:
-        raise BadRequest(f"{spec.text}: layer={own}, but this proxy's selector holds layers 0..{layer}: it filters "
-                         f"at layer {layer} only")
+        raise BadRequest(
+            f"{spec.text}: layer={own}, but this proxy's selector holds layers 0..{layer}: it filters "
+            f"at layer {layer} only"
+        )
     try:
         spec.method(1, topk=topk)  # the budget is checked by the method, with its own message
     except (ValueError, TypeError) as err:
@@ -86,12 +110,14 @@ def _part_text(part, where: str) -> str:
     if isinstance(part, str):
         return part
     if not isinstance(part, dict):
-        raise BadRequest(f"{where} must be an object such as {{\"type\": \"text\", \"text\": \"...\"}}, "
-                         f"got {type(part).__name__}")
+        raise BadRequest(
+            f'{where} must be an object such as {{"type": "text", "text": "..."}}, got {type(part).__name__}'
+        )
     kind = part.get("type", "text")
     if kind not in TEXT_PARTS:
-        raise BadRequest(f"{where} has type {kind!r}: the proxy tokenizes text only; allowed part types: "
-                         f"{', '.join(TEXT_PARTS)}")
+        raise BadRequest(
+            f"{where} has type {kind!r}: the proxy tokenizes text only; allowed part types: {', '.join(TEXT_PARTS)}"
+        )
     text = part.get(TEXT_PARTS[kind])
     if not isinstance(text, str):
         raise BadRequest(f"{where} of type {kind!r} needs a string '{TEXT_PARTS[kind]}', got {text!r}")
@@ -102,7 +128,7 @@ def flatten_messages(messages) -> list:
     """``messages`` with every content a string: text parts joined with a newline, as vLLM does for chat
     templates that take string content; a missing or null content is empty. Other parts are refused (400)."""
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
+        raise BadRequest('\'messages\' must be a non-empty list of {"role": ..., "content": ...} objects')
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -113,8 +139,9 @@ def flatten_messages(messages) -> list:
         elif content is None:
             content = ""
         elif not isinstance(content, str):
-            raise BadRequest(f"messages[{i}].content must be a string or a list of content parts, "
-                             f"got {type(content).__name__}")
+            raise BadRequest(
+                f"messages[{i}].content must be a string or a list of content parts, got {type(content).__name__}"
+            )
         out.append({**m, "content": content})
     return out
 
@@ -123,8 +150,10 @@ def check_ids(ids: list, vocab: int | None) -> list:
     """``ids`` if every one is a token id in [0, vocab), else a 400 naming the first bad one."""
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab):
-            raise BadRequest(f"'prompt' token ids must be whole numbers in [0, {vocab}) (the model's vocabulary); "
-                             f"position {i} holds {t!r}")
+            raise BadRequest(
+                f"'prompt' token ids must be whole numbers in [0, {vocab}) (the model's vocabulary); "
+                f"position {i} holds {t!r}"
+            )
     return ids
 
 
@@ -164,10 +193,12 @@ def check_rewritable(body: dict, chat: bool) -> None:
     if chat:
         refused += [k for k in CHAT_ONLY if k in body]
     if refused:
-        raise BadRequest(f"{', '.join(refused)} cannot be served for a filtered prompt: the engine's completions "
-                         "endpoint receives the kept token ids, not your prompt; send them with "
-                         "\"gemfilter\": {\"method\": \"full\"} (or a prompt of at most topk tokens), which the "
-                         "engine receives as you sent it")
+        raise BadRequest(
+            f"{', '.join(refused)} cannot be served for a filtered prompt: the engine's completions "
+            "endpoint receives the kept token ids, not your prompt; send them with "
+            '"gemfilter": {"method": "full"} (or a prompt of at most topk tokens), which the '
+            "engine receives as you sent it"
+        )
 
 
 def chat_max_tokens(body: dict) -> int | None:
@@ -191,9 +222,11 @@ def completion_body(body: dict, ids: list, chat: bool, max_model_len: int | None
         limit = chat_max_tokens(body)
         if limit is None:
             if max_model_len is None:
-                raise BadRequest("give max_tokens (or max_completion_tokens): this engine reports no max_model_len "
-                                 "at GET /v1/models, so the proxy cannot apply the chat default (up to the model's "
-                                 "length), and its completions endpoint would stop at 16 tokens")
+                raise BadRequest(
+                    "give max_tokens (or max_completion_tokens): this engine reports no max_model_len "
+                    "at GET /v1/models, so the proxy cannot apply the chat default (up to the model's "
+                    "length), and its completions endpoint would stop at 16 tokens"
+                )
             limit = max(max_model_len - len(ids), 1)
         out["max_tokens"] = limit
     out["prompt"] = ids

@@ -25,8 +25,9 @@ import urllib.request
 from ..entry import command
 from .bench import quantile
 
-WORDS = ("the quick brown fox jumps over the lazy dog while seven wise owls count stars above a quiet "
-         "harbour town").split()
+WORDS = (
+    "the quick brown fox jumps over the lazy dog while seven wise owls count stars above a quiet harbour town"
+).split()
 
 
 def prompt_of(tokens: int, salt: int) -> str:
@@ -38,8 +39,9 @@ def prompt_of(tokens: int, salt: int) -> str:
 def one_request(url: str, body: dict, timeout: float) -> tuple:
     """(outcome, seconds): "ok", or the kind of failure."""
     start = time.perf_counter()
-    req = urllib.request.Request(url + "/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             answer = json.loads(resp.read())
@@ -76,9 +78,14 @@ def burst(url: str, model: str, count: int, tokens: int, max_tokens: int, timeou
     for outcome, _ in results:
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     ok = [s for outcome, s in results if outcome == "ok"]  # quantile sorts
-    return {"sent": count, "answered": outcomes.get("ok", 0), "failures": {k: v for k, v in outcomes.items()
-                                                                           if k != "ok"},
-            "p50_s": quantile(ok, 50), "p95_s": quantile(ok, 95), "wall_s": wall}
+    return {
+        "sent": count,
+        "answered": outcomes.get("ok", 0),
+        "failures": {k: v for k, v in outcomes.items() if k != "ok"},
+        "p50_s": quantile(ok, 50),
+        "p95_s": quantile(ok, 95),
+        "wall_s": wall,
+    }
 
 
 def parse_bursts(text: str) -> list:
@@ -100,13 +107,25 @@ def parse_bursts(text: str) -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gemfilter.lab.serve.burst", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", action="append", required=True, metavar="NAME=URL",
-                   help="an OpenAI-compatible base URL ending in /v1, named (repeat: e.g. direct=... and proxy=...)")
+    p = argparse.ArgumentParser(
+        prog="python -m gemfilter.lab.serve.burst",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        metavar="NAME=URL",
+        help="an OpenAI-compatible base URL ending in /v1, named (repeat: e.g. direct=... and proxy=...)",
+    )
     p.add_argument("--model", default=None, help="model id to ask for (default: the first target's first model)")
-    p.add_argument("--bursts", default="small=100x16,large=20x1000",
-                   help="bursts as name=COUNTxWORDS (default small=100x16,large=20x1000)")
+    p.add_argument(
+        "--bursts",
+        default="small=100x16,large=20x1000",
+        help="bursts as name=COUNTxWORDS (default small=100x16,large=20x1000)",
+    )
     p.add_argument("--max-tokens", type=int, default=8, help="tokens each request generates (default 8)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds a request may take (default 900)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -138,13 +157,20 @@ def main(argv=None) -> int:
             r = burst(url.rstrip("/"), model, count, words, args.max_tokens, args.timeout, salt)
             salt += count
             rows.append({"burst": bname, "target": tname, "words": words, **r})
-            print(f"{bname} ({count} x {words} words) -> {tname}: {r['answered']}/{r['sent']} answered", file=sys.stderr)
+            print(
+                f"{bname} ({count} x {words} words) -> {tname}: {r['answered']}/{r['sent']} answered", file=sys.stderr
+            )
     print("| burst | target | answered | failures | p50 s | p95 s | wall s |\n|---|---|---|---|---|---|---|")
     for r in rows:
         fails = ", ".join(f"{k} {v}" for k, v in r["failures"].items()) or "none"
-        fmt = (lambda x: "-" if x is None else f"{x:.2f}")
-        print(f"| {r['burst']} ({r['sent']} x {r['words']} words) | {r['target']} | {r['answered']}/{r['sent']} | "
-              f"{fails} | {fmt(r['p50_s'])} | {fmt(r['p95_s'])} | {r['wall_s']:.1f} |")
+
+        def fmt(x):
+            return "-" if x is None else f"{x:.2f}"
+
+        print(
+            f"| {r['burst']} ({r['sent']} x {r['words']} words) | {r['target']} | {r['answered']}/{r['sent']} | "
+            f"{fails} | {fmt(r['p50_s'])} | {fmt(r['p95_s'])} | {r['wall_s']:.1f} |"
+        )
     if args.json:
         from ..io import write_json_atomic
 

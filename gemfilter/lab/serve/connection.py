@@ -70,13 +70,13 @@ def read_body(headers, rfile) -> dict:
     length = headers.get("Content-Length")
     if coding is not None:
         if coding.strip().lower() != "chunked" or length is not None:
-            raise BadRequest(f"Transfer-Encoding {coding!r} is not accepted: send chunked alone, or a "
-                             "Content-Length")
+            raise BadRequest(f"Transfer-Encoding {coding!r} is not accepted: send chunked alone, or a Content-Length")
         raw = read_chunked(rfile)
     else:
         if length is None or not length.strip().isdigit():
-            raise BadRequest("the request needs a Content-Length header (or Transfer-Encoding: chunked) and a "
-                             "JSON body")
+            raise BadRequest(
+                "the request needs a Content-Length header (or Transfer-Encoding: chunked) and a JSON body"
+            )
         if int(length) > MAX_BODY:
             raise BadRequest(f"the body has {int(length)} bytes; at most {MAX_BODY} are accepted")
         raw = _read_exact(rfile, int(length), "the body")

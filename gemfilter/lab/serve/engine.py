@@ -23,9 +23,11 @@ def check_engine_methods(engine: str | None, names) -> None:
 
     bad = [n for n in names if engine is not None and not parse_spec(n).cls.serves_engine]
     if bad:
-        raise ValueError(f"--engine runs the selection here and the generation on the engine, so it takes methods "
-                         f"that pick prompt tokens: {', '.join(prompt_methods())}; not {', '.join(bad)} (KV-cache "
-                         "methods evict inside the model)")
+        raise ValueError(
+            f"--engine runs the selection here and the generation on the engine, so it takes methods "
+            f"that pick prompt tokens: {', '.join(prompt_methods())}; not {', '.join(bad)} (KV-cache "
+            "methods evict inside the model)"
+        )
 
 
 @dataclass
@@ -44,9 +46,20 @@ class EngineOutput:
     budget: object = None  # the engine's KV cache is not visible from here
 
 
-def engine_generate(upstream, model, inputs, *, method, tokenizer=None, max_new_tokens: int = 50,
-                    min_new_tokens: int | None = None, eos_token_id=None, **unused) -> EngineOutput:
-    """Greedy generation on ``upstream`` (an :class:`~gemfilter.lab.serve.upstream.Upstream`) from ``method``'s kept tokens.
+def engine_generate(
+    upstream,
+    model,
+    inputs,
+    *,
+    method,
+    tokenizer=None,
+    max_new_tokens: int = 50,
+    min_new_tokens: int | None = None,
+    eos_token_id=None,
+    **unused,
+) -> EngineOutput:
+    """Greedy generation on ``upstream`` (an :class:`~gemfilter.lab.serve.upstream.Upstream`) from ``method``'s kept
+    tokens.
 
     inputs: a tokenizer output with ``input_ids`` (1, n); model: the local model the selection runs on;
     eos_token_id: extra stop ids (sent as vLLM's ``stop_token_ids``); min_new_tokens: vLLM's ``min_tokens``.
@@ -65,8 +78,13 @@ def engine_generate(upstream, model, inputs, *, method, tokenizer=None, max_new_
     else:
         selection = method.select(model, ids, tokenizer=tokenizer)
         kept = selection.kept_ids[0]
-    body = {"model": upstream.default_model(), "prompt": kept.tolist(), "max_tokens": max_new_tokens,
-            "temperature": 0, "return_token_ids": True}
+    body = {
+        "model": upstream.default_model(),
+        "prompt": kept.tolist(),
+        "max_tokens": max_new_tokens,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
     if min_new_tokens:
         body["min_tokens"] = min_new_tokens
     if eos_token_id is not None:
@@ -80,8 +98,13 @@ def engine_generate(upstream, model, inputs, *, method, tokenizer=None, max_new_
     if new is None:  # an engine without vLLM's return_token_ids: re-encode its text
         new = tokenizer(choice.get("text", ""), add_special_tokens=False)["input_ids"] if tokenizer is not None else []
     text = None if selection is None or tokenizer is None else selection.kept_text(tokenizer)
-    return EngineOutput(new_tokens=torch.tensor([new], dtype=torch.long), kept=[len(kept)], kept_text=text,
-                        selection=selection, text=choice.get("text", ""))
+    return EngineOutput(
+        new_tokens=torch.tensor([new], dtype=torch.long),
+        kept=[len(kept)],
+        kept_text=text,
+        selection=selection,
+        text=choice.get("text", ""),
+    )
 
 
 def generator(engine: str | None, tokenizer=None, timeout: float = 600.0):
@@ -109,7 +132,11 @@ def engine_field(engine: str | None) -> dict:
 
 def add_engine_argument(parser) -> None:
     """The ``--engine URL`` option the eval commands share."""
-    parser.add_argument("--engine", default=None, metavar="URL",
-                        help="generate on an OpenAI-compatible engine at URL (e.g. vLLM at http://127.0.0.1:8000/v1, "
-                        "serving the same model): the selection runs here, the engine generates from the kept "
-                        "token ids (full rows send the whole prompt); prompt methods only; rows record the engine")
+    parser.add_argument(
+        "--engine",
+        default=None,
+        metavar="URL",
+        help="generate on an OpenAI-compatible engine at URL (e.g. vLLM at http://127.0.0.1:8000/v1, "
+        "serving the same model): the selection runs here, the engine generates from the kept "
+        "token ids (full rows send the whole prompt); prompt methods only; rows record the engine",
+    )

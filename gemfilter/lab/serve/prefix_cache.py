@@ -31,7 +31,7 @@ def block_keys(ids, block: int) -> list:
     hashes are, each from the previous key and its block's tokens, so all of them cost one pass."""
     keys, prev = [], b""
     for start in range(0, len(ids) - len(ids) % block, block):
-        chunk = ",".join(str(int(t)) for t in ids[start:start + block]).encode()
+        chunk = ",".join(str(int(t)) for t in ids[start : start + block]).encode()
         prev = hashlib.blake2b(prev + b"|" + chunk, digest_size=16).digest()
         keys.append(prev)
     return keys
@@ -70,7 +70,7 @@ class PrefixCache:
         """(p, a copy of the entry's cache, b) for a prompt ``ids``: p the longest stored block-aligned prefix that
         leaves at least one token ((0, None) when none is stored), b the longest such prefix an earlier prompt
         also began with (0 if none). Notes the prompt's block keys (no K/V) for the prompts after it."""
-        keys = block_keys(ids[:self.aligned(len(ids))], self.block)
+        keys = block_keys(ids[: self.aligned(len(ids))], self.block)
         p, cache = 0, None
         for i in range(len(keys) - 1, -1, -1):
             if keys[i] in self._entries:
@@ -91,8 +91,9 @@ class PrefixCache:
         """Keep a copy of ``cache`` (layers 0..r of exactly ``ids``, a block-aligned prefix); False if it is
         larger than the whole budget. Evicts least recently used entries to fit."""
         if len(ids) % self.block or not len(ids):
-            raise ValueError(f"prefix cache: a stored prefix is a whole number of {self.block}-token blocks, "
-                             f"got {len(ids)} tokens")
+            raise ValueError(
+                f"prefix cache: a stored prefix is a whole number of {self.block}-token blocks, got {len(ids)} tokens"
+            )
         size = cache_bytes(cache)
         key = block_keys(ids, self.block)[-1]
         if size > self.budget:

@@ -28,9 +28,21 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .bodies import (AnswerPlan, BadRequest, as_chat, chat_max_tokens, chat_only, check_rewritable,  # noqa: F401
-                     completion_body, engine_request, fix_usage, parse_request, prompt_ids, request_options,
-                     rewrite_answer)
+from .bodies import (  # noqa: F401
+    AnswerPlan,
+    BadRequest,
+    as_chat,
+    chat_max_tokens,
+    chat_only,
+    check_rewritable,
+    completion_body,
+    engine_request,
+    fix_usage,
+    parse_request,
+    prompt_ids,
+    request_options,
+    rewrite_answer,
+)
 from .connection import ClientTimeout, ClientWatch, read_body
 from .selector import ClientGone
 from .upstream import Call, UpstreamError
@@ -50,8 +62,12 @@ def check_limits(backlog: int, max_concurrency: int, client_timeout: float) -> N
 
 def check_seconds(value, flag: str, high: float = 86400) -> None:
     """ValueError unless ``value`` is a finite number of seconds in (0, ``high``]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 < value <= high:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 < value <= high
+    ):
         raise ValueError(f"{flag} must be a number of seconds in (0, {high:g}], got {value!r}")
 
 
@@ -71,9 +87,19 @@ class ProxyServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address, selector, upstream, *, method: str = "gemfilter", topk: int | None = None,
-                 quiet: bool = False, backlog: int = 1024, max_concurrency: int = 64,
-                 client_timeout: float = 60.0):
+    def __init__(
+        self,
+        address,
+        selector,
+        upstream,
+        *,
+        method: str = "gemfilter",
+        topk: int | None = None,
+        quiet: bool = False,
+        backlog: int = 1024,
+        max_concurrency: int = 64,
+        client_timeout: float = 60.0,
+    ):
         request_options({}, {"method": method, "topk": topk}, selector.layer)  # the defaults obey the same rules
         check_limits(backlog, max_concurrency, client_timeout)
         self.selector, self.upstream, self.quiet = selector, upstream, quiet
@@ -157,8 +183,13 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True  # a body, if any, is not read
         allowed = "GET" if self.path.rstrip("/") in ("/health", "/v1/models") else "POST"
         self._answered = True
-        raw = json.dumps(error_body(405, f"Method Not Allowed: {self.command} {self.path}; this route takes "
-                                         f"{allowed}", "invalid_request_error")).encode()
+        raw = json.dumps(
+            error_body(
+                405,
+                f"Method Not Allowed: {self.command} {self.path}; this route takes {allowed}",
+                "invalid_request_error",
+            )
+        ).encode()
         self.send_response(405)
         self.send_header("Allow", allowed)
         self.send_header("Content-Type", "application/json")
@@ -178,8 +209,12 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send_json(200, self.server.upstream.get("/models"))
             except UpstreamError as err:
                 return self._error(err.status, str(err), "upstream_error")
-        return self._error(404, f"no route GET {self.path}; the proxy serves GET /v1/models, /health and POST "
-                                "/v1/completions, /v1/chat/completions", "not_found")
+        return self._error(
+            404,
+            f"no route GET {self.path}; the proxy serves GET /v1/models, /health and POST "
+            "/v1/completions, /v1/chat/completions",
+            "not_found",
+        )
 
     def do_POST(self):
         self._answered = False  # one handler serves every request of a kept-alive connection
@@ -196,8 +231,11 @@ class Handler(BaseHTTPRequestHandler):
         route = self.path.rstrip("/")
         if route not in ("/v1/completions", "/v1/chat/completions"):
             self.close_connection = True  # its body is not read
-            return self._error(404, f"no route POST {self.path}; the proxy serves /v1/completions and "
-                                    "/v1/chat/completions", "not_found")
+            return self._error(
+                404,
+                f"no route POST {self.path}; the proxy serves /v1/completions and /v1/chat/completions",
+                "not_found",
+            )
         chat = route.endswith("chat/completions")
         sel = self.server.selector
         call = Call()
@@ -296,8 +334,9 @@ class Handler(BaseHTTPRequestHandler):
                     except ValueError:
                         obj = None
                     if not isinstance(obj, dict):
-                        raise UpstreamError(502, f"the engine's stream sent a chunk that is not a JSON object: "
-                                                 f"{data[:200]!r}")
+                        raise UpstreamError(
+                            502, f"the engine's stream sent a chunk that is not a JSON object: {data[:200]!r}"
+                        )
                     if "error" in obj:  # the engine's own error event ends the stream; its [DONE] is not relayed
                         self._event(json.dumps(obj))
                         return

@@ -68,8 +68,9 @@ def load_selector(name: str | None = None, *, layer: int | None = None, attn: st
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the weights of layers > r are skipped on purpose: no report of them
     try:
-        model = AutoModel.from_pretrained(path, config=config, dtype=dtype or (torch.float32 if embedded else "auto"),
-                                          **kw)
+        model = AutoModel.from_pretrained(
+            path, config=config, dtype=dtype or (torch.float32 if embedded else "auto"), **kw
+        )
     finally:
         hf_logging.set_verbosity(level)
     if attn == "banded" or (attn is None and embedded):
@@ -79,8 +80,14 @@ def load_selector(name: str | None = None, *, layer: int | None = None, attn: st
     return model, tok, layer
 
 
-def open_selector(name: str | None = None, *, layer: int | None = None, attn: str | None = None,
-                  cache_bytes: int = 0, workers: int = 1) -> "Selector":
+def open_selector(
+    name: str | None = None,
+    *,
+    layer: int | None = None,
+    attn: str | None = None,
+    cache_bytes: int = 0,
+    workers: int = 1,
+) -> "Selector":
     """A ready :class:`Selector`: layers 0..``layer`` of ``name`` (:func:`load_selector`), with Gemma 3's chat
     template for the embedded model, whose tokenizer has none (:func:`~.chat_template.fallback_template`).
 
@@ -89,8 +96,9 @@ def open_selector(name: str | None = None, *, layer: int | None = None, attn: st
     from .chat_template import fallback_template
 
     model, tok, layer = load_selector(name, layer=layer, attn=attn)
-    return Selector(model, tok, layer, chat_template=fallback_template(name, tok), cache_bytes=cache_bytes,
-                    workers=workers)
+    return Selector(
+        model, tok, layer, chat_template=fallback_template(name, tok), cache_bytes=cache_bytes, workers=workers
+    )
 
 
 class ClientGone(Exception):
@@ -112,10 +120,17 @@ class Choice:
     reused: int = 0  # prompt tokens whose layers 0..r came from the prefix cache
 
     def meta(self, layer: int) -> dict:
-        return {"method": self.method, "topk": self.topk, "layer": layer, "prompt_tokens": self.prompt_tokens,
-                "kept_tokens": self.kept_tokens, "passthrough": self.passthrough,
-                "selection_seconds": round(self.seconds, 4), "selector_wait_seconds": round(self.waited, 4),
-                "selector_cached_tokens": self.reused}
+        return {
+            "method": self.method,
+            "topk": self.topk,
+            "layer": layer,
+            "prompt_tokens": self.prompt_tokens,
+            "kept_tokens": self.kept_tokens,
+            "passthrough": self.passthrough,
+            "selection_seconds": round(self.seconds, 4),
+            "selector_wait_seconds": round(self.waited, 4),
+            "selector_cached_tokens": self.reused,
+        }
 
 
 class Selector:
@@ -127,8 +142,16 @@ class Selector:
     model (1: one at a time, in arrival order; more share the CPU threads or the GPU between them).
     """
 
-    def __init__(self, model, tokenizer, layer: int, max_tokens: int | None = None, chat_template: str | None = None,
-                 cache_bytes: int = 0, workers: int = 1):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        layer: int,
+        max_tokens: int | None = None,
+        chat_template: str | None = None,
+        cache_bytes: int = 0,
+        workers: int = 1,
+    ):
         from .prefix_cache import PrefixCache
 
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -151,8 +174,9 @@ class Selector:
         spec = parse_spec(method) if isinstance(method, str) else method
         m = spec.method(n, topk=topk, layer=self.layer)
         if m.layer is not None and m.layer != self.layer:
-            raise ValueError(f"{spec.text}: this selector holds layers 0..{self.layer}; it cannot filter at layer "
-                             f"{m.layer}")
+            raise ValueError(
+                f"{spec.text}: this selector holds layers 0..{self.layer}; it cannot filter at layer {m.layer}"
+            )
         return m
 
     @staticmethod
@@ -174,8 +198,10 @@ class Selector:
 
         n = len(ids)
         if self.max_tokens is not None and n > self.max_tokens:
-            raise ValueError(f"the prompt has {n} tokens; the selector's model takes at most {self.max_tokens} "
-                             "(max_position_embeddings)")
+            raise ValueError(
+                f"the prompt has {n} tokens; the selector's model takes at most {self.max_tokens} "
+                "(max_position_embeddings)"
+            )
         start = time.perf_counter()
         m = self.method_for(n, method, topk)
         label = method if isinstance(method, str) else method.label

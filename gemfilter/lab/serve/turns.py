@@ -30,7 +30,8 @@ import time
 import urllib.request
 import uuid
 
-from .bench import BrokenStream, quantile as _q, stream_timed
+from .bench import BrokenStream, stream_timed
+from .bench import quantile as _q
 
 OUTPUTS = ("bench-turns.jsonl", "bench-turns.md", "bench-turns.json")
 MODES = ("multi-turn", "multi-request")
@@ -58,8 +59,14 @@ def prefix_caching(base: str):
 def engine_metrics(base: str, timeout: float = 5.0) -> dict:
     """vLLM's counters and gauges this benchmark reads, by name without ``vllm:`` (summed over label sets); {} if
     the engine has no ``/metrics``."""
-    wanted = ("kv_cache_usage_perc", "prompt_tokens_cached_total", "prompt_tokens_total",
-              "prefix_cache_hits_total", "prefix_cache_queries_total", "num_requests_waiting")
+    wanted = (
+        "kv_cache_usage_perc",
+        "prompt_tokens_cached_total",
+        "prompt_tokens_total",
+        "prefix_cache_hits_total",
+        "prefix_cache_queries_total",
+        "num_requests_waiting",
+    )
     text = metrics_text(base, timeout)
     out: dict = {}
     for line in text.splitlines():
@@ -77,16 +84,22 @@ def make_document(tok, hay_ids: list, length: int, turns: int, seed: int, salt: 
     rng = random.Random(seed)
     tag = uuid.uuid5(uuid.NAMESPACE_OID, f"{seed}/{salt}").hex[:12]
     header = tok(f"Document {tag}.\n", add_special_tokens=False)["input_ids"]
-    facts = [(NAMES[t % len(NAMES)] + (str(t // len(NAMES)) if t >= len(NAMES) else ""), rng.randrange(10**5, 10**6))
-             for t in range(turns)]
-    fact_ids = [tok(f" The magic number for {name} is {number}.", add_special_tokens=False)["input_ids"]
-                for name, number in facts]
+    facts = [
+        (NAMES[t % len(NAMES)] + (str(t // len(NAMES)) if t >= len(NAMES) else ""), rng.randrange(10**5, 10**6))
+        for t in range(turns)
+    ]
+    fact_ids = [
+        tok(f" The magic number for {name} is {number}.", add_special_tokens=False)["input_ids"]
+        for name, number in facts
+    ]
     body_len = length - len(header) - sum(map(len, fact_ids))
     if body_len < 16 * turns:
-        raise ValueError(f"--lengths {length}: too short for {turns} facts and a document; give at least "
-                         f"{length - body_len + 16 * turns} tokens")
+        raise ValueError(
+            f"--lengths {length}: too short for {turns} facts and a document; give at least "
+            f"{length - body_len + 16 * turns} tokens"
+        )
     start = rng.randrange(0, max(1, len(hay_ids) - body_len))
-    body = list(hay_ids[start:start + body_len])
+    body = list(hay_ids[start : start + body_len])
     period = set(tok(".", add_special_tokens=False)["input_ids"])
     ids, at = list(header), 0
     for t, fact in enumerate(fact_ids):
@@ -100,8 +113,17 @@ def make_document(tok, hay_ids: list, length: int, turns: int, seed: int, salt: 
     return bos + ids, facts
 
 
-def converse(url: str, body: dict, doc: list, facts: list, mode: str, tok, timeout: float, start: threading.Barrier,
-             metrics_of=None) -> list:
+def converse(
+    url: str,
+    body: dict,
+    doc: list,
+    facts: list,
+    mode: str,
+    tok,
+    timeout: float,
+    start: threading.Barrier,
+    metrics_of=None,
+) -> list:
     """One conversation's rows, turn by turn: ``multi-turn`` appends each question and the engine's answer to
     the history; ``multi-request`` asks each question over the document alone. ``metrics_of`` (N = 1): a
     callable returning the engine's counters, read around each request."""
@@ -115,11 +137,21 @@ def converse(url: str, body: dict, doc: list, facts: list, mode: str, tok, timeo
         res = stream_timed(url, dict(body, prompt=prompt), timeout)
         after = metrics_of() if metrics_of else {}
         info = res["meta"] or {}
-        row = dict(turn=t + 1, ttft=res["ttft"], total=res["total"], began=begun, prompt_tokens=len(prompt),
-                   kept_tokens=info.get("kept_tokens", len(prompt)), selection_seconds=info.get("selection_seconds"),
-                   selector_wait_seconds=info.get("selector_wait_seconds"),
-                   selector_cached_tokens=info.get("selector_cached_tokens"), hit=str(number) in res["text"],
-                   tokens=res["tokens"], finish_reason=res["finish_reason"], done=res["done"])
+        row = dict(
+            turn=t + 1,
+            ttft=res["ttft"],
+            total=res["total"],
+            began=begun,
+            prompt_tokens=len(prompt),
+            kept_tokens=info.get("kept_tokens", len(prompt)),
+            selection_seconds=info.get("selection_seconds"),
+            selector_wait_seconds=info.get("selector_wait_seconds"),
+            selector_cached_tokens=info.get("selector_cached_tokens"),
+            hit=str(number) in res["text"],
+            tokens=res["tokens"],
+            finish_reason=res["finish_reason"],
+            done=res["done"],
+        )
         if "prompt_tokens_cached_total" in before and "prompt_tokens_cached_total" in after:
             row["engine_cached_tokens"] = after["prompt_tokens_cached_total"] - before["prompt_tokens_cached_total"]
         rows.append(row)
@@ -150,8 +182,19 @@ class Sampler:
         self._thread.join()
 
 
-def run_cell(route: dict, n: int, mode: str, length: int, turns: int, tok, hay_ids: list, timeout: float,
-             engine: str, seed: int, nonce: str = "") -> tuple:
+def run_cell(
+    route: dict,
+    n: int,
+    mode: str,
+    length: int,
+    turns: int,
+    tok,
+    hay_ids: list,
+    timeout: float,
+    engine: str,
+    seed: int,
+    nonce: str = "",
+) -> tuple:
     """(request rows, the cell's row) for N conversations at once on one route. The documents' bodies and facts
     depend on ``seed`` only (the same on every route); their first lines on the route, mode, N and ``nonce``."""
     salt = f"{route['name']}/{mode}/{n}/{nonce}"
@@ -186,12 +229,23 @@ def run_cell(route: dict, n: int, mode: str, length: int, turns: int, tok, hay_i
         raise BrokenStream(f"{route['name']}, {mode}, N={n}, conversation {i}: {what}")
     after = engine_metrics(engine)
     rows = [dict(r, conversation=i, began=r["began"] - begun) for i, conv in enumerate(results) for r in conv]
-    cell = dict(kind="cell", wall=wall, requests=len(rows),
-                kv_cache_usage_peak=sampler.peak.get("kv_cache_usage_perc"),
-                waiting_peak=sampler.peak.get("num_requests_waiting"),
-                **{f"engine_{k}": after[k] - before[k] for k in ("prompt_tokens_cached_total", "prompt_tokens_total",
-                                                                 "prefix_cache_hits_total", "prefix_cache_queries_total")
-                   if k in after and k in before})
+    cell = dict(
+        kind="cell",
+        wall=wall,
+        requests=len(rows),
+        kv_cache_usage_peak=sampler.peak.get("kv_cache_usage_perc"),
+        waiting_peak=sampler.peak.get("num_requests_waiting"),
+        **{
+            f"engine_{k}": after[k] - before[k]
+            for k in (
+                "prompt_tokens_cached_total",
+                "prompt_tokens_total",
+                "prefix_cache_hits_total",
+                "prefix_cache_queries_total",
+            )
+            if k in after and k in before
+        },
+    )
     return rows, cell
 
 
@@ -200,24 +254,40 @@ def summarize(rows: list, cells: list) -> dict:
     per_turn, per_cell = [], []
     for c in cells:
         mine = [r for r in rows if r["cell"] == c["cell"]]
-        per_cell.append(dict(c, ttft_p50=_q([r["ttft"] for r in mine], 50), ttft_p95=_q([r["ttft"] for r in mine], 95),
-                             total_p50=_q([r["total"] for r in mine], 50), total_p95=_q([r["total"] for r in mine], 95),
-                             per_minute=60 * len(mine) / c["wall"] if c["wall"] else None,
-                             wait_p50=_q([r["selector_wait_seconds"] for r in mine], 50),
-                             wait_p95=_q([r["selector_wait_seconds"] for r in mine], 95),
-                             selection_p50=_q([r["selection_seconds"] for r in mine], 50),
-                             accuracy=100 * sum(r["hit"] for r in mine) / len(mine) if mine else None))
+        per_cell.append(
+            dict(
+                c,
+                ttft_p50=_q([r["ttft"] for r in mine], 50),
+                ttft_p95=_q([r["ttft"] for r in mine], 95),
+                total_p50=_q([r["total"] for r in mine], 50),
+                total_p95=_q([r["total"] for r in mine], 95),
+                per_minute=60 * len(mine) / c["wall"] if c["wall"] else None,
+                wait_p50=_q([r["selector_wait_seconds"] for r in mine], 50),
+                wait_p95=_q([r["selector_wait_seconds"] for r in mine], 95),
+                selection_p50=_q([r["selection_seconds"] for r in mine], 50),
+                accuracy=100 * sum(r["hit"] for r in mine) / len(mine) if mine else None,
+            )
+        )
         for t in sorted({r["turn"] for r in mine}):
             at = [r for r in mine if r["turn"] == t]
-            per_turn.append(dict(mode=c["mode"], length=c["length"], route=c["route"], concurrency=c["concurrency"],
-                                 turn=t, ttft_p50=_q([r["ttft"] for r in at], 50), ttft_p95=_q([r["ttft"] for r in at], 95),
-                                 total_p50=_q([r["total"] for r in at], 50),
-                                 prompt_tokens=_q([r["prompt_tokens"] for r in at], 50),
-                                 kept_tokens=_q([r["kept_tokens"] for r in at], 50),
-                                 selection_p50=_q([r["selection_seconds"] for r in at], 50),
-                                 selector_cached=_q([r.get("selector_cached_tokens") for r in at], 50),
-                                 engine_cached=_q([r.get("engine_cached_tokens") for r in at], 50),
-                                 accuracy=100 * sum(r["hit"] for r in at) / len(at)))
+            per_turn.append(
+                dict(
+                    mode=c["mode"],
+                    length=c["length"],
+                    route=c["route"],
+                    concurrency=c["concurrency"],
+                    turn=t,
+                    ttft_p50=_q([r["ttft"] for r in at], 50),
+                    ttft_p95=_q([r["ttft"] for r in at], 95),
+                    total_p50=_q([r["total"] for r in at], 50),
+                    prompt_tokens=_q([r["prompt_tokens"] for r in at], 50),
+                    kept_tokens=_q([r["kept_tokens"] for r in at], 50),
+                    selection_p50=_q([r["selection_seconds"] for r in at], 50),
+                    selector_cached=_q([r.get("selector_cached_tokens") for r in at], 50),
+                    engine_cached=_q([r.get("engine_cached_tokens") for r in at], 50),
+                    accuracy=100 * sum(r["hit"] for r in at) / len(at),
+                )
+            )
     return {"turns": per_turn, "cells": per_cell}
 
 
@@ -229,44 +299,65 @@ def markdown(summary: dict, meta: dict) -> str:
         return "n/a" if a is None or not b else f"{a / b:.2f}x"
 
     m, routes = meta["method"], meta["routes"]
-    lines = [f"# Conversations through the engine: full vs {m} (layer {meta['layer']})", "",
-             f"engine {meta['engine']} (prefix caching: {meta['engine_prefix_caching']}); {meta['turns']} turns, "
-             f"{meta['gen_tokens']} new tokens per answer, streamed; selector cache {meta['selector_cache_gb']:g} GB, "
-             f"{meta['selector_workers']} selector worker(s); selector on {meta['selector_device']}.", ""]
+    lines = [
+        f"# Conversations through the engine: full vs {m} (layer {meta['layer']})",
+        "",
+        f"engine {meta['engine']} (prefix caching: {meta['engine_prefix_caching']}); {meta['turns']} turns, "
+        f"{meta['gen_tokens']} new tokens per answer, streamed; selector cache {meta['selector_cache_gb']:g} GB, "
+        f"{meta['selector_workers']} selector worker(s); selector on {meta['selector_device']}.",
+        "",
+    ]
     for key in sorted({(t["mode"], t["length"], t["concurrency"]) for t in summary["turns"]}):
         mode, length, n = key
         at = {(t["route"], t["turn"]): t for t in summary["turns"] if (t["mode"], t["length"], t["concurrency"]) == key}
         names = [r for r in routes if any(k[0] == r for k in at)]
         picked = [r for r in names if r != "full"]
         ratios = [f"full / {r}" for r in picked] if "full" in names else []
-        heads = (["turn", "prompt tokens", "kept"] + [f"TTFT {r}" for r in names] + ratios
-                 + [f"selection {r} (s)" for r in picked] + [f"selector cached tokens {r}" for r in picked]
-                 + [f"engine cached tokens {r}" for r in names])
-        lines += [f"## {mode}, {length} tokens, N = {n}: time to first token per turn (s, median over conversations)",
-                  "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+        heads = (
+            ["turn", "prompt tokens", "kept"]
+            + [f"TTFT {r}" for r in names]
+            + ratios
+            + [f"selection {r} (s)" for r in picked]
+            + [f"selector cached tokens {r}" for r in picked]
+            + [f"engine cached tokens {r}" for r in names]
+        )
+        lines += [
+            f"## {mode}, {length} tokens, N = {n}: time to first token per turn (s, median over conversations)",
+            "",
+            "| " + " | ".join(heads) + " |",
+            "|" + "---|" * len(heads),
+        ]
         for t in sorted({k[1] for k in at}):
             get = {r: at.get((r, t)) or {} for r in names}
             any_row = next(x for x in get.values() if x)
             kept = next((get[r].get("kept_tokens") for r in picked if get[r]), None)
-            cells = ([str(t), f(any_row.get("prompt_tokens"), ".0f"), f(kept, ".0f")]
-                     + [f(get[r].get("ttft_p50")) for r in names]
-                     + [ratio(get["full"].get("ttft_p50"), get[r].get("ttft_p50")) for r in picked if ratios]
-                     + [f(get[r].get("selection_p50")) for r in picked]
-                     + [f(get[r].get("selector_cached"), ".0f") for r in picked]
-                     + [f(get[r].get("engine_cached"), ".0f") for r in names])
+            cells = (
+                [str(t), f(any_row.get("prompt_tokens"), ".0f"), f(kept, ".0f")]
+                + [f(get[r].get("ttft_p50")) for r in names]
+                + [ratio(get["full"].get("ttft_p50"), get[r].get("ttft_p50")) for r in picked if ratios]
+                + [f(get[r].get("selection_p50")) for r in picked]
+                + [f(get[r].get("selector_cached"), ".0f") for r in picked]
+                + [f(get[r].get("engine_cached"), ".0f") for r in names]
+            )
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["## Per cell: every request of the N conversations", "",
-              "| mode | length | N | route | requests | TTFT p50 / p95 (s) | total p50 / p95 (s) | wall (s) | requests/min "
-              "| selector wait p50 / p95 (s) | selection p50 (s) | answers with the number | engine cached / prompt "
-              "tokens | KV cache peak |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Per cell: every request of the N conversations",
+        "",
+        "| mode | length | N | route | requests | TTFT p50 / p95 (s) | total p50 / p95 (s) | wall (s) | requests/min "
+        "| selector wait p50 / p95 (s) | selection p50 (s) | answers with the number | engine cached / prompt "
+        "tokens | KV cache peak |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in summary["cells"]:
         cached, total = c.get("engine_prompt_tokens_cached_total"), c.get("engine_prompt_tokens_total")
-        lines.append(f"| {c['mode']} | {c['length']} | {c['concurrency']} | {c['route']} | {c['requests']} | "
-                     f"{f(c['ttft_p50'])} / {f(c['ttft_p95'])} | {f(c['total_p50'])} / {f(c['total_p95'])} | "
-                     f"{f(c['wall'], '.1f')} | {f(c['per_minute'], '.1f')} | {f(c['wait_p50'])} / {f(c['wait_p95'])} | "
-                     f"{f(c['selection_p50'])} | {f(c['accuracy'], '.0f')}% | {f(cached, '.0f')} / {f(total, '.0f')} | "
-                     f"{'n/a' if c['kv_cache_usage_peak'] is None else format(100 * c['kv_cache_usage_peak'], '.1f') + '%'} |")
+        lines.append(
+            f"| {c['mode']} | {c['length']} | {c['concurrency']} | {c['route']} | {c['requests']} | "
+            f"{f(c['ttft_p50'])} / {f(c['ttft_p95'])} | {f(c['total_p50'])} / {f(c['total_p95'])} | "
+            f"{f(c['wall'], '.1f')} | {f(c['per_minute'], '.1f')} | {f(c['wait_p50'])} / {f(c['wait_p95'])} | "
+            f"{f(c['selection_p50'])} | {f(c['accuracy'], '.0f')}% | {f(cached, '.0f')} / {f(total, '.0f')} | "
+            f"{'n/a' if c['kv_cache_usage_peak'] is None else format(100 * c['kv_cache_usage_peak'], '.1f') + '%'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -285,8 +376,11 @@ def rebuild(folder) -> str:
 
     folder = Path(folder)
     meta = read_json_object(folder / "bench-turns.json")["meta"]
-    rows = [r for r in read_jsonl(folder / "bench-turns.jsonl")
-            if all(r.get(k) == v for k, v in meta.items() if k != "routes")]
+    rows = [
+        r
+        for r in read_jsonl(folder / "bench-turns.jsonl")
+        if all(r.get(k) == v for k, v in meta.items() if k != "routes")
+    ]
     return markdown(summarize(*finished_rows(rows)), meta)
 
 
@@ -302,9 +396,9 @@ def run(args) -> int:
     """Run ``gemfilter bench --engine URL --turns T`` for the parsed ``args``; returns the exit status."""
     from tqdm import tqdm
 
+    from ...methods import FullMethod
     from ..haystack import make_haystack
     from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
-    from ...methods import FullMethod
     from ..options import check_int, method_specs_of, parse_lengths, parse_positive_ints
     from .cli import connect
     from .proxy import ProxyServer, request_options
@@ -321,41 +415,87 @@ def run(args) -> int:
         raise ValueError(f"--mode {args.mode!r}: give distinct modes from {', '.join(MODES)}")
     concurrency = parse_positive_ints(args.concurrency, "--concurrency")
     routes = routes_of(args.routes, method)
-    for flag, value, low in (("--turns", args.turns, 1), ("--gen-tokens", args.gen_tokens, 1),
-                             ("--threads", args.threads, 0), ("--selector-workers", args.selector_workers, 1)):
+    for flag, value, low in (
+        ("--turns", args.turns, 1),
+        ("--gen-tokens", args.gen_tokens, 1),
+        ("--threads", args.threads, 0),
+        ("--selector-workers", args.selector_workers, 1),
+    ):
         check_int(value, flag, low)
     if not 0 < args.selector_cache_gb <= 1024:
-        raise ValueError(f"--selector-cache-gb must be in (0, 1024] GB here (the uncached route is its own), "
-                         f"got {args.selector_cache_gb}")
+        raise ValueError(
+            f"--selector-cache-gb must be in (0, 1024] GB here (the uncached route is its own), "
+            f"got {args.selector_cache_gb}"
+        )
     out = check_out_dir(args.out, files=OUTPUTS)
     layer = dict(spec.params).get("layer", args.layer)
-    upstream, plain, _ = connect(args.engine, timeout=args.timeout, model=args.model, layer=layer, attn=args.attn,
-                                 threads=args.threads, workers=args.selector_workers)
+    upstream, plain, _ = connect(
+        args.engine,
+        timeout=args.timeout,
+        model=args.model,
+        layer=layer,
+        attn=args.attn,
+        threads=args.threads,
+        workers=args.selector_workers,
+    )
     tok, layer, model_id = plain.tokenizer, plain.layer, upstream.default_model()
-    cached = Selector(plain.model, tok, layer, chat_template=plain.chat_template, workers=args.selector_workers,
-                      cache_bytes=int(args.selector_cache_gb * 2**30))
-    servers = {f"{method}, cached": ProxyServer(("127.0.0.1", 0), cached, upstream, method=method, topk=args.topk,
-                                                quiet=True, max_concurrency=256),
-               f"{method}, uncached": ProxyServer(("127.0.0.1", 0), plain, upstream, method=method, topk=args.topk,
-                                                  quiet=True, max_concurrency=256)}
+    cached = Selector(
+        plain.model,
+        tok,
+        layer,
+        chat_template=plain.chat_template,
+        workers=args.selector_workers,
+        cache_bytes=int(args.selector_cache_gb * 2**30),
+    )
+    servers = {
+        f"{method}, cached": ProxyServer(
+            ("127.0.0.1", 0), cached, upstream, method=method, topk=args.topk, quiet=True, max_concurrency=256
+        ),
+        f"{method}, uncached": ProxyServer(
+            ("127.0.0.1", 0), plain, upstream, method=method, topk=args.topk, quiet=True, max_concurrency=256
+        ),
+    }
     for server in servers.values():
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    base = {"model": model_id, "max_tokens": args.gen_tokens, "min_tokens": args.gen_tokens, "ignore_eos": True,
-            "temperature": 0}
+    base = {
+        "model": model_id,
+        "max_tokens": args.gen_tokens,
+        "min_tokens": args.gen_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     table = {"full": dict(name="full", url=args.engine.rstrip("/") + "/completions", body=base)}
     for name, server in servers.items():
-        table[name] = dict(name=name, url=f"http://127.0.0.1:{server.server_address[1]}/v1/completions",
-                           body=dict(base, gemfilter={"method": method}))
-    meta = dict(engine=args.engine, model=args.model or "embedded:gemma3-270m", method=method, topk=args.topk,
-                layer=layer, gen_tokens=args.gen_tokens, turns=args.turns, selector_cache_gb=args.selector_cache_gb,
-                selector_workers=args.selector_workers, seed=args.seed,
-                selector_device=str(next(plain.model.parameters()).device))
+        table[name] = dict(
+            name=name,
+            url=f"http://127.0.0.1:{server.server_address[1]}/v1/completions",
+            body=dict(base, gemfilter={"method": method}),
+        )
+    meta = dict(
+        engine=args.engine,
+        model=args.model or "embedded:gemma3-270m",
+        method=method,
+        topk=args.topk,
+        layer=layer,
+        gen_tokens=args.gen_tokens,
+        turns=args.turns,
+        selector_cache_gb=args.selector_cache_gb,
+        selector_workers=args.selector_workers,
+        seed=args.seed,
+        selector_device=str(next(plain.model.parameters()).device),
+    )
     jsonl = out / "bench-turns.jsonl"
     stored = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
     rows, cells = finished_rows(stored)
     done = {(c["mode"], c["length"], c["concurrency"], c["route"]) for c in cells}
-    todo = [(mode, n_tok, n, route) for mode in modes for n_tok in lengths for n in concurrency for route in routes
-            if (mode, n_tok, n, route) not in done]
+    todo = [
+        (mode, n_tok, n, route)
+        for mode in modes
+        for n_tok in lengths
+        for n in concurrency
+        for route in routes
+        if (mode, n_tok, n, route) not in done
+    ]
     meta["engine_prefix_caching"] = prefix_caching(args.engine)
     nonce = uuid.uuid4().hex  # this run's documents are new to the engine's and the selector's caches
     try:
@@ -364,14 +504,18 @@ def run(args) -> int:
             warm = make_document(tok, hay, min(lengths), 1, -1, "warm-up")[0]
             for route in routes:  # not recorded: the engine's first request and the selector's first pass are slower
                 try:
-                    stream_timed(table[route]["url"], dict(table[route]["body"], prompt=warm, max_tokens=2,
-                                                           min_tokens=2), args.timeout)
+                    stream_timed(
+                        table[route]["url"],
+                        dict(table[route]["body"], prompt=warm, max_tokens=2, min_tokens=2),
+                        args.timeout,
+                    )
                 except BrokenStream as err:
                     raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
         for mode, n_tok, n, route in tqdm(todo, desc="conversation cells", unit="cell"):
             seed = args.seed * 7919 + n_tok * 31 + n  # the same documents on every route, headers apart
-            got, cell = run_cell(table[route], n, mode, n_tok, args.turns, tok, hay, args.timeout, args.engine, seed,
-                                 nonce)
+            got, cell = run_cell(
+                table[route], n, mode, n_tok, args.turns, tok, hay, args.timeout, args.engine, seed, nonce
+            )
             where = dict(meta, mode=mode, length=n_tok, concurrency=n, route=route, cell=uuid.uuid4().hex)
             new = [dict(where, kind="request", **r) for r in got] + [dict(where, **cell)]
             for row in new:  # the cell's row last: it counts once every row is stored
@@ -381,8 +525,12 @@ def run(args) -> int:
         for server in servers.values():
             server.shutdown()
             server.server_close()
-    keep = lambda r: r["mode"] in modes and r["length"] in lengths and r["concurrency"] in concurrency \
-        and r["route"] in routes  # noqa: E731
+
+    def keep(r):
+        return (
+            r["mode"] in modes and r["length"] in lengths and r["concurrency"] in concurrency and r["route"] in routes
+        )
+
     summary = summarize([r for r in rows if keep(r)], [c for c in cells if keep(c)])
     meta["routes"] = routes
     write_json_atomic(out / "bench-turns.json", {"meta": meta, **summary})

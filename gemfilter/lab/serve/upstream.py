@@ -47,19 +47,25 @@ def check_completion(answer, url: str) -> dict:
     says what the engine sent instead. For any caller of ``/completions`` (the proxy, ``--engine`` runs).
 
     A 200 that is not a completion (``{}``, no ``choices``, a choice without text (a chat's: message) or finish
-    reason, token ids that are not ints) is the engine's fault, never a result: it must not become an empty answer in a row.
+    reason, token ids that are not ints) is the engine's fault, never a result: it must not become an empty answer in a
+    row.
     """
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
-        raise UpstreamError(502, f"the engine at {url} answered without a list of choices: "
-                                 f"{json.dumps(answer)[:200]}")
+        raise UpstreamError(502, f"the engine at {url} answered without a list of choices: {json.dumps(answer)[:200]}")
     for choice in choices:
         ids = choice.get("token_ids")
         content = isinstance(choice.get("text"), str) or isinstance(choice.get("message"), dict)  # or a chat's
-        if not content or not choice.get("finish_reason") or (
-                ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids))):
-            raise UpstreamError(502, f"the engine at {url} answered an incomplete choice (text or message, "
-                                     f"finish_reason and token ids expected): {json.dumps(choice)[:200]}")
+        if (
+            not content
+            or not choice.get("finish_reason")
+            or (ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)))
+        ):
+            raise UpstreamError(
+                502,
+                f"the engine at {url} answered an incomplete choice (text or message, "
+                f"finish_reason and token ids expected): {json.dumps(choice)[:200]}",
+            )
     return answer
 
 
@@ -119,8 +125,9 @@ class Upstream:
         try:
             conn.connect()
         except (TimeoutError, socket.timeout) as err:
-            raise UpstreamError(504, f"the engine at {url} did not accept a connection within {self.timeout:g} s") \
-                from err
+            raise UpstreamError(
+                504, f"the engine at {url} did not accept a connection within {self.timeout:g} s"
+            ) from err
         except OSError as err:
             raise UpstreamError(502, f"the engine at {url} is unreachable: {err}") from err
         call.attach(conn)
@@ -146,11 +153,13 @@ class Upstream:
         if isinstance(err, http.client.IncompleteRead):
             got = len(err.partial)
             part = f"of {got + err.expected} announced" if err.expected is not None else "into a chunk of its stream"
-            return UpstreamError(502, f"the engine at {url} cut its answer short: the connection closed {got} bytes "
-                                      f"{part}")
+            return UpstreamError(
+                502, f"the engine at {url} cut its answer short: the connection closed {got} bytes {part}"
+            )
         if isinstance(err, (http.client.HTTPException, OSError)):
-            return UpstreamError(502, f"the engine at {url} closed or reset the connection: "
-                                      f"{type(err).__name__}: {err}")
+            return UpstreamError(
+                502, f"the engine at {url} closed or reset the connection: {type(err).__name__}: {err}"
+            )
         return err
 
     def _read(self, conn, resp, url: str) -> bytes:
@@ -190,19 +199,24 @@ class Upstream:
             kind = resp.getheader("Content-Type", "")
             if not kind.startswith("text/event-stream"):
                 raw = self._read(conn, resp, url)
-                raise UpstreamError(502, f"the engine at {url} answered a streamed request with {kind or 'no type'}, "
-                                         f"not an event stream: {raw[:200]!r}")
+                raise UpstreamError(
+                    502,
+                    f"the engine at {url} answered a streamed request with {kind or 'no type'}, "
+                    f"not an event stream: {raw[:200]!r}",
+                )
             while True:
                 try:
                     line = resp.readline()
                 except (TimeoutError, socket.timeout) as err:
-                    raise UpstreamError(504, f"the engine's stream at {url} stalled: no chunk for "
-                                             f"{self.timeout:g} s") from err
+                    raise UpstreamError(
+                        504, f"the engine's stream at {url} stalled: no chunk for {self.timeout:g} s"
+                    ) from err
                 except Exception as err:
                     raise self._failure(err, url, "") from err
                 if not line:
-                    raise UpstreamError(502, f"the engine's stream at {url} ended before [DONE]: the answer is "
-                                             "incomplete")
+                    raise UpstreamError(
+                        502, f"the engine's stream at {url} ended before [DONE]: the answer is incomplete"
+                    )
                 line = line.strip()
                 if line.startswith(b"data:"):
                     data = line[5:].strip().decode("utf-8", "replace")
@@ -252,7 +266,7 @@ class Upstream:
 
 
 #: A text every tokenizer pair must agree on before kept ids are sent (accents, CJK, an emoji, tabs).
-PROBE = "GemFilter keeps 1024 of 120,000 tokens: the needle (\"7 days\") — überall, 東京, 🙂!\n\tdone."
+PROBE = 'GemFilter keeps 1024 of 120,000 tokens: the needle ("7 days") — überall, 東京, 🙂!\n\tdone.'
 
 
 def check_tokenizer(upstream, tokenizer, model: str) -> None:
@@ -262,10 +276,14 @@ def check_tokenizer(upstream, tokenizer, model: str) -> None:
     try:
         theirs = upstream.post("/tokenize", {"model": model, "prompt": PROBE, "add_special_tokens": True}, root=True)
     except UpstreamError as err:
-        raise ValueError(f"could not compare tokenizers: {err}. The check uses the engine's POST /tokenize "
-                         "(vLLM has it); pass --skip-tokenizer-check to start without it") from err
+        raise ValueError(
+            f"could not compare tokenizers: {err}. The check uses the engine's POST /tokenize "
+            "(vLLM has it); pass --skip-tokenizer-check to start without it"
+        ) from err
     tokens = theirs.get("tokens") if isinstance(theirs, dict) else None
     if tokens != ours:
-        raise ValueError(f"the selector's tokenizer and the engine's differ: {PROBE!r} is {ours[:12]}... here and "
-                         f"{(tokens or [])[:12]}... at the engine. Serve the same model (or one with the same "
-                         "tokenizer) on both sides")
+        raise ValueError(
+            f"the selector's tokenizer and the engine's differ: {PROBE!r} is {ours[:12]}... here and "
+            f"{(tokens or [])[:12]}... at the engine. Serve the same model (or one with the same "
+            "tokenizer) on both sides"
+        )

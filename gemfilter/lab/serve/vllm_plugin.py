@@ -33,24 +33,50 @@ ROUTES = (("/v1/completions", False), ("/v1/chat/completions", True))
 SCOPES = ("requested", "all")
 #: (variable, default, what it sets): every setting the plugin reads, in the order ``--help`` lists them.
 VARIABLES = (
-    ("GEMFILTER_METHOD", "gemfilter", "the method spec of a request whose gemfilter field names none, e.g. "
-     "gemfilter-span:k=512 (full or a prompt method: 'gemfilter methods' lists them)"),
-    ("GEMFILTER_TOPK", "the method's own, 1024 for gemfilter",
-     "the budget where neither the spec nor the request sets one, a whole number >= 1"),
-    ("GEMFILTER_SCOPE", "requested", "which requests are filtered: 'requested' (those with a gemfilter field; "
-     "every other request reaches vLLM's own route untouched) or 'all' (every completion and chat, as 'gemfilter "
-     "serve' does; a request opts out with {\"method\": \"full\"})"),
-    ("GEMFILTER_SELECTOR_MODEL", "vLLM's --model", "the selector's model (an HF id or a local folder with the "
-     "engine's tokenizer; it may be a smaller model of the family); 'embedded' is the embedded Gemma 3 270M"),
+    (
+        "GEMFILTER_METHOD",
+        "gemfilter",
+        "the method spec of a request whose gemfilter field names none, e.g. "
+        "gemfilter-span:k=512 (full or a prompt method: 'gemfilter methods' lists them)",
+    ),
+    (
+        "GEMFILTER_TOPK",
+        "the method's own, 1024 for gemfilter",
+        "the budget where neither the spec nor the request sets one, a whole number >= 1",
+    ),
+    (
+        "GEMFILTER_SCOPE",
+        "requested",
+        "which requests are filtered: 'requested' (those with a gemfilter field; "
+        "every other request reaches vLLM's own route untouched) or 'all' (every completion and chat, as 'gemfilter "
+        'serve\' does; a request opts out with {"method": "full"})',
+    ),
+    (
+        "GEMFILTER_SELECTOR_MODEL",
+        "vLLM's --model",
+        "the selector's model (an HF id or a local folder with the "
+        "engine's tokenizer; it may be a smaller model of the family); 'embedded' is the embedded Gemma 3 270M",
+    ),
     ("GEMFILTER_LAYER", "the model's default", "the filter layer r: the selector holds layers 0..r"),
-    ("GEMFILTER_SELECTOR_CACHE_GB", "1.0", "GB of the selector's prefix cache (layers 0..r of prompts seen, in "
-     "16-token blocks), in [0, 1024]; 0 turns it off"),
+    (
+        "GEMFILTER_SELECTOR_CACHE_GB",
+        "1.0",
+        "GB of the selector's prefix cache (layers 0..r of prompts seen, in "
+        "16-token blocks), in [0, 1024]; 0 turns it off",
+    ),
     ("GEMFILTER_SELECTOR_WORKERS", "1", "selections run at once on the one selector model, 1..64"),
     ("GEMFILTER_THREADS", "0", "torch CPU threads of the API server process for the selection (0: torch's choice)"),
-    ("GEMFILTER_ATTN", "banded for the embedded model, else transformers' default",
-     "the selector's attention kernel (banded, sdpa, eager, flash_attention_2, flex_attention)"),
-    ("GEMFILTER_SKIP_TOKENIZER_CHECK", "0", "1: start even if the selector's tokenizer encodes a probe text to "
-     "other ids than vLLM's (kept ids would then be other tokens)"),
+    (
+        "GEMFILTER_ATTN",
+        "banded for the embedded model, else transformers' default",
+        "the selector's attention kernel (banded, sdpa, eager, flash_attention_2, flex_attention)",
+    ),
+    (
+        "GEMFILTER_SKIP_TOKENIZER_CHECK",
+        "0",
+        "1: start even if the selector's tokenizer encodes a probe text to "
+        "other ids than vLLM's (kept ids would then be other tokens)",
+    ),
 )
 #: the project's other variables, which the plugin does not read (an unknown GEMFILTER_ name is refused as a typo)
 OTHER_VARIABLES = ("GEMFILTER_CACHE", "GEMFILTER_BENCH_PARENT")
@@ -102,8 +128,9 @@ def settings_from_env(environ=None) -> Settings:
     known = {name for name, _, _ in VARIABLES} | set(OTHER_VARIABLES)
     unknown = sorted(k for k in environ if k.startswith("GEMFILTER_") and k not in known)
     if unknown:
-        raise ValueError(f"unknown variable(s) {', '.join(unknown)}; the plugin reads "
-                         f"{', '.join(name for name, _, _ in VARIABLES)}")
+        raise ValueError(
+            f"unknown variable(s) {', '.join(unknown)}; the plugin reads {', '.join(name for name, _, _ in VARIABLES)}"
+        )
     out = {}
     method = environ.get("GEMFILTER_METHOD", "").strip()
     if method:
@@ -123,9 +150,11 @@ def settings_from_env(environ=None) -> Settings:
     model = environ.get("GEMFILTER_SELECTOR_MODEL", "").strip()
     if model:
         out["model"] = model
-    for key, name, low, high in (("layer", "GEMFILTER_LAYER", 0, None),
-                                 ("workers", "GEMFILTER_SELECTOR_WORKERS", 1, 64),
-                                 ("threads", "GEMFILTER_THREADS", 0, None)):
+    for key, name, low, high in (
+        ("layer", "GEMFILTER_LAYER", 0, None),
+        ("workers", "GEMFILTER_SELECTOR_WORKERS", 1, 64),
+        ("threads", "GEMFILTER_THREADS", 0, None),
+    ):
         value = _whole(environ, name, low, high)
         if value is not None:
             out[key] = value
@@ -192,8 +221,9 @@ def _error(status: int, message: str, kind: str = "BadRequestError"):
     """vLLM's error answer: ``{"error": {"message", "type", "param", "code"}}`` with that status."""
     from fastapi.responses import JSONResponse
 
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
-                        status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status_code=status
+    )
 
 
 def _validated(cls, data: dict):
@@ -204,8 +234,9 @@ def _validated(cls, data: dict):
     try:
         return cls.model_validate(data)
     except ValidationError as err:  # as FastAPI reports a body it cannot read into the route's model
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)],
-                                     body=data) from None
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)], body=data
+        ) from None
 
 
 @functools.cache
@@ -259,7 +290,6 @@ class GemFilterPlugin:
         are kept: requests the plugin does not filter are replayed to them)."""
         from fastapi import Depends, Request
         from fastapi.routing import APIRoute
-
         from vllm.entrypoints.serve.utils.api_utils import load_aware_call, validate_json_request, with_cancellation
 
         try:
@@ -281,8 +311,9 @@ class GemFilterPlugin:
                 endpoint.__name__ = f"gemfilter_{'chat' if chat else 'completions'}"
                 return endpoint
 
-            app.add_api_route(path, make(), methods=["POST"], dependencies=[Depends(validate_json_request)],
-                              name=f"gemfilter {path}")
+            app.add_api_route(
+                path, make(), methods=["POST"], dependencies=[Depends(validate_json_request)], name=f"gemfilter {path}"
+            )
 
     async def init_state(self, engine_client, state, args) -> None:
         """Load the selector (layers 0..r of vLLM's model unless ``GEMFILTER_SELECTOR_MODEL`` says otherwise), check
@@ -293,8 +324,9 @@ class GemFilterPlugin:
         if engine_client is None:  # vLLM's render-only server: nothing to generate with
             raise SystemExit("error: gemfilter plugin: this vLLM server has no engine (render only)")
         self._max_model_len = engine_client.model_config.max_model_len
-        self.selector = await asyncio.to_thread(self._load, getattr(args, "model", None),
-                                                getattr(args, "chat_template", None), engine_client)
+        self.selector = await asyncio.to_thread(
+            self._load, getattr(args, "model", None), getattr(args, "chat_template", None), engine_client
+        )
         # Selections wait for a free selector inside Selector.choose (timed as selector_wait_seconds); the pool is
         # large enough that none waits in the pool's own queue instead, and it is not the loop's default pool,
         # which vLLM uses itself.
@@ -306,7 +338,12 @@ class GemFilterPlugin:
         init_logger("vllm.plugins.gemfilter").info(
             "gemfilter plugin: filtering %s on %s; default %s, topk %s; selector layers 0..%d; prefix cache %g GB",
             "every request" if s.scope == "all" else "requests with a gemfilter field",
-            " and ".join(p for p, _ in ROUTES), s.method, s.topk or "its own", self.selector.layer, s.cache_gb)
+            " and ".join(p for p, _ in ROUTES),
+            s.method,
+            s.topk or "its own",
+            self.selector.layer,
+            s.cache_gb,
+        )
 
     def _load(self, served, chat_template, engine_client):
         """The selector for vLLM's model ``served`` (its ``--model``); a layer outside the model, a spec that names
@@ -323,8 +360,13 @@ class GemFilterPlugin:
             torch.set_num_threads(s.threads)
         layer = dict(parse_spec(s.method).params).get("layer", s.layer)  # the spec's layer wins, as for every default
         try:
-            selector = open_selector(selector_name(s, served), layer=layer, attn=s.attn,
-                                     cache_bytes=int(s.cache_gb * 2**30), workers=s.workers)
+            selector = open_selector(
+                selector_name(s, served),
+                layer=layer,
+                attn=s.attn,
+                cache_bytes=int(s.cache_gb * 2**30),
+                workers=s.workers,
+            )
             request_options({}, s.defaults, selector.layer)  # the defaults obey a request's rules
         except (BadRequest, ValueError, OSError) as err:
             raise SystemExit(f"error: gemfilter plugin: {err}") from None
@@ -337,10 +379,12 @@ class GemFilterPlugin:
             ours = selector.tokenizer(PROBE, add_special_tokens=True)["input_ids"]
             theirs = list(engine_client.get_tokenizer()(PROBE, add_special_tokens=True)["input_ids"])
             if ours != theirs:
-                raise SystemExit(f"error: gemfilter plugin: the selector's tokenizer and vLLM's differ: {PROBE!r} is "
-                                 f"{ours[:12]}... for the selector and {theirs[:12]}... for vLLM; give "
-                                 "GEMFILTER_SELECTOR_MODEL a model with vLLM's tokenizer (or "
-                                 "GEMFILTER_SKIP_TOKENIZER_CHECK=1)")
+                raise SystemExit(
+                    f"error: gemfilter plugin: the selector's tokenizer and vLLM's differ: {PROBE!r} is "
+                    f"{ours[:12]}... for the selector and {theirs[:12]}... for vLLM; give "
+                    "GEMFILTER_SELECTOR_MODEL a model with vLLM's tokenizer (or "
+                    "GEMFILTER_SKIP_TOKENIZER_CHECK=1)"
+                )
         return selector
 
     # --- requests -------------------------------------------------------------------------------
@@ -373,11 +417,11 @@ class GemFilterPlugin:
         state = raw_request.app.state
         serving = state.openai_serving_chat if chat else state.openai_serving_completion
         if serving is None:
-            return _error(501, f"this model does not serve {'chat ' if chat else ''}completions",
-                          "NotImplementedError")
+            return _error(501, f"this model does not serve {'chat ' if chat else ''}completions", "NotImplementedError")
         # vLLM's order: the request's fields as its route reads them, then the model, then the plugin's checks.
-        client = _validated(ChatCompletionRequest if chat else CompletionRequest,
-                            {k: v for k, v in body.items() if k != "gemfilter"})
+        client = _validated(
+            ChatCompletionRequest if chat else CompletionRequest, {k: v for k, v in body.items() if k != "gemfilter"}
+        )
         unknown = await serving._check_model(client)  # the check vLLM's handler starts with
         if unknown is not None:
             return self._answer(unknown, None, raw_request)
@@ -404,7 +448,8 @@ class GemFilterPlugin:
         plan = AnswerPlan.of(parsed, choice.meta(sel.layer))
         if where == "/chat/completions":
             result = await state.openai_serving_chat.create_chat_completion(
-                _validated(ChatCompletionRequest, sent), raw_request)
+                _validated(ChatCompletionRequest, sent), raw_request
+            )
         else:
             completion = state.openai_serving_completion
             if completion is None:
@@ -416,7 +461,6 @@ class GemFilterPlugin:
         """vLLM's handler result as the client's answer: an error as vLLM answers it, a completion rewritten
         (:func:`~gemfilter.lab.serve.bodies.rewrite_answer`), a stream relayed chunk by chunk."""
         from fastapi.responses import JSONResponse, StreamingResponse
-
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.entrypoints.serve.utils.orca_metrics import metrics_header
         from vllm.entrypoints.serve.utils.sse_keep_alive import with_sse_keep_alive
@@ -431,8 +475,9 @@ class GemFilterPlugin:
             extra = metrics_header(raw_request.headers.get("endpoint-load-metrics-format", "")) or {}
             return JSONResponse(content=data, headers={**header, **extra})
         interval = float(getattr(getattr(raw_request.app.state, "args", None), "sse_keep_alive_interval", 0) or 0)
-        return StreamingResponse(with_sse_keep_alive(_relay(result, plan), interval), media_type="text/event-stream",
-                                 headers=header)
+        return StreamingResponse(
+            with_sse_keep_alive(_relay(result, plan), interval), media_type="text/event-stream", headers=header
+        )
 
 
 async def _relay(events, plan):
