@@ -9,7 +9,7 @@ LOCK  := requirements.lock
 # build. `make lock` strips local labels (+cpu) from what it freezes; tests/test_install.py fails if one comes back.
 TORCH := 2.13.0
 
-.PHONY: test test-fast test-floor test-newest test-wheel check-lock demo demo-full venv vllm-venv lock clean-venv
+.PHONY: lint test test-fast test-floor test-newest test-wheel check-lock demo demo-full venv vllm-venv lock clean-venv
 
 venv: $(STAMP)
 
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml $(LOCK)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# ruff with pyproject.toml's settings: the lint, then the formatter as a check (`ruff format .` applies it).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
