@@ -19,7 +19,7 @@ What it holds:
 Shard names differ between the two layouts: NIAH keeps one ``results.jsonl`` per folder with shards
 ``results.rank{i}.jsonl`` (defined in ``eval.niah.runner``); LongBench and RULER keep one
 ``<task>.jsonl`` per method folder with shards :data:`TASK_SHARD` (``<task>.jsonl.rank{i}``).
-The benchmark-specific parts (row key, required fields, legacy settings) come from each benchmark.
+The benchmark-specific parts (row key, required fields, format defaults) come from each benchmark.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ CONFIG = "config.json"
 #: Process i's shard of ``<task>.jsonl`` (LongBench, RULER). It does not end in "jsonl", so the
 #: official eval.py and our scorers skip shards.
 TASK_SHARD = "{}.jsonl.rank{}"
-#: Settings every benchmark added after folders were written without them: a missing key in a
-#: stored config.json means this value. A runner adds its own such settings (``legacy``).
-LEGACY_IDENTITY = {"dtype": None, "model_changes": [], "engine": None}
+#: The config.json format grew by keys: a key every benchmark added, missing from a stored config.json written
+#: before it, means this value. A runner adds its own such keys (``format_defaults``).
+FORMAT_DEFAULTS = {"dtype": None, "model_changes": [], "engine": None}
 
 
 def read_config(out: Path) -> dict | None:
@@ -53,7 +53,7 @@ def read_config(out: Path) -> dict | None:
     )
 
 
-def check_config(out: Path, config, write: bool, *, model_config, legacy: dict | None = None) -> None:
+def check_config(out: Path, config, write: bool, *, model_config, format_defaults: dict | None = None) -> None:
     """Refuse a folder holding results of another setup; record this setup if ``write`` (under the lock).
 
     out: the run folder; config: a runner config with ``identity()`` (the compared settings) and
@@ -62,15 +62,15 @@ def check_config(out: Path, config, write: bool, *, model_config, legacy: dict |
     ``gemfilter_changes`` (such as Phi 3.5's dropped window, which changes what SnapKV/H2O evict) are
     part of the setup; a stored config.json without ``model_changes`` is read as having none, so rows of a
     changed model are not mixed with them.
-    legacy: the benchmark's own settings a stored config.json may lack, with the value a missing key means
-    (on top of :data:`LEGACY_IDENTITY`).
+    format_defaults: the benchmark's own settings a stored config.json may lack, with the value a missing key means
+    (on top of :data:`FORMAT_DEFAULTS`).
     """
     path = out / CONFIG
     new = {**config.identity(), "model_changes": list(getattr(model_config, "gemfilter_changes", None) or [])}
     with folder_lock(out) if write else nullcontext():
         stored = read_config(out)
         if stored is not None:
-            saved = {**LEGACY_IDENTITY, **(legacy or {}), **stored}
+            saved = {**FORMAT_DEFAULTS, **(format_defaults or {}), **stored}
             old = {k: v for k, v in saved.items() if k in new}
             if "model" in old and same_model(old["model"], new.get("model")):
                 old["model"] = new["model"]  # one folder named by a relative and an absolute path

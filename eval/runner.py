@@ -59,7 +59,8 @@ class Benchmark:
 
     name: shown in the summary line; noun: one unit in the progress bar (``cell``, ``sample``);
     required: fields a stored row must hold (else it is skipped with a warning and recomputed);
-    legacy: settings added after folders were written without them, with the value a missing key means;
+    format_defaults: settings added to a folder's identity after folders were written without them (an earlier
+    config.json format), with the value a missing key means;
     ensure_ascii: as ``json.dumps``'s for the rows written; record_process: add ``process`` (the shard that
     computed the row, not part of the result) to each row; config: the benchmark's run config; tokenizer: a
     callable giving the tokenizer alone (seconds, no weights), for data preparation and :meth:`before_load`.
@@ -68,7 +69,7 @@ class Benchmark:
     name: str = "benchmark"
     noun: str = "sample"
     required: tuple = ()
-    legacy: dict = {}
+    format_defaults: dict = {}
     ensure_ascii: bool = False
     record_process: bool = False
 
@@ -182,7 +183,7 @@ def run(
     state = state or make_state()
     out = check_out_dir(out, files=(CONFIG,))
     model_config = model_config_for(config, model_and_tokenizer)
-    check_config(out, config, write=False, model_config=model_config, legacy=benchmark.legacy)
+    check_config(out, config, write=False, model_config=model_config, format_defaults=benchmark.format_defaults)
     benchmark.check(model_config)
     say = tqdm.write if (progress and state.is_main_process) else None
     with state.main_process_first():  # the main process fills data caches; the others then read them
@@ -207,7 +208,9 @@ def run(
     if mine:
         model, tok = load_for_run(config, state, model_and_tokenizer, say)
         predict = benchmark.start(model, tok, done)
-        check_config(out, config, write=True, model_config=model_config, legacy=benchmark.legacy)  # a row is coming
+        check_config(
+            out, config, write=True, model_config=model_config, format_defaults=benchmark.format_defaults
+        )  # a row is coming
         desc = benchmark.name + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
         bar = tqdm(mine, desc=desc, unit=benchmark.noun, disable=not (progress and state.is_main_process))
         for unit in bar:

@@ -39,8 +39,8 @@ from .pipeline import predict as predict_one
 from .tasks import BY_NAME, get_task
 
 #: LongBench settings added after folders were written without them: a missing key means this value
-#: (settings every benchmark added are ``eval.rundir.LEGACY_IDENTITY``).
-LEGACY_IDENTITY = {"method_max_length": {}}
+#: (settings every benchmark added are ``eval.rundir.FORMAT_DEFAULTS``).
+FORMAT_DEFAULTS = {"method_max_length": {}}
 #: Fields every stored row has; a row without them (or a null row) is skipped and its sample recomputed.
 ROW_FIELDS = ("pred", "answers", "_id")
 
@@ -126,7 +126,7 @@ class LongBench(Benchmark):
     """LongBench on :func:`eval.runner.run`: one unit per (method, task, sample), in
     ``pred[_e]/<method>/<task>.jsonl``."""
 
-    noun, required, legacy = "sample", ROW_FIELDS, LEGACY_IDENTITY
+    noun, required, format_defaults = "sample", ROW_FIELDS, FORMAT_DEFAULTS
 
     @property
     def name(self) -> str:

@@ -19,7 +19,7 @@ processes (``PartialState.process_index`` / ``num_processes``). Greedy decoding 
 pure function of its inputs, so the merged file equals a single-process run's (except ``seconds``).
 
 The loop (config.json identity, lock, shards, resume, merge, model loading) is :mod:`eval.runner`'s,
-shared with LongBench and RULER; this module supplies NIAH's cells, file names, row key and legacy settings
+shared with LongBench and RULER; this module supplies NIAH's cells, file names, row key and format defaults
 (:class:`Niah`).
 """
 
@@ -40,8 +40,8 @@ from .haystack import PROTOCOLS, TEMPLATES, build_case, make_haystack, read_hays
 from .scoring import score_all
 
 #: NIAH settings added after folders were written without them: a missing key means this value
-#: (settings every benchmark added are ``eval.rundir.LEGACY_IDENTITY``).
-LEGACY_IDENTITY = {"protocol": "kamradt"}
+#: (settings every benchmark added are ``eval.rundir.FORMAT_DEFAULTS``).
+FORMAT_DEFAULTS = {"protocol": "kamradt"}
 RESULTS = "results.jsonl"
 #: Process i's shard of results.jsonl (LongBench and RULER name theirs ``eval.rundir.TASK_SHARD``).
 SHARD = "results.rank{}.jsonl"
@@ -137,7 +137,14 @@ def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None)
 class Niah(Benchmark):
     """The NIAH grid on :func:`eval.runner.run`: one unit per (method, length, depth) cell, in results.jsonl."""
 
-    name, noun, required, legacy, ensure_ascii, record_process = "NIAH", "cell", ROW_FIELDS, LEGACY_IDENTITY, True, True
+    name, noun, required, format_defaults, ensure_ascii, record_process = (
+        "NIAH",
+        "cell",
+        ROW_FIELDS,
+        FORMAT_DEFAULTS,
+        True,
+        True,
+    )
 
     def validate(self) -> None:
         validate(self.config)

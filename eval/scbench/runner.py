@@ -46,7 +46,7 @@ PROMPT_PROTOCOLS = ("reselect", "reuse", "stable")
 #: (``make_sample(mode=...)``). Folders written before say nothing, which means the old sizing: one sample for
 #: both modes, whose multi-request context the runner's middle truncation cut by 15-27% at 4K and 8K.
 SAMPLE_SIZING = "each mode's input budget"
-LEGACY = {"samples": "one sample for both modes, cut in multi-request"}
+FORMAT_DEFAULTS = {"samples": "one sample for both modes, cut in multi-request"}
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ class SCBench(Benchmark):
     """SCBench on :func:`eval.runner.run`: a unit is one sample's whole conversation (every turn, one row)."""
 
     name, noun, required = "SCBench", "conversation", ROW_FIELDS
-    legacy = LEGACY
+    format_defaults = FORMAT_DEFAULTS
 
     def validate(self) -> None:
         validate(self.config)
