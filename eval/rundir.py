@@ -6,10 +6,10 @@ What it holds:
   (a runner config's ``identity()`` plus the model's ``gemfilter_changes``), written atomically just
   before the first row; a resume with other settings is refused (:func:`check_config`,
   :func:`read_config`), so one folder never mixes two setups;
-- the folder lock (``gemfilter.lab.io.folder_lock``), taken by every append, read and merge below, so two
+- the folder lock (``gemfilter.toolkit.io.folder_lock``), taken by every append, read and merge below, so two
   runs sharing one ``--out`` lose no row;
 - shards of several processes: process i appends its rows, fsynced, to its own shard
-  (:func:`append_row`); the loop merges them (``gemfilter.lab.io.merge_jsonl``) when every process has finished;
+  (:func:`append_row`); the loop merges them (``gemfilter.toolkit.io.merge_jsonl``) when every process has finished;
 - resume of finished rows: a rerun reads the result file and every shard first (:func:`read_finished`)
   and computes only what is missing;
 - loading for a run: :func:`make_state` (accelerate's PartialState), :func:`model_config_for` (the
@@ -29,7 +29,7 @@ import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
-from gemfilter.lab.io import append_jsonl, folder_lock, read_json_object, read_jsonl, write_json_atomic
+from gemfilter.toolkit.io import append_jsonl, folder_lock, read_json_object, read_jsonl, write_json_atomic
 
 CONFIG = "config.json"
 #: Process i's shard of ``<task>.jsonl`` (LongBench, RULER). It does not end in "jsonl", so the

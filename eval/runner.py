@@ -37,7 +37,7 @@ from eval.rundir import (
     model_config_for,
     read_finished,
 )
-from gemfilter.lab.io import check_out_dir, merge_jsonl
+from gemfilter.toolkit.io import check_out_dir, merge_jsonl
 
 
 @dataclass(frozen=True)

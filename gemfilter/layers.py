@@ -109,7 +109,7 @@ def load_calibration(model) -> dict | None:
         f"Delete {path} (the model then uses its documented default layer) and rerun 'gemfilter calibrate' to "
         "store a new one"
     )
-    try:  # read here, not through the lab's gemfilter.lab.io: the plugin's core imports nothing of the lab
+    try:  # read here, not through the lab's gemfilter.toolkit.io: the plugin's core imports nothing of the lab
         record = json.loads(Path(path).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: this calibration file is not valid JSON ({err}). {fix}") from None

@@ -239,8 +239,8 @@ def make_proxy(model, stub):
     """``make(timeout=0.5, selector=None, **ProxyServer options)`` starts a proxy (gemfilter, topk 16) in front of
     the stub and returns its base URL; every proxy is stopped at the end."""
     from gemfilter.lab.serve.proxy import ProxyServer
-    from gemfilter.lab.serve.selector import Selector
-    from gemfilter.lab.serve.upstream import Upstream
+    from gemfilter.toolkit.serving.selector import Selector
+    from gemfilter.toolkit.serving.upstream import Upstream
 
     servers = []
 

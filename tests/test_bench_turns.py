@@ -12,10 +12,10 @@ from engine_faults import FaultyEngine
 from niah_fixtures import save_tiny_model, word_tokenizer
 
 from gemfilter.lab.bench import report as bench_report
-from gemfilter.lab.io import read_jsonl
 from gemfilter.lab.serve import turns
-from gemfilter.lab.serve.selector import Selector
-from gemfilter.lab.serve.upstream import PROBE
+from gemfilter.toolkit.io import read_jsonl
+from gemfilter.toolkit.serving.selector import Selector
+from gemfilter.toolkit.serving.upstream import PROBE
 
 pytestmark = pytest.mark.usefixtures("quiet")
 

@@ -35,6 +35,6 @@ def test_rows_per_layer_and_propagated_tokens_are_measured(name, params, rows, p
 def test_an_engine_answer_records_no_budget():
     """The engine's KV cache is not visible from the proxy side: its rows claim nothing."""
     from gemfilter.apply import budget_fields
-    from gemfilter.lab.serve.engine import EngineOutput
+    from gemfilter.toolkit.serving.engine import EngineOutput
 
     assert budget_fields(EngineOutput(new_tokens=None, kept=[3], kept_text=None, selection=None, text="")) == {}

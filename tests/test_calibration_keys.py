@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 import gemfilter
-from gemfilter.lab.io import write_json_atomic
 from gemfilter.layers import calibration_path, model_identity, model_key
 from gemfilter.models import load_config
+from gemfilter.toolkit.io import write_json_atomic
 
 
 @pytest.fixture

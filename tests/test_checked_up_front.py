@@ -50,7 +50,7 @@ def test_label_flip_theory_fig_that_is_a_folder_is_refused_before_work(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("module", ["gemfilter.lab.io", "icl_probes.io"])
+@pytest.mark.parametrize("module", ["gemfilter.toolkit.io", "icl_probes.io"])
 def test_a_figure_cut_short_by_a_full_disk_leaves_the_old_one(tmp_path, monkeypatch, module):
     """save_png (the plugin's and the probes'), which every figure of the tree is written through: a failing
     write keeps the old PNG and leaves no temp file."""
@@ -88,7 +88,7 @@ def test_every_figure_in_the_tree_is_written_through_save_png():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    writers = {Path("gemfilter/lab/io.py"), Path("icl_probes/io.py")}
+    writers = {Path("gemfilter/toolkit/io.py"), Path("icl_probes/io.py")}
     calls = [
         f"{p.relative_to(root)}:{i}"
         for folder in ("gemfilter", "eval", "icl_probes", "feature_probes")
@@ -104,7 +104,7 @@ def test_niah_length_too_short_fails_before_the_model_loads_and_before_config_js
 
     import gemfilter
     from eval.niah.cli import main as niah_main
-    from gemfilter.lab.haystack import NEEDLE
+    from gemfilter.toolkit.haystack import NEEDLE
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded")

@@ -20,7 +20,7 @@ from eval.niah.runner import run as run_niah
 from eval.ruler.runner import RunConfig as RulerConfig
 from eval.ruler.runner import method_specs
 from eval.ruler.runner import run as run_ruler
-from gemfilter.lab.serve.upstream import PROBE
+from gemfilter.toolkit.serving.upstream import PROBE
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from niah_fixtures import save_tiny_model, word_tokenizer, write_haystack
 
 from eval.niah.cli import main as niah_main
 from gemfilter.lab.bench import report as bench_report
-from gemfilter.lab.io import read_jsonl
-from gemfilter.lab.serve.upstream import PROBE
+from gemfilter.toolkit.io import read_jsonl
+from gemfilter.toolkit.serving.upstream import PROBE
 
 pytestmark = pytest.mark.usefixtures("quiet")
 
@@ -175,7 +175,7 @@ def test_ruler_and_longbench_engine_faults_are_an_error_and_no_row(tiny_model_di
     from eval.ruler.runner import RunConfig as RulerConfig
     from eval.ruler.runner import method_specs
     from eval.ruler.runner import run as run_ruler
-    from gemfilter.lab.serve.upstream import UpstreamError
+    from gemfilter.toolkit.serving.upstream import UpstreamError
 
     model, tok = gemfilter.load_model(str(tiny_model_dir))
     engine = FaultyEngine(fault, after=1, tokens=tok(PROBE)["input_ids"])

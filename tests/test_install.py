@@ -14,7 +14,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from tiny_models import load_toml
 
-from gemfilter.lab import entry
+from gemfilter.toolkit import entry
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements.lock"

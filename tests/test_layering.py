@@ -118,10 +118,13 @@ def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path):
 #: plugin's core (apply, attention, banded, methods, selection, score, models, compat, layers, conversation,
 #: measure, extras), which imports nothing of the lab.
 LAB = ("gemfilter.lab",)
+#: The shared toolkit (result files, options, the haystack, entry points, the engine client): used by the lab and
+#: by ``eval/``, it imports only the core.
+TOOLKIT = ("gemfilter.toolkit",)
 #: command-line modules: what parses arguments and prints for a person
 CLI = (
     "gemfilter.lab.cli",
-    "gemfilter.lab.options",
+    "gemfilter.toolkit.options",
     "gemfilter.lab.serve.cli",
     "gemfilter.lab.serve.bench",
     "gemfilter.lab.serve.turns",
@@ -138,7 +141,7 @@ def in_group(name: str, group) -> bool:
 
 
 def core_modules(edges) -> list:
-    return [name for name in edges if name != PACKAGE and not in_group(name, LAB)]
+    return [name for name in edges if name != PACKAGE and not in_group(name, LAB + TOOLKIT)]
 
 
 def test_the_core_imports_nothing_of_the_lab():
@@ -148,6 +151,33 @@ def test_the_core_imports_nothing_of_the_lab():
     assert not found, f"core modules import the lab: {sorted(found)}"
 
 
+def test_the_core_imports_nothing_of_the_toolkit():
+    edges = graph()
+    found = {(src, dst) for src in core_modules(edges) for dst in edges[src] if in_group(dst, TOOLKIT)}
+    assert not found, f"core modules import the toolkit: {sorted(found)}"
+
+
+def test_the_toolkit_imports_only_the_core():
+    edges = graph()
+    toolkit = [name for name in edges if in_group(name, TOOLKIT)]
+    assert len(toolkit) >= 9
+    found = {(src, dst) for src in toolkit for dst in edges[src] if in_group(dst, LAB) or in_group(dst, ("eval",))}
+    assert not found, f"toolkit modules import the lab or eval: {sorted(found)}"
+
+
+def test_eval_imports_nothing_of_the_lab():
+    """The benchmarks use the core and the toolkit, never the lab's commands, benchmarks or server."""
+    modules = {**module_files(), **module_files("eval")}
+    found = sorted(
+        (name, dst)
+        for name, path in modules.items()
+        if in_group(name, ("eval",))
+        for dst in imports_of(name, path, modules)
+        if in_group(dst, LAB)
+    )
+    assert found == []
+
+
 def test_the_package_s_public_api_is_the_core_s():
     """``import gemfilter`` loads the core only: the package ``__init__`` imports no lab module."""
     assert not [d for d in graph()[PACKAGE] if in_group(d, LAB)]
@@ -155,7 +185,7 @@ def test_the_package_s_public_api_is_the_core_s():
 
 def test_only_command_modules_import_command_modules():
     """The proxy, the engine path, the selector and every other library module are used by commands, never
-    the reverse (serve/engine.py, for instance, must not import serve/cli.py for its tokenizer check)."""
+    the reverse (toolkit/serving/engine.py, for instance, must not import serve/cli.py for its tokenizer check)."""
     found = {
         (src, dst)
         for src, targets in graph().items()
@@ -182,19 +212,20 @@ def test_no_benchmark_imports_another_benchmark_s_report():
 
 
 def probe_modules() -> dict:
-    """The probes' modules, plus the plugin's so that ``from gemfilter.lab import io`` resolves to
-    ``gemfilter.lab.io``."""
+    """The probes' modules, plus the plugin's so that ``from gemfilter.toolkit import io`` resolves to
+    ``gemfilter.toolkit.io``."""
     return {**module_files(), **module_files("icl_probes"), **module_files("feature_probes")}
 
 
 def test_no_probe_imports_the_plugin_s_file_module():
-    """The probes write their files through ``icl_probes.io``; ``gemfilter.lab.io`` serves the plugin and the evals."""
+    """The probes write their files through ``icl_probes.io``; ``gemfilter.toolkit.io`` serves the plugin and the
+    evals."""
     modules = probe_modules()
     found = sorted(
-        f"{name} imports gemfilter.lab.io"
+        f"{name} imports gemfilter.toolkit.io"
         for name, path in modules.items()
         if not in_group(name, (PACKAGE,))
-        if "gemfilter.lab.io" in imports_of(name, path, modules)
+        if "gemfilter.toolkit.io" in imports_of(name, path, modules)
     )
     assert found == []
 
@@ -202,9 +233,9 @@ def test_no_probe_imports_the_plugin_s_file_module():
 def test_the_probe_check_sees_every_spelling_of_the_import(tmp_path):
     modules = probe_modules()
     for source in (
-        "from gemfilter.lab import io\n",
-        "import gemfilter.lab.io\n",
-        "def f():\n    from gemfilter.lab.io import x\n",
+        "from gemfilter.toolkit import io\n",
+        "import gemfilter.toolkit.io\n",
+        "def f():\n    from gemfilter.toolkit.io import x\n",
     ):
         (tmp_path / "m.py").write_text(source)
-        assert "gemfilter.lab.io" in imports_of("icl_probes.m", tmp_path / "m.py", modules), source
+        assert "gemfilter.toolkit.io" in imports_of("icl_probes.m", tmp_path / "m.py", modules), source

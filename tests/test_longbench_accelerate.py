@@ -14,7 +14,7 @@ from pathlib import Path
 from longbench_fixtures import TASKS, write_words
 from test_niah_accelerate import free_port
 
-from gemfilter.lab.io import read_jsonl
+from gemfilter.toolkit.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -46,7 +46,7 @@ def test_each_method_is_truncated_to_its_own_max_length(tiny, tiny_model_dir, tm
 
 
 def test_bad_per_method_lengths_are_refused():
-    # the values take --max-length's forms (gemfilter.lab.options.parse_length): 8k is 8000 there too
+    # the values take --max-length's forms (gemfilter.toolkit.options.parse_length): 8k is 8000 there too
     assert parse_method_lengths("h2o=8192, snapkv=4k") == {"h2o": 8192, "snapkv": 4000}
     for bad in ("h2o", "h2o=", "=8"):
         with pytest.raises(ValueError, match="must look like METHOD=TOKENS"):

@@ -12,7 +12,7 @@ from longbench_fixtures import TASKS, write_english
 from eval.longbench.cli import main
 from eval.longbench.pipeline import generation_kwargs, truncate_middle
 from eval.longbench.tasks import BY_NAME
-from gemfilter.lab.io import read_jsonl
+from gemfilter.toolkit.io import read_jsonl
 
 pytestmark = pytest.mark.slow
 

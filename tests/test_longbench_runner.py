@@ -10,7 +10,7 @@ from eval.longbench import report
 from eval.longbench.cli import main
 from eval.longbench.runner import RunConfig, run
 from eval.longbench.tasks import PAPER_TASKS
-from gemfilter.lab.io import read_jsonl
+from gemfilter.toolkit.io import read_jsonl
 
 FAST = ["--topk", "8", "--layer", "2", "--max-length", "64", "--threads", "1", "--no-progress"]
 

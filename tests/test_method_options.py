@@ -1,8 +1,8 @@
 """One method spec on every command line: the shared options, the same message for a bad spec everywhere.
 
 Every command (gemfilter generate, bench, serve; gemfilter-niah, gemfilter-longbench, gemfilter-ruler,
-gemfilter-scbench) and the lm-eval adapter parse methods with :func:`gemfilter.lab.options.method_specs_of`; a bad spec
-is refused with
+gemfilter-scbench) and the lm-eval adapter parse methods with :func:`gemfilter.toolkit.options.method_specs_of`; a bad
+spec is refused with
 :func:`gemfilter.methods.parse_spec`'s message before any model loads or any engine is asked.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gemfilter.lab.options import add_method_options, method_specs_of
 from gemfilter.methods import REGISTRY, parse_method, parse_spec, parse_specs, split_specs
+from gemfilter.toolkit.options import add_method_options, method_specs_of
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD = {
@@ -101,13 +101,13 @@ def test_a_bad_spec_gets_the_same_one_line_message_from_every_command_and_the_ad
 
 
 def test_the_method_options_are_defined_in_one_place():
-    """--topk, --layer, --methods and --method: one add_argument each, in gemfilter/lab/options.py."""
+    """--topk, --layer, --methods and --method: one add_argument each, in gemfilter/toolkit/options.py."""
     where = {}
     for path in [*ROOT.glob("gemfilter/**/*.py"), *ROOT.glob("eval/**/*.py")]:
         for flag in re.findall(r"add_argument\(\s*\"(--topk|--layer|--methods|--method|--ratio)\"", path.read_text()):
             where.setdefault(flag, []).append(str(path.relative_to(ROOT)))
     assert where == {
-        flag: ["gemfilter/lab/options.py"] for flag in ("--topk", "--layer", "--methods", "--method", "--ratio")
+        flag: ["gemfilter/toolkit/options.py"] for flag in ("--topk", "--layer", "--methods", "--method", "--ratio")
     }
 
 

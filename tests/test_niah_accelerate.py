@@ -13,7 +13,7 @@ from pathlib import Path
 
 from niah_fixtures import save_tiny_model, write_haystack
 
-from gemfilter.lab.io import read_jsonl
+from gemfilter.toolkit.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 

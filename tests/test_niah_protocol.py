@@ -3,7 +3,7 @@
 The reference below follows SalesforceAIResearch/GemFilter ``eval/needle/needle_in_haystack.py``
 step by step (read_context_files, encode_and_trim, insert_needle, generate_prompt, then
 ``enc(prompt)``), with ``enc.encode`` / ``enc.decode`` at their defaults, as that harness calls them.
-It shares no code with ``gemfilter.lab.haystack``: only the tokenizer and the essay files.
+It shares no code with ``gemfilter.toolkit.haystack``: only the tokenizer and the essay files.
 """
 
 from pathlib import Path
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from niah_fixtures import word_tokenizer, write_haystack
 
-from gemfilter.lab.haystack import NEEDLE, QUESTION, build_case, default_haystack_dir, make_haystack
+from gemfilter.toolkit.haystack import NEEDLE, QUESTION, build_case, default_haystack_dir, make_haystack
 
 LENGTHS = (1000, 2000, 4000)
 DEPTHS = (0, 25, 50, 75, 100)

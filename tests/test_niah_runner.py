@@ -11,7 +11,7 @@ from eval.niah.cli import main
 from eval.niah.grid import PRESETS, parse_depths, parse_lengths, resolve_grid
 from eval.niah.runner import RunConfig, run
 from eval.niah.scoring import score_all
-from gemfilter.lab.io import read_jsonl
+from gemfilter.toolkit.io import read_jsonl
 
 LENGTHS, DEPTHS = (240, 260), (0, 50, 100)  # >= 200 buffer + 22 needle tokens
 

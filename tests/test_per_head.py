@@ -213,7 +213,7 @@ def test_bad_gqa_is_refused():
 def test_embedded_model_per_head_cache_reads_like_its_multi_head_twin():
     """The embedded Gemma 3 270M (4 query heads, 1 KV head; banded sliding layers): 4 sets per full
     layer, and the greedy answer with logits equal to a multi-head twin running group-mean SnapKV."""
-    from gemfilter.lab.haystack import build_case
+    from gemfilter.toolkit.haystack import build_case
 
     model, tok = gemfilter.load_model()
     twin = mha_twin(model)

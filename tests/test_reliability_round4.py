@@ -80,7 +80,7 @@ def test_the_cut_chunk_error_says_what_was_cut():
     """The proxy's cut-chunk error said "0 bytes, None more expected" (item 9)."""
     from engine_faults import FaultyEngine
 
-    from gemfilter.lab.serve.upstream import Upstream, UpstreamError
+    from gemfilter.toolkit.serving.upstream import Upstream, UpstreamError
 
     engine = FaultyEngine("cut-chunk")
     try:
@@ -100,7 +100,7 @@ def test_a_write_that_fails_names_its_file(tmp_path, monkeypatch):
     import errno
     import os
 
-    from gemfilter.lab.io import append_jsonl, write_json_atomic
+    from gemfilter.toolkit.io import append_jsonl, write_json_atomic
 
     def full(fd):
         raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))

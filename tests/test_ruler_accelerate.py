@@ -13,7 +13,7 @@ from pathlib import Path
 from test_niah_accelerate import free_port
 from test_ruler_runner import TASKS, write_samples
 
-from gemfilter.lab.io import read_jsonl
+from gemfilter.toolkit.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ import pytest
 from eval.ruler.cli import main
 from eval.ruler.prepare import data_file, write_rows
 from eval.ruler.runner import MethodSpec, RunConfig, method_specs, run
-from gemfilter.lab.io import read_jsonl
+from gemfilter.toolkit.io import read_jsonl
 
 TASKS = ("niah_single_1", "vt", "fwe")
 FAST = ["--topk", "8,16", "--layer", "2", "--threads", "1", "--no-progress", "--lengths", "512"]

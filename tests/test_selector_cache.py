@@ -10,15 +10,15 @@ import torch
 from serve_fixtures import CharTokenizer, make_proxy, model, stub  # noqa: F401
 from tiny_models import BUILDERS, FILTER_LAYER
 
-from gemfilter.lab.serve.prefix_cache import PrefixCache, block_keys, cache_bytes
-from gemfilter.lab.serve.selector import Selector
+from gemfilter.toolkit.serving.prefix_cache import PrefixCache, block_keys, cache_bytes
+from gemfilter.toolkit.serving.selector import Selector
 
 pytestmark = pytest.mark.usefixtures("quiet")
 
 
 def selector_model(family):
     """The tiny model cut to layers 0..r, as load_selector cuts a real one (its base model, no LM head)."""
-    from gemfilter.lab.serve.selector import cut_config
+    from gemfilter.toolkit.serving.selector import cut_config
 
     full = BUILDERS[family]()
     layer = FILTER_LAYER[family]

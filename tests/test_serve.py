@@ -15,8 +15,8 @@ from serve_fixtures import LAYER, PROMPT, CharTokenizer, StubEngine, make_proxy,
 
 import gemfilter
 from gemfilter.lab.serve.proxy import ProxyServer
-from gemfilter.lab.serve.selector import Selector, cut_config
-from gemfilter.lab.serve.upstream import PROBE, Upstream, check_tokenizer
+from gemfilter.toolkit.serving.selector import Selector, cut_config
+from gemfilter.toolkit.serving.upstream import PROBE, Upstream, check_tokenizer
 
 
 def test_a_prompt_within_topk_passes_through_unchanged(proxy, stub):

@@ -91,7 +91,7 @@ def test_the_openai_client_raises_on_a_bad_engine_answer(proxy, stub):
 def test_the_engine_s_own_error_event_ends_the_stream_without_done(proxy, stub, monkeypatch):
     """vLLM reports a failure inside a stream as an error event followed by [DONE]; the proxy relays the event
     and stops there, so that its stream never carries both."""
-    from gemfilter.lab.serve.upstream import Upstream
+    from gemfilter.toolkit.serving.upstream import Upstream
 
     def failing(self, path, body, call=None):
         yield json.dumps({"id": "c", "choices": [{"index": 0, "text": "o", "finish_reason": None}]})

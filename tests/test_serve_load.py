@@ -16,8 +16,8 @@ import pytest
 from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
 from gemfilter.lab.serve.proxy import ProxyServer
-from gemfilter.lab.serve.selector import Selector
-from gemfilter.lab.serve.upstream import Upstream
+from gemfilter.toolkit.serving.selector import Selector
+from gemfilter.toolkit.serving.upstream import Upstream
 
 
 def address(url):

@@ -13,8 +13,8 @@ import torch
 from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
 import gemfilter
-from gemfilter.lab.serve.chat_template import GEMMA3, fallback_template
-from gemfilter.lab.serve.selector import Selector
+from gemfilter.toolkit.serving.chat_template import GEMMA3, fallback_template
+from gemfilter.toolkit.serving.selector import Selector
 
 TOK = CharTokenizer()
 
@@ -209,7 +209,7 @@ def test_client_faults_are_400s_naming_the_field(proxy, stub, route, body, messa
 )
 def test_bad_serve_options_get_one_error_line_before_anything_loads(monkeypatch, capsys, argv, message):
     from gemfilter.lab.cli import main
-    from gemfilter.lab.serve import selector, upstream
+    from gemfilter.toolkit.serving import selector, upstream
 
     def never(*args, **kwargs):
         raise AssertionError("reached the engine or loaded the selector before checking the options")

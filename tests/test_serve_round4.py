@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 from serve_fixtures import LAYER, PROMPT, CharTokenizer, make_proxy, model, post, proxy, stub  # noqa: F401
 
-from gemfilter.lab.serve.chat_template import GEMMA3
-from gemfilter.lab.serve.selector import Selector
+from gemfilter.toolkit.serving.chat_template import GEMMA3
+from gemfilter.toolkit.serving.selector import Selector
 
 pytestmark = pytest.mark.usefixtures("quiet")
 SELECTION_S = 0.4

@@ -248,7 +248,7 @@ def test_a_2k_niah_cell_through_the_proxy_finds_the_needle_where_hf_does(servers
 
 
 def test_a_chat_as_parts_equals_the_chat_as_text_and_runs_past_16_tokens(servers, embedded):
-    from gemfilter.lab.serve.chat_template import GEMMA3
+    from gemfilter.toolkit.serving.chat_template import GEMMA3
 
     _, proxy, _ = servers
     _, tok = embedded
@@ -357,7 +357,7 @@ def test_questions_sent_at_once_over_one_document_get_the_answers_sent_one_by_on
 def test_an_unfiltered_chat_with_logprobs_equals_vllm_s_direct_answer(servers):
     """Chat fields only vLLM's chat endpoint serves (logprobs) reach it as sent when nothing is filtered, with the
     template the proxy applies (the embedded model's tokenizer has none); the answer equals vLLM's direct one."""
-    from gemfilter.lab.serve.chat_template import GEMMA3
+    from gemfilter.toolkit.serving.chat_template import GEMMA3
 
     engine, proxy, _ = servers
     body = {

@@ -30,7 +30,7 @@ from test_serve_vllm import ROOT, VLLM_PYTHON, cpu_torch_findable, free_port, po
 
 import gemfilter
 from eval.niah.haystack import build_case, make_haystack
-from gemfilter.lab.serve.chat_template import GEMMA3
+from gemfilter.toolkit.serving.chat_template import GEMMA3
 
 pytestmark = pytest.mark.slow
 SHORT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"

@@ -82,10 +82,10 @@ def check_model_args(pretrained, method, topk, ratio, layer, attn, kwargs: dict)
     method's budget against the model (e.g. SnapKV's topk must exceed its window)."""
     import inspect
 
-    from gemfilter.lab.options import check_against_model
     from gemfilter.methods import check_for_model, parse_spec
     from gemfilter.methods.spec import parameters
     from gemfilter.models import ATTN_CHOICES, load_config
+    from gemfilter.toolkit.options import check_against_model
 
     known = set(OWN_ARGS) | {
         n

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from gemfilter.lab.entry import command, require
+from gemfilter.toolkit.entry import command, require
 
 USAGE = """gemfilter-lm-eval: lm-evaluation-harness with every gemfilter method (model class 'gemfilter').
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 
 RUN_EPILOG = """tasks (config: category, metric, max_new_tokens; * = has a LongBench-E variant):
 {tasks}
@@ -64,9 +64,9 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
-    from gemfilter.lab.options import add_method_options
-    from gemfilter.lab.serve.engine import add_engine_argument
     from gemfilter.models import add_attn_argument
+    from gemfilter.toolkit.options import add_method_options
+    from gemfilter.toolkit.serving.engine import add_engine_argument
 
     from .presets import PRESETS
     from .tasks import TASKS
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 @command("eval", name="gemfilter-longbench")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-longbench`` and ``python -m eval.longbench``; returns the exit status."""
-    from gemfilter.lab.options import cli_exit
+    from gemfilter.toolkit.options import cli_exit
 
     args = build_parser().parse_args(argv)
     return cli_exit(lambda: _run(args) if args.command == "run" else _score(args))
@@ -195,7 +195,7 @@ def _run(args) -> int:
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
-    from gemfilter.lab.options import method_specs_of, parse_length
+    from gemfilter.toolkit.options import method_specs_of, parse_length
 
     from .presets import PRESETS, paper_max_length, parse_method_lengths
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gemfilter.lab.io import jsonl_lines
+from gemfilter.toolkit.io import jsonl_lines
 
 HUB_REPO = "THUDM/LongBench"
 REQUIRED = ("input", "context", "answers", "length")

@@ -107,7 +107,7 @@ def predict(
 
     model, tokenizer: a causal LM and its tokenizer; method: a resolved registry method object;
     task: a row of ``TASKS``; max_length: prompt tokens kept by middle truncation; generate:
-    ``gemfilter.generate`` (the default) or an engine's (``gemfilter.lab.serve.engine.generator``).
+    ``gemfilter.generate`` (the default) or an engine's (``gemfilter.toolkit.serving.engine.generator``).
     """
     import gemfilter
 

@@ -9,7 +9,7 @@ Here H2O's column sums are blockwise, so the 8K cut is a protocol choice, not a 
 
 from __future__ import annotations
 
-from gemfilter.lab.options import parse_length
+from gemfilter.toolkit.options import parse_length
 
 #: model2maxlen.json for the paper's models (name_or_path, lower-cased, matched as a suffix).
 PAPER_MAX_LENGTH = {

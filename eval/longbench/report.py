@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 from eval.rundir import rows_to_score, task_names
-from gemfilter.lab.io import CorruptFileError, read_json_object, read_jsonl, write_text_atomic
+from gemfilter.toolkit.io import CorruptFileError, read_json_object, read_jsonl, write_text_atomic
 
 from .metrics import BUCKETS, score_rows
 from .tasks import BY_NAME, CATEGORIES, PAPER_TASKS, TASKS

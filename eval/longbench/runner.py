@@ -14,7 +14,7 @@ Files in ``--out``:
 - ``pred[_e]/<method>/<task>.jsonl.rank{i}``: rows appended (flushed, fsynced) by process i;
 - ``pred[_e]/<method>/<task>.jsonl``: the merged rows in dataset order, written atomically by the
   main process after every process finished; the shards are then removed. Appends and merges take
-  the folder's lock (``gemfilter.lab.io``), so two runs sharing one ``--out`` lose no row.
+  the folder's lock (``gemfilter.toolkit.io``), so two runs sharing one ``--out`` lose no row.
 
 A rerun computes only the samples whose ``_id`` has no row yet. Under ``accelerate launch`` /
 ``torchrun`` the missing samples are dealt round-robin over the processes (accelerate's PartialState).
@@ -31,7 +31,7 @@ from pathlib import Path
 from eval.rundir import check_layers
 from eval.runner import Benchmark, Unit, config_specs
 from eval.runner import run as run_units
-from gemfilter.lab.options import check_against_model
+from gemfilter.toolkit.options import check_against_model
 
 from .data import HUB_REPO, load_records
 from .pipeline import check_max_length, default_max_length
@@ -143,8 +143,8 @@ class LongBench(Benchmark):
         return default_max_length(model_config) if needs_window else config.max_length
 
     def check(self, model_config) -> None:
-        from gemfilter.lab.serve.engine import check_engine_methods
         from gemfilter.methods import check_for_model
+        from gemfilter.toolkit.serving.engine import check_engine_methods
 
         config = self.config
         check_against_model(
@@ -192,7 +192,7 @@ class LongBench(Benchmark):
 
     def start(self, model, tok, done: dict):
         from gemfilter.apply import BUDGET_FIELDS, resolve
-        from gemfilter.lab.serve.engine import engine_field, generator
+        from gemfilter.toolkit.serving.engine import engine_field, generator
 
         config = self.config
         window = self.max_length(model.config)

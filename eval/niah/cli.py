@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 
 from .grid import PRESET_SETTINGS, PRESETS
 
@@ -48,9 +48,9 @@ The default model is the embedded Gemma 3 270M (offline; first load about 75 s, 
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
-    from gemfilter.lab.options import add_method_options
-    from gemfilter.lab.serve.engine import add_engine_argument
     from gemfilter.models import add_attn_argument
+    from gemfilter.toolkit.options import add_method_options
+    from gemfilter.toolkit.serving.engine import add_engine_argument
 
     from .grid import PRESET_SETTINGS
 
@@ -148,7 +148,7 @@ def _settings(settings: dict, lengths, depths) -> str:
 @command("eval", name="gemfilter-niah")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-niah`` and ``python -m eval.niah``; returns the exit status."""
-    from gemfilter.lab.options import cli_exit
+    from gemfilter.toolkit.options import cli_exit
 
     args = build_parser().parse_args(argv)
     return cli_exit(lambda: _main(args))
@@ -165,7 +165,7 @@ def _main(args) -> int:
 
     lengths, depths = resolve_grid(args.preset, args.lengths, args.depths)
     preset = preset_settings(args.preset)
-    from gemfilter.lab.options import method_specs_of
+    from gemfilter.toolkit.options import method_specs_of
 
     specs = method_specs_of(args, default=",".join(preset["methods"]))
     config = RunConfig(

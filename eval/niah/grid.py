@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gemfilter.lab.options import normalize_depth, parse_depths, parse_lengths  # noqa: F401  (one parser for every command)
+from gemfilter.toolkit.options import normalize_depth, parse_depths, parse_lengths  # noqa: F401  (one parser for every command)
 
 
 def _lin(lo: float, hi: float, n: int) -> tuple:

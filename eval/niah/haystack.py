@@ -1,11 +1,11 @@
-"""NIAH context building: the library owns it (``gemfilter.lab.haystack``); this module re-exports it.
+"""NIAH context building: the library owns it (``gemfilter.toolkit.haystack``); this module re-exports it.
 
 ``gemfilter`` needs the needle, the haystack and the prompt builder too (bench, calibrate, inspect),
-and the library never imports ``eval``, so they live in ``gemfilter.lab.haystack``. Existing imports
+and the library never imports ``eval``, so they live in ``gemfilter.toolkit.haystack``. Existing imports
 of ``eval.niah.haystack`` keep working.
 """
 
-from gemfilter.lab.haystack import (  # noqa: F401
+from gemfilter.toolkit.haystack import (  # noqa: F401
     FINAL_CONTEXT_LENGTH_BUFFER,
     KAMRADT_SUFFIX,
     KAMRADT_SYSTEM,

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from eval.palette import COLORS
-from gemfilter.lab.io import save_png, write_text_atomic
+from gemfilter.toolkit.io import save_png, write_text_atomic
 
 from .scoring import METRICS
 

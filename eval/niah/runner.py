@@ -10,7 +10,7 @@ Files in the output folder:
 - ``results.jsonl``: the merged rows, sorted by (method, length, depth); written atomically by the
   main process after all processes finish, after which the shards are removed.
 
-Appends and merges take the folder's lock (``gemfilter.lab.io``), so two runs sharing one ``--out`` lose
+Appends and merges take the folder's lock (``gemfilter.toolkit.io``), so two runs sharing one ``--out`` lose
 no row: a merge either reads a concurrent append or leaves it in a fresh shard.
 
 A (re)run reads every finished row first (merged file and shards), so only missing cells are
@@ -33,7 +33,7 @@ from eval.rundir import check_layers
 from eval.runner import Benchmark, Unit, config_specs, finished
 from eval.runner import merge as merge_units
 from eval.runner import run as run_units
-from gemfilter.lab.options import check_against_model
+from gemfilter.toolkit.options import check_against_model
 
 from .grid import PRESETS, normalize_depth
 from .haystack import PROTOCOLS, TEMPLATES, build_case, make_haystack, read_haystack
@@ -115,7 +115,7 @@ def cell_key(row: dict) -> tuple:
 def run_cell(model, tokenizer, method, case, max_new_tokens: int, generate=None) -> dict:
     """Generate for one prompt with one method: response text, kept tokens, prompt tokens, seconds.
 
-    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.lab.serve.engine.generator``)."""
+    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.toolkit.serving.engine.generator``)."""
     import gemfilter
 
     generate = generate or gemfilter.generate
@@ -152,8 +152,8 @@ class Niah(Benchmark):
     def check(self, model_config) -> None:
         """--layer, --lengths and the methods against the model; the haystack (a bad --haystack-dir fails in a
         second, before config.json is written)."""
-        from gemfilter.lab.serve.engine import check_engine_methods
         from gemfilter.methods import check_for_model
+        from gemfilter.toolkit.serving.engine import check_engine_methods
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
@@ -182,14 +182,14 @@ class Niah(Benchmark):
 
     def before_load(self, todo: list, tokenizer) -> None:
         """A length too short for the needle fails on the tokenizer alone, before the model loads."""
-        from gemfilter.lab.haystack import check_lengths
+        from gemfilter.toolkit.haystack import check_lengths
 
         check_lengths(tokenizer, sorted({u.key[1] for u in todo}), protocol=self.config.protocol)
 
     def start(self, model, tok, done: dict):
         from gemfilter.apply import resolve
-        from gemfilter.lab.serve.engine import engine_field, generator
         from gemfilter.models import EMBEDDED_NAME
+        from gemfilter.toolkit.serving.engine import engine_field, generator
 
         config = self.config
         hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)

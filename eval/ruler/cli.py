@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 
 TASKS_HELP = """tasks (synthetic.yaml; generator, tokens_to_generate, metric):
 {tasks}
@@ -93,9 +93,9 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
-    from gemfilter.lab.options import add_method_options
-    from gemfilter.lab.serve.engine import add_engine_argument
     from gemfilter.models import add_attn_argument
+    from gemfilter.toolkit.options import add_method_options
+    from gemfilter.toolkit.serving.engine import add_engine_argument
 
     from .sources import DEFAULT_SPLITTER, SPLITTERS
     from .tasks import TASKS
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 @command("eval", name="gemfilter-ruler")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-ruler`` and ``python -m eval.ruler``; returns the exit status."""
-    from gemfilter.lab.options import cli_exit
+    from gemfilter.toolkit.options import cli_exit
 
     args = build_parser().parse_args(argv)
     commands = {"prepare": _prepare, "run": _run, "score": _score, "failures": _failures}
@@ -254,7 +254,7 @@ def _prepare(args) -> int:
 
 
 def _run(args) -> int:
-    from gemfilter.lab.options import method_specs_of, parse_topks
+    from gemfilter.toolkit.options import method_specs_of, parse_topks
 
     from .report import write_report
     from .runner import RunConfig, method_specs, run

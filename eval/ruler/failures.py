@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemfilter.lab.io import write_text_atomic
+from gemfilter.toolkit.io import write_text_atomic
 
 from .metrics import METRICS, postprocess_pred
 from .report import check_indices, find_runs, read_rows, samples_at, scope_text

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gemfilter.lab.io import read_json_object, read_jsonl, write_json_atomic, write_text_atomic
+from gemfilter.toolkit.io import read_json_object, read_jsonl, write_json_atomic, write_text_atomic
 
 from . import synthetic
 from .qa import load_qa, qa

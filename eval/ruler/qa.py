@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemfilter.lab.io import read_json
+from gemfilter.toolkit.io import read_json
 
 DOCUMENT_PROMPT = "Document {i}:\n{document}"
 FILES = {"squad": "squad.json", "hotpotqa": "hotpotqa.json"}

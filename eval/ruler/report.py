@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 from eval.rundir import rows_to_score, task_names
-from gemfilter.lab.io import read_json_object, read_jsonl, save_png, write_text_atomic
+from gemfilter.toolkit.io import read_json_object, read_jsonl, save_png, write_text_atomic
 
 from .metrics import postprocess_pred, suite_average, task_score
 from .tasks import BY_NAME, OFFLINE, TASKS, parse_lengths

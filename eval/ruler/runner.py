@@ -30,7 +30,7 @@ from pathlib import Path
 from eval.rundir import check_layers
 from eval.runner import Benchmark, Unit
 from eval.runner import run as run_units
-from gemfilter.lab.options import check_against_model
+from gemfilter.toolkit.options import check_against_model
 
 from .prepare import DEFAULT_SEED, check_identity, data_file, identity, prepare, prepared_rows
 from .sources import DEFAULT_SPLITTER
@@ -181,7 +181,7 @@ def load_tokenizer(model: str | None):
 def predict(model, tokenizer, method, row: dict, task, generate=None) -> dict:
     """Greedy answer to ``input + answer_prefix`` with ``method``: pred, kept, prompt_tokens, seconds, answers_kept.
 
-    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.lab.serve.engine.generator``)."""
+    generate: ``gemfilter.generate`` (the default) or an engine's (``gemfilter.toolkit.serving.engine.generator``)."""
     import gemfilter
 
     generate = generate or gemfilter.generate
@@ -246,8 +246,8 @@ class Ruler(Benchmark):
         validate(self.config)
 
     def check(self, model_config) -> None:
-        from gemfilter.lab.serve.engine import check_engine_methods
         from gemfilter.methods import check_for_model
+        from gemfilter.toolkit.serving.engine import check_engine_methods
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
@@ -280,7 +280,7 @@ class Ruler(Benchmark):
 
     def start(self, model, tok, done: dict):
         from gemfilter.apply import BUDGET_FIELDS
-        from gemfilter.lab.serve.engine import engine_field, generator
+        from gemfilter.toolkit.serving.engine import engine_field, generator
 
         config = self.config
         generate = generator(config.engine, tok)

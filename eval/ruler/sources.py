@@ -104,7 +104,7 @@ def cwe_words() -> tuple:
 @functools.lru_cache(maxsize=4)
 def essay_words(haystack_dir: str | None = None) -> tuple:
     """The essays as a word list (``re.sub(r"\\s+", " ", text).split(" ")``, as niah.py)."""
-    from gemfilter.lab.haystack import read_haystack
+    from gemfilter.toolkit.haystack import read_haystack
 
     return tuple(re.sub(r"\s+", " ", read_haystack(haystack_dir)).split(" "))
 

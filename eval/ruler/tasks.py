@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gemfilter.lab.options import MAX_TOKENS
+from gemfilter.toolkit.options import MAX_TOKENS
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def parse_tasks(text: str | None) -> tuple:
 def parse_lengths(text) -> tuple:
     """'4k,8k' or '4096,8192' -> (4096, 8192). RULER's lengths are powers of two: k/K means x1024.
 
-    Unlike the other commands' ``k`` (x1000, :func:`gemfilter.lab.options.parse_length`), RULER's published
+    Unlike the other commands' ``k`` (x1000, :func:`gemfilter.toolkit.options.parse_length`), RULER's published
     lengths are 4096, 8192, ..., so here ``4k`` means 4096. Each length is the whole budget: prompt tokens plus
     tokens_to_generate (RULER's max_seq_length).
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 
 EPILOG = """modes (SCBench, Li et al. 2024, microsoft/MInference scbench/):
   multi-turn     one conversation: turn 1 is context + question; each later turn appends a follow-up that
@@ -44,8 +44,8 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gemfilter.lab.options import add_method_options
     from gemfilter.models import add_attn_argument
+    from gemfilter.toolkit.options import add_method_options
 
     parser = argparse.ArgumentParser(
         prog="gemfilter-scbench",
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     r.add_argument("--dtype", default=None, help="model dtype on an accelerator (default: the loader's)")
     add_attn_argument(r)
-    from gemfilter.lab.serve.engine import add_engine_argument
+    from gemfilter.toolkit.serving.engine import add_engine_argument
 
     add_engine_argument(r)
     r.add_argument(
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 @command("plots", name="gemfilter-scbench")
 def main(argv=None) -> int:
     """Entry point of ``gemfilter-scbench``; returns the exit status."""
-    from gemfilter.lab.options import cli_exit
+    from gemfilter.toolkit.options import cli_exit
 
     args = build_parser().parse_args(argv)
     return cli_exit(lambda: {"run": _run, "report": _report}[args.command](args))
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
 
 def _run(args) -> int:
     from eval.rundir import print_report
-    from gemfilter.lab.options import method_specs_of, parse_lengths, split_names
+    from gemfilter.toolkit.options import method_specs_of, parse_lengths, split_names
 
     from .report import write_report
     from .runner import RunConfig, run

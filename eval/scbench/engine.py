@@ -7,7 +7,7 @@ generation config stops (EOS), as the local path's ``generate``. What is sent:
 
 - ``full``: the whole turn prompt; the engine's own prefix caching serves the part an earlier turn sent;
 - a prompt method under ``reselect``: the kept ids of the method on the whole turn prompt, selected by a
-  :class:`gemfilter.lab.serve.selector.Selector` with its prefix cache on, so a turn runs only its new tokens
+  :class:`gemfilter.toolkit.serving.selector.Selector` with its prefix cache on, so a turn runs only its new tokens
   through layers 0..r (the kept ids equal the uncached selection's; tests/test_selector_cache.py).
 
 ``reuse`` (a compressed cache that lives on between turns) and KV-cache methods have no form here: an engine
@@ -43,7 +43,7 @@ class EngineTurns:
     """The engine, and one selector per filter layer (made on first use), for :func:`converse_engine`."""
 
     def __init__(self, engine: str, model, tokenizer, timeout: float = 600.0):
-        from gemfilter.lab.serve.upstream import Upstream, check_tokenizer
+        from gemfilter.toolkit.serving.upstream import Upstream, check_tokenizer
 
         self.upstream = Upstream(engine, timeout=timeout)
         self.model_id = self.upstream.default_model()
@@ -51,7 +51,7 @@ class EngineTurns:
         self.model, self.tokenizer, self._selectors = model, tokenizer, {}
 
     def selector(self, layer: int):
-        from gemfilter.lab.serve.selector import Selector
+        from gemfilter.toolkit.serving.selector import Selector
 
         if layer not in self._selectors:
             self._selectors[layer] = Selector(self.model, self.tokenizer, layer, cache_bytes=CACHE_BYTES)
@@ -73,7 +73,7 @@ class EngineTurns:
                 break
             chunk = json.loads(data)
             if "error" in chunk:
-                from gemfilter.lab.serve.upstream import UpstreamError
+                from gemfilter.toolkit.serving.upstream import UpstreamError
 
                 raise UpstreamError(502, f"the engine's stream failed: {chunk['error']}")
             piece = "".join(c.get("text", "") for c in chunk.get("choices") or [])

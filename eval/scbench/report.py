@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from eval.rundir import rows_to_score
-from gemfilter.lab.io import corrupt, jsonl_lines
+from gemfilter.toolkit.io import corrupt, jsonl_lines
 
 from .scoring import score_one
 from .tasks import get_task
@@ -241,7 +241,7 @@ def figure(table: dict, path) -> None:
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    from gemfilter.lab.io import save_png
+    from gemfilter.toolkit.io import save_png
 
     panels = sorted({(k[0], k[1]) for k in table})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
@@ -270,7 +270,7 @@ def write_report(out, settings: str = "", plot: bool = True) -> list:
     table = score_table(collect(out))
     if not table:
         raise ValueError(f"{out} holds no SCBench rows (<mode>/<L>/<method>/<task>.jsonl)")
-    from gemfilter.lab.io import write_text_atomic
+    from gemfilter.toolkit.io import write_text_atomic
 
     paths = [out / REPORT]
     write_text_atomic(paths[0], markdown(table, settings))

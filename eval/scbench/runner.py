@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from eval.runner import Benchmark, Unit, config_specs
 from eval.runner import run as run_units
-from gemfilter.lab.options import check_against_model
+from gemfilter.toolkit.options import check_against_model
 
 from .engine import converse_engine
 from .generate import MAX_TURNS, make_sample

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from .entry import command
+from gemfilter.toolkit.entry import command
 
 EPILOG = """The default model is the embedded Gemma 3 270M (offline; the first load dequantizes it and
 caches safetensors under ~/.cache/gemfilter, about 75 s once, then about 3 s).
@@ -72,8 +72,9 @@ def _cmd_methods(args) -> int:
 def check_generate_args(args):
     """Every option check that needs no weights (the config is enough), so a typo costs no model load; returns
     the method's :class:`~gemfilter.methods.spec.Spec`."""
+    from gemfilter.toolkit.options import check_against_model, check_int, method_specs_of
+
     from ..models import load_config
-    from .options import check_against_model, check_int, method_specs_of
 
     check_int(args.threads, "--threads", 0)
     check_int(args.max_new_tokens, "--max-new-tokens", 1)
@@ -85,9 +86,10 @@ def check_generate_args(args):
 def _cmd_generate(args) -> int:
     import torch
 
+    from gemfilter.toolkit.io import read_text
+
     from .. import generate, load_model
     from ..apply import resolve
-    from .io import read_text
 
     path = Path(args.prompt_file)
     if not path.is_file():
@@ -131,8 +133,9 @@ def _cmd_generate(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gemfilter.toolkit.options import add_method_options
+
     from ..models import add_attn_argument
-    from .options import add_method_options
 
     parser = argparse.ArgumentParser(
         prog="gemfilter",

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--turns", type=int, default=5, help="questions per conversation (default 5)")
     p.add_argument("--question-tokens", type=int, default=32, help="tokens per question (default 32)")
     p.add_argument("--answer-tokens", type=int, default=20, help="tokens per answer, forced (default 20)")
-    from ..options import add_method_options
+    from gemfilter.toolkit.options import add_method_options
 
     add_method_options(
         p,
@@ -114,7 +114,8 @@ def main(argv=None) -> int:
     )
     p.add_argument("--out", required=True, help="JSONL file the rows are appended to")
     args = p.parse_args(argv)
-    from ..io import append_jsonl, read_jsonl
+    from gemfilter.toolkit.io import append_jsonl, read_jsonl
+
     from .archs import arch_of, build_model, is_config_name
 
     if not is_config_name(args.model):

@@ -120,7 +120,7 @@ def _prompt(model, tok, length: int, seed: int) -> dict:
 
         ids = archs.random_prompt(model.config.vocab_size, length, seed=seed + length, device=model.device)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    from ..haystack import build_case
+    from gemfilter.toolkit.haystack import build_case
 
     return tok(build_case(tok, length, 50).prompt, return_tensors="pt").to(model.device)
 

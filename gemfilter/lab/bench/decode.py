@@ -152,7 +152,8 @@ def main(argv=None) -> int:
     )
     p.add_argument("--out", required=True, help="JSONL file the rows are appended to")
     args = p.parse_args(argv)
-    from ..io import append_jsonl
+    from gemfilter.toolkit.io import append_jsonl
+
     from .archs import build_model, is_config_name
 
     paths = [x.strip() for x in args.paths.split(",") if x.strip()]

@@ -13,9 +13,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..entry import ErrorExit, command
-from ..io import append_jsonl, check_out_dir, save_png, write_json_atomic, write_text_atomic
-from ..options import add_method_options, check_against_model, parse_lengths
+from gemfilter.toolkit.entry import ErrorExit, command
+from gemfilter.toolkit.io import append_jsonl, check_out_dir, save_png, write_json_atomic, write_text_atomic
+from gemfilter.toolkit.options import add_method_options, check_against_model, parse_lengths
+
 from .rows import key_of, load_rows
 
 DEFAULT_METHODS = "full,gemfilter,snapkv,h2o"
@@ -359,8 +360,9 @@ OUTPUTS = ("bench.jsonl", "bench.json", "bench.md", "bench.png")
 
 def check_args(args) -> tuple:
     """Every check that needs no measurement, before the first worker starts: (methods, lengths, kernels, out)."""
+    from gemfilter.toolkit.options import check_int, method_specs_of
+
     from ...models import ATTN_CHOICES, load_config
-    from ..options import check_int, method_specs_of
 
     specs = method_specs_of(args)
     methods = [s.label for s in specs]
@@ -380,8 +382,9 @@ def check_args(args) -> tuple:
 
     if not is_config_name(args.model):  # config:<arch> models are checked by _check_arch_args
         check_against_model(load_config(args.model), layer=args.layer, lengths=lengths, specs=specs)
+        from gemfilter.toolkit.haystack import check_lengths
+
         from ...models import load_tokenizer
-        from ..haystack import check_lengths
 
         check_lengths(load_tokenizer(args.model), lengths)  # the prompt is a needle case: not in a worker, later
     return methods, lengths, kernels, out

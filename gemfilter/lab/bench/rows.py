@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from ..io import read_jsonl
+from gemfilter.toolkit.io import read_jsonl
 
 
 def key_of(row: dict) -> tuple:

@@ -13,8 +13,9 @@ revision) and a hash of its config.json, so a relative ``--model m`` in another 
 
 from __future__ import annotations
 
+from gemfilter.toolkit.io import write_json_atomic
+
 from ...layers import calibration_path, model_identity, model_key
-from ..io import write_json_atomic
 from .core import needle_distances, needle_token_span, trace
 
 
@@ -57,7 +58,7 @@ def calibrate(
     progress=None,
 ) -> dict:
     """Run the probes and return (and by default store) the calibration record."""
-    from ..haystack import NEEDLE, build_case, make_haystack
+    from gemfilter.toolkit.haystack import NEEDLE, build_case, make_haystack
 
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")

@@ -8,8 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..entry import require
-from ..io import save_png
+from gemfilter.toolkit.entry import require
+from gemfilter.toolkit.io import save_png
+
 from .core import gemfilter_kept, needle_distances, needle_token_span, snapkv_kept, trace
 
 
@@ -89,9 +90,10 @@ def _num_layers(config) -> int:
 
 def _check_inspect(args) -> Path:
     """Option checks that need no weights (only the model's config); returns the checked --out."""
+    from gemfilter.toolkit.io import check_out_dir
+    from gemfilter.toolkit.options import check_against_model, check_int, parse_length
+
     from ...models import load_config
-    from ..io import check_out_dir
-    from ..options import check_against_model, check_int, parse_length
 
     args.length = parse_length(args.length, "--length")
     check_int(args.topk, "--topk", 1)
@@ -109,10 +111,11 @@ def _check_inspect(args) -> Path:
 
 def _check_calibrate(args) -> tuple:
     """(lengths, depths, ks), every check that needs no weights, and the calibration folder writable."""
+    from gemfilter.toolkit.io import check_out_dir
+    from gemfilter.toolkit.options import check_against_model, parse_depths, parse_lengths, parse_positive_ints
+
     from ...layers import calibration_path
     from ...models import load_config
-    from ..io import check_out_dir
-    from ..options import check_against_model, parse_depths, parse_lengths, parse_positive_ints
 
     lengths = parse_lengths(args.lengths, "--lengths")
     depths = parse_depths(args.depths, "--depths")
@@ -126,9 +129,10 @@ def _check_calibrate(args) -> tuple:
 
 
 def _cmd_inspect(args) -> int:
+    from gemfilter.toolkit.haystack import NEEDLE, build_case
+    from gemfilter.toolkit.io import write_json_atomic
+
     from ...models import load_model
-    from ..haystack import NEEDLE, build_case
-    from ..io import write_json_atomic
 
     out = _check_inspect(args)
     require("plots", "gemfilter inspect")
@@ -210,8 +214,9 @@ def _cmd_calibrate(args) -> int:
 
 
 def add_subcommands(sub) -> None:
+    from gemfilter.toolkit.options import add_method_options
+
     from ...models import add_attn_argument
-    from ..options import add_method_options
 
     p = sub.add_parser(
         "inspect",

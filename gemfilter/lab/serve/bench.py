@@ -231,10 +231,11 @@ def run(args) -> int:
     """Run the engine benchmark for ``gemfilter bench --engine``'s parsed ``args``; returns the exit status."""
     from tqdm import tqdm
 
+    from gemfilter.toolkit.haystack import build_case, check_lengths, make_haystack
+    from gemfilter.toolkit.io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+    from gemfilter.toolkit.options import check_int, method_specs_of, parse_lengths
+
     from ...methods import FullMethod
-    from ..haystack import build_case, check_lengths, make_haystack
-    from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
-    from ..options import check_int, method_specs_of, parse_lengths
     from .cli import connect
     from .proxy import ProxyServer, request_options
 

@@ -53,8 +53,9 @@ def request_options(body: dict, defaults: dict, layer: int | None = None) -> dic
     default budget or None}``: a ``topk`` in the request replaces the method's budget, a server's ``--topk``
     applies where the spec sets none.
     """
+    from gemfilter.toolkit.serving.selector import prompt_methods
+
     from ...methods import parse_spec
-    from .selector import prompt_methods
 
     given = body.get("gemfilter", {})
     if not isinstance(given, dict):

@@ -22,7 +22,8 @@ import time
 import urllib.error
 import urllib.request
 
-from ..entry import command
+from gemfilter.toolkit.entry import command
+
 from .bench import quantile
 
 WORDS = (
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
             f"{fails} | {fmt(r['p50_s'])} | {fmt(r['p95_s'])} | {r['wall_s']:.1f} |"
         )
     if args.json:
-        from ..io import write_json_atomic
+        from gemfilter.toolkit.io import write_json_atomic
 
         write_json_atomic(args.json, {"model": model, "max_tokens": args.max_tokens, "rows": rows})
     return 0 if all(r["answered"] == r["sent"] for r in rows) else 1

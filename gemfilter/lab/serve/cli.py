@@ -50,8 +50,8 @@ def connect(
     (:func:`check_tokenizer`)."""
     import torch
 
-    from .selector import open_selector
-    from .upstream import Upstream, check_tokenizer
+    from gemfilter.toolkit.serving.selector import open_selector
+    from gemfilter.toolkit.serving.upstream import Upstream, check_tokenizer
 
     upstream = Upstream(url, timeout=timeout)
     models = upstream.model_ids()
@@ -64,8 +64,9 @@ def connect(
 
 
 def add_parser(sub) -> None:
+    from gemfilter.toolkit.options import add_method_options
+
     from ...models import add_attn_argument
-    from ..options import add_method_options
 
     p = sub.add_parser(
         "serve",
@@ -153,8 +154,9 @@ def add_parser(sub) -> None:
 
 
 def cmd_serve(args) -> int:
+    from gemfilter.toolkit.options import check_against_model, check_int, method_specs_of
+
     from ...models import load_config
-    from ..options import check_against_model, check_int, method_specs_of
     from .proxy import ProxyServer, check_limits, check_seconds, request_options, serve
 
     # Every option is checked here, before the engine is asked or the selector loads.

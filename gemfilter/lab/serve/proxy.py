@@ -3,7 +3,7 @@
 Paper: Shi et al. 2024, Algorithm 2. The second stage of GemFilter is an ordinary generation from the k
 kept tokens at positions 0..k-1, so any engine can run it when it is handed the kept token ids as the
 prompt. For each request the proxy tokenizes the prompt (after the chat template, for chat requests),
-runs the selection on a local model that holds only layers 0..r (:mod:`gemfilter.lab.serve.selector`), and
+runs the selection on a local model that holds only layers 0..r (:mod:`gemfilter.toolkit.serving.selector`), and
 sends the kept ids to the engine's ``/v1/completions``; a chat request's answer is turned back into a
 chat completion, streamed or not. A prompt of at most k tokens, and ``method: "full"``, pass through
 unchanged to the endpoint they were sent to (a chat on a model whose template the proxy supplies goes
@@ -28,6 +28,9 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from gemfilter.toolkit.serving.selector import ClientGone
+from gemfilter.toolkit.serving.upstream import Call, UpstreamError
+
 from .bodies import (  # noqa: F401
     AnswerPlan,
     BadRequest,
@@ -44,8 +47,6 @@ from .bodies import (  # noqa: F401
     rewrite_answer,
 )
 from .connection import ClientTimeout, ClientWatch, read_body
-from .selector import ClientGone
-from .upstream import Call, UpstreamError
 
 #: (option, low, high) for the server's limits; the CLI checks them before the selector loads.
 LIMITS = (("--backlog", 1, 65535), ("--max-concurrency", 1, 4096), ("--client-timeout", 0, 86400))

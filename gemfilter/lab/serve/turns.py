@@ -372,7 +372,7 @@ def rebuild(folder) -> str:
     """OUT/bench-turns.md again, from the folder's rows (those of the run its bench-turns.json describes)."""
     from pathlib import Path
 
-    from ..io import read_json_object, read_jsonl
+    from gemfilter.toolkit.io import read_json_object, read_jsonl
 
     folder = Path(folder)
     meta = read_json_object(folder / "bench-turns.json")["meta"]
@@ -396,13 +396,14 @@ def run(args) -> int:
     """Run ``gemfilter bench --engine URL --turns T`` for the parsed ``args``; returns the exit status."""
     from tqdm import tqdm
 
+    from gemfilter.toolkit.haystack import make_haystack
+    from gemfilter.toolkit.io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+    from gemfilter.toolkit.options import check_int, method_specs_of, parse_lengths, parse_positive_ints
+    from gemfilter.toolkit.serving.selector import Selector
+
     from ...methods import FullMethod
-    from ..haystack import make_haystack
-    from ..io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
-    from ..options import check_int, method_specs_of, parse_lengths, parse_positive_ints
     from .cli import connect
     from .proxy import ProxyServer, request_options
-    from .selector import Selector
 
     spec = method_specs_of(args)[-1]
     if issubclass(spec.cls, FullMethod):

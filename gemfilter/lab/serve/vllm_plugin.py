@@ -2,7 +2,7 @@
 
 Paper: Shi et al. 2024, "Discovering the Gems in Early Layers", Algorithm 2. Steps 1-4 (the filter pass on
 layers 0..r and the top-k) run in vLLM's API server process, on a selector that holds only those layers
-(:class:`~gemfilter.lab.serve.selector.Selector`, the one ``gemfilter serve`` uses); step 5 (generate from the
+(:class:`~gemfilter.toolkit.serving.selector.Selector`, the one ``gemfilter serve`` uses); step 5 (generate from the
 k kept tokens at positions 0..k-1) is vLLM's own completion handler, handed the kept ids as a token prompt.
 There is no second process and no HTTP hop.
 
@@ -199,7 +199,7 @@ def check_environment() -> None:
 
 
 def selector_name(settings: Settings, served: str | None):
-    """What :func:`~gemfilter.lab.serve.selector.open_selector` loads: ``GEMFILTER_SELECTOR_MODEL``, else the
+    """What :func:`~gemfilter.toolkit.serving.selector.open_selector` loads: ``GEMFILTER_SELECTOR_MODEL``, else the
     model vLLM serves. vLLM serving the embedded model's cache folder gets the embedded model (float32, the
     banded kernel, Gemma 3's chat template), as ``gemfilter serve`` loads it."""
     from pathlib import Path
@@ -350,10 +350,11 @@ class GemFilterPlugin:
         another layer or a model that does not load is one ``error:`` line, and so is a tokenizer unlike vLLM's."""
         import torch
 
+        from gemfilter.toolkit.serving.selector import open_selector
+        from gemfilter.toolkit.serving.upstream import PROBE
+
         from ...methods import parse_spec
         from .bodies import BadRequest, request_options
-        from .selector import open_selector
-        from .upstream import PROBE
 
         s = self.settings
         if s.threads:
@@ -411,8 +412,9 @@ class GemFilterPlugin:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
+        from gemfilter.toolkit.serving.selector import ClientGone
+
         from .bodies import AnswerPlan, BadRequest, engine_request, parse_request
-        from .selector import ClientGone
 
         state = raw_request.app.state
         serving = state.openai_serving_chat if chat else state.openai_serving_completion

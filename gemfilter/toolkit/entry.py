@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from ..extras import DIST, EXTRAS, MissingExtra, missing_modules, require  # noqa: F401 (re-exported)
+from gemfilter.extras import DIST, EXTRAS, MissingExtra, missing_modules, require  # noqa: F401 (re-exported)
 
 
 class ErrorExit(SystemExit):

@@ -38,7 +38,7 @@ GEMMA3 = (
 def fallback_template(name, tokenizer) -> str | None:
     """The template the proxy supplies for model ``name`` (None: the embedded model): :data:`GEMMA3` for the
     embedded model when its tokenizer has no template, else None (the tokenizer's own template is used)."""
-    from ...models import is_embedded
+    from gemfilter.models import is_embedded
 
     if getattr(tokenizer, "chat_template", None) is None and is_embedded(name):
         return GEMMA3

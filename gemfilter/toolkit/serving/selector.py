@@ -17,14 +17,14 @@ from dataclasses import dataclass
 def is_prompt_method(method) -> bool:
     """Whether ``method`` (a class or an object) can run in front of an engine: ``full``, or a method that
     picks prompt tokens. KV-cache methods evict inside the model, which an engine does not expose."""
-    from ...methods import FullMethod, PromptMethod
+    from gemfilter.methods import FullMethod, PromptMethod
 
     return issubclass(method if isinstance(method, type) else type(method), (PromptMethod, FullMethod))
 
 
 def prompt_methods() -> tuple:
     """Names of the registered methods that can run in front of an engine (``full`` sends the whole prompt)."""
-    from ...methods import REGISTRY
+    from gemfilter.methods import REGISTRY
 
     return tuple(sorted(name for name, cls in REGISTRY.items() if is_prompt_method(cls)))
 
@@ -50,8 +50,8 @@ def load_selector(name: str | None = None, *, layer: int | None = None, attn: st
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from ...layers import default_layer
-    from ...models import _check_attn, is_embedded, load_config, model_path
+    from gemfilter.layers import default_layer
+    from gemfilter.models import _check_attn, is_embedded, load_config, model_path
 
     config = load_config(name)
     full_layers = int(config.get_text_config().num_hidden_layers)
@@ -93,7 +93,7 @@ def open_selector(
 
     cache_bytes, workers: as for :class:`Selector`. What ``gemfilter serve`` and the vLLM plugin both load.
     """
-    from .chat_template import fallback_template
+    from gemfilter.toolkit.serving.chat_template import fallback_template
 
     model, tok, layer = load_selector(name, layer=layer, attn=attn)
     return Selector(
@@ -137,7 +137,7 @@ class Selector:
     """A loaded selector and its tokenizer; :meth:`choose` is safe to call from several threads.
 
     chat_template: a template the proxy supplies because the tokenizer has none
-    (:func:`gemfilter.lab.serve.chat_template.fallback_template`); chats are then always sent as token ids.
+    (:func:`gemfilter.toolkit.serving.chat_template.fallback_template`); chats are then always sent as token ids.
     cache_bytes: the prefix cache's budget (0: no cache). workers: selections that run at once on the one
     model (1: one at a time, in arrival order; more share the CPU threads or the GPU between them).
     """
@@ -152,7 +152,7 @@ class Selector:
         cache_bytes: int = 0,
         workers: int = 1,
     ):
-        from .prefix_cache import PrefixCache
+        from gemfilter.toolkit.serving.prefix_cache import PrefixCache
 
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"selector workers must be a whole number >= 1, got {workers!r}")
@@ -169,7 +169,7 @@ class Selector:
     def method_for(self, n: int, method, topk: int | None = None):
         """The method object for a prompt of ``n`` tokens: ``method`` a spec (text or
         :class:`~gemfilter.methods.Spec`), ``topk`` the budget where the spec sets none (None: its own)."""
-        from ...methods import parse_spec
+        from gemfilter.methods import parse_spec
 
         spec = parse_spec(method) if isinstance(method, str) else method
         m = spec.method(n, topk=topk, layer=self.layer)
@@ -183,7 +183,7 @@ class Selector:
     def passes_through(n: int, method) -> bool:
         """Whether a prompt of ``n`` tokens is sent unchanged by ``method`` (an object, :meth:`method_for`):
         ``full``, or a prompt of at most the method's ``topk`` tokens."""
-        from ...methods import FullMethod
+        from gemfilter.methods import FullMethod
 
         return isinstance(method, FullMethod) or n <= method.topk
 
@@ -243,8 +243,8 @@ class Selector:
         last tokens and select."""
         import torch
 
-        from ...compat import dynamic_cache
-        from ...selection import filter_pass, select_cached
+        from gemfilter.compat import dynamic_cache
+        from gemfilter.selection import filter_pass, select_cached
 
         aligned = self.prefix_cache.aligned(len(ids))
         with self._cache_lock:  # branch: where it leaves an earlier prompt (a shared document's end)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from .selector import prompt_methods
+from gemfilter.toolkit.serving.selector import prompt_methods
 
 
 def check_engine_methods(engine: str | None, names) -> None:
@@ -19,7 +19,7 @@ def check_engine_methods(engine: str | None, names) -> None:
 
     names: method specs (``gemfilter-span:k=256``) or names; a spec that does not parse is refused by its parse.
     """
-    from ...methods import parse_spec
+    from gemfilter.methods import parse_spec
 
     bad = [n for n in names if engine is not None and not parse_spec(n).cls.serves_engine]
     if bad:
@@ -58,8 +58,8 @@ def engine_generate(
     eos_token_id=None,
     **unused,
 ) -> EngineOutput:
-    """Greedy generation on ``upstream`` (an :class:`~gemfilter.lab.serve.upstream.Upstream`) from ``method``'s kept
-    tokens.
+    """Greedy generation on ``upstream`` (an :class:`~gemfilter.toolkit.serving.upstream.Upstream`) from
+    ``method``'s kept tokens.
 
     inputs: a tokenizer output with ``input_ids`` (1, n); model: the local model the selection runs on;
     eos_token_id: extra stop ids (sent as vLLM's ``stop_token_ids``); min_new_tokens: vLLM's ``min_tokens``.
@@ -70,7 +70,7 @@ def engine_generate(
     if ids.shape[0] != 1:
         raise ValueError(f"--engine sends one prompt per request; got a batch of {ids.shape[0]}")
     check_engine_methods(upstream.url, [method.name])
-    from ...methods import FullMethod
+    from gemfilter.methods import FullMethod
 
     selection = None
     if isinstance(method, FullMethod):
@@ -91,7 +91,7 @@ def engine_generate(
         body["stop_token_ids"] = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     choice = upstream.complete("/completions", body)["choices"][0]  # no choices: UpstreamError (502)
     if not isinstance(choice.get("text", ""), str):
-        from .upstream import UpstreamError
+        from gemfilter.toolkit.serving.upstream import UpstreamError
 
         raise UpstreamError(502, f"the engine at {upstream.url} answered a choice without text: {choice!r:.200}")
     new = choice.get("token_ids")
@@ -113,10 +113,10 @@ def generator(engine: str | None, tokenizer=None, timeout: float = 600.0):
     With an engine and a tokenizer, the engine's tokenizer is checked against it first.
     """
     if engine is None:
-        from ...apply import generate
+        from gemfilter.apply import generate
 
         return generate
-    from .upstream import Upstream, check_tokenizer
+    from gemfilter.toolkit.serving.upstream import Upstream, check_tokenizer
 
     upstream = Upstream(engine, timeout=timeout)
     if tokenizer is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 
-from ..compat import text_config
+from gemfilter.compat import text_config
 
 #: No model we know of reads more tokens than this; a larger --lengths value is a typo (1e9 would spin).
 MAX_TOKENS = 10_000_000
@@ -231,7 +231,7 @@ def method_specs_of(args, default: str | None = None, *, note=None) -> tuple:
     topk=0 must be >= 1``); when given and some methods have no such parameter, one line names them instead
     of dropping the value silently.
     """
-    from ..methods.spec import parse_specs, split_defaults
+    from gemfilter.methods.spec import parse_specs, split_defaults
 
     one = hasattr(args, "method")
     flag = "--method" if one else "--methods"

@@ -29,7 +29,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .io import read_text
+from gemfilter.toolkit.io import read_text
 
 NEEDLE = "\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.\n"
 QUESTION = "What is the best thing to do in San Francisco?"

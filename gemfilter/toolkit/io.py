@@ -11,7 +11,7 @@ share one output folder, or when a file was damaged by hand. So every such comma
   process is ever deleted by a merge;
 - a damaged file gives :class:`CorruptFileError`, which names the file (and line) and says how to fix it.
 
-Command-line options are parsed and checked in ``gemfilter.lab.options``.
+Command-line options are parsed and checked in ``gemfilter.toolkit.options``.
 
 Nothing here imports torch or transformers at import time.
 """
