@@ -165,13 +165,14 @@ def test_the_toolkit_imports_only_the_core():
     assert not found, f"toolkit modules import the lab or eval: {sorted(found)}"
 
 
-def test_eval_imports_nothing_of_the_lab():
-    """The benchmarks use the core and the toolkit, never the lab's commands, benchmarks or server."""
-    modules = {**module_files(), **module_files("eval")}
+def test_eval_and_the_probes_import_nothing_of_the_lab():
+    """The benchmarks and the probes use the core and the toolkit, never the lab's commands, benchmarks or server."""
+    wings = ("eval", "icl_probes", "feature_probes")
+    modules = {**module_files(), **{k: v for w in wings for k, v in module_files(w).items()}}
     found = sorted(
         (name, dst)
         for name, path in modules.items()
-        if in_group(name, ("eval",))
+        if in_group(name, wings)
         for dst in imports_of(name, path, modules)
         if in_group(dst, LAB)
     )

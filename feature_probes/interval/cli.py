@@ -17,7 +17,7 @@ from feature_probes.common import add_run_args, fmt_seeds, table_command
 from feature_probes.interval.data import IntervalSpec
 from feature_probes.interval.experiments import PRESETS, run_table
 from feature_probes.parity.cli import plot_mds
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 from icl_probes.common import pyplot
 from icl_probes.io import save_png
 

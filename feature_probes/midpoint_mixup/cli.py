@@ -24,7 +24,7 @@ from feature_probes.midpoint_mixup.experiments import (
     run_units,
 )
 from feature_probes.midpoint_mixup.model import METHODS
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 from icl_probes.common import pyplot
 from icl_probes.io import save_png, write_json, write_text
 

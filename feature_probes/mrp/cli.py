@@ -14,7 +14,7 @@ import numpy as np
 
 from feature_probes.common import add_run_args, mean_std, start_run
 from feature_probes.mrp.experiments import PRESETS, run_units
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 from icl_probes.common import pyplot
 from icl_probes.io import save_png, write_json, write_text
 

@@ -17,7 +17,7 @@ import numpy as np
 from feature_probes.common import add_run_args, fmt_seeds, start_run, table_command
 from feature_probes.parity.data import ParitySpec
 from feature_probes.parity.experiments import PRESETS, run_table
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 from icl_probes.common import pyplot
 from icl_probes.io import save_png, write_text
 

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 from icl_probes.io import check_out_dir, check_png_path, read_text, replacing, write_json, write_text
 
 FIG_DIR = Path(__file__).resolve().parents[1] / "figures"

@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import sys
 
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 
 EPILOG = """subcommands:
   fig81   Fig. 8.1: the constructed looped transformer (Q = I, P = diag(I_d, 0)) with eta = 1/L against

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 from icl_probes.common import as_stored, resolve_device
 from icl_probes.io import check_out_dir, read_json, remove_jsonl_rows, write_json, write_text
 from icl_probes.modular import plots, report

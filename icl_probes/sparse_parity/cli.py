@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from gemfilter.lab.entry import command
+from gemfilter.toolkit.entry import command
 from icl_probes.io import check_out_dir, read_jsonl, write_json, write_text
 
 EPILOG = """parts (--parts, default all):
