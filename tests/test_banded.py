@@ -13,8 +13,8 @@ from transformers import Gemma2Config, Gemma2ForCausalLM
 import gemfilter
 from gemfilter.banded import BandedMask, banded_mask
 from gemfilter.compat import cache_kwargs
-from gemfilter.lab.inspection.core import trace
 from gemfilter.methods import REGISTRY, get_method
+from gemfilter.toolkit.trace import trace
 
 FAMILIES = ["mistral-sliding", "gemma3"]
 WINDOW = {"mistral-sliding": 16, "gemma3": 8}

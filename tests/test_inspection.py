@@ -9,7 +9,7 @@ from tiny_models import BUILDERS
 
 import gemfilter
 from gemfilter.lab.inspection.calibrate import calibrate, coverage_table, format_table, recommend
-from gemfilter.lab.inspection.core import CAPTURE_NAMES, needle_distances, trace
+from gemfilter.toolkit.trace import CAPTURE_NAMES, needle_distances, trace
 
 N = 64
 

@@ -214,7 +214,7 @@ def test_average_over_datasets_is_per_seed_then_over_seeds():
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_per_head_last_row_equals_the_models_own_eager_attentions(family):
-    from gemfilter.lab.inspection.core import trace
+    from gemfilter.toolkit.trace import trace
 
     model = BUILDERS[family]()
     model.set_attn_implementation("eager")

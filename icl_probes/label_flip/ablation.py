@@ -10,7 +10,7 @@ exemplars and query, gets one irrelevant sentence appended. The query is followe
 <word> is the query's
 true label word ("correct") or the other one ("wrong"), so the last query row IS the label token
 (the word's last token when it has several). From that row of the final layer, per head
-(``gemfilter.lab.inspection.core``'s ``attn_last_row_heads`` capture, no n x n map), we report
+(``gemfilter.toolkit.trace``'s ``attn_last_row_heads`` capture, no n x n map), we report
 
 - ``*_norm``: the Frobenius norm of the (heads, span tokens) block, "the norm across all heads";
 - ``*_mass``: the attention mass on the span, averaged over heads (a length-aware companion),
@@ -87,7 +87,7 @@ def measure(model, tok, prompt: AblationPrompt, layer: int = -1) -> dict:
     """Norms and masses of the last row at ``layer`` (default: the final one) on both spans."""
     import torch
 
-    from gemfilter.lab.inspection.core import trace
+    from gemfilter.toolkit.trace import trace
 
     enc = tok(prompt.text, return_offsets_mapping=True)
     ids = torch.tensor([enc["input_ids"]], device=next(model.parameters()).device)

@@ -14,9 +14,9 @@ revision) and a hash of its config.json, so a relative ``--model m`` in another 
 from __future__ import annotations
 
 from gemfilter.toolkit.io import write_json_atomic
+from gemfilter.toolkit.trace import needle_distances, needle_token_span, trace
 
 from ...layers import calibration_path, model_identity, model_key
-from .core import needle_distances, needle_token_span, trace
 
 
 def coverage_table(distances: list, ks: list) -> dict:

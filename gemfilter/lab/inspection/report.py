@@ -10,8 +10,7 @@ from pathlib import Path
 
 from gemfilter.toolkit.entry import require
 from gemfilter.toolkit.io import save_png
-
-from .core import gemfilter_kept, needle_distances, needle_token_span, snapkv_kept, trace
+from gemfilter.toolkit.trace import gemfilter_kept, needle_distances, needle_token_span, snapkv_kept, trace
 
 
 def _plt():

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...attention import STATE_KWARG, wrapped_attention
-from ...methods.cache import keep_indices, pool_prefix, window_votes
-from ...selection import last_row_scores, num_layers, pool_scores, positions_from_mask, sliding_window_of, topk_sorted
+from ..attention import STATE_KWARG, wrapped_attention
+from ..methods.cache import keep_indices, pool_prefix, window_votes
+from ..selection import last_row_scores, num_layers, pool_scores, positions_from_mask, sliding_window_of, topk_sorted
 
 CAPTURE_NAMES = ("qk_last_row", "attn_last_row", "snapkv_votes")
 #: Capture points that are only filled when asked for by name (bigger: one row per head).
