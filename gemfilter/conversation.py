@@ -247,7 +247,7 @@ class Conversation:
             kept = recomputed = handle.calls[-1].kept[0]
             answer = _new(out, history)
         else:  # reuse (inside apply(), entered for the conversation) and full: the history's cache goes on
-            before = self.history.shape[1] if self.history is not None and self.keep != "context" else 0
+            before = self.history.shape[1] if self.history is not None else 0  # keep="context": the context
             prefills = len(self._handle.budgets) if self._handle is not None else 0
             answer, cache = self._generate(history, clock, generate_kwargs)
             kept = self._rows_before(cache, answer.shape[1])

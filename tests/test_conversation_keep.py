@@ -65,6 +65,8 @@ def test_keep_questions_drops_every_answer(family, protocol, name, topk):
         for t in range(TURNS):
             turns.append(chat.ask(QUESTIONS[t], **greedy()))
             assert torch.equal(chat.history, torch.cat(QUESTIONS[: t + 1], dim=1))  # no answer kept
+            if protocol == "full" and t:  # the history's cache goes on: only the new question runs
+                assert turns[-1].recomputed == QUESTIONS[t].shape[1]
     for t, turn in enumerate(turns):  # references outside the conversation's apply() block
         history = torch.cat(QUESTIONS[: t + 1], dim=1)
         if protocol == "full":
@@ -94,6 +96,8 @@ def test_keep_context_asks_each_question_over_the_context_alone(family, protocol
     for t, turn in turns.items():  # references outside the conversation's apply() block
         prompt = torch.cat([context, QUESTIONS[t]], dim=1)
         assert turn.history_tokens == prompt.shape[1]
+        # only the question ran on the context's cache (reselect: the k kept tokens of [context, q])
+        assert turn.recomputed == (QUESTIONS[t].shape[1] if protocol != "reselect" else turn.kept)
         if protocol == "full":
             ref = model.generate(prompt, **greedy())[0, prompt.shape[1] :]
         elif protocol == "reselect":
