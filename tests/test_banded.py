@@ -1,4 +1,4 @@
-"""The exact block-banded kernel (issue 14) against stock sdpa and eager, on tiny sliding-window models.
+"""The exact block-banded kernel against stock sdpa and eager, on tiny sliding-window models.
 
 Mistral: every layer slides (window 16); Gemma3: sliding (window 8) and full layers mixed. Prompts are
 shorter than, equal to and longer than the window, single rows and left-padded batches, with prefill and

@@ -1,4 +1,4 @@
-"""Issue 43, item 12: a ``gemfilter bench`` worker dies with its parent. SIGKILL or SIGTERM to the process that
+"""A ``gemfilter bench`` worker dies with its parent. SIGKILL or SIGTERM to the process that
 runs :func:`gemfilter.lab.bench.core.run_worker` leaves no worker computing (it would skew a resumed run's timings)."""
 
 import json

@@ -1,4 +1,4 @@
-"""Budgets as they are (issue 44, item 4): what a prefill kept, read from the cache it left.
+"""Budgets as they are: what a prefill kept, read from the cache it left.
 
 On tiny Gemma 3 (layers: sliding 8, full, sliding 8, full) with a 48-token prompt, each method's KV rows per
 layer and propagated tokens follow from the definitions alone: a sliding layer holds window - 1 = 7 rows,

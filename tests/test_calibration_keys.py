@@ -1,4 +1,4 @@
-"""Issue 43, item 4: a calibration belongs to the model's identity (resolved path or hub id and revision, plus
+"""A calibration belongs to the model's identity (resolved path or hub id and revision, plus
 a hash of config.json), not to the name as typed."""
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 43, items 5, 7, 9 and 11: bad options are one ``error:`` line and exit 2 before any model loads or any
+"""Bad options are one ``error:`` line and exit 2 before any model loads or any
 work starts, and nothing is written."""
 
 import pytest

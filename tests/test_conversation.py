@@ -1,4 +1,4 @@
-"""gemfilter.Conversation (issue 45, item 2): each protocol against an independent computation.
+"""gemfilter.Conversation: each protocol against an independent computation.
 
 - ``reselect`` equals a from-scratch run of the method on the concatenated history, turn by turn (kept ids
   and generated tokens), on tiny Llama and Gemma 3 under the banded kernel, for k < n and k >= n;

@@ -1,4 +1,4 @@
-"""Issue 43, items 1, 8, 9, 12, 13 and the misbehaving-engine matrix: ``gemfilter bench --engine`` and the three
+"""``gemfilter bench --engine`` and the three
 runners' ``--engine`` against an engine that fails in each named way (tests/engine_faults.py). A broken answer
 is one ``error:`` line and exit 2, or an error row that a rerun retries; never a stored result or a traceback.
 """

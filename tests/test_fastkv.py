@@ -1,4 +1,4 @@
-"""FastKV (issue 33) against a reconstruction of the official code and a single-pass masked reference.
+"""FastKV against a reconstruction of the official code and a single-pass masked reference.
 
 The references do not call the library:
 

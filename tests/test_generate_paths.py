@@ -1,4 +1,4 @@
-"""apply() and the banded kernel under generate's less common paths (issue 35).
+"""apply() and the banded kernel under generate's less common paths.
 
 Each case is either exact (compared with plain ``generate`` or stock SDPA) or refused with a message
 that names what is supported: speculative decoding and prompt lookup, a cache filled outside the block,

@@ -1,4 +1,4 @@
-"""Layering (issue 16): the library never imports ``eval``, and no library module is part of an import cycle.
+"""Layering: the library never imports ``eval``, and no library module is part of an import cycle.
 
 The graph is read from the source with ``ast`` (no module is imported), counting every import
 statement, module level or inside a function: a lazy import still ties two modules together.

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness adapter (issue 34) and gemfilter.score, on local tasks written here (no network).
+"""lm-evaluation-harness adapter and gemfilter.score, on local tasks written here (no network).
 
 References: the harness's own ``hf`` model (k >= n), plain ``model(...)`` forwards on the tokens
 ``gemfilter.select_tokens`` keeps (k < n), and ``generate``'s own scores for the cache methods.

@@ -1,4 +1,4 @@
-"""Issue 43, lm-eval adapter items J, K, L, M, N: every bad model_arg is one ``error:`` line before the model loads,
+"""Every bad model_arg is one ``error:`` line before the model loads,
 whole-document tasks are refused for compressing methods, ``ratio`` is per row, defaults are recorded, and
 ``python -m eval.harness`` runs the harness with the class registered. Tiny models, local tasks (test_lm_eval)."""
 

@@ -1,4 +1,4 @@
-"""LongBench per-method max length and the gemfilter-paper preset (issue 16), on the tiny Llama."""
+"""LongBench per-method max length and the gemfilter-paper preset, on the tiny Llama."""
 
 import pytest
 from longbench_fixtures import TASKS, write_words

@@ -298,7 +298,7 @@ def test_every_command_has_a_help_that_teaches(command, needles, capsys):
 
 
 def test_fastkv_and_orig_pos_run_through_the_registry(tiny, words, tiny_model_dir, tmp_path):
-    """Issue 33: the new methods need no runner code; each row records the method's budget."""
+    """The new methods need no runner code; each row records the method's budget."""
     cfg = config(words, tiny_model_dir, methods=("fastkv", "gemfilter-orig-pos"), tasks=TASKS[:1], limit=1, topk=16)
     run(cfg, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
     for method in ("fastkv", "gemfilter-orig-pos"):

@@ -1,4 +1,4 @@
-"""Method kinds and the method spec (issue 44, items 2 and 3)."""
+"""Method kinds and the method spec."""
 
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""A second generate call on a cache filled inside apply() continues exactly (issue 45, item 1).
+"""A second generate call on a cache filled inside apply() continues exactly.
 
 Each method's second turn is checked against a computation that does not use apply()'s hooks:
 - ``gemfilter`` feeds the kept tokens at positions 0..k-1, so its conversation is plain generation on

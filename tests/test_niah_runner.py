@@ -260,7 +260,7 @@ def test_cli_help_teaches(capsys):
 
 
 def test_fastkv_and_orig_pos_run_through_the_registry(tiny, config, tmp_path):
-    """Issue 33: the new methods need no runner code; each row records the method's budget and layer."""
+    """The new methods need no runner code; each row records the method's budget and layer."""
     import dataclasses
 
     cfg = dataclasses.replace(config, methods=("fastkv", "gemfilter-orig-pos"), lengths=(240,), depths=(50,))

@@ -1,4 +1,4 @@
-"""Per-query-head SnapKV / H2O (the paper's baselines, issue 16) and SnapKV's pooling edge.
+"""Per-query-head SnapKV / H2O (the paper's baselines) and SnapKV's pooling edge.
 
 References are built by hand: q and k re-derived from the hidden states (tests/reference.py), K
 repeated to the query heads, fp32 softmax, explicit window sums for the pooling, plain sorting for

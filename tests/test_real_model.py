@@ -71,7 +71,7 @@ def test_sliding_filter_layer_warns(embedded):
 
 
 def test_banded_default_and_sdpa_give_the_same_greedy_answer_at_2k(embedded):
-    """Issue 14: the embedded model loads on the exact banded kernel; a 2K NIAH prompt gives the same
+    """The embedded model loads on the exact banded kernel; a 2K NIAH prompt gives the same
     greedy tokens on it as on stock sdpa (full generation, 24 tokens)."""
     model, tok = embedded
     assert model.config._attn_implementation == "banded"

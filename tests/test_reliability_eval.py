@@ -1,4 +1,4 @@
-"""Issue 15 on eval/: shared output folders lose no row, checks run before compute, reports tell the truth,
+"""On eval/: shared output folders lose no row, checks run before compute, reports tell the truth,
 damaged files give clear errors. Tiny random Llama and word tokenizers only; two real processes for sharing."""
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 15 on gemfilter/: misuse is refused, options are checked before any model load or measurement,
+"""On gemfilter/: misuse is refused, options are checked before any model load or measurement,
 bench reports true numbers and resumes, JSON results are written atomically. Tiny models, no real weights."""
 
 import json

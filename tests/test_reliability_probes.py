@@ -1,4 +1,4 @@
-"""Issue 15 on icl_probes/: --force deletes only what it recomputes, other settings are not overwritten,
+"""On icl_probes/: --force deletes only what it recomputes, other settings are not overwritten,
 damaged or crafted files are refused with a message. Seconds-long CPU runs only."""
 
 import json

@@ -1,5 +1,5 @@
 """RULER for methods measured apart from the main table, beside its methods on the same samples:
-fastkv and gemfilter-orig-pos (issue 33, measured/ruler-fastkv) and the selection variants of issue 48 (a probe
+fastkv and gemfilter-orig-pos (measured/ruler-fastkv) and the selection variants (a probe
 on samples 0-3, measured/ruler-variants; 20 samples, measured/ruler-variants20; 8K, measured/ruler-variants8k;
 k=1024 and gemfilter-span-qmax, measured/ruler-variants1024, measured/ruler-qmax and measured/ruler-qmax8k in
 docs/ruler-variants.md, and the held-out samples of seed 43, measured/ruler-seed43).

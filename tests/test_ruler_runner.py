@@ -356,7 +356,7 @@ def test_a_damaged_prediction_row_stops_scoring_and_is_named(tiny, tiny_model_di
 
 
 def test_fastkv_and_orig_pos_run_through_the_registry(tiny, tiny_model_dir, tmp_path):
-    """Issue 33: the new methods need no runner code; labels and budgets come from the registry."""
+    """The new methods need no runner code; labels and budgets come from the registry."""
     out = write_samples(tmp_path / "out", n=1)
     rows = run(
         config(

@@ -1,4 +1,4 @@
-"""Issue 43, items 3 and 13: the RULER and LongBench scorers count each sample once (duplicated rows are
+"""The RULER and LongBench scorers count each sample once (duplicated rows are
 dropped by key with a warning), RULER's ``--num-samples`` limits what is scored, and the rows an interrupted
 run left in unmerged shards are scored (with a warning) instead of "no predictions".
 

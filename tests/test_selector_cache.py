@@ -1,4 +1,4 @@
-"""The selector's prefix cache (issue 46, item 1): exact, bounded, and safe under concurrent requests.
+"""The selector's prefix cache: exact, bounded, and safe under concurrent requests.
 
 Every check compares against the selector without a cache (a fresh pass over the whole prompt).
 """

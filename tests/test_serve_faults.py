@@ -1,4 +1,4 @@
-"""``gemfilter serve`` in front of an engine that misbehaves: never a silent 200 (issue 43, D, 2 and 10).
+"""``gemfilter serve`` in front of an engine that misbehaves: never a silent 200.
 
 Each way the stub engine fails (serve_fixtures.MISBEHAVIOURS) must reach the client as an HTTP error with
 the engine's fault named (502, or 504 for a timeout), or, once a stream has started, as one final error

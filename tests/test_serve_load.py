@@ -1,4 +1,4 @@
-"""``gemfilter serve`` under bursts and bad clients (issue 43, E, F, G, H, 13): connections queue instead of
+"""``gemfilter serve`` under bursts and bad clients: connections queue instead of
 being reset, a client that leaves closes the engine's request, a client that stops sending is dropped, and
 request bodies are read whole (Content-Length or chunked) or refused once, with the connection closed.
 

@@ -1,4 +1,4 @@
-"""What ``gemfilter serve`` makes of a request (issue 43, A, B, C, I, 9 and 10): chat content parts, chat
+"""What ``gemfilter serve`` makes of a request: chat content parts, chat
 length defaults, fields about the prompt, usage, the embedded model's chat template, and client faults
 answered 400 by name, options refused before anything loads.
 
