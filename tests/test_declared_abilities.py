@@ -18,23 +18,19 @@ GUESS = re.compile(r"\b(hasattr|getattr)\((self\.)?(method|m|spec|methods\[[^]]*
 KIND_TEST = re.compile(r"\b(spec|method|m|cls|\))\.kind\s*(==|!=|not in|in)\s*[\"'(]")
 
 
-def test_no_ability_is_guessed_with_hasattr_or_getattr():
-    found = [
+def lines_matching(pattern) -> list:
+    """'file:line: text' for every line of the library and the benchmarks that ``pattern`` finds."""
+    return [
         f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
         for p in SOURCES
         for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-        if GUESS.search(line)
+        if pattern.search(line)
     ]
-    assert not found, "\n".join(found)
 
 
-def test_no_string_test_of_a_method_kind():
-    found = [
-        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
-        for p in SOURCES
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-        if KIND_TEST.search(line)
-    ]
+@pytest.mark.parametrize("pattern", [GUESS, KIND_TEST], ids=["hasattr-or-getattr", "kind-string-test"])
+def test_no_ability_is_guessed_and_no_kind_string_is_tested(pattern):
+    found = lines_matching(pattern)
     assert not found, "\n".join(found)
 
 
