@@ -63,12 +63,14 @@ def test_every_committed_label_holds_samples_0_to_9_of_five_turns(folder, length
 
 
 def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups():
-    """What the tables' last block reports, read from the rows: reselect runs all k kept tokens on every turn;
-    stable's follow-ups run fewer on average (the newly kept ones, or all k when it rebuilds)."""
+    """What the tables' last block reports, read from the rows: reselect runs all its kept tokens (at most k) on
+    every turn; stable's follow-ups run under 70% as many on average (the newly kept ones, or all when it
+    rebuilds)."""
     for mode in ("multi-turn", "multi-request"):
         found = collect(ROOT)
         reselect = found[(mode, 4096, "gemfilter-span:k=256@reselect", "gf_facts")]
         stable = found[(mode, 4096, "gemfilter-span:k=256@stable", "gf_facts")]
-        assert all(t["recomputed"] == 256 for r in reselect for t in r["turns"])
+        assert all(t["recomputed"] == t["kept"] <= 256 for r in reselect for t in r["turns"])  # all it keeps
         follow = [t["recomputed"] for r in stable for t in r["turns"][1:]]
-        assert all(0 < x <= 256 for x in follow) and sum(follow) / len(follow) < 256
+        again = [t["recomputed"] for r in reselect for t in r["turns"][1:]]
+        assert all(0 < x <= 256 for x in follow) and sum(follow) / len(follow) < 0.7 * sum(again) / len(again)
