@@ -148,7 +148,6 @@ def markdown(table: dict, settings: str = "") -> str:
             "|---|---|---|" + "---|" * (turns + 1),
         ]
         labels = list(dict.fromkeys(k[2] for k in sorted(cells)))
-        means = {}
         for label in labels:
             rows = [(k[3], v) for k, v in sorted(cells.items()) if k[2] == label]
             for task, v in rows:
@@ -157,25 +156,18 @@ def markdown(table: dict, settings: str = "") -> str:
                     f"{100 * sum(v['acc']) / len(v['acc']):.1f} |"
                 )
             per_turn = [sum(v["acc"][i] for _, v in rows) / len(rows) for i in range(turns)]
-            means[label] = per_turn
             lines.append(f"| **{label}** | all tasks | | {_fmt(per_turn)} | {100 * sum(per_turn) / turns:.1f} |")
-        tasks_of = {label: {k[3] for k in cells if k[2] == label} for label in labels}
-        ttft = {
-            label: [
-                sum(v["ttft"][i] for k, v in cells.items() if k[2] == label) / sum(1 for k in cells if k[2] == label)
-                for i in range(turns)
-            ]
-            for label in labels
-        }
+        tasks_of = {label: sorted(k[3] for k in cells if k[2] == label) for label in labels}
+
+        def mean_ttft(label, tasks):
+            return [sum(cells[(mode, length, label, t)]["ttft"][i] for t in tasks) / len(tasks) for i in range(turns)]
+
+        ttft = {label: mean_ttft(label, tasks_of[label]) for label in labels}
         # a ratio compares like with like: full's time over the tasks this label ran, not over all of full's
         base_of = {
-            label: [
-                sum(v["ttft"][i] for k, v in cells.items() if k[2] == "full" and (mode, length, label, k[3]) in cells)
-                / len(tasks_of[label])
-                for i in range(turns)
-            ]
+            label: mean_ttft("full", tasks_of[label])
             for label in labels
-            if tasks_of[label] <= tasks_of.get("full", set())
+            if set(tasks_of[label]) <= set(tasks_of.get("full", ()))
         }
         base = base_of.get("full")
         pre = {
