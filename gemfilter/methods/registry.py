@@ -45,6 +45,6 @@ def describe() -> list:
 
 def check_for_model(method, config, prompt_tokens: int) -> None:
     """Refuse, from a model's config alone (no weights), a method that could not run on prompts of up to
-    ``prompt_tokens`` tokens. Methods with such limits (the KV-cache ones) define
-    ``check_model(config, prompt_tokens)``; the others run on any model that takes their layer."""
+    ``prompt_tokens`` tokens: the method's declared ``check_model`` (the KV-cache methods override it; the default
+    accepts any model that takes the method's layer)."""
     method.check_model(config, prompt_tokens)
