@@ -109,3 +109,12 @@ def test_a_follow_up_starts_with_the_turn_before_s_answer_as_a_sentence(tok, tas
         previous = sample["multi_turns"][i - 1]
         assert said == " " + previous["answer"] + "."  # it completes the previous prompt's "... is"
         assert question == sample["multi_turns"][i]["input"]
+
+
+@pytest.mark.parametrize("task", OWN)
+def test_a_multi_request_query_is_set_apart_from_the_context(tok, task):
+    sample = generate.make_sample(task, tok, 4096, 5, seed=2, mode="multi-request")
+    p = prompts.build_prompts(sample, task, "multi-request")
+    assert [q for q in p.follow_ups] == ["\n\n" + turn["input"] for turn in sample["multi_turns"]]
+    # the multi-turn first prompt is the context and the first question; multi-request feeds the same text
+    assert p.first + p.follow_ups[0] == prompts.build_prompts(sample, task, "multi-turn").first

@@ -301,3 +301,36 @@ def test_time_ratios_compare_the_same_tasks_and_recomputed_tokens_are_tabled():
     assert "| span@stable | 30 |" in text and "| full | 100 |" in text
     found = {k: rows(v[0]["turns"][0]["ttft_s"]) for k, v in found.items()}  # rows without the field: no table
     assert "Tokens run through the model" not in markdown(score_table(found))
+
+
+def test_a_folder_of_own_tasks_fed_without_the_query_separator_is_refused(tiny, tmp_path):
+    import json
+
+    config = RunConfig(**{**BASE, "methods": ("full",), "tasks": ("gf_facts",), "num_samples": 1, "turns": 2})
+    assert config.identity()["own_query"] == "\n\n{input}"
+    assert "own_query" not in RunConfig(**BASE).identity()  # folders of SCBench's tasks compare what they did
+    out = tmp_path / "out"
+    out.mkdir()
+    old = {k: v for k, v in config.identity().items() if k != "own_query"} | {"model_changes": []}
+    (out / "config.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="own_query: '\\{input\\}' there"):
+        run(config, out, model_and_tokenizer=tiny, progress=False)
+
+
+def test_one_untimed_full_conversation_runs_before_the_first_timed_one(tiny, tmp_path, monkeypatch):
+    from eval.scbench import runner
+
+    calls = []
+    real = runner.converse
+
+    def spy(model, tok, method, protocol, mode, length, task, sample):
+        calls.append((protocol, len(sample["multi_turns"])))
+        return real(model, tok, method, protocol, mode, length, task, sample)
+
+    monkeypatch.setattr(runner, "converse", spy)
+    config = RunConfig(**{**BASE, "methods": ("snapkv:k=64",), "tasks": ("scbench_mf",), "num_samples": 1})
+    rows = run(config, tmp_path / "a", model_and_tokenizer=tiny, progress=False)
+    assert calls == [("full", 2), ("reuse", 3)] and len(rows["multi-turn/2048/snapkv:k=64/scbench_mf.jsonl"]) == 1
+    calls.clear()
+    run(RunConfig(**{**config.__dict__, "warmup": False}), tmp_path / "b", model_and_tokenizer=tiny, progress=False)
+    assert calls == [("reuse", 3)]

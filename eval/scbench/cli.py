@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --engine: seconds to wait for the engine, for a connection and for each chunk of an "
         "answer (default 600)",
     )
+    r.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip the untimed full conversation run before the first timed one (locally); the first row's times "
+        "then carry the process's one-time start-up",
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--out", required=True, help="run folder (created; a rerun resumes it)")
     s = sub.add_parser("report", help="score a run folder again: report.md and report.png")
@@ -142,6 +148,7 @@ def _run(args) -> int:
         dtype=args.dtype,
         engine=args.engine,
         timeout=args.timeout,
+        warmup=not args.no_warmup,
         extra={"attn": args.attn or "model default"},
     )
     if args.threads:

@@ -37,7 +37,7 @@ from .engine import converse_engine
 from .generate import MAX_TURNS, make_sample
 from .prompts import MODES, build_prompts, max_input_length, truncate_middle
 from .scoring import score_one
-from .tasks import OFFLINE, get_task
+from .tasks import OFFLINE, OWN, get_task
 
 #: Fields a stored row must hold to count as done.
 ROW_FIELDS = ("_id", "turns")
@@ -46,7 +46,10 @@ PROMPT_PROTOCOLS = ("reselect", "reuse", "stable")
 #: (``make_sample(mode=...)``). Folders written before say nothing, which means the old sizing: one sample for
 #: both modes, whose multi-request context the runner's middle truncation cut by 15-27% at 4K and 8K.
 SAMPLE_SIZING = "each mode's input budget"
-FORMAT_DEFAULTS = {"samples": "one sample for both modes, cut in multi-request"}
+#: How a multi-request query of this project's tasks follows the context, part of the identity of a folder that runs
+#: one of them. Folders written before say nothing, which means the query ran straight on from the context.
+OWN_QUERY = "\n\n{input}"
+FORMAT_DEFAULTS = {"samples": "one sample for both modes, cut in multi-request", "own_query": "{input}"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class RunConfig:
     tasks: official data names with an offline generator; lengths: the window (``--max_seq_length``) the
     samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries per sample;
     engine: an OpenAI base URL that answers the turns; timeout: seconds to wait for it (a connection, a chunk).
+    warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
+    first forward passes of a process pay one-time costs (seconds at 4K on CPU) that would land on the first row.
     """
 
     model: str | None = None
@@ -75,10 +80,13 @@ class RunConfig:
     dtype: str | None = None
     engine: str | None = None
     timeout: float = 600.0
+    warmup: bool = True
     extra: dict = field(default_factory=dict)
 
     def identity(self) -> dict:
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
+        # only folders that run this project's tasks compare how their queries are fed
+        own = {"own_query": OWN_QUERY} if any(t in OWN for t in self.tasks) else {}
         return {
             "model": self.model,
             "topk": self.topk,
@@ -87,6 +95,7 @@ class RunConfig:
             "dtype": self.dtype,
             "samples": SAMPLE_SIZING,
             **engine,
+            **own,
         }
 
 
@@ -205,6 +214,8 @@ class SCBench(Benchmark):
             from .engine import EngineTurns
 
             engine = EngineTurns(self.config.engine, model, tok, timeout=self.config.timeout)
+        elif self.config.warmup:
+            warm_up(model, tok, self.config)
 
         def predict(unit: Unit) -> dict:
             mode, length, label, task, sample = unit.data
@@ -227,6 +238,14 @@ class SCBench(Benchmark):
     def postfix(self, unit: Unit, row: dict) -> dict:
         mean = sum(t["score"] for t in row["turns"]) / len(row["turns"])
         return {"method": unit.data[2], "task": unit.data[3], "acc": f"{mean:.2f}"}
+
+
+def warm_up(model, tok, config: RunConfig) -> None:
+    """One untimed ``full`` conversation of two turns on the first mode, length and task (seed 0), its rows dropped:
+    the process's one-time costs (allocations, kernel choices, lazy imports) are paid before any row is timed."""
+    mode, length, task = config.modes[0], config.lengths[0], config.tasks[0]
+    sample = make_sample(task, tok, length, min(2, config.turns), seed=0, mode=mode)
+    converse(model, tok, None, "full", mode, length, task, sample)
 
 
 def converse(model, tok, method, protocol: str, mode: str, length: int, task: str, sample: dict) -> dict:

@@ -12,7 +12,7 @@ Columns of :class:`Task`:
 - ``name``: the official data name (``--task`` of ``run_scbench.py``); ``label``: the paper's name;
 - ``max_new_tokens``: ``DATA_NAME_TO_MAX_NEW_TOKENS`` (a dict per sub-task for the two Mix tasks);
 - ``template`` / ``scdq_template`` / ``follow_up`` / ``follow_up_chat``: the four official templates;
-  ``scdq_template`` is a (context, query) pair for the three book tasks;
+  ``scdq_template`` is a (context, query) pair for the three book tasks and this project's own;
 - ``fields``: which keyword arguments the official builder passes to the templates
   (``input``; ``mf``: input plus the ``What is ...?`` prefix; ``question``; ``choice``: question and four
   options), a key of ``eval.scbench.prompts.FIELDS``;
@@ -77,15 +77,20 @@ def _plain(name, label, max_new_tokens, scorer, head="", **kw):
 
 
 def _own(name, label, max_new_tokens, head, generator):
-    """This project's tasks (eval/scbench/own.py): the generic branch's templates, except that a multi-turn follow-up
-    starts with the turn before's gold answer completing its sentence (``said``: " <answer>."), where the generic
-    ``{pre_ans}`` glues the bare answer to the answer prefix ("... is7602368"), which the embedded model copied."""
+    """This project's tasks (eval/scbench/own.py): the generic branch's templates, with two differences.
+
+    - A multi-turn follow-up starts with the turn before's gold answer completing its sentence (``said``:
+      " <answer>."), where the generic ``{pre_ans}`` glues the bare answer to the answer prefix ("... is7602368"),
+      which the embedded model copied.
+    - A multi-request query starts with "\n\n", as a multi-turn one does: the generic ``{input}`` runs the context's
+      last words into the question ("... Design is notFrom which platform ...").
+    """
     return Task(
         name,
         label,
         max_new_tokens,
         head + "{context}\n\n{input}",
-        head + "{context}",
+        (head + "{context}", "\n\n{input}"),
         "{said}\n\n{input}",
         "{input}",
         fields="said",
