@@ -124,12 +124,43 @@ class Benchmark:
         return {}
 
 
-def config_specs(config) -> dict:
-    """{label: Spec} of a run config's ``methods`` (spec texts), each parsed and checked once with the config's
-    ``topk`` / ``layer`` as the defaults of the specs that set none."""
-    from gemfilter.methods import parse_specs
+@dataclass(frozen=True)
+class RunConfig:
+    """The fields every benchmark's run config shares; each benchmark's ``RunConfig`` adds its own.
 
-    return {s.label: s for s in parse_specs(",".join(config.methods), topk=config.topk, layer=config.layer)}
+    model: HF id / local path / None (the embedded Gemma 3 270M); methods: the run plan, method specs as texts
+    (``"full"``, ``"gemfilter:k=256"``) or as :class:`gemfilter.methods.Spec` objects a command line parsed
+    already (budgets applied, :func:`gemfilter.methods.spec.expand_budgets`). It is held as Specs: each text is
+    parsed once, when the config is made, with ``topk`` / ``layer`` as the defaults of the specs that set none
+    (None: each method's own). attn: the attention kernel (None: the model's; exact kernels, so not compared);
+    dtype: None (the loader's) or a torch dtype name, used on an accelerator only; engine: None (generate here)
+    or an OpenAI-compatible engine's URL (select here, generate there); extra: recorded in config.json, not
+    compared.
+    """
+
+    model: str | None = None
+    methods: tuple = ("full", "gemfilter")
+    topk: int | None = None
+    layer: int | None = None
+    attn: str | None = None
+    dtype: str | None = None
+    engine: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        from gemfilter.methods.spec import plan
+
+        object.__setattr__(self, "methods", plan(self.methods, topk=self.topk, layer=self.layer))
+
+    @property
+    def labels(self) -> tuple:
+        """Each method's label, the name of its rows and folders, in the order given."""
+        return tuple(s.label for s in self.methods)
+
+
+def config_specs(config) -> dict:
+    """{label: Spec} of a run config's plan (parsed when the config was made, not here)."""
+    return {s.label: s for s in config.methods}
 
 
 def finished(benchmark: Benchmark, out: Path, files) -> dict:

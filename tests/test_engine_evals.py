@@ -18,8 +18,8 @@ from eval.longbench.runner import run as run_longbench
 from eval.niah.runner import RunConfig as NiahConfig
 from eval.niah.runner import run as run_niah
 from eval.ruler.runner import RunConfig as RulerConfig
-from eval.ruler.runner import method_specs
 from eval.ruler.runner import run as run_ruler
+from gemfilter.methods.spec import expand_budgets
 from gemfilter.toolkit.serving.upstream import PROBE
 
 
@@ -93,7 +93,7 @@ def test_kv_cache_methods_are_refused_with_an_engine_before_any_request(niah_set
             run_ruler(
                 RulerConfig(
                     model=str(tiny_model_dir),
-                    methods=method_specs(("snapkv",), (40,)),
+                    methods=expand_budgets(("snapkv",), (40,)),
                     tasks=TASKS,
                     lengths=(512,),
                     num_samples=1,
@@ -128,7 +128,7 @@ def test_ruler_sends_the_kept_ids_and_records_the_engine(tmp_path, tiny_model_di
         out = write_samples(tmp_path / "out")
         config = RulerConfig(
             model=str(tiny_model_dir),
-            methods=method_specs(("full", "gemfilter"), (8,)),
+            methods=expand_budgets(("full", "gemfilter"), (8,)),
             tasks=TASKS,
             lengths=(512,),
             num_samples=2,

@@ -173,8 +173,8 @@ def test_ruler_and_longbench_engine_faults_are_an_error_and_no_row(tiny_model_di
     from eval.longbench.runner import RunConfig as LongBenchConfig
     from eval.longbench.runner import run as run_longbench
     from eval.ruler.runner import RunConfig as RulerConfig
-    from eval.ruler.runner import method_specs
     from eval.ruler.runner import run as run_ruler
+    from gemfilter.methods.spec import expand_budgets
     from gemfilter.toolkit.serving.upstream import UpstreamError
 
     model, tok = gemfilter.load_model(str(tiny_model_dir))
@@ -185,7 +185,7 @@ def test_ruler_and_longbench_engine_faults_are_an_error_and_no_row(tiny_model_di
             if runner == "ruler":
                 config = RulerConfig(
                     model=str(tiny_model_dir),
-                    methods=method_specs(("full",), (8,)),
+                    methods=expand_budgets(("full",), (8,)),
                     tasks=TASKS[:1],
                     lengths=(512,),
                     num_samples=2,

@@ -65,7 +65,7 @@ def test_paper_preset_settings_and_explicit_options_win(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run", lambda config, out, **kw: seen.append(config))  # returns None: no report
     assert cli.main(["run", "--preset", "gemfilter-paper", "--out", str(tmp_path)]) == 0
     c = seen[-1]
-    assert c.tasks == PAPER_TASKS and c.methods == ("full", "gemfilter", "snapkv-per-head", "h2o-per-head")
+    assert c.tasks == PAPER_TASKS and c.labels == ("full", "gemfilter", "snapkv-per-head", "h2o-per-head")
     assert c.method_max_length == {"h2o-per-head": 8192} and c.max_length is None and c.dtype == "float16"
     assert not c.chat_template
     assert (
@@ -90,5 +90,5 @@ def test_paper_preset_settings_and_explicit_options_win(tmp_path, monkeypatch):
     assert c.max_length == 128000 and c.method_max_length == {"h2o": 8192, "full": 9000}
     assert cli.main(["run", "--tasks", "hotpotqa", "--out", str(tmp_path)]) == 0  # no preset: today's defaults
     c = seen[-1]
-    assert (c.methods, c.method_max_length, c.max_length, c.dtype) == (("full", "gemfilter"), {}, None, None)
+    assert (c.labels, c.method_max_length, c.max_length, c.dtype) == (("full", "gemfilter"), {}, None, None)
     assert paper_max_length("mistralai/Mistral-Nemo-Instruct-2407") == 128000 and paper_max_length(None) is None

@@ -196,18 +196,18 @@ def test_paper_preset_sets_the_paper_protocol_methods_and_dtype(tmp_path, monkey
     monkeypatch.setattr(runner, "run", fake_run)
     assert cli.main(["--preset", "gemfilter-paper", "--out", str(tmp_path)]) == 0
     c = seen["config"]
-    assert (c.protocol, c.methods, c.dtype) == ("gemfilter-repo", ("full", "snapkv-per-head", "gemfilter"), "float16")
+    assert (c.protocol, c.labels, c.dtype) == ("gemfilter-repo", ("full", "snapkv-per-head", "gemfilter"), "float16")
     assert "protocol gemfilter-repo (preset gemfilter-paper)" in capsys.readouterr().err
     assert cli.main(["--preset", "cpu-demo", "--out", str(tmp_path)]) == 0
     c = seen["config"]
-    assert (c.protocol, c.methods, c.dtype) == ("kamradt", ("full", "gemfilter"), None)  # today's defaults
+    assert (c.protocol, c.labels, c.dtype) == ("kamradt", ("full", "gemfilter"), None)  # today's defaults
     assert (
         cli.main(
             ["--preset", "gemfilter-paper", "--protocol", "kamradt", "--methods", "snapkv", "--out", str(tmp_path)]
         )
         == 0
     )
-    assert (seen["config"].protocol, seen["config"].methods) == ("kamradt", ("snapkv",))  # explicit options win
+    assert (seen["config"].protocol, seen["config"].labels) == ("kamradt", ("snapkv",))  # explicit options win
 
 
 def test_dtype_resolution_keeps_float32_on_cpu():

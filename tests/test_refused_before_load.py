@@ -57,11 +57,12 @@ def test_niah_refuses_before_loading(windowed_dir, tmp_path):
 
 
 def test_ruler_refuses_before_loading(windowed_dir, tmp_path):
-    from eval.ruler.runner import RunConfig, method_specs, run
+    from eval.ruler.runner import RunConfig, run
+    from gemfilter.methods.spec import expand_budgets
 
     cfg = RunConfig(
         model=str(windowed_dir),
-        methods=method_specs(("full", "h2o"), topks=(BUDGET,)),
+        methods=expand_budgets(("full", "h2o"), topks=(BUDGET,)),
         tasks=("vt",),
         lengths=(128,),
         num_samples=1,
@@ -73,7 +74,7 @@ def test_ruler_refuses_before_loading(windowed_dir, tmp_path):
     # A ratio budget is a share of each length: 0.5 x 128 = 64 tokens, checked against that length.
     ratio = RunConfig(
         model=str(windowed_dir),
-        methods=method_specs(("snapkv",), ratio=0.5),
+        methods=expand_budgets(("snapkv",), ratio=0.5),
         tasks=("vt",),
         lengths=(128,),
         num_samples=1,

@@ -12,11 +12,12 @@ pytestmark = pytest.mark.slow
 
 def test_niah_single_1_at_1k_full_finds_the_needle_and_big_k_gemfilter_agrees(tmp_path):
     import gemfilter
-    from eval.ruler.runner import RunConfig, method_specs, run
+    from eval.ruler.runner import RunConfig, run
+    from gemfilter.methods.spec import expand_budgets
 
     model_and_tok = gemfilter.load_model()
     config = RunConfig(
-        methods=method_specs(("full", "gemfilter"), (2048,)), tasks=("niah_single_1",), lengths=(1024,), num_samples=1
+        methods=expand_budgets(("full", "gemfilter"), (2048,)), tasks=("niah_single_1",), lengths=(1024,), num_samples=1
     )
     rows = run(config, tmp_path, model_and_tokenizer=model_and_tok, progress=False)
     full, gem = rows[1024, "full", "niah_single_1"][0], rows[1024, "gemfilter_k2048", "niah_single_1"][0]

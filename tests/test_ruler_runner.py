@@ -13,7 +13,8 @@ import pytest
 
 from eval.ruler.cli import main
 from eval.ruler.prepare import data_file, write_rows
-from eval.ruler.runner import MethodSpec, RunConfig, method_specs, run
+from eval.ruler.runner import RunConfig, run
+from gemfilter.methods.spec import expand_budgets
 from gemfilter.toolkit.io import read_jsonl
 
 TASKS = ("niah_single_1", "vt", "fwe")
@@ -50,7 +51,7 @@ def tiny(tiny_model_dir):
 def config(tiny_model_dir, **over):
     base = dict(
         model=str(tiny_model_dir),
-        methods=method_specs(("full", "gemfilter"), (8,)),
+        methods=expand_budgets(("full", "gemfilter"), (8,)),
         tasks=TASKS,
         lengths=(512,),
         num_samples=2,
@@ -213,7 +214,7 @@ def test_a_smaller_run_reports_only_its_first_samples(tiny, tiny_model_dir, tmp_
     """After a 3-sample run, a 1-sample run's table (and `score --num-samples 1`) covers sample 0 only."""
     out = write_samples(tmp_path / "out")
     run(
-        config(tiny_model_dir, num_samples=3, methods=method_specs(("full", "gemfilter"), (8, 16))),
+        config(tiny_model_dir, num_samples=3, methods=expand_budgets(("full", "gemfilter"), (8, 16))),
         out,
         model_and_tokenizer=tiny,
         progress=False,
@@ -286,7 +287,7 @@ def test_processes_share_every_method_evenly():
 
     from eval.ruler.runner import plan, share
 
-    cfg = RunConfig(methods=method_specs(("full", "gemfilter"), (8,)), tasks=TASKS, lengths=(512,), num_samples=4)
+    cfg = RunConfig(methods=expand_budgets(("full", "gemfilter"), (8,)), tasks=TASKS, lengths=(512,), num_samples=4)
     samples = {(512, t): [{"index": i} for i in range(4)] for t in TASKS}
     done = {(512, s.label, t): {} for s in cfg.methods for t in TASKS}
     todo = plan(cfg, samples, done)
@@ -300,10 +301,10 @@ def test_processes_share_every_method_evenly():
 
 def test_ratio_budget_and_bad_input(tiny, tiny_model_dir, tmp_path, capsys):
     out = write_samples(tmp_path / "out")
-    specs = method_specs(("full", "snapkv"), ratio=0.75)
+    specs = expand_budgets(("full", "snapkv"), ratio=0.75)
     assert [s.label for s in specs] == ["full", "snapkv_r0.75"]
     rows = run(
-        config(tiny_model_dir, methods=(MethodSpec("h2o", ratio=0.75),), tasks=("vt",), num_samples=1),
+        config(tiny_model_dir, methods=(expand_budgets(("h2o",), ratio=0.75)[0],), tasks=("vt",), num_samples=1),
         out,
         model_and_tokenizer=tiny,
         progress=False,
@@ -360,7 +361,10 @@ def test_fastkv_and_orig_pos_run_through_the_registry(tiny, tiny_model_dir, tmp_
     out = write_samples(tmp_path / "out", n=1)
     rows = run(
         config(
-            tiny_model_dir, methods=method_specs(("fastkv", "gemfilter-orig-pos"), (16,)), tasks=("vt",), num_samples=1
+            tiny_model_dir,
+            methods=expand_budgets(("fastkv", "gemfilter-orig-pos"), (16,)),
+            tasks=("vt",),
+            num_samples=1,
         ),
         out,
         model_and_tokenizer=tiny,

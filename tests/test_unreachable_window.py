@@ -86,7 +86,8 @@ def test_an_eval_folder_made_before_the_drop_is_not_resumed_after_it(phi_dir, tm
     from transformers import AutoTokenizer
 
     from eval.ruler.prepare import data_file, write_rows
-    from eval.ruler.runner import RunConfig, method_specs, run
+    from eval.ruler.runner import RunConfig, run
+    from gemfilter.methods.spec import expand_budgets
 
     rows = [
         {
@@ -100,7 +101,7 @@ def test_an_eval_folder_made_before_the_drop_is_not_resumed_after_it(phi_dir, tm
     ]
     write_rows(data_file(tmp_path, 512, "vt"), rows)
     cfg = RunConfig(
-        model=str(phi_dir), methods=method_specs(("full",)), tasks=("vt",), lengths=(512,), num_samples=1, layer=2
+        model=str(phi_dir), methods=expand_budgets(("full",)), tasks=("vt",), lengths=(512,), num_samples=1, layer=2
     )
     stock = AutoModelForCausalLM.from_pretrained(phi_dir).eval()  # as a folder from before the drop was made
     run(cfg, tmp_path, model_and_tokenizer=(stock, AutoTokenizer.from_pretrained(phi_dir)), progress=False)

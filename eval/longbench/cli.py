@@ -176,7 +176,7 @@ def main(argv=None) -> int:
 def _settings(config) -> str:
     layer = "model default" if config.layer is None else config.layer
     max_length = "model window - 500" if config.max_length is None else config.max_length
-    own = {m: v for m, v in config.method_max_length.items() if m in config.methods}
+    own = {m: v for m, v in config.method_max_length.items() if m in config.labels}
     if own:
         max_length = f"{max_length} ({', '.join(f'{m} {v}' for m, v in own.items())})"
     topk = "each method's own" if config.topk is None else config.topk
@@ -202,7 +202,6 @@ def _run(args) -> int:
     preset = PRESETS.get(args.preset, {})
     tasks = parse_tasks(args.tasks if args.tasks is not None else preset.get("tasks"), e=args.e)
     specs = method_specs_of(args, default=",".join(preset.get("methods", ("full", "gemfilter"))))
-    methods = tuple(s.text for s in specs)
     given = parse_method_lengths(args.max_length_per_method)
     stray = [m for m in given if not any(m in (s.text, s.name) for s in specs)]
     if stray:  # the preset's entries may name methods this run leaves out; the user's must not (a typo)
@@ -212,13 +211,13 @@ def _run(args) -> int:
         )
     # a method's name applies to each of its specs; the preset's entries first, so the user's win
     per_name = {**preset.get("method_max_length", {}), **given}
-    own = {s.text: per_name[k] for s in specs for k in (s.name, s.text) if k in per_name}
+    own = {s.label: per_name[k] for s in specs for k in (s.name, s.text) if k in per_name}
     max_length = None if args.max_length is None else parse_length(args.max_length, "--max-length")
     if max_length is None and preset:
         max_length = paper_max_length(args.model)  # None: the model's window minus 500
     config = RunConfig(
         model=args.model,
-        methods=methods,
+        methods=specs,
         tasks=tuple(t.config for t in tasks),
         e=args.e,
         limit=args.limit,

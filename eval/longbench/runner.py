@@ -30,6 +30,7 @@ from pathlib import Path
 
 from eval.rundir import check_layers
 from eval.runner import Benchmark, Unit, config_specs
+from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
 from gemfilter.toolkit.options import check_against_model
 
@@ -46,36 +47,24 @@ ROW_FIELDS = ("pred", "answers", "_id")
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """One LongBench experiment.
+class RunConfig(BaseRunConfig):
+    """One LongBench experiment: :class:`eval.runner.RunConfig`'s fields (each method's label names its
+    ``pred/<method>`` folder), and:
 
-    model: HF id / local path / None (embedded Gemma 3 270M); methods: method specs (``gemfilter``,
-    ``snapkv:k=512``; each names its ``pred/<method>`` folder); tasks: configs (``hotpotqa``, ...); e:
-    LongBench-E (``<task>_e`` data, ``pred_e`` folder); limit: first n samples per task (None: all); topk,
-    layer: defaults for the specs that do not set them (None: each method's own; layer None = the model's
-    default); max_length: prompt tokens after middle truncation (None: the model's window
+    tasks: configs (``hotpotqa``, ...); e: LongBench-E (``<task>_e`` data, ``pred_e`` folder); limit: first n
+    samples per task (None: all); max_length: prompt tokens after middle truncation (None: the model's window
     minus 500); chat_template: apply the tokenizer's chat template (not to trec, triviaqa, samsum, lcc,
-    repobench-p); data_dir: local folder of ``<config>.jsonl`` (None: the hub); method_max_length:
-    method -> its own max_length (the official runs cut H2O to 8192); dtype: None (the loader's) or a
-    torch dtype name, used on an accelerator only (CPU keeps float32 and says so); engine: None (generate
-    here) or an OpenAI-compatible engine's URL (select here, generate there).
+    repobench-p); data_dir: local folder of ``<config>.jsonl`` (None: the hub); method_max_length: method label
+    -> its own max_length (the official runs cut H2O to 8192).
     """
 
-    model: str | None = None
-    methods: tuple = ("full", "gemfilter")
     tasks: tuple = tuple(BY_NAME)
     e: bool = False
     limit: int | None = None
-    topk: int | None = None
-    layer: int | None = None
     max_length: int | None = None
     chat_template: bool = False
     data_dir: str | None = None
-    attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
     method_max_length: dict = field(default_factory=dict)
-    dtype: str | None = None
-    engine: str | None = None
-    extra: dict = field(default_factory=dict)  # recorded in config.json, not compared
 
     def identity(self) -> dict:
         """Settings every finished row depends on besides its (method, task, _id)."""
@@ -86,7 +75,7 @@ class RunConfig:
             "max_length": self.max_length,
             "chat_template": self.chat_template,
             "data": HUB_REPO if self.data_dir is None else str(self.data_dir),
-            "method_max_length": {m: v for m, v in sorted(self.method_max_length.items()) if m in self.methods},
+            "method_max_length": {m: v for m, v in sorted(self.method_max_length.items()) if m in self.labels},
             "dtype": self.dtype,
             "engine": self.engine,
         }
@@ -102,9 +91,8 @@ class RunConfig:
 
 def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad setting and what is allowed."""
-    from gemfilter.methods import parse_spec
+    from gemfilter.methods import REGISTRY
 
-    config_specs(config)  # every spec and the --topk / --layer defaults, checked once where methods are built
     if not config.tasks:
         raise ValueError(f"no tasks given; allowed: {', '.join(BY_NAME)}")
     for name in config.tasks:
@@ -114,7 +102,8 @@ def validate(config: RunConfig) -> None:
     if config.max_length is not None:
         check_max_length(config.max_length)
     for name, value in config.method_max_length.items():  # a preset names methods that may not run
-        parse_spec(name)
+        if name.partition(":")[0] not in REGISTRY:
+            raise ValueError(f"method_max_length: unknown method {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
         check_max_length(value)
     if config.limit is not None and (
         isinstance(config.limit, bool) or not isinstance(config.limit, int) or config.limit < 1
@@ -139,7 +128,7 @@ class LongBench(Benchmark):
         """--max-length, else the model's window minus 500; the window is read only if some method has neither
         its own length nor --max-length."""
         config = self.config
-        needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.methods)
+        needs_window = config.max_length is None and any(m not in config.method_max_length for m in config.labels)
         return default_max_length(model_config) if needs_window else config.max_length
 
     def check(self, model_config) -> None:
@@ -152,7 +141,7 @@ class LongBench(Benchmark):
         )
         window = self.max_length(model_config)
         specs = config_specs(config)
-        check_engine_methods(config.engine, [s.name for s in specs.values()])
+        check_engine_methods(config.engine, {s.label: s.cls for s in config.methods})
         for (
             label,
             spec,
@@ -178,7 +167,7 @@ class LongBench(Benchmark):
                 )
         return [
             Unit(str(config.pred_dir(".", m) / f"{t.config}.jsonl"), r["_id"], (m, t, r))
-            for m in config.methods
+            for m in config.labels
             for t in tasks
             for r in records[t.config]
         ]
@@ -188,7 +177,7 @@ class LongBench(Benchmark):
 
     def describe(self, units: list) -> str:
         config = self.config
-        return f"{self.name}: {len(units)} samples ({len(config.methods)} methods x {len(config.tasks)} tasks)"
+        return f"{self.name}: {len(units)} samples ({len(config.labels)} methods x {len(config.tasks)} tasks)"
 
     def start(self, model, tok, done: dict):
         from gemfilter.apply import BUDGET_FIELDS, resolve

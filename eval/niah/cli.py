@@ -170,7 +170,7 @@ def _main(args) -> int:
     specs = method_specs_of(args, default=",".join(preset["methods"]))
     config = RunConfig(
         model=args.model,
-        methods=tuple(s.text for s in specs),
+        methods=specs,
         lengths=lengths,
         depths=depths,
         topk=args.topk,
@@ -186,7 +186,7 @@ def _main(args) -> int:
     )
     if not args.report_only:
         print(
-            f"methods {','.join(config.methods)}; protocol {config.protocol}"
+            f"methods {','.join(config.labels)}; protocol {config.protocol}"
             + (f" (preset {args.preset})" if args.protocol is None and args.preset in PRESET_SETTINGS else ""),
             file=sys.stderr,
         )

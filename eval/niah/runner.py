@@ -26,11 +26,12 @@ shared with LongBench and RULER; this module supplies NIAH's cells, file names, 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from eval.rundir import check_layers
 from eval.runner import Benchmark, Unit, config_specs, finished
+from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import merge as merge_units
 from eval.runner import run as run_units
 from gemfilter.toolkit.options import check_against_model
@@ -50,31 +51,21 @@ ROW_FIELDS = ("method", "length", "depth", "response", "recall", "rouge1", "hit"
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """One NIAH experiment. model: HF id / local path / None (embedded Gemma 3 270M);
-    methods: method specs (``gemfilter``, ``gemfilter-span:k=256``; each is its rows' ``method`` label);
-    lengths: context tokens; depths: percents; topk, layer: defaults for the specs that do not set them
-    (None: each method's own; methods without them ignore them; layer None = the model's default);
-    prompt: ``gemfilter`` or ``kamradt-chat``; haystack_dir: None = the Paul Graham essays;
-    protocol: ``kamradt`` (clean context) or ``gemfilter-repo`` (the GemFilter repo's special tokens, as
-    in the paper's figures); dtype: None (the loader's default) or a torch dtype name, used on an
-    accelerator only (fp16 on CPU is slow and poorly supported, so CPU keeps float32 and says so);
-    engine: None (generate here) or an OpenAI-compatible engine's URL (select here, generate there)."""
+class RunConfig(BaseRunConfig):
+    """One NIAH experiment: :class:`eval.runner.RunConfig`'s fields (each method's label is its rows' ``method``;
+    ``topk`` / ``layer`` are ignored by methods without them), and:
 
-    model: str | None = None
-    methods: tuple = ("full", "gemfilter")
+    lengths: context tokens; depths: percents; prompt: ``gemfilter`` or ``kamradt-chat``; max_new_tokens: the
+    answer's length; haystack_dir: None = the Paul Graham essays; protocol: ``kamradt`` (clean context) or
+    ``gemfilter-repo`` (the GemFilter repo's special tokens, as in the paper's figures). The dtype is used on an
+    accelerator only (fp16 on CPU is slow and poorly supported, so CPU keeps float32 and says so)."""
+
     lengths: tuple = PRESETS["cpu-demo"][0]
     depths: tuple = PRESETS["cpu-demo"][1]
-    topk: int | None = None
-    layer: int | None = None
     prompt: str = "gemfilter"
     max_new_tokens: int = 50
     haystack_dir: str | None = None
-    attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
     protocol: str = "kamradt"
-    dtype: str | None = None
-    engine: str | None = None
-    extra: dict = field(default_factory=dict)  # recorded in config.json, not compared (e.g. preset name)
 
     def identity(self) -> dict:
         """Settings a finished cell depends on besides its (method, length, depth)."""
@@ -91,12 +82,11 @@ class RunConfig:
         }
 
     def cells(self) -> list:
-        return [(m, L, normalize_depth(d)) for m in self.methods for L in self.lengths for d in self.depths]
+        return [(m, L, normalize_depth(d)) for m in self.labels for L in self.lengths for d in self.depths]
 
 
 def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad setting and what is allowed."""
-    config_specs(config)  # every spec and the --topk / --layer defaults, checked once where methods are built
     if config.prompt not in TEMPLATES:
         raise ValueError(f"unknown --prompt {config.prompt!r}; allowed: {', '.join(TEMPLATES)}")
     if config.protocol not in PROTOCOLS:
@@ -158,7 +148,7 @@ class Niah(Benchmark):
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
         specs = config_specs(config)
-        check_engine_methods(config.engine, [s.name for s in specs.values()])
+        check_engine_methods(config.engine, {s.label: s.cls for s in config.methods})
         for spec in specs.values():  # e.g. SnapKV on a model whose every layer is windowed
             check_for_model(
                 spec.method(max(config.lengths), topk=config.topk, layer=config.layer),
@@ -177,7 +167,7 @@ class Niah(Benchmark):
         return SHARD.format(rank)
 
     def sort_key(self, file: str, units: list):
-        rank = {m: i for i, m in enumerate(self.config.methods)}
+        rank = {m: i for i, m in enumerate(self.config.labels)}
         return lambda r: (rank.get(r["method"], len(rank)), r["method"], r["length"], float(r["depth"]))
 
     def before_load(self, todo: list, tokenizer) -> None:

@@ -254,18 +254,18 @@ def _prepare(args) -> int:
 
 
 def _run(args) -> int:
+    from gemfilter.methods.spec import expand_budgets
     from gemfilter.toolkit.options import method_specs_of, parse_topks
 
     from .report import write_report
-    from .runner import RunConfig, method_specs, run
+    from .runner import RunConfig, run
     from .tasks import parse_lengths, parse_tasks
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
-    texts = tuple(s.text for s in method_specs_of(args))
-    # one run per --topk budget for the specs that set none; without --topk, the runner's default budgets
-    budgets = {} if args.topk is None else {"topks": parse_topks(args.topk)}
-    specs = method_specs(texts, ratio=args.ratio, **budgets)
+    # the run plan: each spec parsed once, then one run per --topk budget for the specs that set none
+    topks = () if args.topk is None else parse_topks(args.topk)
+    specs = expand_budgets(method_specs_of(args), topks=topks, ratio=args.ratio, layer=args.layer)
     config = RunConfig(
         model=args.model,
         methods=specs,

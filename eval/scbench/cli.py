@@ -135,7 +135,7 @@ def _run(args) -> int:
         raise ValueError(f"--max-units must be >= 1, got {args.max_units}")
     config = RunConfig(
         model=args.model,
-        methods=tuple(s.text for s in method_specs_of(args)),
+        methods=method_specs_of(args),
         topk=args.topk,
         layer=args.layer,
         protocols=split_names(args.protocols),

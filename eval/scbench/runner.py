@@ -27,9 +27,10 @@ Files: ``OUT/<mode>/<L>/<label>/<task>.jsonl``, one row per sample: ``_id`` (the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from eval.runner import Benchmark, Unit, config_specs
+from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
 from gemfilter.toolkit.options import check_against_model
 
@@ -53,35 +54,25 @@ FORMAT_DEFAULTS = {"samples": "one sample for both modes, cut in multi-request",
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """One SCBench experiment.
+class RunConfig(BaseRunConfig):
+    """One SCBench experiment: :class:`eval.runner.RunConfig`'s fields (``engine`` answers the turns), and:
 
-    model: HF id / local path / None (embedded Gemma 3 270M); methods: method specs (``gemfilter:k=256``);
-    topk, layer: defaults for the specs that do not set them (None: each method's own); protocols: those a
-    prompt method runs under (``reselect``, ``reuse``, ``stable``); modes: ``multi-turn`` and/or ``multi-request``;
-    tasks: official data names with an offline generator; lengths: the window (``--max_seq_length``) the
-    samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries per sample;
-    engine: an OpenAI base URL that answers the turns; timeout: seconds to wait for it (a connection, a chunk).
+    protocols: those a prompt method runs under (``reselect``, ``reuse``, ``stable``); modes: ``multi-turn`` and/or
+    ``multi-request``; tasks: official data names with an offline generator; lengths: the window
+    (``--max_seq_length``) the samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries
+    per sample; timeout: seconds to wait for the engine (a connection, a chunk).
     warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
     first forward passes of a process pay one-time costs (seconds at 4K on CPU) that would land on the first row.
     """
 
-    model: str | None = None
-    methods: tuple = ("full", "gemfilter")
-    topk: int | None = None
-    layer: int | None = None
     protocols: tuple = ("reselect",)
     modes: tuple = ("multi-turn",)
     tasks: tuple = OFFLINE
     lengths: tuple = (4096,)
     num_samples: int = 20
     turns: int = MAX_TURNS
-    attn: str | None = None
-    dtype: str | None = None
-    engine: str | None = None
     timeout: float = 600.0
     warmup: bool = True
-    extra: dict = field(default_factory=dict)
 
     def identity(self) -> dict:
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was

@@ -95,25 +95,44 @@ def split_specs(text) -> tuple:
 class Spec:
     """One method as a command line names it: ``NAME[:key=value,...]``, parsed and checked once.
 
-    text: the spec as given (whitespace stripped), also its label in result rows and folders;
-    name: the registry name; params: ((field, value), ...) set by the spec; ratio: the budget as a
-    fraction of each prompt's tokens (None: ``topk`` as set, or its default).
-    Build it with :func:`parse_spec`; :meth:`method` gives the method object for one prompt.
+    text: the spec as given (whitespace stripped); name: the registry name; params: ((field, value), ...) set by
+    the spec or by a command's budget; ratio: the budget as a fraction of each prompt's tokens (None: ``topk`` as
+    set, or its default); budget: what a command's budget list adds to the label (``_k256``, ``_r0.1``; empty for
+    a spec run as given). Build it with :func:`parse_spec`; a command's budgets with :meth:`budgeted` (no second
+    parse); :meth:`method` gives the method object for one prompt.
     """
 
     text: str
     name: str
     params: tuple = ()
     ratio: float | None = None
+    budget: str = ""
 
     @property
     def label(self) -> str:
-        return self.text
+        """The name of its rows and folders: the spec's text, and the budget a command's list gave it."""
+        return self.text + self.budget
 
     @property
     def cls(self) -> type:
         """The method's class: what it can do is declared there (:class:`Method`)."""
         return REGISTRY[self.name]
+
+    @property
+    def sets_budget(self) -> bool:
+        """Whether the spec itself sets its budget (``k=``/``topk=`` or ``ratio=``)."""
+        return self.ratio is not None or "topk" in dict(self.params)
+
+    def budgeted(self, topk: int | None = None, ratio: float | None = None) -> Spec:
+        """This spec run at one budget of a command's list: ``topk`` tokens (label ``TEXT_kK``) or ``ratio`` of each
+        prompt's tokens (``TEXT_rR``). A method without a ``topk`` parameter keeps its own (only the label says
+        the budget). Not a parse: the spec's parameters are kept as they are."""
+        if ratio is not None:
+            return dataclasses.replace(self, ratio=ratio, budget=f"_r{ratio:g}")
+        params = dict(self.params)
+        if "topk" in parameters(self.cls):
+            params["topk"] = topk
+        return dataclasses.replace(self, params=tuple(params.items()), budget=f"_k{topk}")
 
     def method(self, prompt_tokens: int | None = None, **defaults):
         """The method object (not yet resolved against a model) for a prompt of ``prompt_tokens`` tokens.
@@ -130,6 +149,13 @@ class Spec:
                 raise ValueError(f"{self.text}: a ratio budget needs the prompt's length")
             values["topk"] = max(1, round(self.ratio * prompt_tokens))
         return cls(**values)
+
+    def check(self, **defaults) -> None:
+        """Build the method once with ``defaults`` so that a bad value is a one-line ValueError now."""
+        try:
+            self.method(1 if self.ratio is not None else None, **defaults)
+        except TypeError as err:  # a count that is not whole: the same one-line error as a bad value
+            raise ValueError(str(err)) from None
 
 
 def parse_spec(text: str, **defaults) -> Spec:
@@ -161,10 +187,7 @@ def parse_spec(text: str, **defaults) -> Spec:
     if ratio is not None and "topk" in values:
         raise ValueError(f"{name}: give topk or ratio, not both")
     spec = Spec(text, name, tuple(values.items()), ratio)
-    try:
-        spec.method(1 if ratio is not None else None, **defaults)
-    except TypeError as err:  # a count that is not whole: the same one-line error as a bad value
-        raise ValueError(str(err)) from None
+    spec.check(**defaults)
     return spec
 
 
@@ -174,6 +197,56 @@ def parse_specs(text, **defaults) -> tuple:
     if not texts:
         raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
     specs = tuple(parse_spec(t, **defaults) for t in texts)
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--methods lists a method twice: {','.join(labels)}")
+    return specs
+
+
+def check_ratio(ratio) -> None:
+    """Refuse a command's ``--ratio`` that is not a fraction in (0, 1]."""
+    if isinstance(ratio, bool) or not isinstance(ratio, float) or not 0 < ratio <= 1:
+        raise ValueError(f"--ratio must be a fraction in (0, 1] of the prompt's tokens, got {ratio!r}")
+
+
+def expand_budgets(specs, topks=(), ratio: float | None = None, layer: int | None = None) -> tuple:
+    """A command's run plan: each spec at each budget of its ``--topk`` list (or at its ``--ratio``), the one place
+    budgets are expanded. Specs of :class:`FullMethod` and specs that set their own budget (``gemfilter:k=256``,
+    ``snapkv:ratio=0.1``) run once, as given; so do all of them when neither is given.
+
+    specs: parsed :class:`Spec` objects (or spec texts, parsed here); topks: budgets; ratio: a share of each
+    prompt's tokens; layer: the command's ``--layer``, checked with each budget. Each budget is checked where the
+    method is built, as any other parameter (``gemfilter: topk=0 must be >= 1``). Nothing is parsed again.
+    """
+    specs = plan(specs, layer=layer)  # texts are parsed here (for the API); Specs pass as they are
+    topks = tuple(topks or ())
+    if ratio is not None:
+        check_ratio(ratio)
+    out = []
+    for spec in specs:
+        if issubclass(spec.cls, FullMethod) or spec.sets_budget or (ratio is None and not topks):
+            out.append(spec)
+            continue
+        for k in topks:
+            spec.check(topk=k, layer=layer)
+        out += [spec.budgeted(ratio=ratio)] if ratio is not None else [spec.budgeted(topk=k) for k in topks]
+    return tuple(out)
+
+
+def plan(methods, **defaults) -> tuple:
+    """A run config's ``methods`` as :class:`Spec` objects: texts (``"full,gemfilter:k=256"`` or a tuple of them) are
+    parsed here, each spec once, checked with ``defaults`` (``topk``, ``layer``); Specs (a command line's, parsed
+    already) are checked with them and kept. A label given twice is refused."""
+    items = [
+        one
+        for m in ((methods,) if isinstance(methods, str) else methods)
+        for one in ((m,) if isinstance(m, Spec) else split_specs(m))
+    ]
+    if not items:
+        raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
+    specs = tuple(m if isinstance(m, Spec) else parse_spec(m, **defaults) for m in items)
+    for spec in (m for m in items if isinstance(m, Spec)):
+        spec.check(**defaults)  # built with these defaults, not parsed again
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"--methods lists a method twice: {','.join(labels)}")

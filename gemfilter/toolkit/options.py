@@ -239,8 +239,10 @@ def method_specs_of(args, default: str | None = None, *, note=None) -> tuple:
     text = default if text is None else text
     layer, given, ratio = getattr(args, "layer", None), getattr(args, "topk", None), getattr(args, "ratio", None)
     topks = parse_topks(given) if isinstance(given, str) else (given,)
-    for k in topks:  # each budget with each method: a budget no method takes fails now, not in a worker
-        specs = parse_specs(text, topk=k, layer=layer)
+    specs = parse_specs(text, topk=topks[0], layer=layer)  # the command's one parse of each spec
+    for k in topks[1:]:  # each budget with each method: a budget no method takes fails now, not in a worker
+        for spec in specs:
+            spec.check(topk=k, layer=layer)
     if one and len(specs) != 1:
         raise ValueError(f"{flag} takes one method, got {len(specs)}: {', '.join(s.text for s in specs)}")
     names = [s.name for s in specs]

@@ -20,8 +20,8 @@ DEFAULT_RUNS = "full,reselect:gemfilter,stable:gemfilter,reuse:gemfilter,reuse:s
 
 
 def parse_runs(text: str, topk: int) -> list:
-    """``full,reselect:gemfilter,...`` -> [(protocol, spec or None)]; a method's budget is ``topk`` unless its spec
-    sets one."""
+    """``full,reselect:gemfilter,...`` -> [(protocol, parsed Spec or None)], each spec parsed once and checked with
+    ``topk`` as its budget unless it sets one."""
     from gemfilter.conversation import PROTOCOLS
     from gemfilter.methods import parse_spec
 
@@ -34,7 +34,7 @@ def parse_runs(text: str, topk: int) -> list:
             raise ValueError(
                 f"--runs {item!r}: 'full' takes no method, the other protocols need one (e.g. reselect:gemfilter)"
             )
-        runs.append((protocol, parse_spec(spec, topk=topk).text if spec else None))
+        runs.append((protocol, parse_spec(spec, topk=topk) if spec else None))
     if not runs:
         raise ValueError("--runs is empty; e.g. " + DEFAULT_RUNS)
     return runs
@@ -43,7 +43,7 @@ def parse_runs(text: str, topk: int) -> list:
 def converse(
     model,
     protocol: str,
-    spec: str | None,
+    spec,
     context: int,
     turns: int,
     question: int,
@@ -53,16 +53,17 @@ def converse(
     seed: int = 0,
 ) -> list:
     """One conversation: a ``context``-token document with the first question, then ``turns - 1`` follow-ups of
-    ``question`` tokens; returns a row per turn (ttft_s, total_s, kept, history_tokens, peak_mib)."""
+    ``question`` tokens; returns a row per turn (ttft_s, total_s, kept, history_tokens, peak_mib).
+
+    spec: a parsed :class:`gemfilter.methods.Spec` (None: full)."""
     import torch
 
     import gemfilter
-    from gemfilter.methods import parse_spec
 
     from .archs import random_prompt
 
     device = next(model.parameters()).device
-    method = None if spec is None else parse_spec(spec).method(context, topk=topk, layer=layer)
+    method = None if spec is None else spec.method(context, topk=topk, layer=layer)
     vocab = model.config.get_text_config().vocab_size
     doc = random_prompt(vocab, context, seed=seed, device=device)
     rows = []
@@ -163,7 +164,8 @@ def main(argv=None) -> int:
     for protocol, spec in runs:
         converse(model, protocol, spec, min(args.context, 2048), 2, args.question_tokens, 2, args.topk, layer)
     for protocol, spec in runs:
-        if (protocol, spec or "full") in done:
+        label = spec.label if spec else "full"
+        if (protocol, label) in done:
             continue
         start = time.perf_counter()
         rows = converse(
@@ -175,7 +177,7 @@ def main(argv=None) -> int:
                 {
                     **setting,
                     "protocol": protocol,
-                    "method": spec or "full",
+                    "method": label,
                     **row,
                     "dtype": str(model.dtype).replace("torch.", ""),
                     "device": str(device),
@@ -183,7 +185,7 @@ def main(argv=None) -> int:
                 },
             )
         print(
-            f"{protocol} {spec or 'full'}: ttft "
+            f"{protocol} {label}: ttft "
             + ", ".join(f"{r['ttft_s']:.3f}" for r in rows)
             + f" s ({time.perf_counter() - start:.1f} s)",
             file=sys.stderr,

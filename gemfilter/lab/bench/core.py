@@ -19,6 +19,7 @@ weights: the prompt is random token ids, and every method generates exactly ``ge
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -26,6 +27,15 @@ import sys
 import time
 
 from ...measure import FirstTokenClock, PeakMemory
+
+
+@functools.lru_cache(maxsize=None)
+def spec_of_label(text: str):
+    """A worker's one parse of a method spec: the command checked its specs already, and a worker gets their text
+    (a worker is a process of its own); every cell of that method in the worker uses this Spec."""
+    from gemfilter.methods import parse_spec
+
+    return parse_spec(text)
 
 
 class _MaskTimer:
@@ -182,13 +192,12 @@ class Bench:
         import gemfilter
         from gemfilter.apply import budget_fields, resolve
         from gemfilter.lab.bench.paper import h2o_exclusion
-        from gemfilter.methods import parse_spec
         from gemfilter.methods.spec import FullMethod
 
         model, tok, device, sync = self.model, self.tok, self.device, self.sync
         enc = _prompt(model, tok, length, self.seed)
         n = enc["input_ids"].shape[1]
-        method = resolve(model, parse_spec(method_name).method(n, topk=topk, layer=layer))
+        method = resolve(model, spec_of_label(method_name).method(n, topk=topk, layer=layer))
         reason = h2o_exclusion(method, model, n, device)
         if reason is not None:
             return {

@@ -14,14 +14,12 @@ from functools import partial
 from gemfilter.toolkit.serving.selector import prompt_methods
 
 
-def check_engine_methods(engine: str | None, names) -> None:
+def check_engine_methods(engine: str | None, classes: dict) -> None:
     """Refuse, before anything loads, methods that cannot run in front of ``engine`` (nothing to check without one).
 
-    names: method specs (``gemfilter-span:k=256``) or names; a spec that does not parse is refused by its parse.
+    classes: {label: method class} (a plan's ``{s.label: s.cls}``); a class says whether it serves an engine.
     """
-    from gemfilter.methods import parse_spec
-
-    bad = [n for n in names if engine is not None and not parse_spec(n).cls.serves_engine]
+    bad = [label for label, cls in classes.items() if engine is not None and not cls.serves_engine]
     if bad:
         raise ValueError(
             f"--engine runs the selection here and the generation on the engine, so it takes methods "
@@ -69,7 +67,7 @@ def engine_generate(
     ids = inputs["input_ids"]
     if ids.shape[0] != 1:
         raise ValueError(f"--engine sends one prompt per request; got a batch of {ids.shape[0]}")
-    check_engine_methods(upstream.url, [method.name])
+    check_engine_methods(upstream.url, {method.name: type(method)})
     from gemfilter.methods import FullMethod
 
     selection = None
