@@ -38,20 +38,7 @@ from eval.rundir import (
     read_finished,
 )
 from gemfilter.toolkit.io import check_out_dir, merge_jsonl
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One row to compute.
-
-    file: its result file, relative to the run folder (``results.jsonl``, ``pred/gemfilter/qasper.jsonl``);
-    key: its resume key in that file (what :meth:`Benchmark.row_key` gives for its row);
-    data: what ``predict`` needs (a record, a prepared sample); not compared.
-    """
-
-    file: str
-    key: Hashable
-    data: Any = field(default=None, compare=False, hash=False)
+from gemfilter.toolkit.loop import Unit, compute, missing  # noqa: F401 (Unit: what a benchmark's units are)
 
 
 class Benchmark:
@@ -220,7 +207,7 @@ def run(
     with state.main_process_first():  # the main process fills data caches; the others then read them
         units = benchmark.units(out, state, say)
     done = finished(benchmark, out, dict.fromkeys(u.file for u in units))
-    todo = [u for u in units if u.key not in done[u.file]]
+    todo = missing(units, done)
     later = 0
     if max_units is not None:
         later, todo = max(0, len(todo) - max_units), todo[:max_units]
@@ -242,16 +229,23 @@ def run(
         check_config(
             out, config, write=True, model_config=model_config, format_defaults=benchmark.format_defaults
         )  # a row is coming
-        desc = benchmark.name + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else "")
-        bar = tqdm(mine, desc=desc, unit=benchmark.noun, disable=not (progress and state.is_main_process))
-        for unit in bar:
-            row = predict(unit)
+
+        def write(unit: Unit, row: dict) -> None:  # this process's shard of the unit's file
             if benchmark.record_process:
                 row["process"] = state.process_index
             shard = out / Path(unit.file).parent / benchmark.shard_name(unit.file, state.process_index)
             shard.parent.mkdir(parents=True, exist_ok=True)
             append_row(shard, row, ensure_ascii=benchmark.ensure_ascii)
-            bar.set_postfix(**benchmark.postfix(unit, row))
+
+        compute(
+            mine,
+            predict,
+            write,
+            desc=benchmark.name + (f" (process 0 of {state.num_processes})" if state.num_processes > 1 else ""),
+            noun=benchmark.noun,
+            progress=progress and state.is_main_process,
+            postfix=benchmark.postfix,
+        )
     state.wait_for_everyone()
     if not state.is_main_process:
         return None

@@ -461,14 +461,10 @@ def _measured(args, todo):
             yield cells[index], row, error
 
 
-def _main(args) -> int:
-    from tqdm import tqdm
-
-    methods, lengths, kernels, out = check_args(args)
-    jsonl = out / "bench.jsonl"
-    # layer_arg, not layer: each row keeps the layer its method actually resolved to; threads_arg, not
-    # threads: each row keeps the thread count its worker actually used
-    meta = dict(
+def _meta(args) -> dict:
+    """The settings a stored row must carry to count for this run. layer_arg, not layer: each row keeps the layer its
+    method actually resolved to; threads_arg, not threads: the thread count its worker actually used."""
+    return dict(
         model=args.model or "embedded:gemma3-270m",
         topk=args.topk,
         gen_tokens=args.gen_tokens,
@@ -480,31 +476,45 @@ def _main(args) -> int:
         test_shrink=args.test_shrink,
         compile=args.compile,
     )
+
+
+def _measure_missing(args, jsonl, meta: dict, methods, lengths, kernels, failed: list) -> list:
+    """Every row of this setup: the stored ones, then the missing cells (attn_arg, method, length, repeat) measured
+    on the one row loop (:mod:`gemfilter.toolkit.loop`), each appended as it comes. A failed cell raises, or with
+    --keep-going is named in ``failed`` and stays missing."""
+    from tqdm import tqdm
+
+    from gemfilter.toolkit.loop import Unit, compute, missing
+
     rows = load_rows(jsonl, meta)
     # attn_arg is the kernel asked for (None: the model's default); attn the kernel it resolved to.
-    done = {key_of(r) for r in rows}
-    todo = [
-        (a, m, n, i)
+    units = [
+        Unit(jsonl.name, (a, m, n, i))
         for n in sorted(lengths, reverse=args.longest_first)
         for m in methods
         for a in kernels
         for i in range(args.repeats)
-        if (a, m, n, i) not in done
     ]
-    failed = []
-    bar = tqdm(total=len(todo), desc="bench cells", unit="run")
-    for (attn, method, length, rep), row, error in _measured(args, todo):
-        bar.update(1)
+    todo = missing(units, {jsonl.name: {key_of(r) for r in rows}})
+    measured = _measured(args, [u.key for u in todo])  # yields in todo's order
+
+    def predict(unit):
+        (attn, method, length, rep), row, error = next(measured)
         if error is not None:
             if not args.keep_going:
                 raise RuntimeError(error)
             failed.append(f"{method} at {length} tokens" + (f" ({attn})" if attn else ""))
             tqdm.write(f"error: {failed[-1]}: {str(error)[-1500:]}", file=sys.stderr)
-            continue
-        row.update(meta, repeat=rep, attn_arg=attn)
-        append_jsonl(jsonl, row)
-        rows.append(row)
-    bar.close()
+            return None
+        return dict(row, **meta, repeat=rep, attn_arg=attn)
+
+    return rows + compute(todo, predict, lambda unit, row: append_jsonl(jsonl, row), desc="bench cells", noun="run")
+
+
+def _main(args) -> int:
+    methods, lengths, kernels, out = check_args(args)
+    meta, failed = _meta(args), []
+    rows = _measure_missing(args, out / "bench.jsonl", meta, methods, lengths, kernels, failed)
     rows = [r for r in rows if r["method"] in methods and r["length"] in lengths and r.get("attn_arg") in kernels]
     excluded = [r for r in rows if r.get("excluded")]
     rows = [r for r in rows if not r.get("excluded")]
