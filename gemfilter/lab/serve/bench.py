@@ -227,29 +227,56 @@ def _markdown_plugin(summary: list, meta: dict, f, ratio) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(args) -> int:
-    """Run the engine benchmark for ``gemfilter bench --engine``'s parsed ``args``; returns the exit status."""
-    from tqdm import tqdm
-
-    from gemfilter.toolkit.haystack import build_case, check_lengths, make_haystack
-    from gemfilter.toolkit.io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
-    from gemfilter.toolkit.options import check_int, method_specs_of, parse_lengths
+def _spec_of(args):
+    """The one prompt method ``--engine`` measures against full: the last of --methods (a note names the others)."""
+    from gemfilter.toolkit.options import method_specs_of
 
     from ...methods import FullMethod
-    from .cli import connect
-    from .proxy import ProxyServer, request_options
 
     specs = method_specs_of(args)
     spec = specs[-1]
-    method = spec.text
     if len(specs) > 1:  # the help says so; a run with several must say it too, or a user reads b's table as a's
         print(
-            f"note: --engine measures full against one prompt method, the last of --methods: {method} "
+            f"note: --engine measures full against one prompt method, the last of --methods: {spec.text} "
             f"(not {', '.join(s.text for s in specs[:-1])})",
             file=sys.stderr,
         )
     if issubclass(spec.cls, FullMethod):
         raise ValueError("--engine compares full with a prompt method: give one, e.g. --methods gemfilter")
+    return spec
+
+
+def _warm_up(routes, body_of, tok, lengths, hay, args) -> None:
+    """One short request per route, not recorded: the engine's first request and the selector's first pass are
+    slower. The plugin's route must answer with GemFilter's metadata."""
+    from gemfilter.toolkit.haystack import build_case
+
+    warm = tok(build_case(tok, min(lengths), 50, haystack=hay).prompt)["input_ids"]
+    for route, url, m in routes:
+        try:
+            res = stream_timed(url, body_of(route, url, m, warm, 2, forced=False), args.timeout)
+        except BrokenStream as err:
+            raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
+        if route.endswith(", plugin") and not res["meta"]:
+            raise BrokenStream(
+                f"the engine at {args.engine} answered a request with a gemfilter field "
+                "without GemFilter's metadata: start it with VLLM_PLUGINS=gemfilter (the "
+                "vLLM plugin, docs/serving.md), or leave out --plugin"
+            )
+
+
+def run(args) -> int:
+    """Run the engine benchmark for ``gemfilter bench --engine``'s parsed ``args``; returns the exit status."""
+    from gemfilter.toolkit.haystack import build_case, check_lengths, make_haystack
+    from gemfilter.toolkit.io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+    from gemfilter.toolkit.loop import Unit, compute, missing
+    from gemfilter.toolkit.options import check_int, parse_lengths
+
+    from .cli import connect
+    from .proxy import ProxyServer, request_options
+
+    spec = _spec_of(args)
+    method = spec.text
     request_options({}, {"method": method, "topk": args.topk})
     lengths = parse_lengths(args.lengths, "--lengths")
     for flag, value, low in (
@@ -268,7 +295,6 @@ def run(args) -> int:
     server = ProxyServer(("127.0.0.1", 0), selector, upstream, method=method, topk=args.topk, quiet=True)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     proxy = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
-    device = next(selector.model.parameters()).device
     meta = dict(
         engine=args.engine,
         model=args.model or "embedded:gemma3-270m",
@@ -276,14 +302,13 @@ def run(args) -> int:
         topk=args.topk,
         layer=layer,
         gen_tokens=args.gen_tokens,
-        selector_device=str(device),
+        selector_device=str(next(selector.model.parameters()).device),
     )
     if args.plugin:
         meta["plugin"] = True  # rows of a run with the plugin's route never mix with one without
     jsonl = out / "bench-engine.jsonl"
     rows = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
     rows = [r for r in rows if complete(r)]  # error rows, and rows without the stream proof, run again
-    done = {(r["length"], r["route"], r["repeat"]) for r in rows}
     direct = args.engine.rstrip("/") + "/completions"
     routes = (("full, direct", direct, "full"), ("full, proxy", proxy, "full"), (f"{method}, proxy", proxy, method))
     if args.plugin:
@@ -293,88 +318,62 @@ def run(args) -> int:
     own = args.topk if args.topk is not None and spec.ratio is None and "topk" not in dict(spec.params) else None
     plugin_field = {"method": method, **({"topk": own} if own is not None else {})}
 
-    def gemfilter_field(route, url, m):  # None: the request goes without one (plain vLLM through the plugin)
+    def body_of(route, url, m, ids, tokens, forced=True) -> dict:
+        body = {"model": model_id, "prompt": ids, "max_tokens": tokens, "temperature": 0}
+        if forced:
+            body.update(min_tokens=tokens, ignore_eos=True)
         if url == proxy:
-            return {"method": m}  # the server's --topk
-        return plugin_field if route.endswith(", plugin") else None
+            body["gemfilter"] = {"method": m}  # the server's --topk
+        elif route.endswith(", plugin"):
+            body["gemfilter"] = plugin_field  # else none: plain vLLM through the plugin
+        return body
 
-    todo = [
-        (n, route, url, m, i)
+    units = [
+        Unit(jsonl.name, (n, route, i), (url, m))
         for n in lengths
         for i in range(args.repeats)
         for route, url, m in routes
-        if (n, route, i) not in done
     ]
+    todo = missing(units, {jsonl.name: {(r["length"], r["route"], r["repeat"]) for r in rows}})
     hay = make_haystack(tok, max(lengths)) if todo else None
+
+    def predict(unit: Unit) -> dict:
+        (n, route, i), (url, m) = unit.key, unit.data
+        case = build_case(tok, n, 50, haystack=hay)
+        # A first line of its own per run, so that no engine serves it from a cached prefix of an earlier run
+        # (vLLM's automatic prefix caching would make every repeat's prefill almost free).
+        ids = tok(f"Run {uuid.uuid4().hex[:8]}.\n" + case.prompt, add_special_tokens=case.add_special_tokens)[
+            "input_ids"
+        ]
+        where = dict(meta, length=n, route=route, repeat=i)
+        try:
+            res = stream_timed(url, body_of(route, url, m, ids, args.gen_tokens), args.timeout)
+            if res["tokens_from"] == "usage" and res["tokens"] != args.gen_tokens:
+                raise BrokenStream(f"the engine generated {res['tokens']} tokens, not the forced {args.gen_tokens}")
+        except BrokenStream as err:  # kept as evidence, never as a timing: a rerun measures it again
+            append_jsonl(jsonl, dict(where, error=str(err)))
+            raise BrokenStream(
+                f"{route} at length {n} (repeat {i}): {err}; nothing was timed for it (an error "
+                f"row in {jsonl.name}, retried by a rerun)"
+            ) from None
+        info = res["meta"] or {}
+        return dict(
+            where,
+            ttft=res["ttft"],
+            total=res["total"],
+            prompt_tokens=len(ids),
+            kept_tokens=info.get("kept_tokens", len(ids)),
+            selection_seconds=info.get("selection_seconds"),
+            finish_reason=res["finish_reason"],
+            tokens=res["tokens"],
+            tokens_from=res["tokens_from"],
+            done=res["done"],
+        )
+
     try:
-        if todo:  # warm-up, not recorded: the engine's first request and the selector's first pass are slower
-            warm = tok(build_case(tok, min(lengths), 50, haystack=hay).prompt)["input_ids"]
-            for route, url, m in routes:
-                field = gemfilter_field(route, url, m)
-                try:
-                    res = stream_timed(
-                        url,
-                        {
-                            "model": model_id,
-                            "prompt": warm,
-                            "max_tokens": 2,
-                            "temperature": 0,
-                            **({"gemfilter": field} if field is not None else {}),
-                        },
-                        args.timeout,
-                    )
-                except BrokenStream as err:
-                    raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
-                if route.endswith(", plugin") and not res["meta"]:
-                    raise BrokenStream(
-                        f"the engine at {args.engine} answered a request with a gemfilter field "
-                        "without GemFilter's metadata: start it with VLLM_PLUGINS=gemfilter (the "
-                        "vLLM plugin, docs/serving.md), or leave out --plugin"
-                    )
-        for n, route, url, m, i in tqdm(todo, desc="engine runs", unit="run"):
-            case = build_case(tok, n, 50, haystack=hay)
-            # A first line of its own per run, so that no engine serves it from a cached prefix of an earlier run
-            # (vLLM's automatic prefix caching would make every repeat's prefill almost free).
-            ids = tok(f"Run {uuid.uuid4().hex[:8]}.\n" + case.prompt, add_special_tokens=case.add_special_tokens)[
-                "input_ids"
-            ]
-            body = {
-                "model": model_id,
-                "prompt": ids,
-                "max_tokens": args.gen_tokens,
-                "min_tokens": args.gen_tokens,
-                "ignore_eos": True,
-                "temperature": 0,
-            }
-            field = gemfilter_field(route, url, m)
-            if field is not None:
-                body["gemfilter"] = field
-            where = dict(meta, length=n, route=route, repeat=i)
-            try:
-                res = stream_timed(url, body, args.timeout)
-                if res["tokens_from"] == "usage" and res["tokens"] != args.gen_tokens:
-                    raise BrokenStream(f"the engine generated {res['tokens']} tokens, not the forced {args.gen_tokens}")
-            except BrokenStream as err:  # kept as evidence, never as a timing: a rerun measures it again
-                append_jsonl(jsonl, dict(where, error=str(err)))
-                raise BrokenStream(
-                    f"{route} at length {n} (repeat {i}): {err}; nothing was timed for it (an error "
-                    f"row in {jsonl.name}, retried by a rerun)"
-                ) from None
-            info = res["meta"] or {}
-            row = dict(
-                where,
-                ttft=res["ttft"],
-                total=res["total"],
-                prompt_tokens=len(ids),
-                kept_tokens=info.get("kept_tokens", len(ids)),
-                selection_seconds=info.get("selection_seconds"),
-                finish_reason=res["finish_reason"],
-                tokens=res["tokens"],
-                tokens_from=res["tokens_from"],
-                done=res["done"],
-            )
-            append_jsonl(jsonl, row)
-            rows.append(row)
+        if todo:
+            _warm_up(routes, body_of, tok, lengths, hay, args)
+        rows += compute(todo, predict, lambda unit, row: append_jsonl(jsonl, row), desc="engine runs", noun="run")
     finally:
         server.shutdown()
         server.server_close()

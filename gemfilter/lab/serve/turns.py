@@ -392,18 +392,12 @@ def routes_of(text: str, method: str) -> list:
     return ["full" if r == "full" else f"{method}, {r}" for r in names]
 
 
-def run(args) -> int:
-    """Run ``gemfilter bench --engine URL --turns T`` for the parsed ``args``; returns the exit status."""
-    from tqdm import tqdm
-
-    from gemfilter.toolkit.haystack import make_haystack
-    from gemfilter.toolkit.io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+def _check(args):
+    """(spec, method text, lengths, modes, concurrency, routes) of ``--turns``' options, each checked by name."""
     from gemfilter.toolkit.options import check_int, method_specs_of, parse_lengths, parse_positive_ints
-    from gemfilter.toolkit.serving.selector import Selector
 
     from ...methods import FullMethod
-    from .cli import connect
-    from .proxy import ProxyServer, request_options
+    from .proxy import request_options
 
     spec = method_specs_of(args)[-1]
     if issubclass(spec.cls, FullMethod):
@@ -428,38 +422,34 @@ def run(args) -> int:
             f"--selector-cache-gb must be in (0, 1024] GB here (the uncached route is its own), "
             f"got {args.selector_cache_gb}"
         )
-    out = check_out_dir(args.out, files=OUTPUTS)
-    layer = dict(spec.params).get("layer", args.layer)
-    upstream, plain, _ = connect(
-        args.engine,
-        timeout=args.timeout,
-        model=args.model,
-        layer=layer,
-        attn=args.attn,
-        threads=args.threads,
-        workers=args.selector_workers,
-    )
-    tok, layer, model_id = plain.tokenizer, plain.layer, upstream.default_model()
+    return spec, method, lengths, modes, concurrency, routes
+
+
+def _routes_table(args, method, upstream, plain):
+    """({route: {name, url, body}}, the two proxy servers, started): full straight to the engine; the method through
+    a proxy whose selector caches the conversation's layers (``cached``) and through one that does not."""
+    from gemfilter.toolkit.serving.selector import Selector
+
+    from .proxy import ProxyServer
+
     cached = Selector(
         plain.model,
-        tok,
-        layer,
+        plain.tokenizer,
+        plain.layer,
         chat_template=plain.chat_template,
         workers=args.selector_workers,
         cache_bytes=int(args.selector_cache_gb * 2**30),
     )
     servers = {
-        f"{method}, cached": ProxyServer(
-            ("127.0.0.1", 0), cached, upstream, method=method, topk=args.topk, quiet=True, max_concurrency=256
-        ),
-        f"{method}, uncached": ProxyServer(
-            ("127.0.0.1", 0), plain, upstream, method=method, topk=args.topk, quiet=True, max_concurrency=256
-        ),
+        f"{method}, {name}": ProxyServer(
+            ("127.0.0.1", 0), selector, upstream, method=method, topk=args.topk, quiet=True, max_concurrency=256
+        )
+        for name, selector in (("cached", cached), ("uncached", plain))
     }
     for server in servers.values():
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     base = {
-        "model": model_id,
+        "model": upstream.default_model(),
         "max_tokens": args.gen_tokens,
         "min_tokens": args.gen_tokens,
         "ignore_eos": True,
@@ -472,6 +462,30 @@ def run(args) -> int:
             url=f"http://127.0.0.1:{server.server_address[1]}/v1/completions",
             body=dict(base, gemfilter={"method": method}),
         )
+    return table, servers
+
+
+def run(args) -> int:
+    """Run ``gemfilter bench --engine URL --turns T`` for the parsed ``args``; returns the exit status."""
+    from gemfilter.toolkit.haystack import make_haystack
+    from gemfilter.toolkit.io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
+    from gemfilter.toolkit.loop import Unit, compute, missing
+
+    from .cli import connect
+
+    spec, method, lengths, modes, concurrency, routes = _check(args)
+    out = check_out_dir(args.out, files=OUTPUTS)
+    upstream, plain, _ = connect(
+        args.engine,
+        timeout=args.timeout,
+        model=args.model,
+        layer=dict(spec.params).get("layer", args.layer),
+        attn=args.attn,
+        threads=args.threads,
+        workers=args.selector_workers,
+    )
+    tok, layer = plain.tokenizer, plain.layer
+    table, servers = _routes_table(args, method, upstream, plain)
     meta = dict(
         engine=args.engine,
         model=args.model or "embedded:gemma3-270m",
@@ -488,20 +502,32 @@ def run(args) -> int:
     jsonl = out / "bench-turns.jsonl"
     stored = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
     rows, cells = finished_rows(stored)
-    done = {(c["mode"], c["length"], c["concurrency"], c["route"]) for c in cells}
-    todo = [
-        (mode, n_tok, n, route)
+    units = [
+        Unit(jsonl.name, (mode, n_tok, n, route))
         for mode in modes
         for n_tok in lengths
         for n in concurrency
         for route in routes
-        if (mode, n_tok, n, route) not in done
     ]
+    todo = missing(units, {jsonl.name: {(c["mode"], c["length"], c["concurrency"], c["route"]) for c in cells}})
     meta["engine_prefix_caching"] = prefix_caching(args.engine)
     nonce = uuid.uuid4().hex  # this run's documents are new to the engine's and the selector's caches
+    hay = make_haystack(tok, max(lengths) + 4096).ids if todo else None
+
+    def predict(unit: Unit) -> list:
+        """The cell's request rows, then its own row (last: a cell counts once every row of it is stored)."""
+        mode, n_tok, n, route = unit.key
+        seed = args.seed * 7919 + n_tok * 31 + n  # the same documents on every route, headers apart
+        got, cell = run_cell(table[route], n, mode, n_tok, args.turns, tok, hay, args.timeout, args.engine, seed, nonce)
+        where = dict(meta, mode=mode, length=n_tok, concurrency=n, route=route, cell=uuid.uuid4().hex)
+        return [dict(where, kind="request", **r) for r in got] + [dict(where, **cell)]
+
+    def write(unit: Unit, new: list) -> None:
+        for row in new:
+            append_jsonl(jsonl, row)
+
     try:
         if todo:
-            hay = make_haystack(tok, max(lengths) + 4096).ids
             warm = make_document(tok, hay, min(lengths), 1, -1, "warm-up")[0]
             for route in routes:  # not recorded: the engine's first request and the selector's first pass are slower
                 try:
@@ -512,15 +538,7 @@ def run(args) -> int:
                     )
                 except BrokenStream as err:
                     raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
-        for mode, n_tok, n, route in tqdm(todo, desc="conversation cells", unit="cell"):
-            seed = args.seed * 7919 + n_tok * 31 + n  # the same documents on every route, headers apart
-            got, cell = run_cell(
-                table[route], n, mode, n_tok, args.turns, tok, hay, args.timeout, args.engine, seed, nonce
-            )
-            where = dict(meta, mode=mode, length=n_tok, concurrency=n, route=route, cell=uuid.uuid4().hex)
-            new = [dict(where, kind="request", **r) for r in got] + [dict(where, **cell)]
-            for row in new:  # the cell's row last: it counts once every row is stored
-                append_jsonl(jsonl, row)
+        for new in compute(todo, predict, write, desc="conversation cells", noun="cell"):
             rows, cells = rows + new[:-1], cells + new[-1:]
     finally:
         for server in servers.values():
