@@ -23,6 +23,7 @@ the run with one ``error:`` line (exit 2), before any table is written.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import statistics
@@ -32,6 +33,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import dataclass
 
 OUTPUTS = ("bench-engine.jsonl", "bench-engine.md", "bench-engine.json")
 
@@ -246,6 +248,24 @@ def _spec_of(args):
     return spec
 
 
+def _check(args) -> tuple:
+    """(spec, lengths) of ``--engine``'s options, each checked by name before anything connects."""
+    from gemfilter.toolkit.options import check_int, parse_lengths
+
+    from .proxy import request_options
+
+    spec = _spec_of(args)
+    request_options({}, {"method": spec.text, "topk": args.topk})
+    lengths = parse_lengths(args.lengths, "--lengths")
+    for flag, value, low in (
+        ("--repeats", args.repeats, 1),
+        ("--gen-tokens", args.gen_tokens, 1),
+        ("--threads", args.threads, 0),
+    ):
+        check_int(value, flag, low)
+    return spec, lengths
+
+
 def _warm_up(routes, body_of, tok, lengths, hay, args) -> None:
     """One short request per route, not recorded: the engine's first request and the selector's first pass are
     slower. The plugin's route must answer with GemFilter's metadata."""
@@ -265,26 +285,74 @@ def _warm_up(routes, body_of, tok, lengths, hay, args) -> None:
             )
 
 
+@dataclass(frozen=True)
+class _Bodies:
+    """The request body of one route: the proxy gets the method (its own --topk applies), the plugin's route the
+    method and the run's --topk where the spec sets no budget; the full routes go without a gemfilter field."""
+
+    model_id: str
+    proxy: str
+    plugin_field: dict
+
+    def __call__(self, route: str, url: str, method: str, ids, tokens: int, forced: bool = True) -> dict:
+        body = {"model": self.model_id, "prompt": ids, "max_tokens": tokens, "temperature": 0}
+        if forced:
+            body.update(min_tokens=tokens, ignore_eos=True)
+        if url == self.proxy:
+            body["gemfilter"] = {"method": method}
+        elif route.endswith(", plugin"):
+            body["gemfilter"] = self.plugin_field
+        return body
+
+
+def _time_one(unit, *, tok, hay, body_of, meta: dict, args, jsonl) -> dict:
+    """One timed run of ``unit`` ((length, route, repeat), (url, method)): its row, or an error row stored as
+    evidence and BrokenStream raised (a rerun measures it again)."""
+    from gemfilter.toolkit.haystack import build_case
+    from gemfilter.toolkit.io import append_jsonl
+
+    (n, route, i), (url, m) = unit.key, unit.data
+    case = build_case(tok, n, 50, haystack=hay)
+    # A first line of its own per run, so that no engine serves it from a cached prefix of an earlier run
+    # (vLLM's automatic prefix caching would make every repeat's prefill almost free).
+    ids = tok(f"Run {uuid.uuid4().hex[:8]}.\n" + case.prompt, add_special_tokens=case.add_special_tokens)["input_ids"]
+    where = dict(meta, length=n, route=route, repeat=i)
+    try:
+        res = stream_timed(url, body_of(route, url, m, ids, args.gen_tokens), args.timeout)
+        if res["tokens_from"] == "usage" and res["tokens"] != args.gen_tokens:
+            raise BrokenStream(f"the engine generated {res['tokens']} tokens, not the forced {args.gen_tokens}")
+    except BrokenStream as err:  # kept as evidence, never as a timing: a rerun measures it again
+        append_jsonl(jsonl, dict(where, error=str(err)))
+        raise BrokenStream(
+            f"{route} at length {n} (repeat {i}): {err}; nothing was timed for it (an error "
+            f"row in {jsonl.name}, retried by a rerun)"
+        ) from None
+    info = res["meta"] or {}
+    return dict(
+        where,
+        ttft=res["ttft"],
+        total=res["total"],
+        prompt_tokens=len(ids),
+        kept_tokens=info.get("kept_tokens", len(ids)),
+        selection_seconds=info.get("selection_seconds"),
+        finish_reason=res["finish_reason"],
+        tokens=res["tokens"],
+        tokens_from=res["tokens_from"],
+        done=res["done"],
+    )
+
+
 def run(args) -> int:
     """Run the engine benchmark for ``gemfilter bench --engine``'s parsed ``args``; returns the exit status."""
-    from gemfilter.toolkit.haystack import build_case, check_lengths, make_haystack
+    from gemfilter.toolkit.haystack import check_lengths, make_haystack
     from gemfilter.toolkit.io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
     from gemfilter.toolkit.loop import Unit, compute, missing
-    from gemfilter.toolkit.options import check_int, parse_lengths
 
     from .cli import connect
-    from .proxy import ProxyServer, request_options
+    from .proxy import ProxyServer
 
-    spec = _spec_of(args)
+    spec, lengths = _check(args)
     method = spec.text
-    request_options({}, {"method": method, "topk": args.topk})
-    lengths = parse_lengths(args.lengths, "--lengths")
-    for flag, value, low in (
-        ("--repeats", args.repeats, 1),
-        ("--gen-tokens", args.gen_tokens, 1),
-        ("--threads", args.threads, 0),
-    ):
-        check_int(value, flag, low)
     out = check_out_dir(args.out, files=OUTPUTS)
     layer = dict(spec.params).get("layer", args.layer)  # the spec's layer wins, as for every default
     upstream, selector, _ = connect(
@@ -318,16 +386,7 @@ def run(args) -> int:
     own = args.topk if args.topk is not None and spec.ratio is None and "topk" not in dict(spec.params) else None
     plugin_field = {"method": method, **({"topk": own} if own is not None else {})}
 
-    def body_of(route, url, m, ids, tokens, forced=True) -> dict:
-        body = {"model": model_id, "prompt": ids, "max_tokens": tokens, "temperature": 0}
-        if forced:
-            body.update(min_tokens=tokens, ignore_eos=True)
-        if url == proxy:
-            body["gemfilter"] = {"method": m}  # the server's --topk
-        elif route.endswith(", plugin"):
-            body["gemfilter"] = plugin_field  # else none: plain vLLM through the plugin
-        return body
-
+    body_of = _Bodies(model_id, proxy, plugin_field)
     units = [
         Unit(jsonl.name, (n, route, i), (url, m))
         for n in lengths
@@ -336,39 +395,7 @@ def run(args) -> int:
     ]
     todo = missing(units, {jsonl.name: {(r["length"], r["route"], r["repeat"]) for r in rows}})
     hay = make_haystack(tok, max(lengths)) if todo else None
-
-    def predict(unit: Unit) -> dict:
-        (n, route, i), (url, m) = unit.key, unit.data
-        case = build_case(tok, n, 50, haystack=hay)
-        # A first line of its own per run, so that no engine serves it from a cached prefix of an earlier run
-        # (vLLM's automatic prefix caching would make every repeat's prefill almost free).
-        ids = tok(f"Run {uuid.uuid4().hex[:8]}.\n" + case.prompt, add_special_tokens=case.add_special_tokens)[
-            "input_ids"
-        ]
-        where = dict(meta, length=n, route=route, repeat=i)
-        try:
-            res = stream_timed(url, body_of(route, url, m, ids, args.gen_tokens), args.timeout)
-            if res["tokens_from"] == "usage" and res["tokens"] != args.gen_tokens:
-                raise BrokenStream(f"the engine generated {res['tokens']} tokens, not the forced {args.gen_tokens}")
-        except BrokenStream as err:  # kept as evidence, never as a timing: a rerun measures it again
-            append_jsonl(jsonl, dict(where, error=str(err)))
-            raise BrokenStream(
-                f"{route} at length {n} (repeat {i}): {err}; nothing was timed for it (an error "
-                f"row in {jsonl.name}, retried by a rerun)"
-            ) from None
-        info = res["meta"] or {}
-        return dict(
-            where,
-            ttft=res["ttft"],
-            total=res["total"],
-            prompt_tokens=len(ids),
-            kept_tokens=info.get("kept_tokens", len(ids)),
-            selection_seconds=info.get("selection_seconds"),
-            finish_reason=res["finish_reason"],
-            tokens=res["tokens"],
-            tokens_from=res["tokens_from"],
-            done=res["done"],
-        )
+    predict = functools.partial(_time_one, tok=tok, hay=hay, body_of=body_of, meta=meta, args=args, jsonl=jsonl)
 
     try:
         if todo:

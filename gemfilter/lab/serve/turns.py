@@ -465,6 +465,18 @@ def _routes_table(args, method, upstream, plain):
     return table, servers
 
 
+def _warm_up(table: dict, routes, warm: list, timeout: float) -> None:
+    """One short request per route, not recorded: the engine's first request and the selector's first pass are
+    slower."""
+    for route in routes:
+        try:
+            stream_timed(
+                table[route]["url"], dict(table[route]["body"], prompt=warm, max_tokens=2, min_tokens=2), timeout
+            )
+        except BrokenStream as err:
+            raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
+
+
 def run(args) -> int:
     """Run ``gemfilter bench --engine URL --turns T`` for the parsed ``args``; returns the exit status."""
     from gemfilter.toolkit.haystack import make_haystack
@@ -484,14 +496,14 @@ def run(args) -> int:
         threads=args.threads,
         workers=args.selector_workers,
     )
-    tok, layer = plain.tokenizer, plain.layer
+    tok = plain.tokenizer
     table, servers = _routes_table(args, method, upstream, plain)
     meta = dict(
         engine=args.engine,
         model=args.model or "embedded:gemma3-270m",
         method=method,
         topk=args.topk,
-        layer=layer,
+        layer=plain.layer,
         gen_tokens=args.gen_tokens,
         turns=args.turns,
         selector_cache_gb=args.selector_cache_gb,
@@ -528,16 +540,7 @@ def run(args) -> int:
 
     try:
         if todo:
-            warm = make_document(tok, hay, min(lengths), 1, -1, "warm-up")[0]
-            for route in routes:  # not recorded: the engine's first request and the selector's first pass are slower
-                try:
-                    stream_timed(
-                        table[route]["url"],
-                        dict(table[route]["body"], prompt=warm, max_tokens=2, min_tokens=2),
-                        args.timeout,
-                    )
-                except BrokenStream as err:
-                    raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
+            _warm_up(table, routes, make_document(tok, hay, min(lengths), 1, -1, "warm-up")[0], args.timeout)
         for new in compute(todo, predict, write, desc="conversation cells", noun="cell"):
             rows, cells = rows + new[:-1], cells + new[-1:]
     finally:
