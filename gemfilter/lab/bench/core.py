@@ -187,10 +187,9 @@ class Bench:
 
     def measure(self, method_name: str, length: int, gen_tokens: int, topk: int | None, layer) -> dict:
         """One cell. Returns times in seconds and peaks in MiB (see :func:`measure`)."""
-        import torch
 
         import gemfilter
-        from gemfilter.apply import budget_fields, resolve
+        from gemfilter.apply import resolve
         from gemfilter.lab.bench.paper import h2o_exclusion
         from gemfilter.methods.spec import FullMethod
 
@@ -212,18 +211,7 @@ class Bench:
         decoder = None
         if self.compile:  # full's capacity follows n: its decoder serves this cell only
             decoder = self.decoder(decode_rows(method, n) + gen_tokens - 1, keep=not isinstance(method, FullMethod))
-        # Untimed warm-up: first-call overheads (CUDA context, kernel choice, allocator; compilation and CUDA graph
-        # capture for a compiled cell, which needs a few decode steps) are not what we measure.
-        w = warmup_tokens(device, n, warmup_budget(method))
-        gemfilter.generate(
-            model,
-            {k: v[:, -w:] for k, v in enc.items()},
-            method=method,
-            tokenizer=tok,
-            compile=decoder or False,
-            **forced_kwargs(min(gen_tokens, 8) if decoder else 2),
-        )
-        sync()
+        w = self._warm_up(method, enc, n, decoder, gen_tokens)
         memory = PeakMemory(device)
         memory.baseline = memory.now()
         clock = FirstTokenClock(memory, sync)
@@ -247,6 +235,38 @@ class Bench:
         new_tokens = int(out.new_tokens.shape[1])
         if new_tokens != gen_tokens:  # never record a row whose generation phase has another length
             raise RuntimeError(f"{method_name} generated {new_tokens} tokens, not the forced {gen_tokens}")
+        return self._row(method, method_name, length, n, out, clock, memory, begun, (start, end, gen_peak_abs), w)
+
+    def _warm_up(self, method, enc, n: int, decoder, gen_tokens: int) -> int:
+        """An untimed generation on the prompt's last w tokens; returns w. First-call overheads (CUDA context, kernel
+        choice, allocator; compilation and CUDA graph capture for a compiled cell, which needs a few decode steps)
+        are not what we measure."""
+        import gemfilter
+
+        w = warmup_tokens(self.device, n, warmup_budget(method))
+        gemfilter.generate(
+            self.model,
+            {k: v[:, -w:] for k, v in enc.items()},
+            method=method,
+            tokenizer=self.tok,
+            compile=decoder or False,
+            **forced_kwargs(min(gen_tokens, 8) if decoder else 2),
+        )
+        self.sync()
+        return w
+
+    def _row(self, method, method_name, length, n, out, clock, memory, begun, timed, w) -> dict:
+        """The cell's row: times in seconds, peaks in MiB, the budget and the theory's prompt-cost ratios.
+
+        timed: (start, end, the absolute peak read at the end) of the timed generation."""
+        import torch
+
+        import gemfilter
+        from gemfilter.apply import budget_fields
+
+        model, device = self.model, self.device
+        start, end, gen_peak_abs = timed
+        new_tokens = int(out.new_tokens.shape[1])
         m = gemfilter.selection.num_layers(model)
         cost = method.prompt_cost(n, m)  # (published, this code's)
         theory = {} if cost is None else {"theory_prompt_ratio": cost[0], "theory_here_ratio": cost[1]}
