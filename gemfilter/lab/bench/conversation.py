@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 #: (protocol, method spec) pairs timed by default; None: no method (full)
 DEFAULT_RUNS = "full,reselect:gemfilter,stable:gemfilter,reuse:gemfilter,reuse:snapkv"
@@ -87,7 +88,7 @@ def converse(
     return rows
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m gemfilter.lab.bench.conversation",
         description=__doc__.split("\n\n")[0] + " One row per turn, appended to --out as it "
@@ -114,11 +115,18 @@ def main(argv=None) -> int:
         topk_help="budget of the methods whose spec sets none (default 1024, the paper's k)",
     )
     p.add_argument("--out", required=True, help="JSONL file the rows are appended to")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
     from gemfilter.toolkit.io import append_jsonl, read_jsonl
+    from gemfilter.toolkit.loop import Unit, compute, missing
 
     from .archs import arch_of, build_model, is_config_name
+    from .core import device_name
 
+    p = build_parser()
+    args = p.parse_args(argv)
     if not is_config_name(args.model):
         p.error(f"--model {args.model!r}: give config:<arch> (random weights: timing only)")
     for flag, value in (
@@ -145,51 +153,38 @@ def main(argv=None) -> int:
         topk=args.topk,
         layer=layer,
     )
-    from pathlib import Path
-
-    done = set()
-    if Path(args.out).exists():
-        done = {
-            (r["protocol"], r["method"])
-            for r in read_jsonl(Path(args.out), required=("protocol", "method"))
-            if all(r.get(k) == v for k, v in setting.items())
-        }
+    out = Path(args.out)
+    stored = read_jsonl(out, required=("protocol", "method")) if out.exists() else []
+    done = {(r["protocol"], r["method"]) for r in stored if all(r.get(k) == v for k, v in setting.items())}
+    units = [Unit(out.name, (protocol, spec.label if spec else "full"), spec) for protocol, spec in runs]
     model = build_model(
         args.model, layers=args.layers, dtype=args.dtype, device=args.device, test_shrink=args.test_shrink
     )
-    from .core import device_name
-
     device = next(model.parameters()).device
+    fixed = dict(dtype=str(model.dtype).replace("torch.", ""), device=str(device), device_name=device_name(device))
     # Warm-up: a short conversation per protocol, so CUDA's first-call costs fall outside the timed turns.
     for protocol, spec in runs:
         converse(model, protocol, spec, min(args.context, 2048), 2, args.question_tokens, 2, args.topk, layer)
-    for protocol, spec in runs:
-        label = spec.label if spec else "full"
-        if (protocol, label) in done:
-            continue
+
+    def predict(unit: Unit) -> list:
+        (protocol, label), spec = unit.key, unit.data
         start = time.perf_counter()
         rows = converse(
             model, protocol, spec, args.context, args.turns, args.question_tokens, args.answer_tokens, args.topk, layer
         )
-        for row in rows:
-            append_jsonl(
-                args.out,
-                {
-                    **setting,
-                    "protocol": protocol,
-                    "method": label,
-                    **row,
-                    "dtype": str(model.dtype).replace("torch.", ""),
-                    "device": str(device),
-                    "device_name": device_name(device),
-                },
-            )
         print(
             f"{protocol} {label}: ttft "
             + ", ".join(f"{r['ttft_s']:.3f}" for r in rows)
             + f" s ({time.perf_counter() - start:.1f} s)",
             file=sys.stderr,
         )
+        return [{**setting, "protocol": protocol, "method": label, **row, **fixed} for row in rows]
+
+    def write(unit: Unit, rows: list) -> None:
+        for row in rows:
+            append_jsonl(out, row)
+
+    compute(missing(units, {out.name: done}), predict, write, desc="conversations", noun="run", progress=False)
     return 0
 
 
