@@ -25,13 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterable
 
 from eval.rundir import (
     CONFIG,
     TASK_SHARD,
     append_row,
     check_config,
+    check_layers,
     load_for_run,
     make_state,
     model_config_for,
@@ -109,6 +110,58 @@ class Benchmark:
     def postfix(self, unit: Unit, row: dict) -> dict:
         """What the progress bar shows after a unit."""
         return {}
+
+    # -- the method set-up every benchmark shares: its plan is ``config.methods`` --------------------------
+    def check_methods(self, model_config, lengths_of: Callable[[Any], Iterable[int]]) -> None:
+        """Before any weights load: an ``--engine`` takes every method of the plan (prompt methods only), and each
+        method fits the model at each prompt length it will see (``lengths_of(spec)``; SnapKV on a model whose every
+        layer is windowed is refused here)."""
+        from gemfilter.methods import check_for_model
+        from gemfilter.toolkit.serving.engine import check_engine_methods
+
+        config = self.config
+        check_engine_methods(config.engine, {s.label: s.cls for s in config.methods})
+        for spec in config.methods:
+            for length in lengths_of(spec):
+                check_for_model(self.method_of(spec, length), model_config, length)
+
+    def method_of(self, spec, prompt_tokens: int | None = None):
+        """The method object of ``spec`` for a prompt of ``prompt_tokens`` tokens, with the config's ``topk`` /
+        ``layer`` as the defaults of a spec that sets none; not yet resolved against a model."""
+        return spec.method(prompt_tokens, topk=self.config.topk, layer=self.config.layer)
+
+    def build_methods(self, model, finished: Iterable[dict], prompt_tokens_of=None, per_prompt: bool = False) -> dict:
+        """{label: resolved method} of the plan; refuses a resume whose finished rows (``{"method", "layer"}``) used
+        another filter layer than this run resolves to (``eval.rundir.check_layers``).
+
+        prompt_tokens_of: label -> the prompt length a method is built for (None: none; a ``ratio`` budget then
+        needs one, and says so); per_prompt: leave out the methods with a ``ratio`` budget, which the benchmark
+        builds for each prompt (:meth:`method_of`).
+        """
+        from gemfilter.apply import resolve
+
+        methods = {
+            s.label: resolve(model, self.method_of(s, prompt_tokens_of(s.label) if prompt_tokens_of else None))
+            for s in self.config.methods
+            if not (per_prompt and s.ratio is not None)
+        }
+        check_layers(finished, methods)
+        return methods
+
+    def generator(self, tokenizer):
+        """``gemfilter.generate``, or the engine's generate with the same signature when ``--engine`` is given."""
+        from gemfilter.toolkit.serving.engine import generator
+
+        return generator(self.config.engine, tokenizer)
+
+
+def finished_by_folder(done: dict) -> list:
+    """``{"method", "layer"}`` of every finished row, its method read from its file's folder (``pred/<label>/``)."""
+    return [
+        {"method": Path(file).parent.name, "layer": row.get("layer")}
+        for file, rows in done.items()
+        for row in rows.values()
+    ]
 
 
 @dataclass(frozen=True)

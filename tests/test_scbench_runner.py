@@ -334,3 +334,19 @@ def test_one_untimed_full_conversation_runs_before_the_first_timed_one(tiny, tmp
     calls.clear()
     run(RunConfig(**{**config.__dict__, "warmup": False}), tmp_path / "b", model_and_tokenizer=tiny, progress=False)
     assert calls == [("reuse", 3)]
+
+
+def test_a_resume_that_would_mix_filter_layers_is_refused(tiny, tmp_path):
+    import json
+
+    config = RunConfig(
+        **{**BASE, "methods": ("gemfilter:k=48",), "tasks": ("scbench_mf",), "num_samples": 1, "warmup": False}
+    )
+    out = tmp_path / "out"
+    run(config, out, model_and_tokenizer=tiny, progress=False)
+    path = out / "multi-turn" / "2048" / "gemfilter:k=48@reselect" / "scbench_mf.jsonl"
+    row = json.loads(path.read_text())
+    layer = row["layer"]
+    path.write_text(json.dumps(row | {"layer": layer - 1}) + "\n")  # as if a calibration had moved the default
+    with pytest.raises(ValueError, match=f"used filter layer {layer - 1}, but this run resolves to layer {layer}"):
+        run(RunConfig(**{**config.__dict__, "num_samples": 2}), out, model_and_tokenizer=tiny, progress=False)

@@ -28,8 +28,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.rundir import check_layers
-from eval.runner import Benchmark, Unit, config_specs
+from eval.runner import Benchmark, Unit, finished_by_folder
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
 from gemfilter.toolkit.options import check_against_model
@@ -132,22 +131,12 @@ class LongBench(Benchmark):
         return default_max_length(model_config) if needs_window else config.max_length
 
     def check(self, model_config) -> None:
-        from gemfilter.methods import check_for_model
-        from gemfilter.toolkit.serving.engine import check_engine_methods
-
         config = self.config
         check_against_model(
             model_config, layer=config.layer, lengths=(config.max_length or 1,), length_flag="--max-length"
         )
-        window = self.max_length(model_config)
-        specs = config_specs(config)
-        check_engine_methods(config.engine, {s.label: s.cls for s in config.methods})
-        for (
-            label,
-            spec,
-        ) in specs.items():  # e.g. SnapKV on a model whose every layer is windowed; prompts are cut to this
-            length = config.max_length_of(label, window)
-            check_for_model(spec.method(length, topk=config.topk, layer=config.layer), model_config, length)
+        window = self.max_length(model_config)  # prompts are cut to each method's length
+        self.check_methods(model_config, lambda spec: (config.max_length_of(spec.label, window),))
 
     def units(self, out, state, say) -> list:
         config = self.config
@@ -180,26 +169,13 @@ class LongBench(Benchmark):
         return f"{self.name}: {len(units)} samples ({len(config.labels)} methods x {len(config.tasks)} tasks)"
 
     def start(self, model, tok, done: dict):
-        from gemfilter.apply import BUDGET_FIELDS, resolve
-        from gemfilter.toolkit.serving.engine import engine_field, generator
+        from gemfilter.apply import BUDGET_FIELDS
+        from gemfilter.toolkit.serving.engine import engine_field
 
         config = self.config
         window = self.max_length(model.config)
-        methods = {
-            label: resolve(
-                model, spec.method(config.max_length_of(label, window), topk=config.topk, layer=config.layer)
-            )
-            for label, spec in config_specs(config).items()
-        }
-        check_layers(
-            [
-                {"method": Path(file).parent.name, "layer": row.get("layer")}
-                for file, rows in done.items()
-                for row in rows.values()
-            ],
-            methods,
-        )
-        generate = generator(config.engine, tok)
+        methods = self.build_methods(model, finished_by_folder(done), lambda label: config.max_length_of(label, window))
+        generate = self.generator(tok)
 
         def predict(unit: Unit) -> dict:
             name, task, record = unit.data

@@ -29,8 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.rundir import check_layers
-from eval.runner import Benchmark, Unit, config_specs, finished
+from eval.runner import Benchmark, Unit, finished
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import merge as merge_units
 from eval.runner import run as run_units
@@ -142,19 +141,9 @@ class Niah(Benchmark):
     def check(self, model_config) -> None:
         """--layer, --lengths and the methods against the model; the haystack (a bad --haystack-dir fails in a
         second, before config.json is written)."""
-        from gemfilter.methods import check_for_model
-        from gemfilter.toolkit.serving.engine import check_engine_methods
-
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
-        specs = config_specs(config)
-        check_engine_methods(config.engine, {s.label: s.cls for s in config.methods})
-        for spec in specs.values():  # e.g. SnapKV on a model whose every layer is windowed
-            check_for_model(
-                spec.method(max(config.lengths), topk=config.topk, layer=config.layer),
-                model_config,
-                max(config.lengths),
-            )
+        self.check_methods(model_config, lambda spec: (max(config.lengths),))
         read_haystack(config.haystack_dir)
 
     def units(self, out, state, say) -> list:
@@ -177,18 +166,13 @@ class Niah(Benchmark):
         check_lengths(tokenizer, sorted({u.key[1] for u in todo}), protocol=self.config.protocol)
 
     def start(self, model, tok, done: dict):
-        from gemfilter.apply import resolve
         from gemfilter.models import EMBEDDED_NAME
-        from gemfilter.toolkit.serving.engine import engine_field, generator
+        from gemfilter.toolkit.serving.engine import engine_field
 
         config = self.config
         hay = make_haystack(tok, max(config.lengths), haystack_dir=config.haystack_dir)
-        generate = generator(config.engine, tok)
-        methods = {
-            label: resolve(model, spec.method(None, topk=config.topk, layer=config.layer))
-            for label, spec in config_specs(config).items()
-        }
-        check_layers(done[RESULTS].values(), methods)
+        generate = self.generator(tok)
+        methods = self.build_methods(model, done[RESULTS].values())
         fixed = {
             "model": config.model or EMBEDDED_NAME,
             "prompt": config.prompt,

@@ -26,8 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.rundir import check_layers
-from eval.runner import Benchmark, Unit
+from eval.runner import Benchmark, Unit, finished_by_folder
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
 from gemfilter.toolkit.options import check_against_model
@@ -180,15 +179,9 @@ class Ruler(Benchmark):
         validate(self.config)
 
     def check(self, model_config) -> None:
-        from gemfilter.methods import check_for_model
-        from gemfilter.toolkit.serving.engine import check_engine_methods
-
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
-        check_engine_methods(config.engine, {s.label: s.cls for s in config.methods})
-        for spec in config.methods:  # e.g. SnapKV on a model whose every layer is windowed: refused before loading
-            for length in config.lengths:
-                check_for_model(spec.method(length, layer=config.layer), model_config, length)
+        self.check_methods(model_config, lambda spec: config.lengths)
 
     def units(self, out, state, say) -> list:
         samples = load_samples(self.config, out, self.tokenizer, say)
@@ -214,24 +207,16 @@ class Ruler(Benchmark):
 
     def start(self, model, tok, done: dict):
         from gemfilter.apply import BUDGET_FIELDS, resolve
-        from gemfilter.toolkit.serving.engine import engine_field, generator
+        from gemfilter.toolkit.serving.engine import engine_field
 
         config = self.config
-        generate = generator(config.engine, tok)
-        fixed = {s.label: resolve(model, s.method(layer=config.layer)) for s in config.methods if s.ratio is None}
-        check_layers(
-            [
-                {"method": Path(file).parent.name, "layer": row.get("layer")}
-                for file, rows in done.items()
-                for row in rows.values()
-            ],
-            fixed,
-        )
+        generate = self.generator(tok)
+        fixed = self.build_methods(model, finished_by_folder(done), per_prompt=True)  # a ratio's: per prompt
         attn, dtype = model.config._attn_implementation, str(model.dtype).replace("torch.", "")
 
         def predict_unit(unit: Unit) -> dict:
             length, spec, name, row = unit.data
-            method = fixed.get(spec.label) or resolve(model, spec.method(_prompt_len(tok, row), layer=config.layer))
+            method = fixed.get(spec.label) or resolve(model, self.method_of(spec, _prompt_len(tok, row)))
             res = predict(model, tok, method, row, get_task(name), generate)
             return {
                 "index": row["index"],

@@ -146,19 +146,16 @@ class SCBench(Benchmark):
     def check(self, model_config) -> None:
         """Every method against the model's config, under the protocol it runs, before any weights load."""
         from gemfilter.conversation import check_reselect
-        from gemfilter.methods import check_for_model
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
+        self.check_methods(model_config, lambda spec: config.lengths)
         for label, (spec, protocol) in labelled(config).items():
-            for length in config.lengths:
-                method = spec.method(length, **defaults(config))
-                check_for_model(method, model_config, length)
-                if protocol in ("reselect", "stable"):
-                    try:
-                        check_reselect(model_config, method)
-                    except ValueError as err:
-                        raise ValueError(f"{label}: {err}") from None
+            for length in config.lengths if protocol in ("reselect", "stable") else ():
+                try:
+                    check_reselect(model_config, self.method_of(spec, length))
+                except ValueError as err:
+                    raise ValueError(f"{label}: {err}") from None
 
     def units(self, out, state, say) -> list:
         config, tok = self.config, self.tokenizer()
@@ -192,13 +189,17 @@ class SCBench(Benchmark):
         )
 
     def start(self, model, tok, done: dict):
-        from gemfilter.apply import resolve
-
         labels = labelled(self.config)
         given = defaults(self.config)
+        finished = [  # a row's label names its protocol too; its method is the spec's
+            {"method": labels[row["method"]][0].label, "layer": row.get("layer")}
+            for rows in done.values()
+            for row in rows.values()
+            if row.get("method") in labels
+        ]
+        built = self.build_methods(model, finished)
         methods = {
-            label: (None if proto == "full" else resolve(model, spec.method(**given)), proto)
-            for label, (spec, proto) in labels.items()
+            label: (None if proto == "full" else built[spec.label], proto) for label, (spec, proto) in labels.items()
         }
         engine = None
         if self.config.engine is not None:
