@@ -47,3 +47,14 @@ def test_the_conversation_bench_resumes_through_the_loop(tmp_path):
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert rows[:4] == first and [(r["protocol"], r["method"]) for r in rows[4:]] == [("reuse", "gemfilter")] * 2
     assert all(r["kept"] == 48 for r in rows if r["protocol"] != "full" and r["turn"] == 1)  # --topk reached them
+
+
+def test_the_decode_probe_appends_a_row_per_path_through_the_loop(tmp_path):
+    from gemfilter.lab.bench import decode
+
+    out = tmp_path / "decode.jsonl"
+    argv = ["--model", "config:llama-3.1-8b", "--test-shrink", "--layers", "2", "--k", "32", "--gen-tokens", "3"]
+    assert decode.main([*argv, "--paths", "generate,apply-full", "--out", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["path"] for r in rows] == ["generate", "apply-full"] and all(r["decode_ms"] > 0 for r in rows)
+    assert all(r["model"] == "config:llama-3.1-8b" and r["layers"] == 2 for r in rows)

@@ -62,6 +62,42 @@ examples:
   python -m eval.longbench score LongBench/pred --e"""
 
 
+def _add_prompt_options(r) -> None:
+    """What the model is fed: the tasks, their samples and how each prompt is cut and wrapped."""
+    r.add_argument(
+        "--tasks",
+        default=None,
+        help="comma-separated task configs or aliases (default: all 16; with --e the 13 LongBench-E tasks)",
+    )
+    r.add_argument(
+        "--e", action="store_true", help="LongBench-E: <task>_e data, pred_e/ folder, scores per length bucket"
+    )
+    r.add_argument("--limit", type=int, default=None, help="first N samples per task (default: all; a quick smoke run)")
+    r.add_argument(
+        "--max-length",
+        default=None,
+        help="prompt tokens kept by middle truncation, k = thousands, e.g. 3.5k (default: the model's "
+        "context window minus 500; "
+        "official configs use 3500, 15500, 31500 for 4K, 16K, 32K models)",
+    )
+    r.add_argument(
+        "--max-length-per-method",
+        default=None,
+        metavar="METHOD=TOKENS,...",
+        help="a max length for some methods, e.g. h2o=8192 (the official H2O cut); the others use "
+        "--max-length; each METHOD must name one of --methods (a name applies to each of its specs)",
+    )
+    r.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="wrap prompts in the tokenizer's chat template (not for trec, triviaqa, samsum, lcc, "
+        "repobench-p); the GemFilter paper's Table 9.1 uses none (default: off)",
+    )
+    r.add_argument(
+        "--data-dir", default=None, help="local folder of <config>.jsonl files instead of the Hugging Face hub"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
@@ -105,44 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="settings of a published run (see below); explicit options override them",
     )
     add_method_options(r, default=None, default_help="the preset's, else full,gemfilter")
-    r.add_argument(
-        "--tasks",
-        default=None,
-        help="comma-separated task configs or aliases (default: all 16; with --e the 13 LongBench-E tasks)",
-    )
-    r.add_argument(
-        "--e", action="store_true", help="LongBench-E: <task>_e data, pred_e/ folder, scores per length bucket"
-    )
-    r.add_argument("--limit", type=int, default=None, help="first N samples per task (default: all; a quick smoke run)")
-    r.add_argument(
-        "--max-length",
-        default=None,
-        help="prompt tokens kept by middle truncation, k = thousands, e.g. 3.5k (default: the model's "
-        "context window minus 500; "
-        "official configs use 3500, 15500, 31500 for 4K, 16K, 32K models)",
-    )
-    r.add_argument(
-        "--max-length-per-method",
-        default=None,
-        metavar="METHOD=TOKENS,...",
-        help="a max length for some methods, e.g. h2o=8192 (the official H2O cut); the others use "
-        "--max-length; each METHOD must name one of --methods (a name applies to each of its specs)",
-    )
+    _add_prompt_options(r)
     r.add_argument(
         "--dtype",
         default=None,
         choices=["float16", "bfloat16", "float32"],
         help="model dtype on GPU (default: the loader's; --preset gemfilter-paper: float16, as the "
         "official runs); CPU always runs float32 and prints so",
-    )
-    r.add_argument(
-        "--chat-template",
-        action="store_true",
-        help="wrap prompts in the tokenizer's chat template (not for trec, triviaqa, samsum, lcc, "
-        "repobench-p); the GemFilter paper's Table 9.1 uses none (default: off)",
-    )
-    r.add_argument(
-        "--data-dir", default=None, help="local folder of <config>.jsonl files instead of the Hugging Face hub"
     )
     r.add_argument("--out", default="results/longbench", help="output folder (default: results/longbench)")
     r.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (default: torch's choice)")

@@ -46,6 +46,41 @@ examples:
 The default model is the embedded Gemma 3 270M (offline; first load about 75 s, then about 3 s)."""
 
 
+def _add_grid_options(p) -> None:
+    """The grid and its prompt: lengths, depths, the prompt's wording, how it is tokenized, the haystack."""
+    p.add_argument(
+        "--lengths",
+        default=None,
+        help="context lengths in tokens, comma-separated, k = thousands (e.g. 1000,2k,4k); "
+        "overrides the preset's lengths; each must exceed the 200-token buffer plus the needle",
+    )
+    p.add_argument(
+        "--depths",
+        default=None,
+        help="needle depths in percent of the context, comma-separated (e.g. 0,25,50,75,100); "
+        "overrides the preset's depths",
+    )
+    p.add_argument(
+        "--prompt",
+        default="gemfilter",
+        choices=["gemfilter", "kamradt-chat"],
+        help="gemfilter: the GemFilter repo's plain 'very long story book' prompt (default); "
+        "kamradt-chat: needlehaystack's system/context/question chat (needs a chat template)",
+    )
+    p.add_argument(
+        "--protocol",
+        default=None,
+        choices=["kamradt", "gemfilter-repo"],
+        help="kamradt: clean context (default); gemfilter-repo: the GemFilter repo's special tokens, "
+        "as the paper's figures used (default of --preset gemfilter-paper); see below",
+    )
+    p.add_argument(
+        "--haystack-dir",
+        default=None,
+        help="folder of .txt files to use as haystack (default: needlehaystack's Paul Graham essays)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gemfilter import describe
     from gemfilter.models import add_attn_argument
@@ -78,43 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_argument(p)
     add_method_options(p, default=None, default_help="the preset's, else full,gemfilter; see the list below")
     p.add_argument("--preset", default="cpu-demo", choices=list(PRESETS), help="named grid (default: cpu-demo)")
-    p.add_argument(
-        "--lengths",
-        default=None,
-        help="context lengths in tokens, comma-separated, k = thousands (e.g. 1000,2k,4k); "
-        "overrides the preset's lengths; each must exceed the 200-token buffer plus the needle",
-    )
-    p.add_argument(
-        "--depths",
-        default=None,
-        help="needle depths in percent of the context, comma-separated (e.g. 0,25,50,75,100); "
-        "overrides the preset's depths",
-    )
-    p.add_argument(
-        "--prompt",
-        default="gemfilter",
-        choices=["gemfilter", "kamradt-chat"],
-        help="gemfilter: the GemFilter repo's plain 'very long story book' prompt (default); "
-        "kamradt-chat: needlehaystack's system/context/question chat (needs a chat template)",
-    )
-    p.add_argument(
-        "--protocol",
-        default=None,
-        choices=["kamradt", "gemfilter-repo"],
-        help="kamradt: clean context (default); gemfilter-repo: the GemFilter repo's special tokens, "
-        "as the paper's figures used (default of --preset gemfilter-paper); see below",
-    )
+    _add_grid_options(p)
     p.add_argument(
         "--dtype",
         default=None,
         choices=["float16", "bfloat16", "float32"],
         help="model dtype on GPU (default: the loader's; --preset gemfilter-paper: float16 as the "
         "GemFilter repo); CPU always runs float32 and prints so",
-    )
-    p.add_argument(
-        "--haystack-dir",
-        default=None,
-        help="folder of .txt files to use as haystack (default: needlehaystack's Paul Graham essays)",
     )
     p.add_argument("--out", default="results/niah", help="output folder (default: results/niah)")
     p.add_argument(

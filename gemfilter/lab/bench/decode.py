@@ -153,6 +153,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="JSONL file the rows are appended to")
     args = p.parse_args(argv)
     from gemfilter.toolkit.io import append_jsonl
+    from gemfilter.toolkit.loop import Unit, compute
 
     from .archs import build_model, is_config_name
 
@@ -167,8 +168,15 @@ def main(argv=None) -> int:
     model = build_model(
         args.model, layers=args.layers, dtype=args.dtype, device=args.device, test_shrink=args.test_shrink
     )
-    for row in probe(model, k=args.k, gen=args.gen_tokens, paths=paths, log=lambda m: print(m, file=sys.stderr)):
-        append_jsonl(args.out, {"model": args.model, "layers": args.layers, **row})
+    rows = probe(model, k=args.k, gen=args.gen_tokens, paths=paths, log=lambda m: print(m, file=sys.stderr))
+    compute(  # every path, each run appending its rows (probe yields them in the paths' order)
+        [Unit(args.out, path) for path in paths],
+        lambda unit: {"model": args.model, "layers": args.layers, **next(rows)},
+        lambda unit, row: append_jsonl(args.out, row),
+        desc="decode paths",
+        noun="path",
+        progress=False,
+    )
     return 0
 
 

@@ -175,17 +175,11 @@ def plot(summary: dict, path: Path, title: str) -> None:
     save_png(fig, path, dpi=120)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from ...models import add_attn_argument
+def _add_model_options(p) -> None:
+    """The model measured: an HF model or one of the paper's architectures, scaled, in which dtype, where."""
     from .archs import ARCHS
     from .paper import PRESETS
 
-    p = argparse.ArgumentParser(
-        prog="gemfilter bench",
-        description="Measure prompt-phase time, generation time and peak memory for each method and context "
-        "length, each in a fresh subprocess; report medians, ratios against full and snapkv, Theorem 9.3's "
-        "(r+1)/m, and the growth exponent of time in n. Interrupted runs resume from OUT/bench.jsonl.",
-    )
     p.add_argument(
         "--model",
         default=None,
@@ -224,23 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="TESTS ONLY: shrink config:<arch> widths/heads by 8 and the vocabulary to 1024; the timings "
         "then describe no published architecture",
     )
-    add_method_options(p, default=DEFAULT_METHODS)
-    p.add_argument(
-        "--lengths",
-        default=DEFAULT_LENGTHS,
-        help=f"context lengths in tokens, k = thousands, e.g. 2k,4k (default {DEFAULT_LENGTHS})",
-    )
-    p.add_argument(
-        "--gen-tokens",
-        type=int,
-        default=50,
-        help="tokens generated per run, forced (min = max) for every method (default 50, as in the paper)",
-    )
-    p.add_argument("--repeats", type=int, default=1, help="runs per cell; medians are reported (default 1)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads in each worker (default: torch's choice)")
-    add_attn_argument(p, multiple=True)
-    p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds before a worker is killed (default 1800)")
+
+
+def _add_run_options(p) -> None:
+    """How the cells run: compiled decoding, order, one worker or a fresh one per cell, past failures."""
     p.add_argument(
         "--compile",
         action="store_true",
@@ -269,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
         "on with the next cell; the report covers the cells that ran and the exit status is 2. A rerun "
         "measures only the failed and missing cells (default: stop at the first failure)",
     )
+
+
+def _add_engine_options(p) -> None:
+    """--engine (one request per route) and --turns (conversations through the engine)."""
     p.add_argument(
         "--engine",
         default=None,
@@ -323,6 +308,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="selections at once on the selector model (default 1, as gemfilter serve's)",
     )
     g.add_argument("--seed", type=int, default=0, help="seed of the documents and their facts (default 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ...models import add_attn_argument
+
+    p = argparse.ArgumentParser(
+        prog="gemfilter bench",
+        description="Measure prompt-phase time, generation time and peak memory for each method and context "
+        "length, each in a fresh subprocess; report medians, ratios against full and snapkv, Theorem 9.3's "
+        "(r+1)/m, and the growth exponent of time in n. Interrupted runs resume from OUT/bench.jsonl.",
+    )
+    _add_model_options(p)
+    add_method_options(p, default=DEFAULT_METHODS)
+    p.add_argument(
+        "--lengths",
+        default=DEFAULT_LENGTHS,
+        help=f"context lengths in tokens, k = thousands, e.g. 2k,4k (default {DEFAULT_LENGTHS})",
+    )
+    p.add_argument(
+        "--gen-tokens",
+        type=int,
+        default=50,
+        help="tokens generated per run, forced (min = max) for every method (default 50, as in the paper)",
+    )
+    p.add_argument("--repeats", type=int, default=1, help="runs per cell; medians are reported (default 1)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads in each worker (default: torch's choice)")
+    add_attn_argument(p, multiple=True)
+    p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before a worker is killed (default 1800)")
+    _add_run_options(p)
+    _add_engine_options(p)
     return p
 
 

@@ -63,36 +63,8 @@ def connect(
     return upstream, selector, models
 
 
-def add_parser(sub) -> None:
-    from gemfilter.toolkit.options import add_method_options
-
-    from ...models import add_attn_argument
-
-    p = sub.add_parser(
-        "serve",
-        help="OpenAI-compatible proxy: select on layers 0..r, generate on an engine (vLLM)",
-        description="Serve /v1/completions, /v1/chat/completions (streaming included) and /v1/models "
-        "in front of an OpenAI-compatible engine: the GemFilter selection runs here, the "
-        "generation on the engine.",
-        epilog=EPILOG + "\n\n" + __doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--upstream", required=True, metavar="URL", help="the engine's OpenAI base URL, e.g. http://127.0.0.1:8000/v1"
-    )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="selector model: Hugging Face id or local path, the engine's model or one with its tokenizer "
-        "(default: the embedded Gemma 3 270M)",
-    )
-    add_method_options(
-        p,
-        methods="one",
-        default="gemfilter",
-        default_help="gemfilter (paper); full or a prompt method (kind 'prompt' in 'gemfilter "
-        "methods'); the selector holds layers 0..r of its layer",
-    )
+def _add_listener_options(p) -> None:
+    """Where the server listens and how long it waits: for the engine, for a client, for a free handler."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument(
         "--port", type=int, default=8100, help="port to listen on, 0..65535 (default 8100; 0 picks a free one)"
@@ -124,6 +96,39 @@ def add_parser(sub) -> None:
         default=64,
         help="requests handled at once, one thread each, 1..4096; more wait in the listen queue (default 64)",
     )
+
+
+def add_parser(sub) -> None:
+    from gemfilter.toolkit.options import add_method_options
+
+    from ...models import add_attn_argument
+
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible proxy: select on layers 0..r, generate on an engine (vLLM)",
+        description="Serve /v1/completions, /v1/chat/completions (streaming included) and /v1/models "
+        "in front of an OpenAI-compatible engine: the GemFilter selection runs here, the "
+        "generation on the engine.",
+        epilog=EPILOG + "\n\n" + __doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--upstream", required=True, metavar="URL", help="the engine's OpenAI base URL, e.g. http://127.0.0.1:8000/v1"
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="selector model: Hugging Face id or local path, the engine's model or one with its tokenizer "
+        "(default: the embedded Gemma 3 270M)",
+    )
+    add_method_options(
+        p,
+        methods="one",
+        default="gemfilter",
+        default_help="gemfilter (paper); full or a prompt method (kind 'prompt' in 'gemfilter "
+        "methods'); the selector holds layers 0..r of its layer",
+    )
+    _add_listener_options(p)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for the selection (default: torch's)")
     p.add_argument(
         "--selector-cache-gb",

@@ -477,6 +477,23 @@ def _warm_up(table: dict, routes, warm: list, timeout: float) -> None:
             raise BrokenStream(f"the warm-up request ({route}) failed: {err}; nothing was timed") from None
 
 
+def _meta(args, method: str, plain) -> dict:
+    """The settings a stored row must carry to count for this run (``plain``: the uncached selector)."""
+    return dict(
+        engine=args.engine,
+        model=args.model or "embedded:gemma3-270m",
+        method=method,
+        topk=args.topk,
+        layer=plain.layer,
+        gen_tokens=args.gen_tokens,
+        turns=args.turns,
+        selector_cache_gb=args.selector_cache_gb,
+        selector_workers=args.selector_workers,
+        seed=args.seed,
+        selector_device=str(next(plain.model.parameters()).device),
+    )
+
+
 def run(args) -> int:
     """Run ``gemfilter bench --engine URL --turns T`` for the parsed ``args``; returns the exit status."""
     from gemfilter.toolkit.haystack import make_haystack
@@ -498,19 +515,7 @@ def run(args) -> int:
     )
     tok = plain.tokenizer
     table, servers = _routes_table(args, method, upstream, plain)
-    meta = dict(
-        engine=args.engine,
-        model=args.model or "embedded:gemma3-270m",
-        method=method,
-        topk=args.topk,
-        layer=plain.layer,
-        gen_tokens=args.gen_tokens,
-        turns=args.turns,
-        selector_cache_gb=args.selector_cache_gb,
-        selector_workers=args.selector_workers,
-        seed=args.seed,
-        selector_device=str(next(plain.model.parameters()).device),
-    )
+    meta = _meta(args, method, plain)
     jsonl = out / "bench-turns.jsonl"
     stored = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
     rows, cells = finished_rows(stored)
