@@ -30,8 +30,7 @@ def run_resumable(
     force: recompute these units; first their old rows (same settings, one of ``units``) are removed from
     jsonl_path (the file is replaced atomically), and every other row (other settings, other units) stays.
     desc: show a progress bar over the units with this label."""
-    from tqdm.auto import tqdm
-
+    from gemfilter.toolkit import loop
     from icl_probes.common import as_stored
     from icl_probes.io import append_jsonl, read_jsonl, remove_jsonl_rows
 
@@ -44,15 +43,22 @@ def run_resumable(
             remove_jsonl_rows(jsonl_path, lambda r: r.get("settings") == settings and key_of(r) in ours)
     elif jsonl_path:
         done = {key_of(r): r for r in read_jsonl(jsonl_path) if r.get("settings") == settings}
-    rows = []
-    for unit in tqdm(units, desc=desc, disable=desc is None, leave=False):
-        row = done.get(unit)
-        if row is None:
-            row = dict(compute(*unit), settings=settings)
-            if jsonl_path:
-                append_jsonl(jsonl_path, row)
-        rows.append(row)
-    return rows
+    new = {}
+
+    def write(unit, row) -> None:
+        new[unit.key] = row
+        if jsonl_path:
+            append_jsonl(jsonl_path, row)
+
+    loop.compute(
+        loop.missing([loop.Unit("rows", u) for u in units], {"rows": done}),
+        lambda unit: dict(compute(*unit.key), settings=settings),
+        write,
+        desc=desc or "",
+        noun="unit",
+        progress=desc is not None,
+    )
+    return [done[u] if u in done else new[u] for u in units]
 
 
 def start_run(parser, args, argv, prog: str, make_config, jsonl_name: str):

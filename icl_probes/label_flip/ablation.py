@@ -29,6 +29,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
+from gemfilter.toolkit.loop import Unit, compute, missing
+
 from ..io import append_jsonl, read_jsonl
 from .data import Example, Task, get_task, load_examples
 from .prompts import class_index, eval_indices, format_inputs, format_prefix, n_flips, sample_exemplars
@@ -104,6 +106,23 @@ def measure(model, tok, prompt: AblationPrompt, layer: int = -1) -> dict:
     return out
 
 
+def _ablation_row(model, tok, key: tuple, setup: dict) -> dict:
+    """One (model, prompt index, kind) row: the last row's attention to the label token and the sentences."""
+    mname, i, kind = key
+    task, train, queries, m, share, seed = (setup[k] for k in ("task", "train", "queries", "m", "share", "seed"))
+    rng = random.Random(f"label_flip-ablation:{seed}:{i}")
+    exemplars = sample_exemplars(train, setup["by_class"], m, rng)
+    flip = set(rng.sample(range(m), n_flips(share, m)))
+    shown = [1 - e.label if j in flip else e.label for j, e in enumerate(exemplars)]
+    q = queries[i]
+    word = task.label_words[q.label if kind == "correct" else 1 - q.label]
+    # the same irrelevant sentences for both kinds: seed the sentence choice by the prompt only
+    p = build(task, exemplars, shown, q, word, setup["irrelevant"], random.Random(f"irrelevant:{seed}:{i}"))
+    return dict(
+        model=mname, dataset=setup["dataset"], index=i, kind=kind, m=m, share=share, seed=seed, **measure(model, tok, p)
+    )
+
+
 def run_ablation(
     models,
     dataset: str,
@@ -126,7 +145,6 @@ def run_ablation(
     Exemplars are drawn per prompt (seed, index) and ``share`` percent of their labels flipped
     (default 0: clean exemplars), so the only difference between kinds is the final label word.
     """
-    from tqdm.auto import tqdm
 
     from .llm import default_model_loader
 
@@ -146,31 +164,27 @@ def run_ablation(
         if r.get("dataset") == dataset and r.get("m") == m and r.get("share") == share and r.get("seed") == seed
     ]
     done = {(r["model"], r["index"], r["kind"]) for r in rows}
-    jobs = [(mn, i, k) for mn in models for i in range(len(queries)) for k in KINDS if (mn, i, k) not in done]
-    bar = tqdm(total=len(jobs), desc="ablation", disable=not progress, unit="prompt")
-    for mname in models:
-        mine = [j for j in jobs if j[0] == mname]
+    setup = dict(task=task, train=train, by_class=by_class, queries=queries, m=m, share=share, seed=seed)
+    setup.update(irrelevant=irrelevant, dataset=dataset)
+    jobs = missing(
+        [Unit(path.name, (mn, i, k)) for mn in models for i in range(len(queries)) for k in KINDS], {path.name: done}
+    )
+    for mname in models:  # one model in memory at a time
+        mine = [u for u in jobs if u.key[0] == mname]
         if not mine:
             continue
         model, tok = (model_loader or partial(default_model_loader, attn=attn))(mname, device)
-        for _, i, kind in mine:
-            rng = random.Random(f"label_flip-ablation:{seed}:{i}")
-            exemplars = sample_exemplars(train, by_class, m, rng)
-            flip = set(rng.sample(range(m), n_flips(share, m)))
-            shown = [1 - e.label if j in flip else e.label for j, e in enumerate(exemplars)]
-            q = queries[i]
-            word = task.label_words[q.label if kind == "correct" else 1 - q.label]
-            # the same irrelevant sentences for both kinds: seed the sentence choice by the prompt only
-            p = build(task, exemplars, shown, q, word, irrelevant, random.Random(f"irrelevant:{seed}:{i}"))
-            row = dict(
-                model=mname, dataset=dataset, index=i, kind=kind, m=m, share=share, seed=seed, **measure(model, tok, p)
-            )
-            append_jsonl(path, row)
-            rows.append(row)
-            bar.update(1)
+
+        rows += compute(
+            mine,
+            lambda u, model=model, tok=tok: _ablation_row(model, tok, u.key, setup),
+            lambda u, row: append_jsonl(path, row),
+            desc=f"ablation {mname}",
+            noun="prompt",
+            progress=progress,
+        )
         del model, tok
         gc.collect()
-    bar.close()
     return [r for r in rows if r["model"] in models and r["index"] < len(queries)]
 
 

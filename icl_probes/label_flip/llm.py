@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from gemfilter.compat import cache_kwargs, output_cache
+from gemfilter.toolkit.loop import Unit, compute, missing
 
 from ..io import append_jsonl, read_jsonl, write_json
 from .data import get_task, load_examples
@@ -172,13 +173,36 @@ def _key(row) -> tuple:
     return (row["model"], row["dataset"], row["share"], row["seed"], row["index"])
 
 
+def _score_prompt(cfg, data: dict, model, tok, scorer, mname: str, dname: str, share, seed, i: int) -> dict:
+    """One prompt's row: its flipped exemplars, the model's prediction (log-probabilities or generated text)."""
+    task, train, by_class, queries = data[dname]
+    p = make_prompt(task, train, by_class, queries[i], cfg.m, share, seed, i, cfg.balanced, cfg.per_prompt)
+    row = dict(
+        model=mname,
+        dataset=dname,
+        share=share,
+        seed=seed,
+        index=i,
+        label=p.query_label,
+        n_flipped=sum(p.flipped),
+        **cfg.identity(),
+    )
+    if cfg.predict == "logprob":
+        lps = scorer(p.text, task.label_words, p.prefix)
+        row.update(pred=int(max(range(len(lps)), key=lps.__getitem__)), logprobs=lps)
+    else:
+        pred, text = generate_label(model, tok, p.text, task.label_words, cfg.max_new_tokens)
+        row.update(pred=pred, generated=text)
+    row["correct"] = int(row["pred"] == p.query_label)
+    return row
+
+
 def run_sweep(cfg: SweepConfig, out, *, loader=None, model_loader=None, progress: bool = True) -> list:
     """Run every pending (model, dataset, share, seed, prompt) and return all rows of ``out/label_flip.jsonl``.
 
     loader: optional ``(task, split) -> records`` stand-in for the hub; model_loader: optional
     ``(name, device) -> (model, tokenizer)``. A model whose rows are all present is not loaded.
     """
-    from tqdm.auto import tqdm
 
     cfg.validate()
     out = Path(out)
@@ -206,40 +230,23 @@ def run_sweep(cfg: SweepConfig, out, *, loader=None, model_loader=None, progress
         for seed in cfg.seeds
         for i in range(len(data[d][3]))
     ]
-    pending = [j for j in jobs if j not in done]
-    bar = tqdm(total=len(pending), desc="label-flip", disable=not progress, unit="prompt")
-    for mname in cfg.models:
-        mine = [j for j in pending if j[0] == mname]
+    pending = missing([Unit(path.name, j) for j in jobs], {path.name: done})
+    for mname in cfg.models:  # one model in memory at a time
+        mine = [u for u in pending if u.key[0] == mname]
         if not mine:
             continue
         model, tok = (model_loader or partial(default_model_loader, attn=cfg.attn))(mname, cfg.device)
         scorer = LabelScorer(model, tok)
-        for _, dname, share, seed, i in mine:
-            task, train, by_class, queries = data[dname]
-            p = make_prompt(task, train, by_class, queries[i], cfg.m, share, seed, i, cfg.balanced, cfg.per_prompt)
-            row = dict(
-                model=mname,
-                dataset=dname,
-                share=share,
-                seed=seed,
-                index=i,
-                label=p.query_label,
-                n_flipped=sum(p.flipped),
-                **cfg.identity(),
-            )
-            if cfg.predict == "logprob":
-                lps = scorer(p.text, task.label_words, p.prefix)
-                row.update(pred=int(max(range(len(lps)), key=lps.__getitem__)), logprobs=lps)
-            else:
-                pred, text = generate_label(model, tok, p.text, task.label_words, cfg.max_new_tokens)
-                row.update(pred=pred, generated=text)
-            row["correct"] = int(row["pred"] == p.query_label)
-            append_jsonl(path, row)
-            rows.append(row)
-            bar.update(1)
+        rows += compute(
+            mine,
+            lambda u, model=model, tok=tok, scorer=scorer: _score_prompt(cfg, data, model, tok, scorer, *u.key),
+            lambda u, row: append_jsonl(path, row),
+            desc=f"label-flip {mname}",
+            noun="prompt",
+            progress=progress,
+        )
         del model, tok, scorer
         gc.collect()
-    bar.close()
     write_json(out / "settings.json", asdict(cfg))
     wanted = set(jobs)
     return [r for r in rows if _key(r) in wanted]

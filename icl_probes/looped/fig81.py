@@ -14,8 +14,8 @@ import statistics
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
+from gemfilter.toolkit.loop import Unit, compute, missing
 from icl_probes.common import pyplot, resolve_device
 from icl_probes.io import append_jsonl, read_jsonl, save_png, write_json, write_text
 from icl_probes.looped.model import (
@@ -127,12 +127,16 @@ def run_fig81(cfg: Fig81Config, out, png=None, progress: bool = True) -> dict:
     out = prepare_out(out, cfg, "fig81")
     rows_path = out / "rows.jsonl"
     done = {(r["n"], r.get("trial"), r.get("kind", "trial")) for r in read_jsonl(rows_path)}
-    todo = [(n, i) for n in cfg.ns for i in range(cfg.trials) if (n, i, "trial") not in done]
-    for n, i in tqdm(todo, desc="fig 8.1 trials", disable=not progress):
-        append_jsonl(rows_path, run_trial(cfg, n, i))
-    for n in cfg.ns:
-        if (n, None, "kappa") not in done:
-            append_jsonl(rows_path, kappa_stats(cfg, n))
+    units = [Unit(rows_path.name, (n, i, "trial")) for n in cfg.ns for i in range(cfg.trials)]
+    units += [Unit(rows_path.name, (n, None, "kappa")) for n in cfg.ns]  # after every trial, as before
+    compute(
+        missing(units, {rows_path.name: done}),
+        lambda u: run_trial(cfg, u.key[0], u.key[1]) if u.key[2] == "trial" else kappa_stats(cfg, u.key[0]),
+        lambda u, row: append_jsonl(rows_path, row),
+        desc="fig 8.1 trials",
+        noun="unit",
+        progress=progress,
+    )
     results = summarise(cfg, read_jsonl(rows_path))
     write_json(out / "results.json", results)
     write_text(out / "table.md", markdown_table(results))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from gemfilter.toolkit.loop import Unit, compute, missing
 from icl_probes.common import resolve_device, seed_everything
 from icl_probes.io import append_jsonl, read_jsonl, replacing
 from icl_probes.looped.model import (
@@ -310,10 +311,18 @@ def run_train(cfg: TrainConfig, out, progress: bool = True) -> list:
     """
     out = prepare_out(out, cfg, "train")
     rows = read_jsonl(out / "rows.jsonl")
-    done = {r["run"] for r in rows if r["kind"] == "final"}
-    for run in cfg.runs():
-        if run not in done:
-            append_jsonl(out / "rows.jsonl", train_one(cfg, run, out, progress))
-    if not any(r["kind"] == "baselines" for r in rows):
-        append_jsonl(out / "rows.jsonl", {"kind": "baselines", **baselines(cfg, resolve_device(cfg.device))})
+    done = {r["run"] for r in rows if r["kind"] == "final"} | {"baselines" for r in rows if r["kind"] == "baselines"}
+    units = [Unit("rows.jsonl", run) for run in cfg.runs()] + [Unit("rows.jsonl", "baselines")]
+    compute(
+        missing(units, {"rows.jsonl": done}),
+        lambda u: (
+            {"kind": "baselines", **baselines(cfg, resolve_device(cfg.device))}
+            if u.key == "baselines"
+            else train_one(cfg, u.key, out, progress)
+        ),
+        lambda u, row: append_jsonl(out / "rows.jsonl", row),
+        desc="models",
+        noun="model",
+        progress=False,  # train_one shows each model's own bar
+    )
     return read_jsonl(out / "rows.jsonl")

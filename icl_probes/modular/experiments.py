@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from gemfilter.toolkit.loop import Unit, compute, missing
 from icl_probes.common import as_stored, seed_everything
 from icl_probes.io import append_jsonl, read_jsonl
 from icl_probes.modular.data import check_kp, make_split
@@ -338,6 +339,37 @@ def grok_settings(cfg: GrokRun) -> dict:
     return {key: val for key, val in as_stored(cfg).items() if key not in ("kps", "note")}
 
 
+def _grok_one(cfg, k: int, p: int, device, deadline, progress: bool, settings: dict) -> dict:
+    """Train one (k, p) grokking run from its seed; its row (``time_limit`` when ``deadline`` cut it short)."""
+    seed_everything(cfg.seed)
+    split = make_split(k, p, cfg.train_frac, cfg.seed).to(device)
+    model = _build_transformer(cfg, k, p, device)
+    evals_since = [0]
+
+    def stop(row):
+        if row["train_acc"] >= cfg.threshold and row["test_acc"] >= cfg.threshold:
+            evals_since[0] += 1
+        return cfg.stop_after_grok >= 0 and evals_since[0] > cfg.stop_after_grok
+
+    t0 = time.time()
+    history = train(
+        model, split, cfg.train, cfg.seed, progress=progress, desc=f"grok k={k} p={p}", stop=stop, deadline=deadline
+    )
+    row = dict(
+        k=k,
+        p=p,
+        time_limit=bool(history[-1].get("time_limit")),
+        n_train=len(split.x_train),
+        n_test=len(split.x_test),
+        seconds=time.time() - t0,
+        **grokking_delay(history, cfg.threshold),
+        final=history[-1],
+        history=history,
+        settings=settings,
+    )
+    return row
+
+
 def run_grokking(
     cfg: GrokRun, device: torch.device, jsonl_path, progress: bool = True, deadline: float | None = None
 ) -> list[dict]:
@@ -353,38 +385,19 @@ def run_grokking(
     settings = grok_settings(cfg)
     rows_read = read_jsonl(jsonl_path, required=("k", "p")) if jsonl_path else []
     done = {(r["k"], r["p"]): r for r in rows_read if r.get("settings") == settings and not r.get("time_limit")}
-    rows = []
-    for k, p in cfg.kps:
-        if (k, p) in done:
-            rows.append(done[(k, p)])
-            continue
-        seed_everything(cfg.seed)
-        split = make_split(k, p, cfg.train_frac, cfg.seed).to(device)
-        model = _build_transformer(cfg, k, p, device)
-        evals_since = [0]
+    new = {}
 
-        def stop(row):
-            if row["train_acc"] >= cfg.threshold and row["test_acc"] >= cfg.threshold:
-                evals_since[0] += 1
-            return cfg.stop_after_grok >= 0 and evals_since[0] > cfg.stop_after_grok
-
-        t0 = time.time()
-        history = train(
-            model, split, cfg.train, cfg.seed, progress=progress, desc=f"grok k={k} p={p}", stop=stop, deadline=deadline
-        )
-        row = dict(
-            k=k,
-            p=p,
-            time_limit=bool(history[-1].get("time_limit")),
-            n_train=len(split.x_train),
-            n_test=len(split.x_test),
-            seconds=time.time() - t0,
-            **grokking_delay(history, cfg.threshold),
-            final=history[-1],
-            history=history,
-            settings=settings,
-        )
+    def write(unit, row) -> None:
+        new[unit.key] = row
         if jsonl_path:
             append_jsonl(jsonl_path, row)
-        rows.append(row)
-    return rows
+
+    compute(
+        missing([Unit("rows", tuple(kp)) for kp in cfg.kps], {"rows": done}),
+        lambda u: _grok_one(cfg, *u.key, device, deadline, progress, settings),
+        write,
+        desc="grokking runs",
+        noun="run",
+        progress=False,  # each run shows its own bar
+    )
+    return [done[kp] if kp in done else new[kp] for kp in map(tuple, cfg.kps)]

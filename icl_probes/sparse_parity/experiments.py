@@ -322,7 +322,7 @@ def settings_of(cfg: SparseParityRun) -> dict:
 def run_all(cfg: SparseParityRun, jsonl_path=None, parts=PARTS, force: bool = False, progress: bool = True) -> list:
     """compute() for every unit of the chosen parts; a row in jsonl_path with the same settings and unit is reused,
     each new row is appended. force: recompute these units (their old rows are removed first)."""
-    from tqdm.auto import tqdm
+    from gemfilter.toolkit import loop
 
     cfg.check()
     todo = units(cfg, parts)
@@ -334,12 +334,19 @@ def run_all(cfg: SparseParityRun, jsonl_path=None, parts=PARTS, force: bool = Fa
             remove_jsonl_rows(jsonl_path, lambda r: r.get("settings") == settings and key_of(r) in ours)
         else:
             done = {key_of(r): r for r in read_jsonl(jsonl_path, ("part",)) if r.get("settings") == settings}
-    rows = []
-    for unit in tqdm(todo, desc="sparse parity", disable=not progress, leave=False):
-        row = done.get(unit)
-        if row is None:
-            row = dict(compute(cfg, unit), settings=settings)
-            if jsonl_path is not None:
-                append_jsonl(jsonl_path, row)
-        rows.append(row)
-    return rows
+    new = {}
+
+    def write(unit, row) -> None:
+        new[unit.key] = row
+        if jsonl_path is not None:
+            append_jsonl(jsonl_path, row)
+
+    loop.compute(
+        loop.missing([loop.Unit("rows", u) for u in todo], {"rows": done}),
+        lambda unit: dict(compute(cfg, unit.key), settings=settings),
+        write,
+        desc="sparse parity",
+        noun="unit",
+        progress=progress,
+    )
+    return [done[u] if u in done else new[u] for u in todo]
