@@ -250,6 +250,8 @@ def run(
     from tqdm.auto import tqdm
 
     config = benchmark.config
+    if not config.methods:
+        raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
     benchmark.validate()
     state = state or make_state()
     out = check_out_dir(out, files=(CONFIG,))

@@ -106,7 +106,7 @@ def test_scbench_run_parses_each_spec_once(parses, tmp_path, monkeypatch, capsys
 
 
 def test_bad_specs_keep_their_one_line_errors():
-    from eval.ruler.runner import RunConfig
+    from eval.ruler.runner import RunConfig, run
     from gemfilter.methods.spec import expand_budgets
 
     with pytest.raises(ValueError, match="unknown method 'nope'; allowed:"):
@@ -116,6 +116,6 @@ def test_bad_specs_keep_their_one_line_errors():
     with pytest.raises(ValueError, match="--ratio must be a fraction in \\(0, 1\\]"):
         expand_budgets(("snapkv",), ratio=1.5)
     with pytest.raises(ValueError, match="--methods is empty"):
-        RunConfig(methods=())
+        run(RunConfig(methods=()), "unused", model_and_tokenizer=(None, None))
     with pytest.raises(ValueError, match="lists a method twice"):
         RunConfig(methods=("full", "full"))

@@ -236,14 +236,13 @@ def expand_budgets(specs, topks=(), ratio: float | None = None, layer: int | Non
 def plan(methods, **defaults) -> tuple:
     """A run config's ``methods`` as :class:`Spec` objects: texts (``"full,gemfilter:k=256"`` or a tuple of them) are
     parsed here, each spec once, checked with ``defaults`` (``topk``, ``layer``); Specs (a command line's, parsed
-    already) are checked with them and kept. A label given twice is refused."""
+    already) are checked with them and kept. A label given twice is refused; an empty plan is the runner's to refuse
+    (a config that only merges or reads rows needs none)."""
     items = [
         one
         for m in ((methods,) if isinstance(methods, str) else methods)
         for one in ((m,) if isinstance(m, Spec) else split_specs(m))
     ]
-    if not items:
-        raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
     specs = tuple(m if isinstance(m, Spec) else parse_spec(m, **defaults) for m in items)
     for spec in (m for m in items if isinstance(m, Spec)):
         spec.check(**defaults)  # built with these defaults, not parsed again
