@@ -74,3 +74,26 @@ def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups():
         follow = [t["recomputed"] for r in stable for t in r["turns"][1:]]
         again = [t["recomputed"] for r in reselect for t in r["turns"][1:]]
         assert all(0 < x <= 256 for x in follow) and sum(follow) / len(follow) < 0.7 * sum(again) / len(again)
+
+
+def test_the_readme_row_gives_the_rows_mean_accuracies():
+    """The README's headline row for GF.Facts: each accuracy it names is the mean over the committed rows' turns."""
+    import re
+
+    found = collect(ROOT)
+
+    def mean(mode, label):
+        turns = [t["score"] for r in found[(mode, 4096, label, "gf_facts")] for t in r["turns"]]
+        return f"{100 * sum(turns) / len(turns):.1f}"
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    row = next(x for x in readme.splitlines() if "this project's GF.Facts task" in x)
+    multi_turn, multi_request = row.split(" | ")[1].split("multi-request:")
+    span = "gemfilter-span:k=256"
+    turn_labels = ["full", f"{span}@reselect", f"{span}@reuse", "snapkv:k=256", "fastkv:k=256", "h2o:k=256"]
+    number = r"(?<![\d.])\d+\.\d(?![\d])"
+    assert re.findall(number, multi_turn) == [mean("multi-turn", x) for x in [*turn_labels, f"{span}@stable"]]
+    assert re.findall(number, multi_request) == [
+        mean("multi-request", f"{span}@stable"),
+        mean("multi-request", f"{span}@reselect"),
+    ]
