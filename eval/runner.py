@@ -250,7 +250,7 @@ def run(
     from tqdm.auto import tqdm
 
     config = benchmark.config
-    if not config.methods:
+    if isinstance(config, RunConfig) and not config.methods:  # a benchmark's plan (a toy config may have none)
         raise ValueError("--methods is empty; give a comma-separated list, e.g. full,gemfilter")
     benchmark.validate()
     state = state or make_state()
