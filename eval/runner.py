@@ -198,11 +198,6 @@ class RunConfig:
         return tuple(s.label for s in self.methods)
 
 
-def config_specs(config) -> dict:
-    """{label: Spec} of a run config's plan (parsed when the config was made, not here)."""
-    return {s.label: s for s in config.methods}
-
-
 def finished(benchmark: Benchmark, out: Path, files) -> dict:
     """{file: {key: row}} over each result file and its shards (first one wins), under the folder lock."""
     note = f"that {benchmark.noun} will be rerun"

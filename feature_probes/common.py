@@ -43,22 +43,15 @@ def run_resumable(
             remove_jsonl_rows(jsonl_path, lambda r: r.get("settings") == settings and key_of(r) in ours)
     elif jsonl_path:
         done = {key_of(r): r for r in read_jsonl(jsonl_path) if r.get("settings") == settings}
-    new = {}
-
-    def write(unit, row) -> None:
-        new[unit.key] = row
-        if jsonl_path:
-            append_jsonl(jsonl_path, row)
-
-    loop.compute(
-        loop.missing([loop.Unit("rows", u) for u in units], {"rows": done}),
-        lambda unit: dict(compute(*unit.key), settings=settings),
-        write,
+    return loop.every_row(
+        units,
+        done,
+        lambda unit: dict(compute(*unit), settings=settings),
+        (lambda row: append_jsonl(jsonl_path, row)) if jsonl_path else None,
         desc=desc or "",
         noun="unit",
         progress=desc is not None,
     )
-    return [done[u] if u in done else new[u] for u in units]
 
 
 def start_run(parser, args, argv, prog: str, make_config, jsonl_name: str):

@@ -58,3 +58,28 @@ def test_the_decode_probe_appends_a_row_per_path_through_the_loop(tmp_path):
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["path"] for r in rows] == ["generate", "apply-full"] and all(r["decode_ms"] > 0 for r in rows)
     assert all(r["model"] == "config:llama-3.1-8b" and r["layers"] == 2 for r in rows)
+
+
+def test_every_row_keeps_stored_rows_and_appends_the_missing_in_order():
+    from gemfilter.toolkit.loop import every_row
+
+    appended, asked = [], []
+
+    def predict(key):
+        asked.append(key)
+        return {"k": key, "new": True}
+
+    rows = every_row([1, 2, 3], {2: {"k": 2}}, predict, appended.append, desc="t", noun="x", progress=False)
+    assert rows == [{"k": 1, "new": True}, {"k": 2}, {"k": 3, "new": True}]
+    assert asked == [1, 3] and appended == [rows[0], rows[2]]
+    assert every_row([1], {}, lambda k: {"k": k}, None, desc="t", noun="x", progress=False) == [{"k": 1}]
+
+
+def test_stored_rows_are_those_of_the_setting(tmp_path):
+    from gemfilter.toolkit.loop import stored_rows
+
+    path = tmp_path / "rows.jsonl"
+    assert stored_rows(path, {"a": 1}) == []  # no file yet
+    path.write_text('{"a": 1, "k": 1}\n{"a": 2, "k": 2}\n{"k": 3}\n')
+    assert stored_rows(path, {"a": 1}) == [{"a": 1, "k": 1}]
+    assert stored_rows(path, {}) == [{"a": 1, "k": 1}, {"a": 2, "k": 2}, {"k": 3}]

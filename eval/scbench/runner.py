@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from eval.runner import Benchmark, Unit, config_specs
+from eval.runner import Benchmark, Unit
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
 from gemfilter.toolkit.options import check_against_model
@@ -98,7 +98,7 @@ def defaults(config: RunConfig) -> dict:
 def labelled(config: RunConfig) -> dict:
     """{label: (Spec, protocol)} for every method under every protocol it runs (see the module docstring)."""
     out = {}
-    for spec in config_specs(config).values():
+    for spec in config.methods:
         own = spec.cls.protocols
         if len(own) == 1:  # full, and the cache methods (reuse): one protocol, so no label suffix
             out[spec.label] = (spec, own[0])

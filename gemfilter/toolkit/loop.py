@@ -1,8 +1,9 @@
 """The one row loop: every command that appends result rows computes its missing units here.
 
 Its users: :func:`eval.runner.run` (NIAH, LongBench, RULER, SCBench: sharded, merged, resumed by a folder's
-identity) and ``gemfilter bench`` locally, with ``--engine`` and with ``--turns`` (one JSONL file whose rows carry
-their settings). Each says what a unit is and which are done; the loop owns the rest, the same for all:
+identity); ``gemfilter bench`` locally, with ``--engine`` and with ``--turns``, and the lab's conversation and
+decode benches (one JSONL file whose rows carry their settings); the probes (:func:`every_row`). Each says what a
+unit is and which are done; the loop owns the rest, the same for all:
 
 - the units still to compute (:func:`missing`), in the order given;
 - the progress bar, with each command's postfix;
@@ -30,6 +31,14 @@ class Unit:
     file: str
     key: Hashable
     data: Any = field(default=None, compare=False, hash=False)
+
+
+def stored_rows(path, setting: dict, required: tuple = ()) -> list:
+    """The rows of the JSONL file ``path`` made with ``setting`` (each of its keys equal); [] when there is no file.
+    required: fields a row must hold (else it is skipped with a warning, and its unit computed again)."""
+    from .io import read_jsonl
+
+    return [r for r in read_jsonl(path, required=required) if all(r.get(k) == v for k, v in setting.items())]
 
 
 def missing(units: Iterable[Unit], done: dict) -> list:
@@ -70,3 +79,20 @@ def compute(
     finally:
         bar.close()
     return results
+
+
+def every_row(
+    keys: list, done: dict, predict: Callable[[Hashable], dict], append=None, *, desc: str, noun: str, progress: bool
+) -> list:
+    """The row of every key, in order: a stored one (``done``: {key: row}) as it is, a missing one computed by
+    ``predict(key)`` on :func:`compute` and stored at once by ``append(row)`` (None: kept in memory only)."""
+    new = {}
+
+    def write(unit: Unit, row: dict) -> None:
+        new[unit.key] = row
+        if append is not None:
+            append(row)
+
+    units = missing([Unit("rows", key) for key in keys], {"rows": done})
+    compute(units, lambda unit: predict(unit.key), write, desc=desc, noun=noun, progress=progress)
+    return [done[key] if key in done else new[key] for key in keys]

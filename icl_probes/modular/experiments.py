@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from gemfilter.toolkit.loop import Unit, compute, missing
+from gemfilter.toolkit.loop import every_row
 from icl_probes.common import as_stored, seed_everything
 from icl_probes.io import append_jsonl, read_jsonl
 from icl_probes.modular.data import check_kp, make_split
@@ -385,19 +385,12 @@ def run_grokking(
     settings = grok_settings(cfg)
     rows_read = read_jsonl(jsonl_path, required=("k", "p")) if jsonl_path else []
     done = {(r["k"], r["p"]): r for r in rows_read if r.get("settings") == settings and not r.get("time_limit")}
-    new = {}
-
-    def write(unit, row) -> None:
-        new[unit.key] = row
-        if jsonl_path:
-            append_jsonl(jsonl_path, row)
-
-    compute(
-        missing([Unit("rows", tuple(kp)) for kp in cfg.kps], {"rows": done}),
-        lambda u: _grok_one(cfg, *u.key, device, deadline, progress, settings),
-        write,
+    return every_row(
+        [tuple(kp) for kp in cfg.kps],
+        done,
+        lambda kp: _grok_one(cfg, *kp, device, deadline, progress, settings),
+        (lambda row: append_jsonl(jsonl_path, row)) if jsonl_path else None,
         desc="grokking runs",
         noun="run",
         progress=False,  # each run shows its own bar
     )
-    return [done[kp] if kp in done else new[kp] for kp in map(tuple, cfg.kps)]

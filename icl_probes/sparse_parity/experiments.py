@@ -334,19 +334,12 @@ def run_all(cfg: SparseParityRun, jsonl_path=None, parts=PARTS, force: bool = Fa
             remove_jsonl_rows(jsonl_path, lambda r: r.get("settings") == settings and key_of(r) in ours)
         else:
             done = {key_of(r): r for r in read_jsonl(jsonl_path, ("part",)) if r.get("settings") == settings}
-    new = {}
-
-    def write(unit, row) -> None:
-        new[unit.key] = row
-        if jsonl_path is not None:
-            append_jsonl(jsonl_path, row)
-
-    loop.compute(
-        loop.missing([loop.Unit("rows", u) for u in todo], {"rows": done}),
-        lambda unit: dict(compute(cfg, unit.key), settings=settings),
-        write,
+    return loop.every_row(
+        todo,
+        done,
+        lambda unit: dict(compute(cfg, unit), settings=settings),
+        (lambda row: append_jsonl(jsonl_path, row)) if jsonl_path is not None else None,
         desc="sparse parity",
         noun="unit",
         progress=progress,
     )
-    return [done[u] if u in done else new[u] for u in todo]

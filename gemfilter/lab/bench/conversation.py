@@ -119,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from gemfilter.toolkit.io import append_jsonl, read_jsonl
-    from gemfilter.toolkit.loop import Unit, compute, missing
+    from gemfilter.toolkit.io import append_jsonl
+    from gemfilter.toolkit.loop import Unit, compute, missing, stored_rows
 
     from .archs import arch_of, build_model, is_config_name
     from .core import device_name
@@ -154,8 +154,7 @@ def main(argv=None) -> int:
         layer=layer,
     )
     out = Path(args.out)
-    stored = read_jsonl(out, required=("protocol", "method")) if out.exists() else []
-    done = {(r["protocol"], r["method"]) for r in stored if all(r.get(k) == v for k, v in setting.items())}
+    done = {(r["protocol"], r["method"]) for r in stored_rows(out, setting, required=("protocol", "method"))}
     units = [Unit(out.name, (protocol, spec.label if spec else "full"), spec) for protocol, spec in runs]
     model = build_model(
         args.model, layers=args.layers, dtype=args.dtype, device=args.device, test_shrink=args.test_shrink

@@ -345,8 +345,8 @@ def _time_one(unit, *, tok, hay, body_of, meta: dict, args, jsonl) -> dict:
 def run(args) -> int:
     """Run the engine benchmark for ``gemfilter bench --engine``'s parsed ``args``; returns the exit status."""
     from gemfilter.toolkit.haystack import check_lengths, make_haystack
-    from gemfilter.toolkit.io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
-    from gemfilter.toolkit.loop import Unit, compute, missing
+    from gemfilter.toolkit.io import append_jsonl, check_out_dir, write_json_atomic, write_text_atomic
+    from gemfilter.toolkit.loop import Unit, compute, missing, stored_rows
 
     from .cli import connect
     from .proxy import ProxyServer
@@ -375,7 +375,7 @@ def run(args) -> int:
     if args.plugin:
         meta["plugin"] = True  # rows of a run with the plugin's route never mix with one without
     jsonl = out / "bench-engine.jsonl"
-    rows = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
+    rows = stored_rows(jsonl, meta)
     rows = [r for r in rows if complete(r)]  # error rows, and rows without the stream proof, run again
     direct = args.engine.rstrip("/") + "/completions"
     routes = (("full, direct", direct, "full"), ("full, proxy", proxy, "full"), (f"{method}, proxy", proxy, method))

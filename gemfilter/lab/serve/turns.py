@@ -497,8 +497,8 @@ def _meta(args, method: str, plain) -> dict:
 def run(args) -> int:
     """Run ``gemfilter bench --engine URL --turns T`` for the parsed ``args``; returns the exit status."""
     from gemfilter.toolkit.haystack import make_haystack
-    from gemfilter.toolkit.io import append_jsonl, check_out_dir, read_jsonl, write_json_atomic, write_text_atomic
-    from gemfilter.toolkit.loop import Unit, compute, missing
+    from gemfilter.toolkit.io import append_jsonl, check_out_dir, write_json_atomic, write_text_atomic
+    from gemfilter.toolkit.loop import Unit, compute, missing, stored_rows
 
     from .cli import connect
 
@@ -517,8 +517,7 @@ def run(args) -> int:
     table, servers = _routes_table(args, method, upstream, plain)
     meta = _meta(args, method, plain)
     jsonl = out / "bench-turns.jsonl"
-    stored = [r for r in read_jsonl(jsonl) if all(r.get(k) == v for k, v in meta.items())] if jsonl.exists() else []
-    rows, cells = finished_rows(stored)
+    rows, cells = finished_rows(stored_rows(jsonl, meta))
     units = [
         Unit(jsonl.name, (mode, n_tok, n, route))
         for mode in modes
