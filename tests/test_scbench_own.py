@@ -63,7 +63,7 @@ def test_multikey_asks_distinct_keys_among_distractors(seed):
     import random
 
     sample = own.multikey(random.Random(seed), 300, 5)
-    needles = dict(re.findall(r"One of the special magic numbers for (\S+) is: (\d+)\.", sample["context"]))
+    needles = dict(re.findall(r"The special magic number for (\S+) is: (\d+)\.", sample["context"]))
     assert len(needles) == own.MULTIKEY_KEYS
     asked = [re.search(r"number for (\S+) mentioned", t["input"]).group(1) for t in sample["multi_turns"]]
     assert len(set(asked)) == 5 and all(needles[k] == t["answer"] for k, t in zip(asked, sample["multi_turns"]))

@@ -317,6 +317,21 @@ def test_a_folder_of_own_tasks_fed_without_the_query_separator_is_refused(tiny, 
         run(config, out, model_and_tokenizer=tiny, progress=False)
 
 
+def test_a_folder_of_gf_multikey_with_ruler_s_needle_wording_is_refused(tiny, tmp_path):
+    import json
+
+    config = RunConfig(**{**BASE, "methods": ("full",), "tasks": ("gf_multikey",), "num_samples": 1, "turns": 2})
+    assert config.identity()["multikey_needle"] == "The special magic number for {key} is: {value}."
+    facts = RunConfig(**{**BASE, "methods": ("full",), "tasks": ("gf_facts",)})
+    assert "multikey_needle" not in facts.identity()  # folders without GF.MultiKey keep their identity
+    out = tmp_path / "out"
+    out.mkdir()
+    old = {k: v for k, v in config.identity().items() if k != "multikey_needle"} | {"model_changes": []}
+    (out / "config.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="multikey_needle: 'One of the special magic numbers"):
+        run(config, out, model_and_tokenizer=tiny, progress=False)
+
+
 def test_one_untimed_full_conversation_runs_before_the_first_timed_one(tiny, tmp_path, monkeypatch):
     from eval.scbench import runner
 

@@ -12,8 +12,8 @@ aggregation (:mod:`eval.scbench.prompts`, :mod:`eval.scbench.scoring`). Each sam
   key is hidden, a train's platform, Kamradt's San Francisco sentence), each at its own depth; turn i asks one.
   Harder for one-shot compression than one needle: each turn needs another sentence, which a selection made for an
   earlier question may have dropped.
-- ``gf_multikey`` (GF.MultiKey): RULER's multi-key needles ("One of the special magic numbers for <key> is:
-  <number>.") under five keys in an essay haystack; turn i asks one key, the others are distractors for it. A cache
+- ``gf_multikey`` (GF.MultiKey): RULER's multi-key needles under five keys in an essay haystack, worded as the
+  question asks (:data:`MULTIKEY_NEEDLE`); turn i asks one key, the others are distractors for it. A cache
   compressed for one key keeps that key's needle and loses the next one's.
 - ``gf_vt`` (GF.VarTrack): RULER's variable tracking in its noise haystack, one chain of ``VT_HOPS`` assignments per
   turn; turn i asks which variables hold chain i's value. A turn needs every line of its chain, spread over the
@@ -38,6 +38,10 @@ MULTIKEY_HEAD = (
     "quiz you about the numbers afterwards.\n"
 )
 VT_HEAD = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
+#: GF.MultiKey's needle. RULER's reads "One of the special magic numbers for {key} is: {value}."; worded as the
+#: question asks, full answered 76.7% of first-prompt questions against 66.7% (6 calibration samples, seeds 0-5;
+#: docs/scbench.md). Part of the identity of a folder that runs gf_multikey.
+MULTIKEY_NEEDLE = "The special magic number for {key} is: {value}."
 # Needles under distinct keys, each asked once: with 8 (3 distractors) full answered half the questions on 4
 # calibration samples, with 5 about 70% (docs/scbench.md)
 MULTIKEY_KEYS = 5
@@ -144,7 +148,7 @@ def multikey(rng: random.Random, size: int, turns: int) -> dict:
         if key not in keys:
             keys.append(key)
     values = [_number(rng) for _ in keys]
-    needles = [f"One of the special magic numbers for {k} is: {v}." for k, v in zip(keys, values)]
+    needles = [MULTIKEY_NEEDLE.format(key=k, value=v) for k, v in zip(keys, values)]
     context = _insert(rng, _essay(rng, size), needles)
     asked = rng.sample(range(MULTIKEY_KEYS), turns)
     question = (

@@ -38,6 +38,7 @@ from .engine import converse_engine
 from .generate import MAX_TURNS, make_sample
 from .prompts import MODES, build_prompts, max_input_length, truncate_middle
 from .scoring import score_one
+from .own import MULTIKEY_NEEDLE
 from .tasks import OFFLINE, OWN, get_task
 
 #: Fields a stored row must hold to count as done.
@@ -50,7 +51,13 @@ SAMPLE_SIZING = "each mode's input budget"
 #: How a multi-request query of this project's tasks follows the context, part of the identity of a folder that runs
 #: one of them. Folders written before say nothing, which means the query ran straight on from the context.
 OWN_QUERY = "\n\n{input}"
-FORMAT_DEFAULTS = {"samples": "one sample for both modes, cut in multi-request", "own_query": "{input}"}
+#: GF.MultiKey's needle wording (:data:`eval.scbench.own.MULTIKEY_NEEDLE`), part of the identity of a folder that runs
+#: it. Folders written before say nothing, which means RULER's wording, FORMAT_DEFAULTS' below.
+FORMAT_DEFAULTS = {
+    "samples": "one sample for both modes, cut in multi-request",
+    "own_query": "{input}",
+    "multikey_needle": "One of the special magic numbers for {key} is: {value}.",
+}
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,8 @@ class RunConfig(BaseRunConfig):
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
         # only folders that run this project's tasks compare how their queries are fed
         own = {"own_query": OWN_QUERY} if any(t in OWN for t in self.tasks) else {}
+        if "gf_multikey" in self.tasks:
+            own["multikey_needle"] = MULTIKEY_NEEDLE
         return {
             "model": self.model,
             "topk": self.topk,
