@@ -38,9 +38,9 @@ MULTIKEY_HEAD = (
     "quiz you about the numbers afterwards.\n"
 )
 VT_HEAD = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
-#: GF.MultiKey's needle. RULER's reads "One of the special magic numbers for {key} is: {value}."; worded as the
-#: question asks, full answered 76.7% of first-prompt questions against 66.7% (6 calibration samples, seeds 0-5;
-#: docs/scbench.md). Part of the identity of a folder that runs gf_multikey.
+#: GF.MultiKey's needle. RULER's reads "One of the special magic numbers for {key} is: {value}."; this wording, the
+#: question's own, was chosen on seeds 0-5 (docs/scbench.md gives the scores of the seeds it never saw). Part of
+#: the identity of a folder that runs gf_multikey.
 MULTIKEY_NEEDLE = "The special magic number for {key} is: {value}."
 # Needles under distinct keys, each asked once: with 8 (3 distractors) full answered half the questions on 4
 # calibration samples, with 5 about 70% (docs/scbench.md)
