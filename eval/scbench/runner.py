@@ -36,9 +36,9 @@ from gemfilter.toolkit.options import check_against_model
 
 from .engine import converse_engine
 from .generate import MAX_TURNS, make_sample
+from .own import MULTIKEY_NEEDLE
 from .prompts import MODES, build_prompts, max_input_length, truncate_middle
 from .scoring import score_one
-from .own import MULTIKEY_NEEDLE
 from .tasks import OFFLINE, OWN, get_task
 
 #: Fields a stored row must hold to count as done.
