@@ -303,32 +303,34 @@ def test_time_ratios_compare_the_same_tasks_and_recomputed_tokens_are_tabled():
     assert "Tokens run through the model" not in markdown(score_table(found))
 
 
-def test_a_folder_of_own_tasks_fed_without_the_query_separator_is_refused(tiny, tmp_path):
+@pytest.mark.parametrize(
+    "task,key,now,other,before",
+    [
+        # folders of SCBench's tasks compare what they did
+        ("gf_facts", "own_query", "\n\n{input}", {}, "own_query: '\\{input\\}' there"),
+        # folders without GF.MultiKey keep their identity
+        (
+            "gf_multikey",
+            "multikey_needle",
+            "The special magic number for {key} is: {value}.",
+            {"methods": ("full",), "tasks": ("gf_facts",)},
+            "multikey_needle: 'One of the special magic numbers",
+        ),
+    ],
+)
+def test_a_folder_of_own_tasks_fed_in_a_former_format_is_refused(tiny, tmp_path, task, key, now, other, before):
+    """The query separator (own_query) and GF.MultiKey's needle wording (multikey_needle) are part of the identity
+    of a folder that runs those tasks: a folder written without them (the former format) is refused on resume."""
     import json
 
-    config = RunConfig(**{**BASE, "methods": ("full",), "tasks": ("gf_facts",), "num_samples": 1, "turns": 2})
-    assert config.identity()["own_query"] == "\n\n{input}"
-    assert "own_query" not in RunConfig(**BASE).identity()  # folders of SCBench's tasks compare what they did
+    config = RunConfig(**{**BASE, "methods": ("full",), "tasks": (task,), "num_samples": 1, "turns": 2})
+    assert config.identity()[key] == now
+    assert key not in RunConfig(**{**BASE, **other}).identity()
     out = tmp_path / "out"
     out.mkdir()
-    old = {k: v for k, v in config.identity().items() if k != "own_query"} | {"model_changes": []}
+    old = {k: v for k, v in config.identity().items() if k != key} | {"model_changes": []}
     (out / "config.json").write_text(json.dumps(old))
-    with pytest.raises(ValueError, match="own_query: '\\{input\\}' there"):
-        run(config, out, model_and_tokenizer=tiny, progress=False)
-
-
-def test_a_folder_of_gf_multikey_with_ruler_s_needle_wording_is_refused(tiny, tmp_path):
-    import json
-
-    config = RunConfig(**{**BASE, "methods": ("full",), "tasks": ("gf_multikey",), "num_samples": 1, "turns": 2})
-    assert config.identity()["multikey_needle"] == "The special magic number for {key} is: {value}."
-    facts = RunConfig(**{**BASE, "methods": ("full",), "tasks": ("gf_facts",)})
-    assert "multikey_needle" not in facts.identity()  # folders without GF.MultiKey keep their identity
-    out = tmp_path / "out"
-    out.mkdir()
-    old = {k: v for k, v in config.identity().items() if k != "multikey_needle"} | {"model_changes": []}
-    (out / "config.json").write_text(json.dumps(old))
-    with pytest.raises(ValueError, match="multikey_needle: 'One of the special magic numbers"):
+    with pytest.raises(ValueError, match=before):
         run(config, out, model_and_tokenizer=tiny, progress=False)
 
 
