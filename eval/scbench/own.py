@@ -1,12 +1,12 @@
-"""This project's conversation tasks in SCBench's protocol: retrieval the embedded model can answer.
+"""This project's conversation tasks in SCBench's protocol: retrieval sized for the embedded model.
 
 Not SCBench's tasks (their names start ``gf_``, their labels ``GF.``): on Gemma 3 270M SCBench's own tasks score
 near 0 even with the whole cache, so they cannot separate methods. These are built from RULER's generators and
-needle styles (NVIDIA/RULER ``scripts/data/synthetic/niah.py`` and ``variable_tracking.py``), which the model solves
-at 4K, and asked one question per turn over one context, in SCBench's two modes with its gold history and per-turn
-aggregation (:mod:`eval.scbench.prompts`, :mod:`eval.scbench.scoring`). Each sample is drawn from
-``random.Random(seed)`` alone; ``size`` is the haystack's length (essay words or noise sentences), which
-:func:`eval.scbench.generate.make_sample` fits to the window.
+needle styles (NVIDIA/RULER ``scripts/data/synthetic/niah.py`` and ``variable_tracking.py``; the model solves
+RULER's single-needle tasks at 4K, not its variable tracking), asked one question per turn over one context, in
+SCBench's two modes with its gold history and per-turn aggregation (:mod:`eval.scbench.prompts`,
+:mod:`eval.scbench.scoring`). Each sample is drawn from ``random.Random(seed)`` alone; ``size`` is the haystack's
+length (essay words or noise sentences), which :func:`eval.scbench.generate.make_sample` fits to the window.
 
 - ``gf_facts`` (GF.Facts): five facts of different kinds in an essay haystack (a magic number, a passphrase, where a
   key is hidden, a train's platform, Kamradt's San Francisco sentence), each at its own depth; turn i asks one.
@@ -42,8 +42,8 @@ VT_HEAD = "Memorize and track the chain(s) of variable assignment hidden in the 
 #: question's own, was chosen on seeds 0-5 (docs/scbench.md gives the scores of the seeds it never saw). Part of
 #: the identity of a folder that runs gf_multikey.
 MULTIKEY_NEEDLE = "The special magic number for {key} is: {value}."
-# Needles under distinct keys, each asked once: with 8 (3 distractors) full answered half the questions on 4
-# calibration samples, with 5 about 70% (docs/scbench.md)
+# Needles under distinct keys, each asked once, so a turn's distractors are the other keys' needles: five turns need
+# five keys, and more keys only add distractors
 MULTIKEY_KEYS = 5
 VT_HOPS = 1  # assignments after the value's first line: 1 gives chains of two variables
 CITIES = ("Lisbon", "Oslo", "Vienna", "Prague", "Dublin", "Krakow", "Ghent", "Porto", "Bergen", "Turin")
