@@ -24,6 +24,7 @@ def block(name: str) -> list:
 CALIBRATION = REPO / "measured" / "scbench-own-calibration"
 FULL = REPO / "measured" / "scbench-own-full"
 EIGHT_K = REPO / "measured" / "scbench-own-8k"
+EIGHT_K_METHODS = REPO / "measured" / "scbench-own-8k-methods"  # gemfilter-span-qmax and the cache methods at 8K
 EIGHT_K_SAMPLES = 10  # the 8K run's samples (seeds 0..n-1)
 MULTIKEY_SEEN = range(6)  # GF.MultiKey's needle wording was chosen looking at full's first answers on seeds 0-5
 
@@ -35,6 +36,7 @@ MULTIKEY_SEEN = range(6)  # GF.MultiKey's needle wording was chosen looking at f
         (CALIBRATION, "scbench-own-calibration"),
         (FULL, "scbench-own-full"),
         (EIGHT_K, "scbench-own-8k"),
+        (EIGHT_K_METHODS, "scbench-own-8k-methods"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -67,7 +69,14 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
 
 @pytest.mark.parametrize(
     "folder,length,n",
-    [(ROOT, 4096, 10), (CALIBRATION, 4096, 10), (FULL, 4096, 20), (FULL, 8192, 10), (EIGHT_K, 8192, EIGHT_K_SAMPLES)],
+    [
+        (ROOT, 4096, 10),
+        (CALIBRATION, 4096, 10),
+        (FULL, 4096, 20),
+        (FULL, 8192, 10),
+        (EIGHT_K, 8192, EIGHT_K_SAMPLES),
+        (EIGHT_K_METHODS, 8192, EIGHT_K_SAMPLES),
+    ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
     found = {k: v for k, v in collect(folder).items() if k[1] == length}
@@ -113,9 +122,9 @@ def test_multikey_misses_are_another_needle_s_number():
     assert missed[4096] == other[4096] == 55
 
 
-@pytest.mark.parametrize("folder,length", [(ROOT, 4096), (EIGHT_K, 8192)])
+@pytest.mark.parametrize("folder,length", [(ROOT, 4096), (EIGHT_K, 8192), (EIGHT_K_METHODS, 8192)])
 def test_full_answers_the_same_in_two_runs(folder, length):
-    """GF.Facts seeds 0-9 under full ran in two runs (the methods' and the calibration's): same prompts, greedy
+    """GF.Facts seeds 0-9 under full ran in each methods' run and in the full-only run: same prompts, greedy
     decoding, so every answer is the same: the rows are reproducible, not one draw of a noisy run."""
     for mode in ("multi-turn", "multi-request"):
         first = {r["_id"]: r for r in collect(folder)[(mode, length, "full", "gf_facts")]}
@@ -125,15 +134,23 @@ def test_full_answers_the_same_in_two_runs(folder, length):
             assert [t["prediction"] for t in row["turns"]] == [t["prediction"] for t in first[i]["turns"]], (mode, i)
 
 
-@pytest.mark.parametrize("folder,length", [(ROOT, 4096), (EIGHT_K, 8192)])
-def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length):
+@pytest.mark.parametrize(
+    "folder,length,method",
+    [
+        (ROOT, 4096, "gemfilter-span:k=256"),
+        (ROOT, 4096, "gemfilter-span-qmax:k=256"),
+        (EIGHT_K, 8192, "gemfilter-span:k=256"),
+        (EIGHT_K_METHODS, 8192, "gemfilter-span-qmax:k=256"),
+    ],
+)
+def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, method):
     """What the tables' last block reports, read from the rows: reselect runs all its kept tokens (at most k) on
     every turn; stable's follow-ups run under 70% as many on average (the newly kept ones, or all when it
     rebuilds)."""
     for mode in ("multi-turn", "multi-request"):
         found = collect(folder)
-        reselect = found[(mode, length, "gemfilter-span:k=256@reselect", "gf_facts")]
-        stable = found[(mode, length, "gemfilter-span:k=256@stable", "gf_facts")]
+        reselect = found[(mode, length, f"{method}@reselect", "gf_facts")]
+        stable = found[(mode, length, f"{method}@stable", "gf_facts")]
         assert all(t["recomputed"] == t["kept"] <= 256 for r in reselect for t in r["turns"])  # all it keeps
         follow = [t["recomputed"] for r in stable for t in r["turns"][1:]]
         again = [t["recomputed"] for r in reselect for t in r["turns"][1:]]
