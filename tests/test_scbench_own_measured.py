@@ -126,9 +126,10 @@ def test_multikey_misses_are_another_needle_s_number():
 def test_full_answers_the_same_in_two_runs(folder, length):
     """GF.Facts seeds 0-9 under full ran in each methods' run and in the full-only run: same prompts, greedy
     decoding, so every answer is the same: the rows are reproducible, not one draw of a noisy run."""
+    here, full_only = collect(folder), collect(FULL)
     for mode in ("multi-turn", "multi-request"):
-        first = {r["_id"]: r for r in collect(folder)[(mode, length, "full", "gf_facts")]}
-        again = {r["_id"]: r for r in collect(FULL)[(mode, length, "full", "gf_facts")] if r["_id"] in first}
+        first = {r["_id"]: r for r in here[(mode, length, "full", "gf_facts")]}
+        again = {r["_id"]: r for r in full_only[(mode, length, "full", "gf_facts")] if r["_id"] in first}
         assert len(again) == len(first) >= 5
         for i, row in again.items():
             assert [t["prediction"] for t in row["turns"]] == [t["prediction"] for t in first[i]["turns"]], (mode, i)
@@ -147,8 +148,8 @@ def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, me
     """What the tables' last block reports, read from the rows: reselect runs all its kept tokens (at most k) on
     every turn; stable's follow-ups run under 70% as many on average (the newly kept ones, or all when it
     rebuilds)."""
+    found = collect(folder)
     for mode in ("multi-turn", "multi-request"):
-        found = collect(folder)
         reselect = found[(mode, length, f"{method}@reselect", "gf_facts")]
         stable = found[(mode, length, f"{method}@stable", "gf_facts")]
         assert all(t["recomputed"] == t["kept"] <= 256 for r in reselect for t in r["turns"])  # all it keeps
@@ -185,18 +186,17 @@ def test_ruler_s_own_rows_give_what_the_goals_say_of_vt_and_multikey():
     niah_multikey_1 under full, rescored with RULER's metric from the committed rows, as docs/scbench.md states."""
     from eval.ruler.report import score_folder
 
+    runs = [
+        ("ruler", 4096),
+        ("ruler-seed43", 4096),
+        ("ruler", 8192),
+        ("ruler-seed43", 8192),
+        ("ruler-variants8k", 8192),
+    ]
+    scored = {run: score_folder(REPO / "measured" / run[0] / str(run[1]) / "pred" / "full") for run in runs}
+
     def scores(task):
-        out = []
-        for folder, length in [
-            ("ruler", 4096),
-            ("ruler-seed43", 4096),
-            ("ruler", 8192),
-            ("ruler-seed43", 8192),
-            ("ruler-variants8k", 8192),
-        ]:
-            found = score_folder(REPO / "measured" / folder / str(length) / "pred" / "full")[task]
-            out.append((folder, length, found["n"], f"{found['score']:.1f}"))
-        return out
+        return [(*run, scored[run][task]["n"], f"{scored[run][task]['score']:.1f}") for run in runs]
 
     assert scores("vt") == [
         ("ruler", 4096, 20, "0.0"),
