@@ -63,10 +63,24 @@ def test_multikey_asks_distinct_keys_among_distractors(seed):
     import random
 
     sample = own.multikey(random.Random(seed), 300, 5)
-    needles = dict(re.findall(r"The special magic number for (\S+) is: (\d+)\.", sample["context"]))
+    needles = dict(re.findall(r"The special magic number for ([\w ]+?) is: (\d+)\.", sample["context"]))
     assert len(needles) == own.MULTIKEY_KEYS
-    asked = [re.search(r"number for (\S+) mentioned", t["input"]).group(1) for t in sample["multi_turns"]]
+    asked = [re.search(r"number for ([\w ]+?) mentioned", t["input"]).group(1) for t in sample["multi_turns"]]
     assert len(set(asked)) == 5 and all(needles[k] == t["answer"] for k, t in zip(asked, sample["multi_turns"]))
+    # no two keys of one kind: each key is in its own list of MULTIKEY_KINDS
+    kinds = [[i for i, kind in enumerate(own.MULTIKEY_KINDS) if k in kind] for k in needles]
+    assert all(len(k) == 1 for k in kinds) and len({k[0] for k in kinds}) == own.MULTIKEY_KEYS
+
+
+def test_multikey_draws_every_kind_and_every_key_over_seeds():
+    """Over many seeds every key of every kind is drawn (the draw is not stuck on a few)."""
+    import random
+
+    drawn = set()
+    for seed in range(200):
+        context = own.multikey(random.Random(seed), 50, 5)["context"]
+        drawn |= set(re.findall(r"The special magic number for ([\w ]+?) is:", context))
+    assert drawn == {key for kind in own.MULTIKEY_KINDS for key in kind}
 
 
 @pytest.mark.parametrize("seed", range(4))

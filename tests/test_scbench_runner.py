@@ -13,6 +13,7 @@ from tiny_models import _build
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import gemfilter
+from eval.scbench import own
 from eval.scbench.prompts import build_prompts, max_input_length, turn_input_ids
 from eval.scbench.runner import RunConfig, labelled, run
 from eval.scbench.tasks import get_task
@@ -316,11 +317,19 @@ def test_time_ratios_compare_the_same_tasks_and_recomputed_tokens_are_tabled():
             {"methods": ("full",), "tasks": ("gf_facts",)},
             "multikey_needle: 'One of the special magic numbers",
         ),
+        (
+            "gf_multikey",
+            "multikey_keys",
+            own.MULTIKEY_KEY_STYLE,
+            {"methods": ("full",), "tasks": ("gf_facts",)},
+            'multikey_keys: "RULER\'s adjective-noun words" there',
+        ),
     ],
 )
 def test_a_folder_of_own_tasks_fed_in_a_former_format_is_refused(tiny, tmp_path, task, key, now, other, before):
-    """The query separator (own_query) and GF.MultiKey's needle wording (multikey_needle) are part of the identity
-    of a folder that runs those tasks: a folder written without them (the former format) is refused on resume."""
+    """The query separator (own_query), GF.MultiKey's needle wording (multikey_needle) and keys (multikey_keys) are
+    part of the identity of a folder that runs those tasks: a folder written without them (the former format) is
+    refused on resume."""
     import json
 
     config = RunConfig(**{**BASE, "methods": ("full",), "tasks": (task,), "num_samples": 1, "turns": 2})

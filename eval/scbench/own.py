@@ -13,8 +13,9 @@ length (essay words or noise sentences), which :func:`eval.scbench.generate.make
   Harder for one-shot compression than one needle: each turn needs another sentence, which a selection made for an
   earlier question may have dropped.
 - ``gf_multikey`` (GF.MultiKey): RULER's multi-key needles under five keys in an essay haystack, worded as the
-  question asks (:data:`MULTIKEY_NEEDLE`); turn i asks one key, the others are distractors for it. A cache
-  compressed for one key keeps that key's needle and loses the next one's.
+  question asks (:data:`MULTIKEY_NEEDLE`), each key of another kind (:data:`MULTIKEY_KINDS`); turn i asks one key,
+  the others are distractors for it. A cache compressed for one key keeps that key's needle and loses the next
+  one's.
 - ``gf_vt`` (GF.VarTrack): RULER's variable tracking in its noise haystack, one chain of ``VT_HOPS`` assignments per
   turn; turn i asks which variables hold chain i's value. A turn needs every line of its chain, spread over the
   context.
@@ -45,6 +46,21 @@ MULTIKEY_NEEDLE = "The special magic number for {key} is: {value}."
 # Needles under distinct keys, each asked once, so a turn's distractors are the other keys' needles: five turns need
 # five keys, and more keys only add distractors
 MULTIKEY_KEYS = 5
+#: GF.MultiKey's keys: one of each of MULTIKEY_KEYS kinds drawn from these seven, so that no two keys of a sample are
+#: alike. With RULER's keys (adjective-noun words such as "abortive-enigma") the embedded model finds the needles
+#: and answers another key's number (docs/scbench.md). Chosen on seeds 0-5; the docs give the seeds it never saw.
+MULTIKEY_KINDS = (
+    ("the blue umbrella", "the red kettle", "the green lamp", "the yellow bicycle"),  # objects
+    ("Maria", "Jonas", "Priya", "Kenji"),  # first names
+    ("the zebra", "the otter", "the falcon", "the tortoise"),  # animals
+    ("Lisbon", "Oslo", "Vienna", "Prague"),  # cities
+    ("October", "March", "July", "December"),  # months
+    ("the baker", "the pilot", "the surgeon", "the librarian"),  # professions
+    ("the violin", "the trumpet", "the harp", "the drum"),  # instruments
+)
+#: How GF.MultiKey draws its keys, part of the identity of a folder that runs it (written out, so that a change of
+#: the lists changes the identity).
+MULTIKEY_KEY_STYLE = f"one of each of {MULTIKEY_KEYS} kinds among: " + "; ".join(", ".join(k) for k in MULTIKEY_KINDS)
 VT_HOPS = 1  # assignments after the value's first line: 1 gives chains of two variables
 CITIES = ("Lisbon", "Oslo", "Vienna", "Prague", "Dublin", "Krakow", "Ghent", "Porto", "Bergen", "Turin")
 OBJECTS = ("the red vase", "the old piano", "the blue rug", "the garden bench", "the kitchen clock", "the oak desk")
@@ -139,14 +155,11 @@ def facts(rng: random.Random, size: int, turns: int) -> dict:
 
 
 def multikey(rng: random.Random, size: int, turns: int) -> dict:
-    """GF.MultiKey: ``size`` essay words with ``MULTIKEY_KEYS`` needles; turn i asks a different key."""
+    """GF.MultiKey: ``size`` essay words with ``MULTIKEY_KEYS`` needles, under keys of distinct kinds; turn i asks a
+    different key."""
     if turns > MULTIKEY_KEYS:
         raise ValueError(f"gf_multikey has {MULTIKEY_KEYS} keys; asked for {turns} turns")
-    keys = []
-    while len(keys) < MULTIKEY_KEYS:
-        key = _key(rng)
-        if key not in keys:
-            keys.append(key)
+    keys = [rng.choice(MULTIKEY_KINDS[kind]) for kind in rng.sample(range(len(MULTIKEY_KINDS)), MULTIKEY_KEYS)]
     values = [_number(rng) for _ in keys]
     needles = [MULTIKEY_NEEDLE.format(key=k, value=v) for k, v in zip(keys, values)]
     context = _insert(rng, _essay(rng, size), needles)

@@ -36,7 +36,7 @@ from gemfilter.toolkit.options import check_against_model
 
 from .engine import converse_engine
 from .generate import MAX_TURNS, make_sample
-from .own import MULTIKEY_NEEDLE
+from .own import MULTIKEY_KEY_STYLE, MULTIKEY_NEEDLE
 from .prompts import MODES, build_prompts, max_input_length, truncate_middle
 from .scoring import score_one
 from .tasks import OFFLINE, OWN, get_task
@@ -51,12 +51,14 @@ SAMPLE_SIZING = "each mode's input budget"
 #: How a multi-request query of this project's tasks follows the context, part of the identity of a folder that runs
 #: one of them. Folders written before say nothing, which means the query ran straight on from the context.
 OWN_QUERY = "\n\n{input}"
-#: GF.MultiKey's needle wording (:data:`eval.scbench.own.MULTIKEY_NEEDLE`), part of the identity of a folder that runs
-#: it. Folders written before say nothing, which means RULER's wording, FORMAT_DEFAULTS' below.
+#: GF.MultiKey's needle wording (:data:`eval.scbench.own.MULTIKEY_NEEDLE`) and keys
+#: (:data:`eval.scbench.own.MULTIKEY_KEY_STYLE`), part of the identity of a folder that runs it. Folders written
+#: before say nothing, which means RULER's wording and RULER's keys, FORMAT_DEFAULTS' below.
 FORMAT_DEFAULTS = {
     "samples": "one sample for both modes, cut in multi-request",
     "own_query": "{input}",
     "multikey_needle": "One of the special magic numbers for {key} is: {value}.",
+    "multikey_keys": "RULER's adjective-noun words",
 }
 
 
@@ -87,6 +89,7 @@ class RunConfig(BaseRunConfig):
         own = {"own_query": OWN_QUERY} if any(t in OWN for t in self.tasks) else {}
         if "gf_multikey" in self.tasks:
             own["multikey_needle"] = MULTIKEY_NEEDLE
+            own["multikey_keys"] = MULTIKEY_KEY_STYLE
         return {
             "model": self.model,
             "topk": self.topk,
