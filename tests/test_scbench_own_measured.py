@@ -26,7 +26,10 @@ FULL = REPO / "measured" / "scbench-own-full"
 EIGHT_K = REPO / "measured" / "scbench-own-8k"
 EIGHT_K_METHODS = REPO / "measured" / "scbench-own-8k-methods"  # gemfilter-span-qmax and the cache methods at 8K
 EIGHT_K_SAMPLES = 10  # the 8K run's samples (seeds 0..n-1)
-MULTIKEY_SEEN = range(6)  # GF.MultiKey's needle wording was chosen looking at full's first answers on seeds 0-5
+# GF.MultiKey's needle wording was chosen looking at full's first answers on seeds 0-5, its keys' kinds looking at
+# full's answers on seeds 0-5 (both lengths)
+MULTIKEY_SEEN = range(6)
+MULTIKEY = REPO / "measured" / "scbench-own-multikey"  # full on GF.MultiKey with keys of distinct kinds
 
 
 @pytest.mark.parametrize(
@@ -37,6 +40,7 @@ MULTIKEY_SEEN = range(6)  # GF.MultiKey's needle wording was chosen looking at f
         (FULL, "scbench-own-full"),
         (EIGHT_K, "scbench-own-8k"),
         (EIGHT_K_METHODS, "scbench-own-8k-methods"),
+        (MULTIKEY, "scbench-own-multikey"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -76,6 +80,8 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (FULL, 8192, 10),
         (EIGHT_K, 8192, EIGHT_K_SAMPLES),
         (EIGHT_K_METHODS, 8192, EIGHT_K_SAMPLES),
+        (MULTIKEY, 4096, 20),
+        (MULTIKEY, 8192, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -86,10 +92,14 @@ def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length
         assert all(len(r["turns"]) == 5 for r in rows), key
 
 
-def test_multikey_on_the_seeds_its_wording_was_not_chosen_on():
-    """GF.MultiKey's per-turn accuracy of full over the seeds after MULTIKEY_SEEN, as the docs show it."""
+@pytest.mark.parametrize(
+    "folder,name", [(FULL, "scbench-own-full-held-out"), (MULTIKEY, "scbench-own-multikey-held-out")]
+)
+def test_multikey_on_the_seeds_its_wording_was_not_chosen_on(folder, name):
+    """GF.MultiKey's per-turn accuracy of full over the seeds after MULTIKEY_SEEN, as the docs show it (RULER's keys,
+    then keys of distinct kinds)."""
     out = []
-    for (mode, length, label, task), rows in sorted(collect(FULL).items()):
+    for (mode, length, label, task), rows in sorted(collect(folder).items()):
         if task != "gf_multikey":
             continue
         picked = [r for r in rows if int(r["_id"]) not in MULTIKEY_SEEN]
@@ -97,7 +107,52 @@ def test_multikey_on_the_seeds_its_wording_was_not_chosen_on():
         cells = " | ".join(f"{x:.1f}" for x in [*per, sum(per) / 5])
         out.append(f"| {mode} | {length} | {len(picked)} | {cells} |")
     assert len(out) == 4
-    assert out == [x for x in block("scbench-own-full-held-out") if not x.startswith("| mode")]
+    assert out == [x for x in block(name) if not x.startswith("| mode")]
+
+
+def test_the_multikey_rows_are_of_the_keys_they_are_documented_with():
+    """measured/scbench-own-multikey's GF.MultiKey rows drew today's keys, one of each kind; measured/scbench-own-full's
+    drew RULER's (its config.json has no multikey_keys, which a resume reads as the former keys). A sample's numbers
+    are drawn after its keys and before its haystack (the order asked comes after it), so each row's answers are the
+    numbers of today's draw of its seed at any size, and not the former draw's."""
+    import json
+    import random
+
+    from eval.scbench import own
+
+    assert "multikey_keys" not in json.loads((FULL / "config.json").read_text())
+    assert json.loads((MULTIKEY / "config.json").read_text())["multikey_keys"] == own.MULTIKEY_KEY_STYLE
+
+    def answers(rows):
+        return {r["_id"]: sorted(t["ground_truth"] for t in r["turns"]) for r in rows}
+
+    def drawn(seed):
+        return sorted(t["answer"] for t in own.multikey(random.Random(int(seed)), 10, 5)["multi_turns"])
+
+    for folder, today in ((MULTIKEY, True), (FULL, False)):
+        found = {k: answers(v) for k, v in collect(folder).items() if k[3] == "gf_multikey"}
+        assert len(found) == 4  # two modes, two lengths
+        for rows in found.values():
+            assert all((drawn(seed) == gold) == today for seed, gold in rows.items())
+
+
+def test_multikey_misses_with_keys_of_distinct_kinds():
+    """What the docs say of GF.MultiKey's wrong answers under full with today's keys: 35 of 300, 29 of them the
+    number of another of the sample's needles, three a run of zeros."""
+    import re
+
+    answers, missed, other, zeros = 0, 0, 0, 0
+    for rows in collect(MULTIKEY).values():
+        for r in rows:
+            golds = [t["ground_truth"] for t in r["turns"]]
+            for t in r["turns"]:
+                answers += 1
+                if t["score"] < 1:
+                    missed += 1
+                    found = re.search(r"\d{7}", t["prediction"])
+                    other += bool(found) and found.group() in golds and found.group() != t["ground_truth"]
+                    zeros += t["prediction"].lstrip(": ").startswith("100000")
+    assert (answers, missed, other, zeros) == (300, 35, 29, 3)
 
 
 def test_multikey_misses_are_another_needle_s_number():
