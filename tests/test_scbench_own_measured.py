@@ -27,7 +27,7 @@ EIGHT_K = REPO / "measured" / "scbench-own-8k"
 EIGHT_K_METHODS = REPO / "measured" / "scbench-own-8k-methods"  # gemfilter-span-qmax and the cache methods at 8K
 EIGHT_K_SAMPLES = 10  # the 8K run's samples (seeds 0..n-1)
 # GF.MultiKey's needle wording was chosen looking at full's first answers on seeds 0-5, its keys' kinds looking at
-# full's answers on seeds 0-5 (both lengths)
+# full's multi-request answers on seeds 0-5 (both lengths)
 MULTIKEY_SEEN = range(6)
 MULTIKEY = REPO / "measured" / "scbench-own-multikey"  # full on GF.MultiKey with keys of distinct kinds
 MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the same task at 4K, k=256 methods beside
