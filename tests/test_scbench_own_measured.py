@@ -31,6 +31,7 @@ EIGHT_K_SAMPLES = 10  # the 8K run's samples (seeds 0..n-1)
 MULTIKEY_SEEN = range(6)
 MULTIKEY = REPO / "measured" / "scbench-own-multikey"  # full on GF.MultiKey with keys of distinct kinds
 MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the same task at 4K, k=256 methods beside
+MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # and gemfilter-span-qmax, multi-request only
 
 
 @pytest.mark.parametrize(
@@ -43,6 +44,7 @@ MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the sam
         (EIGHT_K_METHODS, "scbench-own-8k-methods"),
         (MULTIKEY, "scbench-own-multikey"),
         (MULTIKEY_METHODS, "scbench-own-multikey-methods"),
+        (MULTIKEY_QMAX, "scbench-own-multikey-qmax"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -85,6 +87,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY, 4096, 20),
         (MULTIKEY, 8192, 10),
         (MULTIKEY_METHODS, 4096, 10),
+        (MULTIKEY_QMAX, 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -187,13 +190,14 @@ def test_multikey_misses_are_another_needle_s_number():
         (EIGHT_K, 8192, "gf_facts", FULL),
         (EIGHT_K_METHODS, 8192, "gf_facts", FULL),
         (MULTIKEY_METHODS, 4096, "gf_multikey", MULTIKEY),
+        (MULTIKEY_QMAX, 4096, "gf_multikey", MULTIKEY),
     ],
 )
 def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
     """Seeds 0-9 under full ran in each methods' run and in the full-only run: same prompts, greedy decoding, so
     every answer is the same: the rows are reproducible, not one draw of a noisy run."""
     here, full_only = collect(folder), collect(reference)
-    for mode in ("multi-turn", "multi-request"):
+    for mode in sorted({k[0] for k in here}):  # the modes the folder ran
         first = {r["_id"]: r for r in here[(mode, length, "full", task)]}
         again = {r["_id"]: r for r in full_only[(mode, length, "full", task)] if r["_id"] in first}
         assert len(again) == len(first) >= 5
@@ -210,6 +214,7 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
         (EIGHT_K_METHODS, 8192, "gemfilter-span-qmax:k=256", "gf_facts"),
         (MULTIKEY_METHODS, 4096, "gemfilter-span:k=256", "gf_multikey"),
         (MULTIKEY_METHODS, 4096, "gemfilter:k=256", "gf_multikey"),
+        (MULTIKEY_QMAX, 4096, "gemfilter-span-qmax:k=256", "gf_multikey"),
     ],
 )
 def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, method, task):
@@ -217,7 +222,7 @@ def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, me
     every turn; stable's follow-ups run under 70% as many on average (the newly kept ones, or all when it
     rebuilds)."""
     found = collect(folder)
-    for mode in ("multi-turn", "multi-request"):
+    for mode in sorted({k[0] for k in found}):  # the modes the folder ran
         reselect = found[(mode, length, f"{method}@reselect", task)]
         stable = found[(mode, length, f"{method}@stable", task)]
         assert all(t["recomputed"] == t["kept"] <= 256 for r in reselect for t in r["turns"])  # all it keeps
@@ -280,28 +285,36 @@ def test_ruler_s_own_rows_give_what_the_goals_say_of_vt_and_multikey():
 
 
 KEPT = MULTIKEY_METHODS / "kept-gemfilter-span-k256.jsonl"  # scripts/multikey_kept.py's records, seeds 0-9
+KEPT_QMAX = MULTIKEY_QMAX / "kept-gemfilter-span-qmax-k256.jsonl"
 
 
-def kept_records() -> list:
+def kept_records(path=KEPT) -> list:
     import json
 
-    return [json.loads(x) for x in KEPT.read_text(encoding="utf-8").splitlines()]
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
 
 
-def test_multikey_turns_are_right_where_the_selection_keeps_the_asked_needle():
-    """What the docs say of gemfilter-span:k=256 on GF.MultiKey (4K, multi-request): the selection keeps the asked
-    needle whole in 30 of the 50 prompts (85 other needles in all); the reselect turn is right in 29 of those 30
-    and in none of the 20 others. The committed rows' scores against the committed selection records."""
+@pytest.mark.parametrize(
+    "path,folder,method,counts,others",
+    [
+        # kept whole in 30 of 50 prompts; right in 29 of those 30, in none of the 20 others
+        (KEPT, MULTIKEY_METHODS, "gemfilter-span:k=256", {(True, 1.0): 29, (True, 0.0): 1, (False, 0.0): 20}, 85),
+        # kept whole in all 50, and all 50 right
+        (KEPT_QMAX, MULTIKEY_QMAX, "gemfilter-span-qmax:k=256", {(True, 1.0): 50}, 161),
+    ],
+)
+def test_multikey_turns_are_right_where_the_selection_keeps_the_asked_needle(path, folder, method, counts, others):
+    """What the docs say of the span selections at k=256 on GF.MultiKey (4K, multi-request): in how many of the 50
+    prompts the selection keeps the asked needle whole (and how many other needles in all), and how many of those
+    reselect turns are right. The committed rows' scores against the committed selection records."""
     rows = {
-        int(r["_id"]): r["turns"]
-        for r in collect(MULTIKEY_METHODS)[("multi-request", 4096, "gemfilter-span:k=256@reselect", "gf_multikey")]
+        int(r["_id"]): r["turns"] for r in collect(folder)[("multi-request", 4096, f"{method}@reselect", "gf_multikey")]
     }
-    records = kept_records()
+    records = kept_records(path)
     assert sorted((x["seed"], x["turn"]) for x in records) == [(s, t) for s in range(10) for t in range(5)]
-    right = {(x["asked_whole"], rows[x["seed"]][x["turn"]]["score"]) for x in records}
-    counts = {k: sum((x["asked_whole"], rows[x["seed"]][x["turn"]]["score"]) == k for x in records) for k in right}
-    assert counts == {(True, 1.0): 29, (True, 0.0): 1, (False, 0.0): 20}
-    assert sum(len(x["others_whole"]) for x in records) == 85
+    pairs = [(x["asked_whole"], rows[x["seed"]][x["turn"]]["score"]) for x in records]
+    assert {k: pairs.count(k) for k in set(pairs)} == counts
+    assert sum(len(x["others_whole"]) for x in records) == others
 
 
 @pytest.mark.slow
