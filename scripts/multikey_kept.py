@@ -25,15 +25,15 @@ def kept(model, tok, method, seed: int, length: int) -> list:
 
     import gemfilter
     from eval.scbench.generate import make_sample
-    from eval.scbench.prompts import build_prompts
+    from eval.scbench.prompts import build_prompts, turn_input_ids
 
     sample = make_sample("gf_multikey", tok, length, seed=seed, mode="multi-request")
     prompts = build_prompts(sample, "gf_multikey", "multi-request")
-    layer = method.layer if method.layer is not None else gemfilter.default_layer(model)
+    layer = method.layer if method.layer is not None else method.default_layer(model)
     needles = re.findall(r"The special magic number for ([\w ]+?) is: (\d+)\.", sample["context"])
     out = []
-    for t, question in enumerate(prompts.follow_ups):
-        ids = torch.tensor([tok.encode(prompts.first) + tok.encode(question, add_special_tokens=False)])
+    for t in range(len(prompts.follow_ups)):
+        ids = torch.tensor([turn_input_ids(prompts, tok, t)])  # the context, then query t, as the runner feeds it
         selection = gemfilter.select_tokens(model, ids, layer=layer, topk=method.topk, method=method, tokenizer=tok)
         text = selection.kept_text(tok)[0]
         gold = sample["multi_turns"][t]["answer"]
