@@ -32,6 +32,7 @@ MULTIKEY_SEEN = range(6)
 MULTIKEY = REPO / "measured" / "scbench-own-multikey"  # full on GF.MultiKey with keys of distinct kinds
 MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the same task at 4K, k=256 methods beside
 MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # and gemfilter-span-qmax, multi-request only
+MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
 
 
 @pytest.mark.parametrize(
@@ -45,6 +46,7 @@ MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # and gemfilter
         (MULTIKEY, "scbench-own-multikey"),
         (MULTIKEY_METHODS, "scbench-own-multikey-methods"),
         (MULTIKEY_QMAX, "scbench-own-multikey-qmax"),
+        (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -88,6 +90,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY, 8192, 10),
         (MULTIKEY_METHODS, 4096, 10),
         (MULTIKEY_QMAX, 4096, 10),
+        (MULTIKEY_K1024, 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -185,6 +188,7 @@ def test_multikey_misses_are_another_needle_s_number():
         (EIGHT_K_METHODS, 8192, "gf_facts", FULL),
         (MULTIKEY_METHODS, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_QMAX, 4096, "gf_multikey", MULTIKEY),
+        (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
     ],
 )
 def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
@@ -202,6 +206,7 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
 @pytest.mark.parametrize(
     "folder,length,method,task",
     [
+        (MULTIKEY_K1024, 4096, "gemfilter-span:k=1024", "gf_multikey"),
         (ROOT, 4096, "gemfilter-span:k=256", "gf_facts"),
         (ROOT, 4096, "gemfilter-span-qmax:k=256", "gf_facts"),
         (EIGHT_K, 8192, "gemfilter-span:k=256", "gf_facts"),
@@ -215,14 +220,14 @@ def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, me
     """What the tables' last block reports, read from the rows: reselect runs all its kept tokens (at most k) on
     every turn; stable's follow-ups run under 70% as many on average (the newly kept ones, or all when it
     rebuilds)."""
-    found = collect(folder)
-    for mode in sorted({k[0] for k in found}):  # the modes the folder ran
+    found, k = collect(folder), int(method.rsplit("=", 1)[1])
+    for mode in sorted({key[0] for key in found}):  # the modes the folder ran
         reselect = found[(mode, length, f"{method}@reselect", task)]
         stable = found[(mode, length, f"{method}@stable", task)]
-        assert all(t["recomputed"] == t["kept"] <= 256 for r in reselect for t in r["turns"])  # all it keeps
+        assert all(t["recomputed"] == t["kept"] <= k for r in reselect for t in r["turns"])  # all it keeps
         follow = [t["recomputed"] for r in stable for t in r["turns"][1:]]
         again = [t["recomputed"] for r in reselect for t in r["turns"][1:]]
-        assert all(0 < x <= 256 for x in follow) and sum(follow) / len(follow) < 0.7 * sum(again) / len(again)
+        assert all(0 < x <= k for x in follow) and sum(follow) / len(follow) < 0.7 * sum(again) / len(again)
 
 
 def test_the_readme_row_gives_the_rows_mean_accuracies():
@@ -280,6 +285,7 @@ def test_ruler_s_own_rows_give_what_the_goals_say_of_vt_and_multikey():
 
 KEPT = MULTIKEY_METHODS / "kept-gemfilter-span-k256.jsonl"  # scripts/multikey_kept.py's records, seeds 0-9
 KEPT_QMAX = MULTIKEY_QMAX / "kept-gemfilter-span-qmax-k256.jsonl"
+KEPT_K1024 = MULTIKEY_K1024 / "kept-gemfilter-span-k1024.jsonl"
 
 
 def kept_records(path=KEPT) -> list:
@@ -295,10 +301,12 @@ def kept_records(path=KEPT) -> list:
         (KEPT, MULTIKEY_METHODS, "gemfilter-span:k=256", {(True, 1.0): 29, (True, 0.0): 1, (False, 0.0): 20}, 85),
         # kept whole in all 50, and all 50 right
         (KEPT_QMAX, MULTIKEY_QMAX, "gemfilter-span-qmax:k=256", {(True, 1.0): 50}, 161),
+        # at k=1024: every needle of the sample kept whole in all 50 prompts; 48 right
+        (KEPT_K1024, MULTIKEY_K1024, "gemfilter-span:k=1024", {(True, 1.0): 48, (True, 0.0): 2}, 200),
     ],
 )
 def test_multikey_turns_are_right_where_the_selection_keeps_the_asked_needle(path, folder, method, counts, others):
-    """What the docs say of the span selections at k=256 on GF.MultiKey (4K, multi-request): in how many of the 50
+    """What the docs say of the span selections on GF.MultiKey (4K, multi-request): in how many of the 50
     prompts the selection keeps the asked needle whole (and how many other needles in all), and how many of those
     reselect turns are right. The committed rows' scores against the committed selection records."""
     rows = {
