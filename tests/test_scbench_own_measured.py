@@ -335,3 +335,41 @@ def test_the_selection_records_are_what_the_script_computes_now():
     model, tok = gemfilter.load_model(None)
     got = script.kept(model, tok, gemfilter.get_method("gemfilter-span", topk=256), 0, 4096)
     assert got == [x for x in kept_records() if x["seed"] == 0]
+
+
+VT_FORWARD = {names: CALIBRATION / f"vt-forward-{names}.jsonl" for names in ("ruler", "words")}
+
+
+@pytest.mark.parametrize("names,first_hop", [("ruler", 8), ("words", 9)])
+def test_vt_forward_probe_records_give_what_the_docs_say(names, first_hop):
+    """GF.VarTrack asked from a chain's end (scripts/vt_forward_probe.py, seeds 0-3, 4K): the answer names the
+    chain's first variable in 8 (RULER's names) and 9 (words) of 20 questions, the value in none, and each answer's
+    line is a single name and a full stop. Counted again from the answers as written."""
+    import re
+
+    records = kept_records(VT_FORWARD[names])
+    assert sorted((x["seed"], x["turn"]) for x in records) == [(s, t) for s in range(4) for t in range(5)]
+    lines = [x["said"].split("\n")[0] for x in records]
+    assert sum(re.search(rf"\b{x['chain'][0]}\b", line) is not None for x, line in zip(records, lines)) == first_hop
+    assert [x["first_hop"] for x in records].count(True) == first_hop
+    assert not any(x["value"] in line or x["value_found"] for x, line in zip(records, lines))
+    assert all(re.fullmatch(r" [A-Z]+\.", line) for line in lines)
+
+
+@pytest.mark.slow
+def test_the_vt_forward_records_are_what_the_script_computes_now():
+    """scripts/vt_forward_probe.py on seed 0 with the embedded model gives the committed records of seed 0."""
+    import importlib.util
+
+    import torch
+
+    import gemfilter
+
+    spec = importlib.util.spec_from_file_location("vt_forward_probe", REPO / "scripts" / "vt_forward_probe.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    torch.set_num_threads(2)
+    model, tok = gemfilter.load_model(None)
+    for names in ("ruler", "words"):
+        got = script.probe(model, tok, 0, 4096, names)
+        assert got == [x for x in kept_records(VT_FORWARD[names]) if x["seed"] == 0], names
