@@ -88,7 +88,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (EIGHT_K_METHODS, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY, 4096, 20),
         (MULTIKEY, 8192, 10),
-        (MULTIKEY_METHODS, 4096, 10),
+        (MULTIKEY_METHODS, 4096, 20),
         (MULTIKEY_QMAX, 4096, 10),
         (MULTIKEY_K1024, 4096, 10),
     ],
@@ -218,8 +218,9 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
 )
 def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, method, task):
     """What the tables' last block reports, read from the rows: reselect runs all its kept tokens (at most k) on
-    every turn; stable's follow-ups run under 70% as many on average (the newly kept ones, or all when it
-    rebuilds)."""
+    every turn; stable's follow-ups run fewer on average (the newly kept ones, or all when it rebuilds): from 31%
+    of reselect's (gemfilter-span on GF.Facts, multi-request) to 72% (gemfilter on GF.MultiKey, multi-request,
+    where seeds 0-9 alone gave 69%). The tables pin the means."""
     found, k = collect(folder), int(method.rsplit("=", 1)[1])
     for mode in sorted({key[0] for key in found}):  # the modes the folder ran
         reselect = found[(mode, length, f"{method}@reselect", task)]
@@ -227,7 +228,7 @@ def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, me
         assert all(t["recomputed"] == t["kept"] <= k for r in reselect for t in r["turns"])  # all it keeps
         follow = [t["recomputed"] for r in stable for t in r["turns"][1:]]
         again = [t["recomputed"] for r in reselect for t in r["turns"][1:]]
-        assert all(0 < x <= k for x in follow) and sum(follow) / len(follow) < 0.7 * sum(again) / len(again)
+        assert all(0 < x <= k for x in follow) and sum(follow) / len(follow) < sum(again) / len(again)
 
 
 def test_the_readme_row_gives_the_rows_mean_accuracies():
@@ -283,7 +284,7 @@ def test_ruler_s_own_rows_give_what_the_goals_say_of_vt_and_multikey():
     assert "scores 80.0 and 85.0 at 4K, and 0.0, 80.0 and 20.0 at 8K in those folders" in text
 
 
-KEPT = MULTIKEY_METHODS / "kept-gemfilter-span-k256.jsonl"  # scripts/multikey_kept.py's records, seeds 0-9
+KEPT = MULTIKEY_METHODS / "kept-gemfilter-span-k256.jsonl"  # scripts/multikey_kept.py's records, seeds 0-19
 KEPT_QMAX = MULTIKEY_QMAX / "kept-gemfilter-span-qmax-k256.jsonl"
 KEPT_K1024 = MULTIKEY_K1024 / "kept-gemfilter-span-k1024.jsonl"
 
@@ -295,25 +296,30 @@ def kept_records(path=KEPT) -> list:
 
 
 @pytest.mark.parametrize(
-    "path,folder,method,counts,others",
+    "path,folder,method,seeds,counts,others",
     [
-        # kept whole in 30 of 50 prompts; right in 29 of those 30, in none of the 20 others
-        (KEPT, MULTIKEY_METHODS, "gemfilter-span:k=256", {(True, 1.0): 29, (True, 0.0): 1, (False, 0.0): 20}, 85),
+        # seeds 0-9 (the prompts the -qmax and k=1024 sections compare with): kept whole in 30 of 50 prompts; right
+        # in 29 of those 30, in none of the 20 others
+        (KEPT, MULTIKEY_METHODS, "gemfilter-span:k=256", 10, {(True, 1.0): 29, (True, 0.0): 1, (False, 0.0): 20}, 85),
+        # seeds 0-19: kept whole in 52 of 100 prompts; right in 51 of those 52, in none of the 48 others
+        (KEPT, MULTIKEY_METHODS, "gemfilter-span:k=256", 20, {(True, 1.0): 51, (True, 0.0): 1, (False, 0.0): 48}, 165),
         # kept whole in all 50, and all 50 right
-        (KEPT_QMAX, MULTIKEY_QMAX, "gemfilter-span-qmax:k=256", {(True, 1.0): 50}, 161),
+        (KEPT_QMAX, MULTIKEY_QMAX, "gemfilter-span-qmax:k=256", 10, {(True, 1.0): 50}, 161),
         # at k=1024: every needle of the sample kept whole in all 50 prompts; 48 right
-        (KEPT_K1024, MULTIKEY_K1024, "gemfilter-span:k=1024", {(True, 1.0): 48, (True, 0.0): 2}, 200),
+        (KEPT_K1024, MULTIKEY_K1024, "gemfilter-span:k=1024", 10, {(True, 1.0): 48, (True, 0.0): 2}, 200),
     ],
 )
-def test_multikey_turns_are_right_where_the_selection_keeps_the_asked_needle(path, folder, method, counts, others):
-    """What the docs say of the span selections on GF.MultiKey (4K, multi-request): in how many of the 50
-    prompts the selection keeps the asked needle whole (and how many other needles in all), and how many of those
-    reselect turns are right. The committed rows' scores against the committed selection records."""
+def test_multikey_turns_are_right_where_the_selection_keeps_the_asked_needle(
+    path, folder, method, seeds, counts, others
+):
+    """What the docs say of the span selections on GF.MultiKey (4K, multi-request): in how many of the prompts of
+    seeds 0..seeds-1 the selection keeps the asked needle whole (and how many other needles in all), and how many of
+    those reselect turns are right. The committed rows' scores against the committed selection records."""
     rows = {
         int(r["_id"]): r["turns"] for r in collect(folder)[("multi-request", 4096, f"{method}@reselect", "gf_multikey")]
     }
-    records = kept_records(path)
-    assert sorted((x["seed"], x["turn"]) for x in records) == [(s, t) for s in range(10) for t in range(5)]
+    records = [x for x in kept_records(path) if x["seed"] < seeds]
+    assert sorted((x["seed"], x["turn"]) for x in records) == [(s, t) for s in range(seeds) for t in range(5)]
     pairs = [(x["asked_whole"], rows[x["seed"]][x["turn"]]["score"]) for x in records]
     assert {k: pairs.count(k) for k in set(pairs)} == counts
     assert sum(len(x["others_whole"]) for x in records) == others
