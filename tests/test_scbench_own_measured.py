@@ -325,20 +325,27 @@ def test_multikey_turns_are_right_where_the_selection_keeps_the_asked_needle(
     assert sum(len(x["others_whole"]) for x in records) == others
 
 
-@pytest.mark.slow
-def test_the_selection_records_are_what_the_script_computes_now():
-    """scripts/multikey_kept.py on seed 0 with the embedded model gives the committed records of seed 0."""
+def script_and_model(name: str) -> tuple:
+    """scripts/<name>.py loaded as a module, and the embedded model and tokenizer on 2 threads, as the scripts run."""
     import importlib.util
 
     import torch
 
     import gemfilter
 
-    spec = importlib.util.spec_from_file_location("multikey_kept", REPO / "scripts" / "multikey_kept.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     torch.set_num_threads(2)
-    model, tok = gemfilter.load_model(None)
+    return (script, *gemfilter.load_model(None))
+
+
+@pytest.mark.slow
+def test_the_selection_records_are_what_the_script_computes_now():
+    """scripts/multikey_kept.py on seed 0 with the embedded model gives the committed records of seed 0."""
+    import gemfilter
+
+    script, model, tok = script_and_model("multikey_kept")
     got = script.kept(model, tok, gemfilter.get_method("gemfilter-span", topk=256), 0, 4096)
     assert got == [x for x in kept_records() if x["seed"] == 0]
 
@@ -365,17 +372,7 @@ def test_vt_forward_probe_records_give_what_the_docs_say(names, first_hop):
 @pytest.mark.slow
 def test_the_vt_forward_records_are_what_the_script_computes_now():
     """scripts/vt_forward_probe.py on seed 0 with the embedded model gives the committed records of seed 0."""
-    import importlib.util
-
-    import torch
-
-    import gemfilter
-
-    spec = importlib.util.spec_from_file_location("vt_forward_probe", REPO / "scripts" / "vt_forward_probe.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    torch.set_num_threads(2)
-    model, tok = gemfilter.load_model(None)
+    script, model, tok = script_and_model("vt_forward_probe")
     for names in ("ruler", "words"):
         got = script.probe(model, tok, 0, 4096, names)
         assert got == [x for x in kept_records(VT_FORWARD[names]) if x["seed"] == 0], names
