@@ -5,7 +5,7 @@ needles are.
 Writes one JSON line per prompt: {seed, turn, key, asked_whole, value_kept, others_whole}. The numbers in
 docs/scbench.md's GF.MultiKey section come from
 
-    python scripts/multikey_kept.py --method gemfilter-span --topk 256 --length 4096 --seeds 10 \\
+    python scripts/multikey_kept.py --method gemfilter-span --topk 256 --length 4096 --seeds 20 \\
         --out measured/scbench-own-multikey-methods/kept-gemfilter-span-k256.jsonl
 
 run with the embedded model on 2 threads (about 5 s a prompt on this project's 2-core machine).

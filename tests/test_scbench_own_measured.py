@@ -8,6 +8,7 @@ import pytest
 
 from eval.scbench.report import collect, markdown, score_table
 from eval.scbench.scoring import score_one
+from gemfilter.toolkit.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "measured" / "scbench-own"
@@ -289,12 +290,6 @@ KEPT_QMAX = MULTIKEY_QMAX / "kept-gemfilter-span-qmax-k256.jsonl"
 KEPT_K1024 = MULTIKEY_K1024 / "kept-gemfilter-span-k1024.jsonl"
 
 
-def kept_records(path=KEPT) -> list:
-    import json
-
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
-
-
 @pytest.mark.parametrize(
     "path,folder,method,seeds,counts,others",
     [
@@ -318,7 +313,7 @@ def test_multikey_turns_are_right_where_the_selection_keeps_the_asked_needle(
     rows = {
         int(r["_id"]): r["turns"] for r in collect(folder)[("multi-request", 4096, f"{method}@reselect", "gf_multikey")]
     }
-    records = [x for x in kept_records(path) if x["seed"] < seeds]
+    records = [x for x in read_jsonl(path, strict=True) if x["seed"] < seeds]
     assert sorted((x["seed"], x["turn"]) for x in records) == [(s, t) for s in range(seeds) for t in range(5)]
     pairs = [(x["asked_whole"], rows[x["seed"]][x["turn"]]["score"]) for x in records]
     assert {k: pairs.count(k) for k in set(pairs)} == counts
@@ -347,7 +342,7 @@ def test_the_selection_records_are_what_the_script_computes_now():
 
     script, model, tok = script_and_model("multikey_kept")
     got = script.kept(model, tok, gemfilter.get_method("gemfilter-span", topk=256), 0, 4096)
-    assert got == [x for x in kept_records() if x["seed"] == 0]
+    assert got == [x for x in read_jsonl(KEPT, strict=True) if x["seed"] == 0]
 
 
 VT_FORWARD = {names: CALIBRATION / f"vt-forward-{names}.jsonl" for names in ("ruler", "words")}
@@ -357,10 +352,10 @@ VT_FORWARD = {names: CALIBRATION / f"vt-forward-{names}.jsonl" for names in ("ru
 def test_vt_forward_probe_records_give_what_the_docs_say(names, first_hop):
     """GF.VarTrack asked from a chain's end (scripts/vt_forward_probe.py, seeds 0-3, 4K): the answer names the
     chain's first variable in 8 (RULER's names) and 9 (words) of 20 questions, the value in none, and each answer's
-    line is a single name and a full stop. Counted again from the answers as written."""
+    line is a single capitalized word and a full stop. Counted again from the answers as written."""
     import re
 
-    records = kept_records(VT_FORWARD[names])
+    records = read_jsonl(VT_FORWARD[names], strict=True)
     assert sorted((x["seed"], x["turn"]) for x in records) == [(s, t) for s in range(4) for t in range(5)]
     lines = [x["said"].split("\n")[0] for x in records]
     assert sum(re.search(rf"\b{x['chain'][0]}\b", line) is not None for x, line in zip(records, lines)) == first_hop
@@ -375,4 +370,4 @@ def test_the_vt_forward_records_are_what_the_script_computes_now():
     script, model, tok = script_and_model("vt_forward_probe")
     for names in ("ruler", "words"):
         got = script.probe(model, tok, 0, 4096, names)
-        assert got == [x for x in kept_records(VT_FORWARD[names]) if x["seed"] == 0], names
+        assert got == [x for x in read_jsonl(VT_FORWARD[names], strict=True) if x["seed"] == 0], names
