@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from docs_blocks import docs_block
 
 from feature_probes.interval import cli
 from feature_probes.interval.data import IntervalSpec, interval_labels, make_split, sample_phi
@@ -158,7 +159,7 @@ def test_committed_interval_summaries_are_their_results_tables(folder):
 def test_docs_tables_are_the_committed_summaries(marker):
     """docs/feature-probes.md's Table A.2 blocks are the committed runs' tables, with their commands."""
     text = DOCS.read_text(encoding="utf-8")
-    block = re.search(rf"<!-- {marker} -->(.*?)<!-- /{marker} -->", text, re.S).group(1).strip()
+    block = docs_block("feature-probes.md", marker).strip()
     summary = (MEASURED / marker / "interval_summary.md").read_text()
     assert block and block in summary
     command = re.search(r"`(python -m feature_probes.interval [^`]*)`", summary).group(1)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from docs_blocks import docs_block
 
 from feature_probes.parity import cli
 from feature_probes.parity.data import ParitySpec, make_problem, make_split, normalise, parity_labels, sample_phi
@@ -283,11 +284,8 @@ def test_committed_parity_summaries_are_their_results_tables(folder):
 def test_docs_gd_sweep_rows_are_the_committed_results():
     """docs/feature-probes.md's tables of stage-3 step sizes (with and without structure): each row's T and
     accuracies are its run's result."""
-    import re
-
-    text = (MEASURED.parents[1] / "docs" / "feature-probes.md").read_text(encoding="utf-8")
     for marker, structured, least in (("parity-gd-sweep", True, 5), ("parity-nostruct-gd", False, 3)):
-        block = re.search(rf"<!-- {marker} -->(.*?)<!-- /{marker} -->", text, re.S).group(1)
+        block = docs_block("feature-probes.md", marker)
         rows = [line.split(" | ") for line in block.strip().splitlines()[2:]]
         assert len(rows) >= least, marker
         for cells in rows:
@@ -301,5 +299,5 @@ def test_docs_gd_sweep_rows_are_the_committed_results():
                 f"{net['cos']:.3f}",
             ]
             assert [c.strip("| ") for c in cells[2:]] == want, (marker, folder)
-    paper = re.search(r"<!-- parity-paper -->(.*?)<!-- /parity-paper -->", text, re.S).group(1).strip()
+    paper = docs_block("feature-probes.md", "parity-paper").strip()
     assert paper in (MEASURED / "parity-paper" / "parity_summary.md").read_text()

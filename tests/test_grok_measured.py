@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from docs_blocks import docs_block, table_lines
 
 from icl_probes.modular.experiments import grokking_delay
 
@@ -38,7 +39,5 @@ def test_delay_and_gap_are_the_history(row):
 
 def test_docs_rows_are_the_runs():
     assert len(RUNS) == 2 and len(ROWS) == 5
-    text = (REPO / "docs" / "icl-probes.md").read_text(encoding="utf-8")
-    block = text.split("<!-- grok-wd1e-3 -->", 1)[1].split("<!-- /grok-wd1e-3 -->", 1)[0]
-    lines = [x for x in block.splitlines() if x.startswith("| ") and not x.startswith("| k ")]
+    lines = table_lines(docs_block("icl-probes.md", "grok-wd1e-3"), header="| k ")
     assert sorted(lines) == sorted(line(r) for r in ROWS)

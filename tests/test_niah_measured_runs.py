@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from docs_blocks import docs_block, table_lines
 
 from eval.niah.report import markdown_table
 from eval.niah.scoring import score_all
@@ -51,9 +52,7 @@ def test_the_grid_is_complete_for_each_method(run):
 @pytest.mark.parametrize("run", RUNS)
 def test_docs_lines_are_lines_of_the_rows_table(run):
     built = markdown_table(rows(run), "embedded:gemma3-270m").splitlines()
-    text = (REPO / "docs" / "evals.md").read_text(encoding="utf-8")
-    block = text.split(f"<!-- {run} -->", 1)[1].split(f"<!-- /{run} -->", 1)[0]
-    lines = [x for x in block.splitlines() if x.startswith("| ") and not x.startswith("| method")]
+    lines = table_lines(docs_block("evals.md", run))
     assert len(lines) == len(RUNS[run])
     missing = [x for x in lines if x not in built]
     assert not missing, f"docs/evals.md has line(s) the rows do not give, e.g. {missing[0]}"

@@ -2,12 +2,12 @@
 the NTK spread against the closed-form ridge on every parameter, the CLI, and the committed study tables."""
 
 import json
-import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from docs_blocks import docs_block
 
 from feature_probes.parity import cli
 from feature_probes.parity.data import make_problem, make_split
@@ -143,17 +143,14 @@ def test_committed_study_tables_are_their_rows_and_in_the_docs(study, build):
     summary = (folder / f"{study}_summary.md").read_text()
     command, table = summary.split("\n\n", 1)
     assert table == build(rows)
-    block = re.search(rf"<!-- parity-{study} -->(.*?)<!-- /parity-{study} -->", DOCS.read_text(encoding="utf-8"), re.S)
-    assert block and block.group(1).strip() == table.strip()
+    assert docs_block("feature-probes.md", f"parity-{study}").strip() == table.strip()
     assert command.strip("`").replace(" --quiet", "") in DOCS.read_text(encoding="utf-8")  # the run's own command
 
 
 def test_docs_no_structure_training_size_rows_are_the_committed_results():
     """docs/feature-probes.md's no-structure table: each row's n_train and both third stages' train / test / cos
     are its run's result."""
-    block = re.search(
-        r"<!-- parity-nostruct-n -->(.*?)<!-- /parity-nostruct-n -->", DOCS.read_text(encoding="utf-8"), re.S
-    ).group(1)
+    block = docs_block("feature-probes.md", "parity-nostruct-n")
     rows = [line.split(" | ") for line in block.strip().splitlines()[2:]]
     assert len(rows) >= 4
     for cells in rows:

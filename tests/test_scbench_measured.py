@@ -8,6 +8,7 @@ the docs as it is, so a documented figure cannot drift from the run it came from
 from pathlib import Path
 
 import pytest
+from docs_blocks import docs_block, table_lines
 
 from eval.scbench.report import collect, markdown, score_table
 
@@ -16,16 +17,11 @@ ROOT = REPO / "measured" / "scbench"
 SAMPLES = {4096: 20, 8192: 5}  # samples per task committed at each length (the issue's floor: 20 at 4K, 5 at 8K)
 
 
-def _block(text: str, name: str) -> str:
-    """The part of a docs page from its marker ``<!-- name...`` to ``<!-- /name -->``."""
-    return text[text.index(f"<!-- {name}") : text.index(f"<!-- /{name} -->")]
-
-
 def test_docs_tables_are_the_scores_of_the_committed_rows():
     table = score_table(collect(ROOT))
     assert {k[0] for k in table} == {"multi-turn", "multi-request"} and {k[1] for k in table} == set(SAMPLES)
     text = (REPO / "docs" / "scbench.md").read_text(encoding="utf-8")
-    lines = [x for x in markdown(table).splitlines() if x.startswith("| ") and not x.startswith("| method")]
+    lines = table_lines(markdown(table))
     assert len(lines) > 10
     missing = [x for x in lines if x not in text]
     assert not missing, f"docs/scbench.md lacks {len(missing)} scored line(s), e.g. {missing[0]}"
@@ -50,10 +46,8 @@ def test_engine_rows_are_scored_again_and_equal_the_local_rows_they_share():
     import json
 
     table = score_table(collect(ENGINE))
-    text = (REPO / "docs" / "scbench.md").read_text(encoding="utf-8")
-    block = _block(text, "scbench-engine-measured")
-    lines = [x for x in markdown(table).splitlines() if x.startswith("| ") and not x.startswith("| method")]
-    shown = [x for x in block.splitlines() if x.startswith("| ") and not x.startswith("| method")]
+    lines = table_lines(markdown(table))
+    shown = table_lines(docs_block("scbench.md", "scbench-engine-measured"))
     assert len(shown) >= 8 and all(x in lines for x in shown), [x for x in shown if x not in lines][:1]
     compared = 0
     for path in ENGINE.glob("*/4096/*/*.jsonl"):
@@ -87,8 +81,8 @@ def test_whole_context_rows_are_scored_again_as_the_docs_show_them():
         assert sorted(int(r["_id"]) for r in rows) == list(range(WHOLE_SAMPLES[key[1]])), key
         assert all(len(r["turns"]) == 5 for r in rows), key
     table = score_table(found)
-    block = _block((REPO / "docs" / "scbench.md").read_text(encoding="utf-8"), "scbench-multi-request")
-    lines = [x for x in markdown(table).splitlines() if x.startswith("| ") and not x.startswith("| method")]
+    block = docs_block("scbench.md", "scbench-multi-request")
+    lines = table_lines(markdown(table))
     missing = [x for x in lines if x not in block]
     assert len(lines) > 10 and not missing, f"the docs' block lacks {len(missing)} scored line(s): {missing[:1]}"
 

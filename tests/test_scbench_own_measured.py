@@ -5,6 +5,7 @@ table line of the docs' block must be one the rows give, so a documented figure 
 from pathlib import Path
 
 import pytest
+from docs_blocks import docs_block, table_lines
 
 from eval.scbench.report import collect, markdown, score_table
 from eval.scbench.scoring import score_one
@@ -14,12 +15,6 @@ REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "measured" / "scbench-own"
 DOC = REPO / "docs" / "scbench.md"
 HELD_OUT = range(4, 10)  # the task sizes were chosen looking at seeds 0-3 (full only); 4-9 first ran for the tables
-
-
-def block(name: str) -> list:
-    text = DOC.read_text(encoding="utf-8")
-    part = text[text.index(f"<!-- {name} -->") : text.index(f"<!-- /{name} -->")]
-    return [x for x in part.splitlines() if x.startswith("| ") and not x.startswith("| method")]
 
 
 CALIBRATION = REPO / "measured" / "scbench-own-calibration"
@@ -51,12 +46,8 @@ MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilt
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
-    lines = [
-        x
-        for x in markdown(score_table(collect(folder))).splitlines()
-        if x.startswith("| ") and not x.startswith("| method")
-    ]
-    shown = block(name)
+    lines = table_lines(markdown(score_table(collect(folder))))
+    shown = table_lines(docs_block("scbench.md", name))
     assert len(shown) >= 8
     assert [x for x in shown if x not in lines] == []
     assert [x for x in lines if x not in shown] == []  # and nothing measured is left out of the docs
@@ -75,7 +66,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
     """The mean accuracy over seeds 4-9 alone, per label (GF.Facts, multi-turn, 4K), as the docs show it."""
     rows = {k[2]: v for k, v in collect(ROOT).items() if k[:2] == ("multi-turn", 4096) and k[3] == "gf_facts"}
     assert len(rows) >= 5
-    assert held_out_line(rows) == block("scbench-own-held-out")
+    assert held_out_line(rows) == table_lines(docs_block("scbench.md", "scbench-own-held-out"))
 
 
 @pytest.mark.parametrize(
@@ -117,7 +108,7 @@ def test_multikey_on_the_seeds_its_wording_was_not_chosen_on(folder, name):
         cells = " | ".join(f"{x:.1f}" for x in [*per, sum(per) / 5])
         out.append(f"| {mode} | {length} | {len(picked)} | {cells} |")
     assert len(out) == 4
-    assert out == [x for x in block(name) if not x.startswith("| mode")]
+    assert out == [x for x in table_lines(docs_block("scbench.md", name)) if not x.startswith("| mode")]
 
 
 def test_the_multikey_rows_are_of_the_keys_they_are_documented_with():

@@ -5,10 +5,10 @@ finished, their requests, medians and p95s) and must equal its committed bench-t
 between the docs' markers must be one of those lines, so a documented figure cannot drift from its run.
 """
 
-import re
 from pathlib import Path
 
 import pytest
+from docs_blocks import docs_block
 
 from gemfilter.lab.serve.turns import rebuild
 
@@ -23,9 +23,7 @@ def test_the_committed_tables_are_the_rows_tables(folder):
 
 def test_docs_lines_are_lines_of_the_committed_tables():
     assert any(f.name == "serve-turns" for f in FOLDERS)
-    text = (REPO / "docs" / "serving.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- serve-turns-measured -->(.*?)<!-- /serve-turns-measured -->", text, re.S).group(1)
-    lines = [x for x in block.splitlines() if x.startswith("| ") and not x.startswith("|---")]
+    lines = [x for x in docs_block("serving.md", "serve-turns-measured").splitlines() if x.startswith("| ")]
     assert len(lines) > 25
     tables = "\n".join((f / "bench-turns.md").read_text(encoding="utf-8") for f in FOLDERS).splitlines()
     missing = [x for x in lines if x not in tables]

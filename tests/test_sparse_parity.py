@@ -5,11 +5,11 @@ nested flips, the CLI (help, one-line errors, resume) and the committed tables r
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
 import torch
+from docs_blocks import docs_block
 
 from icl_probes.sparse_parity import cli
 from icl_probes.sparse_parity.data import (
@@ -239,8 +239,8 @@ def test_committed_rows_agree_with_the_closed_forms():
 def test_docs_tables_are_the_committed_summary(section):
     """docs/icl-probes.md's Sec. 5.5 tables are the committed summary's, block by block."""
     text = DOCS.read_text(encoding="utf-8")
-    block = re.search(rf"<!-- sparse-parity-{section} -->(.*?)<!-- /sparse-parity-{section} -->", text, re.S)
-    assert block and block.group(1).strip() and block.group(1).strip() in (MEASURED / "summary.md").read_text()
+    block = docs_block("icl-probes.md", f"sparse-parity-{section}").strip()
+    assert block and block in (MEASURED / "summary.md").read_text()
     command = (MEASURED / "summary.md").read_text().split("\n", 1)[0].strip("`").replace(" --quiet", "")
     assert command in text
 
@@ -248,9 +248,9 @@ def test_docs_tables_are_the_committed_summary(section):
 @pytest.mark.parametrize("folder", FOLDERS[1:])
 def test_docs_extra_training_tables_are_their_summaries(folder):
     text = DOCS.read_text(encoding="utf-8")
-    block = re.search(rf"<!-- {folder} -->(.*?)<!-- /{folder} -->", text, re.S)
+    block = docs_block("icl-probes.md", folder).strip()
     summary = (MEASURED.parent / folder / "summary.md").read_text()
-    assert block and block.group(1).strip() and block.group(1).strip() in summary
+    assert block and block in summary
     assert summary.split("\n", 1)[0].strip("`").replace(" --quiet", "") in text
 
 

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from docs_blocks import docs_block
 from tiny_models import load_toml
 
 from gemfilter.lab.cli import main
@@ -152,8 +153,7 @@ def test_the_plugin_s_ttft_table_in_the_docs_is_the_committed_run():
 
     from gemfilter.lab.serve.bench import markdown, summarize
 
-    text = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
-    block = text.split("<!-- plugin-ttft-measured -->")[1].split("<!-- /plugin-ttft-measured -->")[0]
+    block = docs_block("serving.md", "plugin-ttft-measured")
     measured = ROOT / "measured" / "serve-plugin"
     table = (measured / "bench-engine.md").read_text(encoding="utf-8")
     rows = [line for line in block.strip().splitlines()]
