@@ -336,6 +336,58 @@ def test_the_selection_records_are_what_the_script_computes_now():
     assert got == [x for x in read_jsonl(KEPT, strict=True) if x["seed"] == 0]
 
 
+LAYOUT_QMAX = MULTIKEY_QMAX / "layout-gemfilter-span-qmax-k256.jsonl"  # scripts/stable_layout.py's, seeds 0-9
+
+
+def test_stable_layout_records_replay_the_rows_and_give_what_the_docs_say():
+    """scripts/stable_layout.py's records (GF.MultiKey, multi-turn, 4K, gemfilter-span-qmax:k=256): its stable
+    answers are the committed stable rows', its history-order answers are right where the reselect rows are, and
+    the counts docs/scbench.md gives of the 19 follow-ups stable gets wrong hold."""
+    rows = {
+        protocol: {
+            int(r["_id"]): r["turns"]
+            for r in collect(MULTIKEY_QMAX)[
+                ("multi-turn", 4096, f"gemfilter-span-qmax:k=256@{protocol}", "gf_multikey")
+            ]
+        }
+        for protocol in ("stable", "reselect")
+    }
+    records = read_jsonl(LAYOUT_QMAX, strict=True)
+    assert sorted((x["seed"], x["turn"]) for x in records) == [(s, t) for s in range(10) for t in range(5)]
+    assert all(x["prediction"] == rows["stable"][x["seed"]][x["turn"]]["prediction"] for x in records)
+    assert all(x["right"] == (rows["stable"][x["seed"]][x["turn"]]["score"] == 1.0) for x in records)
+    assert all(x["history_order_right"] == (rows["reselect"][x["seed"]][x["turn"]]["score"] == 1.0) for x in records)
+    assert all(x["asked_in_layout"] == x["asked_whole"] for x in records)  # no needle split by the layout
+    wrong = [x for x in records if x["turn"] > 0 and not x["right"]]
+    kept = [x for x in wrong if x["asked_whole"]]
+    assert (len(wrong), len(kept)) == (19, 15)
+    assert not any(x["history_order_right"] for x in wrong if not x["asked_whole"])  # reselect wrong there too
+    assert sum(x["slot_order_right"] for x in kept) == 5  # stale keys and values
+    assert sum(not x["slot_order_right"] and x["context_first_right"] for x in kept) == 10  # the order
+    assert all(x["context_first_right"] for x in kept)
+    per_turn = {
+        name: [10 * sum(x[name] for x in records if x["turn"] == t) for t in range(5)]
+        for name in ("right", "slot_order_right", "history_order_right", "context_first_right")
+    }
+    assert per_turn == {
+        "right": [100, 30, 70, 40, 70],
+        "slot_order_right": [100, 40, 70, 70, 70],
+        "history_order_right": [100, 90, 100, 90, 70],
+        "context_first_right": [100, 100, 100, 90, 70],
+    }
+
+
+@pytest.mark.slow
+def test_the_stable_layout_records_are_what_the_script_computes_now():
+    """scripts/stable_layout.py on seed 0's first three turns (turn 3 is one stable gets wrong and the layout's
+    order from scratch gets right) gives the committed records."""
+    import gemfilter
+
+    script, model, tok = script_and_model("stable_layout")
+    got = script.turns(model, tok, gemfilter.get_method("gemfilter-span-qmax", topk=256), 0, 4096, upto=3)
+    assert got == [x for x in read_jsonl(LAYOUT_QMAX, strict=True) if x["seed"] == 0 and x["turn"] < 3]
+
+
 VT_FORWARD = {names: CALIBRATION / f"vt-forward-{names}.jsonl" for names in ("ruler", "words")}
 
 
