@@ -9,6 +9,37 @@ docs/scbench.md's GF.MultiKey section come from
         --out measured/scbench-own-multikey-methods/kept-gemfilter-span-k256.jsonl
 
 run with the embedded model on 2 threads (about 5 s a prompt on this project's 2-core machine).
+
+With ``--stable-layout``: what the ``stable`` layout shows the model on GF.MultiKey's multi-turn turns, beside
+what ``reselect`` shows it.
+
+``stable`` (:mod:`gemfilter.stable`) keeps last turn's kept tokens in their slots and appends the ones a turn newly
+keeps after them, so the model reads the kept tokens in slot order, not history order. For each turn of a
+multi-turn conversation (the runner's feed: the first prompt, then each follow-up, which starts with the previous
+turn's gold answer) this records what that order does to the turn's evidence:
+
+- ``asked_whole``: the selection keeps the asked needle's sentence whole (in history order, as ``reselect`` reads);
+- ``asked_in_layout``: the sentence reads whole in slot order (False: its tokens are split between old and new
+  slots, or a dropped token's slot is masked between them);
+- ``appended_context``: how many of the slots this turn appends come from the first prompt (context and first
+  question), before the follow-ups' tokens; ``appended``: all it appends; ``rebuilt``: the layout was rebuilt;
+- ``tail``: the last 240 characters of the layout in slot order, what the model reads just before answering;
+- ``prediction`` and ``right``: the turn's answer under ``stable`` (as the runner scores it);
+- whether the answer is right when the same kept tokens run from scratch, one forward, in three orders:
+  ``slot_order_right`` (the layout's order and positions: what ``stable`` computes, less the keys and values that
+  older slots kept from the turns they were written in), ``history_order_right`` (history order at 0..k-1:
+  ``reselect``'s prompt) and ``context_first_right`` (the layout's order for the first prompt's context, then every
+  kept token from the first question on in history order, so no newly kept context sits between a question and
+  its gold answer).
+
+Writes one JSON line per turn: {seed, turn, key, rebuilt, appended, appended_context, asked_whole,
+asked_in_layout, right, slot_order_right, history_order_right, context_first_right, prediction, tail}. The numbers
+in docs/scbench.md's GF.MultiKey section come from
+
+    python scripts/multikey_kept.py --stable-layout --method gemfilter-span-qmax --topk 256 --length 4096 \\
+        --seeds 10 --out measured/scbench-own-multikey-qmax/layout-gemfilter-span-qmax-k256.jsonl
+
+run with the embedded model on 2 threads (about 2 minutes a sample on this project's 2-core machine).
 """
 
 from __future__ import annotations
@@ -52,8 +83,86 @@ def kept(model, tok, method, seed: int, length: int) -> list:
     return out
 
 
+def layout_turns(model, tok, method, seed: int, length: int, upto: int | None = None) -> list:
+    """One record per turn of GF.MultiKey sample ``seed`` sized to ``length`` tokens, multi-turn, under ``stable``
+    (the method's layer, or the model's default when it sets none, as the runner's); ``upto``: the first turns
+    only."""
+    import gemfilter
+    from eval.scbench.generate import make_sample
+    from eval.scbench.prompts import build_prompts, max_input_length, truncate_middle
+    from eval.scbench.scoring import score_one
+    from eval.scbench.tasks import get_task
+
+    sample = make_sample("gf_multikey", tok, length, seed=seed, mode="multi-turn")
+    prompts = build_prompts(sample, "gf_multikey", "multi-turn")
+    needles = re.findall(r"The special magic number for ([\w ]+?) is: (\d+)\.", sample["context"])
+    first = truncate_middle(
+        tok.encode(prompts.first), max_input_length("gf_multikey", length, len(prompts.ground_truth), "multi-turn")
+    )
+    asks = [first, *(tok.encode(text, add_special_tokens=False) for text in prompts.follow_ups)]
+    context = len(tok.encode(prompts.first[: prompts.first.rindex("What is")]))  # where the first question starts
+    new = get_task("gf_multikey").max_new_tokens
+    out = []
+    with gemfilter.Conversation(model, method, tok, protocol="stable", keep="questions") as chat:
+        for t, ids in enumerate(asks[:upto]):
+            turn = chat.ask(ids, max_new_tokens=new)
+            history = chat.history[0]
+            layout = chat._layout  # keep="questions": the layout the turn answered on, before its answer
+            gold = prompts.ground_truth[t]
+            key = next(k for k, v in needles if v == gold)
+            sentence = f"for {key} is: {gold}"
+            slots = [s for s in range(len(layout.ids)) if layout.valid[s]]
+            layout_text = tok.decode(history[[layout.ids[s] for s in slots]])
+            appended = layout.ids[layout.writes[-1][0] :]
+            order = [layout.ids[s] for s in slots]
+            fresh = {  # the same kept tokens run from scratch, in three orders
+                "slot_order_right": (order, [layout.pos[s] for s in slots]),
+                "history_order_right": (sorted(order), list(range(len(order)))),
+                "context_first_right": (
+                    [h for h in order if h < context] + sorted(h for h in order if h >= context),
+                    list(range(len(order))),
+                ),
+            }
+            out.append(
+                {
+                    "seed": seed,
+                    "turn": t,
+                    "key": key,
+                    "rebuilt": bool(turn.rebuilt),
+                    "appended": len(appended),
+                    "appended_context": sum(h < len(first) for h in appended),
+                    "asked_whole": sentence in turn.selection.kept_text(tok)[0],
+                    "asked_in_layout": sentence in layout_text,
+                    "right": score_one("gf_multikey", turn.text, gold) == 1.0,
+                    **{name: right(model, tok, history, ids, pos, new, gold) for name, (ids, pos) in fresh.items()},
+                    "prediction": turn.text,
+                    "tail": layout_text[-240:],
+                }
+            )
+    return out
+
+
+def right(model, tok, history, ids: list, positions: list, new: int, gold: str) -> bool:
+    """Whether the greedy answer is right when the history tokens ``ids`` (history (L,)) run from scratch, in that
+    order, at ``positions``: one forward over all of them, then up to ``new`` tokens (:class:`Layout`)."""
+    from eval.scbench.scoring import score_one
+    from gemfilter.compiled import check_keywords
+    from gemfilter.stable import Layout
+
+    fresh = Layout(model)
+    logits = fresh.write(history[ids][None], ids, positions)
+    settings = check_keywords(model, {"max_new_tokens": new, "do_sample": False, "num_beams": 1})
+    answer = fresh.decode(logits, settings, len(history))
+    return score_one("gf_multikey", tok.decode(answer[0], skip_special_tokens=True), gold) == 1.0
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--stable-layout",
+        action="store_true",
+        help="record what the stable layout shows the model on multi-turn turns (not the multi-request selections)",
+    )
     parser.add_argument("--method", default="gemfilter-span", help="a prompt method's name (default gemfilter-span)")
     parser.add_argument("--topk", type=int, default=256, help="tokens kept (default 256)")
     parser.add_argument("--length", type=int, default=4096, help="the window samples are sized to (default 4096)")
@@ -72,7 +181,7 @@ def main(argv=None) -> None:
     method = gemfilter.get_method(args.method, topk=args.topk)
     with open(args.out, "w", encoding="utf-8") as f:
         for seed in range(args.seeds):
-            for record in kept(model, tok, method, seed, args.length):
+            for record in (layout_turns if args.stable_layout else kept)(model, tok, method, seed, args.length):
                 f.write(json.dumps(record) + "\n")
                 f.flush()
 

@@ -336,13 +336,14 @@ def test_the_selection_records_are_what_the_script_computes_now():
     assert got == [x for x in read_jsonl(KEPT, strict=True) if x["seed"] == 0]
 
 
-LAYOUT_QMAX = MULTIKEY_QMAX / "layout-gemfilter-span-qmax-k256.jsonl"  # scripts/stable_layout.py's, seeds 0-9
+LAYOUT_QMAX = MULTIKEY_QMAX / "layout-gemfilter-span-qmax-k256.jsonl"  # multikey_kept.py --stable-layout, seeds 0-9
 
 
 def test_stable_layout_records_replay_the_rows_and_give_what_the_docs_say():
-    """scripts/stable_layout.py's records (GF.MultiKey, multi-turn, 4K, gemfilter-span-qmax:k=256): its stable
-    answers are the committed stable rows', its history-order answers are right where the reselect rows are, and
-    the counts docs/scbench.md gives of the 19 follow-ups stable gets wrong hold."""
+    """The records of scripts/multikey_kept.py --stable-layout (GF.MultiKey, multi-turn, 4K,
+    gemfilter-span-qmax:k=256): its stable answers are the committed stable rows', its history-order answers are
+    right where the reselect rows are, and the counts docs/scbench.md gives of the 19 follow-ups stable gets wrong
+    hold."""
     rows = {
         protocol: {
             int(r["_id"]): r["turns"]
@@ -379,12 +380,12 @@ def test_stable_layout_records_replay_the_rows_and_give_what_the_docs_say():
 
 @pytest.mark.slow
 def test_the_stable_layout_records_are_what_the_script_computes_now():
-    """scripts/stable_layout.py on seed 0's first three turns (turn 3 is one stable gets wrong and the layout's
-    order from scratch gets right) gives the committed records."""
+    """scripts/multikey_kept.py --stable-layout on seed 0's first three turns (turn 3 is one stable gets wrong and
+    the layout's order from scratch gets right) gives the committed records."""
     import gemfilter
 
-    script, model, tok = script_and_model("stable_layout")
-    got = script.turns(model, tok, gemfilter.get_method("gemfilter-span-qmax", topk=256), 0, 4096, upto=3)
+    script, model, tok = script_and_model("multikey_kept")
+    got = script.layout_turns(model, tok, gemfilter.get_method("gemfilter-span-qmax", topk=256), 0, 4096, upto=3)
     assert got == [x for x in read_jsonl(LAYOUT_QMAX, strict=True) if x["seed"] == 0 and x["turn"] < 3]
 
 
