@@ -89,17 +89,16 @@ def layout_turns(model, tok, method, seed: int, length: int, upto: int | None = 
     only."""
     import gemfilter
     from eval.scbench.generate import make_sample
-    from eval.scbench.prompts import build_prompts, max_input_length, truncate_middle
+    from eval.scbench.prompts import build_prompts
+    from eval.scbench.runner import feed
     from eval.scbench.scoring import score_one
     from eval.scbench.tasks import get_task
 
     sample = make_sample("gf_multikey", tok, length, seed=seed, mode="multi-turn")
     prompts = build_prompts(sample, "gf_multikey", "multi-turn")
     needles = re.findall(r"The special magic number for ([\w ]+?) is: (\d+)\.", sample["context"])
-    first = truncate_middle(
-        tok.encode(prompts.first), max_input_length("gf_multikey", length, len(prompts.ground_truth), "multi-turn")
-    )
-    asks = [first, *(tok.encode(text, add_special_tokens=False) for text in prompts.follow_ups)]
+    first, pieces = feed(prompts, tok, "gf_multikey", length)  # as the runner feeds the conversation
+    asks = [first, *pieces]
     context = len(tok.encode(prompts.first[: prompts.first.rindex("What is")]))  # where the first question starts
     new = get_task("gf_multikey").max_new_tokens
     out = []
@@ -112,9 +111,9 @@ def layout_turns(model, tok, method, seed: int, length: int, upto: int | None = 
             key = next(k for k, v in needles if v == gold)
             sentence = f"for {key} is: {gold}"
             slots = [s for s in range(len(layout.ids)) if layout.valid[s]]
-            layout_text = tok.decode(history[[layout.ids[s] for s in slots]])
+            order = [layout.ids[s] for s in slots]  # the kept history tokens in slot order
+            layout_text = tok.decode(history[order])
             appended = layout.ids[layout.writes[-1][0] :]
-            order = [layout.ids[s] for s in slots]
             fresh = {  # the same kept tokens run from scratch, in three orders
                 "slot_order_right": (order, [layout.pos[s] for s in slots]),
                 "history_order_right": (sorted(order), list(range(len(order)))),

@@ -252,6 +252,15 @@ def warm_up(model, tok, config: RunConfig) -> None:
     converse(model, tok, None, "full", mode, length, task, sample)
 
 
+def feed(prompts, tok, task: str, length: int) -> tuple:
+    """The token ids the official runner feeds a conversation: (the first prompt, encoded with the special tokens
+    and middle-truncated to the mode's ``max_input_length`` for a ``length`` window, [each follow-up encoded
+    without them]). prompts: :func:`eval.scbench.prompts.build_prompts`'s."""
+    budget = max_input_length(task, length, len(prompts.ground_truth), prompts.mode)
+    first = truncate_middle(tok.encode(prompts.first), budget)
+    return first, [tok.encode(text, add_special_tokens=False) for text in prompts.follow_ups]
+
+
 def converse(model, tok, method, protocol: str, mode: str, length: int, task: str, sample: dict) -> dict:
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
@@ -261,9 +270,7 @@ def converse(model, tok, method, protocol: str, mode: str, length: int, task: st
     import gemfilter
 
     prompts = build_prompts(sample, task, mode)
-    turns = len(prompts.ground_truth)
-    first = truncate_middle(tok.encode(prompts.first), max_input_length(task, length, turns, mode))
-    pieces = [tok.encode(text, add_special_tokens=False) for text in prompts.follow_ups]
+    first, pieces = feed(prompts, tok, task, length)
     new = get_task(task).max_new_tokens
     keep = "questions" if mode == "multi-turn" else "context"
     rows, prefill_s = [], None
