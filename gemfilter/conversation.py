@@ -15,6 +15,9 @@ named protocols say what a turn keeps of the earlier ones:
 - ``stable`` (prompt methods; greedy): selects as ``reselect`` does, but keeps last turn's kept tokens in their
   slots of the generation cache, masks the ones this turn drops and runs only the ones it newly keeps
   (:mod:`gemfilter.stable`); an approximation of ``reselect``, rebuilt exactly when its holes pass ``max_holes``.
+- ``stable-cf`` (context first; prompt methods; greedy): ``stable`` for the kept tokens of the context alone; the
+  kept tokens of the conversation after it (questions and answers) run again each turn after the context's
+  slots, in history order, so newly kept context never sits between a question and its answer.
 
 What stays in the history after a turn (``keep``): ``answers`` (question and answer, as a chat), ``questions``
 (the answer is dropped, from the cache too: SCBench's multi-turn mode, whose next question starts with the
@@ -45,7 +48,11 @@ from .methods.spec import Method, PromptMethod
 from .selection import QueryTail, Selection, check_causal_decoder, select_cached, sliding_window_of
 from .stable import Layout
 
-PROTOCOLS = ("reselect", "reuse", "full", "stable")
+PROTOCOLS = ("reselect", "reuse", "full", "stable", "stable-cf")
+#: the protocols that select from the whole history every turn, with the selector's cache of layers 0..r
+SELECTING = ("reselect", "stable", "stable-cf")
+#: the protocols that answer on a :class:`gemfilter.stable.Layout`
+LAYOUTS = ("stable", "stable-cf")
 KEEPS = ("answers", "questions", "context")
 
 
@@ -91,9 +98,12 @@ class Conversation:
 
     Parameters: model: a transformers causal LM (batch of one conversation); method: a method object (e.g.
     ``GemFilter(topk=1024)``; None for ``full``); tokenizer: to encode text questions and decode answers;
-    protocol: ``reselect``, ``reuse``, ``full`` or ``stable``; keep: ``answers``, ``questions`` or ``context`` (what
-    stays in the history after a turn; see the module docstring); max_holes: ``stable`` only, the share of masked
-    slots past which its layout is rebuilt in history order (0: every turn, which is ``reselect``).
+    protocol: ``reselect``, ``reuse``, ``full``, ``stable`` or ``stable-cf``; keep: ``answers``, ``questions`` or
+    ``context`` (what stays in the history after a turn; see the module docstring); max_holes: ``stable`` and
+    ``stable-cf`` only, the share of masked slots past which the layout is rebuilt in history order (0: every
+    turn that masks or adds a slot, which is ``reselect``); context_tokens: ``stable-cf`` only, how many of the
+    history's first tokens are the context (None: the first :meth:`prefill`'s tokens, or without one, the whole
+    first question).
 
     Example::
 
@@ -110,6 +120,7 @@ class Conversation:
         protocol: str = "reselect",
         keep: str = "answers",
         max_holes: float = 0.5,
+        context_tokens: int | None = None,
     ):
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
@@ -133,7 +144,7 @@ class Conversation:
             raise ValueError(f"protocol {protocol!r} needs a method, e.g. gemfilter.GemFilter(topk=1024)")
         else:
             method = resolve(model, method)
-        if protocol in ("reselect", "stable"):
+        if protocol in SELECTING:
             check_reselect(model, method)
         if isinstance(max_holes, bool) or not isinstance(max_holes, (int, float)) or not 0 <= max_holes <= 1:
             raise ValueError(
@@ -141,6 +152,17 @@ class Conversation:
             )
         self.model, self.method, self.tokenizer, self.protocol, self.keep = model, method, tokenizer, protocol, keep
         self.max_holes = float(max_holes)
+        if context_tokens is not None and (
+            protocol != "stable-cf"
+            or isinstance(context_tokens, bool)
+            or not isinstance(context_tokens, int)
+            or context_tokens < 1
+        ):
+            raise ValueError(
+                f"context_tokens is a whole number >= 1 (how many of the history's first tokens are the context), "
+                f"for protocol 'stable-cf' only; got {context_tokens!r} with protocol {protocol!r}"
+            )
+        self._boundary = context_tokens  # stable-cf: history indices below it are the context
         self._layout = None  # stable: the generation cache's slots
         self._handle = None  # reuse: apply()'s handle, which forks its caches
         self.history = None  # (1, L) every token so far: questions and answers
@@ -154,17 +176,15 @@ class Conversation:
         self._stack = ExitStack()
         if self.protocol == "reuse":
             self._handle = self._stack.enter_context(apply(self.model, self.method, tokenizer=self.tokenizer))
-        if self.protocol in ("reselect", "stable") and self.method.scores_sliding_layers:
+        if self.protocol in SELECTING and self.method.scores_sliding_layers:
             self._cache = unwindowed_cache()  # its scores read every key of windowed layers too
         else:
             self._cache = dynamic_cache(self.model.config)
         # reselect with a method that reads more than the last query row: the earlier tokens' rows
         self._tail = (
-            QueryTail(self.method.query_rows)
-            if self.protocol in ("reselect", "stable") and self.method.query_rows > 1
-            else None
+            QueryTail(self.method.query_rows) if self.protocol in SELECTING and self.method.query_rows > 1 else None
         )
-        self._layout = Layout(self.model) if self.protocol == "stable" else None
+        self._layout = Layout(self.model) if self.protocol in LAYOUTS else None
         return self
 
     def __exit__(self, *exc):
@@ -185,9 +205,11 @@ class Conversation:
         with _Checkpoint(self), torch.no_grad():
             if self.protocol == "reselect":
                 self._select(history, self._cache, self._tail)
-            elif self.protocol == "stable":  # the context's own selection: the layout each question starts from
+            elif self.protocol in LAYOUTS:  # the context's own selection: the layout each question starts from
+                if self._boundary is None and self.protocol == "stable-cf":
+                    self._boundary = history.shape[1]
                 sel = self._select(history, self._cache, self._tail)
-                self._layout.place(history, sel.indices[0].tolist(), self.max_holes)
+                self._layout.place(history, self._context_part(sel.indices[0].tolist()), self.max_holes)
             else:  # one new token, never fed: the cache ends holding the history alone
                 self.model.generate(history, max_new_tokens=1, do_sample=False, **cache_kwargs(self._cache))
             self.history = history
@@ -233,7 +255,7 @@ class Conversation:
         clock = FirstTokenClock(self._memory if measured else None, _sync(self._memory))
         start = time.perf_counter()
         selection, kept, recomputed, rebuilt = None, None, None, None
-        if self.protocol == "stable":
+        if self.protocol in LAYOUTS:
             answer, selection, kept, recomputed, rebuilt = self._stable(history, clock, generate_kwargs)
         elif self.protocol == "reselect":
             if self.keep == "context":  # the question is asked over the context alone: nothing of it stays
@@ -290,18 +312,32 @@ class Conversation:
         selection = self._select(history, cache, tail)
         layout = self._layout.copy() if context else self._layout
         clock.put(history.cpu())  # as generate hands its streamer the prompt first
-        logits, rebuilt, written = layout.place(history, selection.indices[0].tolist(), self.max_holes)
-        kept = layout.kept
-        on = layout if self.keep == "answers" else (layout if context else layout.copy())
+        want = selection.indices[0].tolist()
+        if self.protocol == "stable":
+            logits, rebuilt, written = layout.place(history, want, self.max_holes)
+            on = layout if self.keep == "answers" else (layout if context else layout.copy())
+        else:  # stable-cf: the context's slots stay; the conversation's kept tokens run after them, on a copy
+            if self._boundary is None:  # no prefill: the first question is the context
+                self._boundary = history.shape[1]
+            talk = [h for h in want if h >= self._boundary]
+            logits, rebuilt, written = layout.place(history, self._context_part(want), self.max_holes, tail=bool(talk))
+            on = layout if context else layout.copy()
+            if talk:
+                start = max(on.pos) + 1 if on.pos else 0
+                logits = on.write(history[:, talk], talk, list(range(start, start + len(talk))))
+                written += len(talk)
+        kept = on.kept
         answer = on.decode(logits, settings, history.shape[1], clock)
         return answer, selection, kept, written, rebuilt
+
+    def _context_part(self, want: list) -> list:
+        """stable-cf: the history indices of ``want`` that lie in the context (all of them under ``stable``)."""
+        return want if self.protocol == "stable" else [h for h in want if h < self._boundary]
 
     @property
     def selector_tokens(self) -> int:
         """reselect, stable: how many history tokens the selector's layers 0..r cache holds (0 outside the block)."""
-        return (
-            self._cache.get_seq_length() if self.protocol in ("reselect", "stable") and self._cache is not None else 0
-        )
+        return self._cache.get_seq_length() if self.protocol in SELECTING and self._cache is not None else 0
 
     def _encode(self, question) -> torch.Tensor:
         device = next(self.model.parameters()).device
@@ -449,6 +485,7 @@ class _Checkpoint:
         self.states = [dict(vars(layer)) for layer in self.layers]
         self.tail = None if chat._tail is None else dict(chat._tail.by_layer)
         self.layout = None if chat._layout is None else chat._layout.snapshot()
+        self.boundary = chat._boundary
         self.handle = handle = chat._handle
         if handle is not None:
             self.entries = {
@@ -472,6 +509,7 @@ class _Checkpoint:
             chat._tail.by_layer = self.tail
         if self.layout is not None:
             chat._layout.restore(self.layout)
+        chat._boundary = self.boundary
         handle = self.handle
         if handle is not None:
             for name, obj in self.entries.items():

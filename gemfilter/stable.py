@@ -14,6 +14,14 @@ prefix reuse of the kept sequence buys little. The ``stable`` protocol reuses th
 - the layout is rebuilt in history order at positions 0..k-1 (exactly ``reselect``'s cache) on the first turn,
   when the masked slots would exceed ``max_holes`` of the layout, or when a turn keeps no new token.
 
+``stable-cf`` (context first) keeps the layout for the context's kept tokens alone. The kept tokens of the
+conversation after the context (questions and answers) run again every turn, in history order, after the
+context's slots, on a copy of the layout; so a token newly kept from the context sits after the older context slots
+but before the whole conversation, never between a question and its answer. On GF.MultiKey's multi-turn
+follow-ups, that arrangement from scratch answered right where ``stable``'s own order did not
+(``scripts/multikey_kept.py --stable-layout``, docs/scbench.md). Each turn runs its newly kept context tokens and
+every kept token of the conversation.
+
 It is an approximation of ``reselect``: a kept slot's keys and values were computed when it was written, against
 the slots valid then, and appended tokens sit after older ones whatever their place in the history. What it
 computes is exactly stated: :meth:`Layout.attention_mask` gives the one mask under which a single forward over
@@ -78,16 +86,24 @@ class Layout:
             vars(layer).clear()
             vars(layer).update(state)
 
-    def place(self, history: torch.Tensor, want: list, max_holes: float) -> tuple:
+    def place(self, history: torch.Tensor, want: list, max_holes: float, tail: bool = False) -> tuple:
         """Lay out the selection ``want`` (sorted history indices of ``history`` (1, L)) and run the slots it adds.
 
-        Returns (the last slot's logits (1, V) in float32, whether the layout was rebuilt, slots written)."""
+        tail: more slots will be written after these (``stable-cf``'s conversation), so a turn that adds none here
+        keeps the layout, and with ``max_holes=0`` one that adds any rebuilds it (history order, as ``reselect``).
+        Returns (the last slot's logits (1, V) in float32, None when none was written; whether the layout was
+        rebuilt; slots written)."""
         held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
         wanted = set(want)
         new = [h for h in want if h not in held]
         drop = [s for h, s in held.items() if h not in wanted]
         holes = self.valid.count(False) + len(drop)
-        rebuild = not self.ids or not new or holes > max_holes * (len(self.ids) + len(new))
+        rebuild = (
+            not self.ids
+            or (not new and not tail)
+            or holes > max_holes * (len(self.ids) + len(new))
+            or bool(tail and new and not max_holes)
+        )
         if rebuild:
             self.cache = dynamic_cache(self.model.config)
             self.ids, self.valid, self.pos, self.writes = [], [], [], []
@@ -96,7 +112,8 @@ class Layout:
             for s in drop:
                 self.valid[s] = False
             start = max(self.pos) + 1
-        return self.write(history[:, new], new, list(range(start, start + len(new)))), rebuild, len(new)
+        logits = self.write(history[:, new], new, list(range(start, start + len(new)))) if new else None
+        return logits, rebuild, len(new)
 
     def write(self, tokens: torch.Tensor, ids: list, positions: list) -> torch.Tensor:
         """Append ``tokens`` (1, m) as valid slots holding history indices ``ids`` at ``positions``; run them

@@ -376,3 +376,38 @@ def test_a_resume_that_would_mix_filter_layers_is_refused(tiny, tmp_path):
     path.write_text(json.dumps(row | {"layer": layer - 1}) + "\n")  # as if a calibration had moved the default
     with pytest.raises(ValueError, match=f"used filter layer {layer - 1}, but this run resolves to layer {layer}"):
         run(RunConfig(**{**config.__dict__, "num_samples": 2}), out, model_and_tokenizer=tiny, progress=False)
+
+
+def test_stable_cf_rows_take_the_context_from_the_first_prompt(tiny, tmp_path):
+    """stable-cf through the runner, multi-turn: the first prompt's context ends where the sample's context text
+    does (the question after it is the conversation's first kept tokens); with a budget at least the prompt, every
+    turn answers as reselect does, and a follow-up runs the conversation's tokens alone."""
+    from eval.scbench.generate import make_sample
+    from eval.scbench.runner import context_end, feed
+
+    model, tok = tiny
+    sample = make_sample("scbench_mf", tok, 2048, turns=3, seed=0, mode="multi-turn")
+    prompts = build_prompts(sample, "scbench_mf", "multi-turn")
+    first, _ = feed(prompts, tok, "scbench_mf", 2048)
+    end = context_end(prompts, sample, tok, first)
+    context = str(sample["context"])  # Math.Find's is a list, formatted as Python writes it
+    assert tok.decode(first[:end], skip_special_tokens=True).endswith(context)
+    assert context[-20:] not in tok.decode(first[end:]) and tok.decode(first[end:]).strip()
+    cut = [1] + first[1:100] + first[-(len(first) - end) - 50 :]  # a middle cut keeps the end whole
+    assert context_end(prompts, sample, tok, cut) == len(cut) - (len(first) - end)
+    config = RunConfig(
+        **{
+            **BASE,
+            "methods": ("gemfilter:k=4096,layer=2",),
+            "protocols": ("reselect", "stable-cf"),
+            "tasks": ("scbench_mf",),
+            "num_samples": 1,
+        }
+    )
+    merged = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
+    again = merged["multi-turn/2048/gemfilter:k=4096,layer=2@reselect/scbench_mf.jsonl"][0]["turns"]
+    cf = merged["multi-turn/2048/gemfilter:k=4096,layer=2@stable-cf/scbench_mf.jsonl"][0]
+    assert [t["prediction"] for t in cf["turns"]] == [t["prediction"] for t in again]
+    assert cf["turns"][0]["recomputed"] == cf["turns"][0]["history_tokens"]
+    # the sample the runner used is the same seed's: its context is the first `end` history tokens
+    assert [t["recomputed"] for t in cf["turns"][1:]] == [t["history_tokens"] - end for t in cf["turns"][1:]]

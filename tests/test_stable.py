@@ -145,3 +145,142 @@ def test_recomputed_counts_what_ran_through_the_whole_model():
         assert chat.turns[0].recomputed == first, protocol
         later = [t.recomputed for t in chat.turns[1:]]
         assert later == ([12] * (TURNS - 1) if protocol == "reselect" else [7] * (TURNS - 1)), (protocol, later)
+
+
+# ------------------------------------------------------------------ stable-cf: the context first
+
+
+def converse_cf(model, method, keep, context_tokens=None, **kw):
+    """Like :func:`converse` under stable-cf; without a prefill the first 30 of the first question's 40 tokens are
+    the context (``context_tokens``)."""
+    with gemfilter.Conversation(
+        model, method, DotTokenizer(), protocol="stable-cf", keep=keep, context_tokens=context_tokens, **kw
+    ) as chat:
+        if keep == "context":
+            chat.prefill(question(99, 40))
+        for t in range(TURNS):
+            chat.ask(question(t, 40 if t == 0 and keep != "context" else 7), **greedy())
+    return chat
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter-span", 24), ("gemfilter-span-qmax", 24)])
+@pytest.mark.parametrize("keep", ["answers", "questions", "context"])
+def test_stable_cf_rebuilt_on_every_change_is_reselect(family, name, topk, keep):
+    """max_holes=0: every turn that masks or adds a context slot rebuilds it; the context's slots then sit in
+    history order at 0..c-1 and the conversation's after them, which is reselect's prompt, token for token."""
+    model = gemfilter.set_attention(BUILDERS[family](), "banded")
+    method = get_method(name, layer=FILTER_LAYER[family], topk=topk)
+    again = converse(model, method, "reselect", keep)
+    cf = converse_cf(model, method, keep, None if keep == "context" else 30, max_holes=0.0)
+    for a, b in zip(again.turns, cf.turns):
+        assert torch.equal(a.new_tokens, b.new_tokens)
+        assert torch.equal(a.selection.indices[0], b.selection.indices[0])
+        assert b.kept == a.kept
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("context_tokens", [None, 30])
+def test_stable_cf_keeping_everything_is_plain_generate(family, context_tokens):
+    """k >= n: the context's slots never change after turn 1 and the whole conversation runs after them at the
+    next positions, so every answer is ``generate``'s on the whole history (keep="answers")."""
+    model = gemfilter.set_attention(BUILDERS[family](), "banded")
+    method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=4096)
+    chat = converse_cf(model, method, "answers", context_tokens, max_holes=0.5)
+    history = None
+    for t, turn in enumerate(chat.turns):
+        q = question(t, 40 if t == 0 else 7)
+        history = q if history is None else torch.cat([history, q], dim=1)
+        with torch.no_grad():
+            out = model.generate(history, do_sample=False, **greedy())
+        assert torch.equal(turn.new_tokens, out[0, history.shape[1] :]), t
+        boundary = context_tokens or 40
+        # turn 1 runs the whole prompt; later turns run the conversation alone, the context's slots kept
+        assert turn.recomputed == (history.shape[1] if t == 0 else history.shape[1] - boundary), t
+        assert turn.rebuilt == (t == 0)
+        history = torch.cat([history, turn.new_tokens[None]], dim=1)
+
+
+@pytest.mark.parametrize("keep", ["answers", "questions"])
+def test_stable_cf_answers_are_one_forward_over_the_context_slots_then_the_conversation(keep):
+    """Never rebuilt after turn 1 (max_holes=1): each turn's answer is the greedy run of one forward over the
+    context's slots under Layout.attention_mask (what each saw when written), then the turn's kept conversation
+    tokens in history order at the next positions, which see every valid context slot and each other causally."""
+    model = BUILDERS["llama"]()
+    method = get_method("gemfilter-span", layer=FILTER_LAYER["llama"], topk=24)
+    boundary = 30
+    with gemfilter.Conversation(
+        model, method, DotTokenizer(), protocol="stable-cf", keep=keep, max_holes=1.0, context_tokens=boundary
+    ) as chat:
+        for t in range(TURNS):
+            before = chat.history
+            turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
+            history = torch.cat([before, question(t, 7)], dim=1) if before is not None else question(t, 40)
+            layout = chat._layout  # the context's slots, as this turn left them
+            want = turn.selection.indices[0].tolist()
+            assert all(h < boundary for h in layout.ids) and sorted(
+                layout.ids[s] for s in range(len(layout.ids)) if layout.valid[s]
+            ) == [h for h in want if h < boundary]
+            talk = [h for h in want if h >= boundary]
+            assert turn.recomputed >= len(talk) and turn.kept == len(want)
+            n, m = len(layout.ids), len(talk)
+            mask = torch.full((n + m, n + m), torch.finfo(torch.float32).min)
+            mask[:n, :n] = layout.attention_mask()[0, 0]
+            mask[n:, :n] = torch.where(torch.tensor(layout.valid), 0.0, torch.finfo(torch.float32).min)
+            mask[n:, n:] = torch.triu(torch.full((m, m), torch.finfo(torch.float32).min), 1)
+            start = max(layout.pos) + 1
+            ids = torch.cat([history[:, layout.ids], history[:, talk]], dim=1)
+            pos = layout.pos + list(range(start, start + m))
+            answer = []
+            for _ in range(T):  # greedy, EOS suppressed as min_new_tokens asks, each answer token appended
+                with torch.no_grad():
+                    logits = model(
+                        input_ids=ids, position_ids=torch.tensor([pos]), attention_mask=mask[None, None]
+                    ).logits[0, -1]
+                logits[model.generation_config.eos_token_id] = float("-inf")
+                token = int(logits.argmax())
+                answer.append(token)
+                ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+                pos = pos + [pos[-1] + 1]
+                grown = torch.full((mask.shape[0] + 1, mask.shape[0] + 1), torch.finfo(torch.float32).min)
+                grown[:-1, :-1] = mask
+                grown[-1, :] = torch.cat([mask[-1, :], torch.zeros(1)])
+                mask = grown
+            assert turn.new_tokens.tolist() == answer, t
+            assert turn.rebuilt == (t == 0)
+
+
+def test_stable_cf_refuses_a_bad_context_boundary():
+    model = BUILDERS["llama"]()
+    method = get_method("gemfilter", layer=2, topk=12)
+    for bad in (0, -3, 2.5, True, "30"):
+        with pytest.raises(ValueError, match="context_tokens is a whole number >= 1"):
+            gemfilter.Conversation(model, method, protocol="stable-cf", context_tokens=bad)
+    with pytest.raises(ValueError, match="for protocol 'stable-cf' only; got 30 with protocol 'stable'"):
+        gemfilter.Conversation(model, method, protocol="stable", context_tokens=30)
+
+
+def test_a_failed_first_stable_cf_turn_forgets_the_boundary_it_set(monkeypatch):
+    """Without a prefill the first question sets where the context ends; a first turn that fails leaves it unset,
+    so the conversation goes on as a fresh one."""
+    model = BUILDERS["llama"]()
+    method = get_method("gemfilter-span", layer=2, topk=24)
+    clean = converse_cf(model, method, "answers", max_holes=1.0)
+    real = Layout.decode
+    calls = {"n": 0}
+
+    def interrupted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Layout, "decode", interrupted)
+    with gemfilter.Conversation(model, method, DotTokenizer(), protocol="stable-cf", max_holes=1.0) as chat:
+        with pytest.raises(KeyboardInterrupt):
+            chat.ask(question(0, 30), **greedy())
+        assert chat._boundary is None and chat.history is None
+        for t in range(TURNS):
+            chat.ask(question(t, 40 if t == 0 else 7), **greedy())
+    for a, b in zip(clean.turns, chat.turns):
+        assert torch.equal(a.new_tokens, b.new_tokens) and a.kept == b.kept

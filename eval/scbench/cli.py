@@ -22,7 +22,9 @@ protocols (what a method keeps between turns; gemfilter.Conversation):
   reselect  prompt methods select again each turn from the history's layers 0..r (the default for them)
   stable    prompt methods select as reselect, keep last turn's kept tokens in their cache slots, mask the
             dropped ones and run only the newly kept ones (greedy; rebuilt past half holes)
-  A prompt method's label is its spec with @reselect, @reuse or @stable.
+  stable-cf stable for the context's kept tokens; the conversation's kept tokens (questions, answers) run
+            again each turn after them, so new context never sits between a question and its answer
+  A prompt method's label is its spec with @reselect, @reuse, @stable or @stable-cf.
 
 tasks (offline generators; docs/scbench.md says what each transcribes):
   scbench_kv (Retr.KV), scbench_prefix_suffix (Retr.Prefix-Suffix), scbench_vt (Retr.MultiHop),
@@ -65,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--protocols",
         default="reselect",
-        help="protocols for prompt methods, comma-separated: reselect, reuse, stable (default reselect)",
+        help="protocols for prompt methods, comma-separated: reselect, reuse, stable, stable-cf (default reselect)",
     )
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")
     r.add_argument(

@@ -201,7 +201,8 @@ def markdown(table: dict, settings: str = "") -> str:
 
 def _recomputed(cells: dict, labels: list, head: str, turns: int) -> list:
     """The mean tokens each turn ran through the model (the row's ``recomputed``: a turn's new tokens for
-    ``full`` and ``reuse``, the kept tokens rebuilt or newly kept for ``reselect`` and ``stable``); no table
+    ``full`` and ``reuse``, the kept tokens rebuilt or newly kept for ``reselect`` and ``stable``, and the
+    conversation's kept tokens too for ``stable-cf``); no table
     when no row records it (rows written before the field existed)."""
     shown = {}
     for label in labels:

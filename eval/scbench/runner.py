@@ -13,8 +13,9 @@ Protocols (``gemfilter.conversation``): ``full`` for the baseline (the history's
 reuse); cache methods (snapkv, h2o, fastkv) ``reuse`` their compressed cache; prompt methods (gemfilter,
 gemfilter-span) run under each protocol the config names (``reselect``: select again per turn from the
 history's layers 0..r; ``reuse``: turn 1's kept tokens go on; ``stable``: select as reselect, keep last turn's
-kept tokens in place and run only the new ones, :mod:`gemfilter.stable`). A method's label is its spec, with
-``@reuse`` / ``@reselect`` / ``@stable`` for prompt methods.
+kept tokens in place and run only the new ones, :mod:`gemfilter.stable`; ``stable-cf``: ``stable`` for the
+context's kept tokens, the conversation's run again after them each turn). A method's label is its spec, with
+``@reuse`` / ``@reselect`` / ``@stable`` / ``@stable-cf`` for prompt methods.
 
 With ``engine`` (a URL), each turn is answered by an OpenAI-compatible engine (:mod:`eval.scbench.engine`):
 full and prompt methods under ``reselect`` only; rows record ``engine``, and it is part of the folder's identity.
@@ -43,7 +44,7 @@ from .tasks import OFFLINE, OWN, get_task
 
 #: Fields a stored row must hold to count as done.
 ROW_FIELDS = ("_id", "turns")
-PROMPT_PROTOCOLS = ("reselect", "reuse", "stable")
+PROMPT_PROTOCOLS = ("reselect", "reuse", "stable", "stable-cf")
 #: How samples are sized, part of a folder's identity: each mode's sample fits that mode's input budget
 #: (``make_sample(mode=...)``). Folders written before say nothing, which means the old sizing: one sample for
 #: both modes, whose multi-request context the runner's middle truncation cut by 15-27% at 4K and 8K.
@@ -157,13 +158,13 @@ class SCBench(Benchmark):
 
     def check(self, model_config) -> None:
         """Every method against the model's config, under the protocol it runs, before any weights load."""
-        from gemfilter.conversation import check_reselect
+        from gemfilter.conversation import SELECTING, check_reselect
 
         config = self.config
         check_against_model(model_config, layer=config.layer, lengths=config.lengths)
         self.check_methods(model_config, lambda spec: config.lengths)
         for label, (spec, protocol) in labelled(config).items():
-            for length in config.lengths if protocol in ("reselect", "stable") else ():
+            for length in config.lengths if protocol in SELECTING else ():
                 try:
                     check_reselect(model_config, self.method_of(spec, length))
                 except ValueError as err:
@@ -261,10 +262,24 @@ def feed(prompts, tok, task: str, length: int) -> tuple:
     return first, [tok.encode(text, add_special_tokens=False) for text in prompts.follow_ups]
 
 
+def context_end(prompts, sample: dict, tok, first: list) -> int:
+    """How many of the first prompt's token ids ``first`` (:func:`feed`'s) hold the context, the question after it
+    left out: ``first``'s length less the ids that follow the sample's context text in ``prompts.first`` (the whole
+    text's ids less those of the text up to the context's end, encoded alone). A middle cut keeps that end whole."""
+    text = prompts.first
+    context = str(sample["context"] if "context" in sample else sample["input"])  # as the template formats it
+    if context not in text:
+        raise ValueError("the first prompt does not hold the sample's context: its end cannot be found")
+    end = text.rindex(context) + len(context)
+    after = len(tok.encode(text)) - len(tok.encode(text[:end]))
+    return len(first) - after
+
+
 def converse(model, tok, method, protocol: str, mode: str, length: int, task: str, sample: dict) -> dict:
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
-    method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect`` or ``stable``;
+    method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable`` or
+    ``stable-cf``;
     mode: a name in :data:`eval.scbench.prompts.MODES`; length: the window the first prompt is cut to fit.
     """
     import gemfilter
@@ -274,7 +289,10 @@ def converse(model, tok, method, protocol: str, mode: str, length: int, task: st
     new = get_task(task).max_new_tokens
     keep = "questions" if mode == "multi-turn" else "context"
     rows, prefill_s = [], None
-    with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep) as chat:
+    where = {}  # stable-cf in multi-turn: the first prompt's context ends before its question (multi-request: prefill)
+    if protocol == "stable-cf" and mode == "multi-turn":
+        where["context_tokens"] = context_end(prompts, sample, tok, first)
+    with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep, **where) as chat:
         if mode == "multi-request":
             prefill_s = chat.prefill(first)
             asks = pieces
