@@ -109,6 +109,28 @@ def unwindowed_cache():
     return DynamicCache()
 
 
+def croppable_cache(config):
+    """An empty ``DynamicCache`` laid out for ``config`` whose sliding-window layers keep every key until
+    :func:`drop_last` cuts them (``activate_past_recording``), so that cutting gives back the keys the window held
+    before; each forward still sees only the window's keys."""
+    cache = dynamic_cache(config)
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):  # sliding-window layers only
+            layer.activate_past_recording()
+    return cache
+
+
+def drop_last(cache, count: int) -> None:
+    """Remove the last ``count`` positions from every layer of a ``DynamicCache`` (``layer.crop(-count)``, whose
+    negative form 5.17 and later share). A sliding-window layer past its window must come from
+    :func:`croppable_cache` (RuntimeError otherwise)."""
+    if count <= 0:
+        return
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", True):
+            layer.crop(-count)
+
+
 def dynamic_layer_class():
     """The cache layer class of a full-attention ``DynamicCache`` layer."""
     from transformers.cache_utils import DynamicLayer

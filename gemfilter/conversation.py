@@ -184,7 +184,7 @@ class Conversation:
         self._tail = (
             QueryTail(self.method.query_rows) if self.protocol in SELECTING and self.method.query_rows > 1 else None
         )
-        self._layout = Layout(self.model) if self.protocol in LAYOUTS else None
+        self._layout = Layout(self.model, croppable=self.protocol == "stable-cf") if self.protocol in LAYOUTS else None
         return self
 
     def __exit__(self, *exc):
@@ -208,8 +208,11 @@ class Conversation:
             elif self.protocol in LAYOUTS:  # the context's own selection: the layout each question starts from
                 if self._boundary is None and self.protocol == "stable-cf":
                     self._boundary = history.shape[1]
-                sel = self._select(history, self._cache, self._tail)
-                self._layout.place(history, self._context_part(sel.indices[0].tolist()), self.max_holes)
+                want = self._select(history, self._cache, self._tail).indices[0].tolist()
+                if self.protocol == "stable":
+                    self._layout.place(history, want, self.max_holes)
+                else:
+                    self._layout.place_context_first(history, want, self._boundary, self.max_holes)
             else:  # one new token, never fed: the cache ends holding the history alone
                 self.model.generate(history, max_new_tokens=1, do_sample=False, **cache_kwargs(self._cache))
             self.history = history
@@ -316,23 +319,14 @@ class Conversation:
         if self.protocol == "stable":
             logits, rebuilt, written = layout.place(history, want, self.max_holes)
             on = layout if self.keep == "answers" else (layout if context else layout.copy())
-        else:  # stable-cf: the context's slots stay; the conversation's kept tokens run after them, on a copy
+        else:  # stable-cf: the context's slots stay, the conversation's kept tokens run after them
             if self._boundary is None:  # no prefill: the first question is the context
                 self._boundary = history.shape[1]
-            talk = [h for h in want if h >= self._boundary]
-            logits, rebuilt, written = layout.place(history, self._context_part(want), self.max_holes, tail=bool(talk))
-            on = layout if context else layout.copy()
-            if talk:
-                start = max(on.pos) + 1 if on.pos else 0
-                logits = on.write(history[:, talk], talk, list(range(start, start + len(talk))))
-                written += len(talk)
+            logits, rebuilt, written = layout.place_context_first(history, want, self._boundary, self.max_holes)
+            on = layout  # the answer's slots go with the conversation's next turn
         kept = on.kept
         answer = on.decode(logits, settings, history.shape[1], clock)
         return answer, selection, kept, written, rebuilt
-
-    def _context_part(self, want: list) -> list:
-        """stable-cf: the history indices of ``want`` that lie in the context (all of them under ``stable``)."""
-        return want if self.protocol == "stable" else [h for h in want if h < self._boundary]
 
     @property
     def selector_tokens(self) -> int:

@@ -36,7 +36,7 @@ import copy
 
 import torch
 
-from .compat import cache_kwargs, dynamic_cache
+from .compat import cache_kwargs, croppable_cache, drop_last, dynamic_cache
 
 
 class Layout:
@@ -47,20 +47,20 @@ class Layout:
     wrote slots, so that :meth:`attention_mask` can rebuild what each slot saw.
     """
 
-    def __init__(self, model):
-        self.model = model
-        self.cache = dynamic_cache(model.config)
-        self.ids, self.valid, self.pos, self.writes = [], [], [], []
+    def __init__(self, model, croppable: bool = False):
+        self.model, self.croppable = model, croppable  # croppable: stable-cf cuts the last turn's slots off
+        self.reset()
 
     def copy(self) -> "Layout":
         twin = Layout.__new__(Layout)
-        twin.model, twin.cache = self.model, copy.deepcopy(self.cache)
+        twin.model, twin.croppable, twin.cache = self.model, self.croppable, copy.deepcopy(self.cache)
         twin.ids, twin.valid, twin.pos, twin.writes = (
             list(self.ids),
             list(self.valid),
             list(self.pos),
             list(self.writes),
         )
+        twin.context_slots = self.context_slots
         return twin
 
     @property
@@ -77,43 +77,80 @@ class Layout:
             list(self.valid),
             list(self.pos),
             list(self.writes),
+            self.context_slots,
         )
 
     def restore(self, snap: tuple) -> None:
-        self.cache, layers, states, self.ids, self.valid, self.pos, self.writes = snap
+        self.cache, layers, states, self.ids, self.valid, self.pos, self.writes, self.context_slots = snap
         self.cache.layers[:] = layers
         for layer, state in zip(layers, states):
             vars(layer).clear()
             vars(layer).update(state)
 
-    def place(self, history: torch.Tensor, want: list, max_holes: float, tail: bool = False) -> tuple:
+    def place(self, history: torch.Tensor, want: list, max_holes: float) -> tuple:
         """Lay out the selection ``want`` (sorted history indices of ``history`` (1, L)) and run the slots it adds.
 
-        tail: more slots will be written after these (``stable-cf``'s conversation), so a turn that adds none here
-        keeps the layout, and with ``max_holes=0`` one that adds any rebuilds it (history order, as ``reselect``).
-        Returns (the last slot's logits (1, V) in float32, None when none was written; whether the layout was
-        rebuilt; slots written)."""
+        Returns (the last slot's logits (1, V) in float32, whether the layout was rebuilt, slots written)."""
         held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
         wanted = set(want)
         new = [h for h in want if h not in held]
         drop = [s for h, s in held.items() if h not in wanted]
         holes = self.valid.count(False) + len(drop)
-        rebuild = (
-            not self.ids
-            or (not new and not tail)
-            or holes > max_holes * (len(self.ids) + len(new))
-            or bool(tail and new and not max_holes)
-        )
+        rebuild = not self.ids or not new or holes > max_holes * (len(self.ids) + len(new))
         if rebuild:
-            self.cache = dynamic_cache(self.model.config)
-            self.ids, self.valid, self.pos, self.writes = [], [], [], []
+            self.reset()
             new, start = list(want), 0
         else:
             for s in drop:
                 self.valid[s] = False
             start = max(self.pos) + 1
-        logits = self.write(history[:, new], new, list(range(start, start + len(new)))) if new else None
-        return logits, rebuild, len(new)
+        return self.write(history[:, new], new, list(range(start, start + len(new)))), rebuild, len(new)
+
+    def place_context_first(self, history: torch.Tensor, want: list, boundary: int, max_holes: float) -> tuple:
+        """``stable-cf``: lay out ``want``'s context part (history indices below ``boundary``) as :meth:`place` does,
+        after removing the last turn's conversation and answer slots, then append its conversation part in history
+        order at the next positions; one forward runs the newly kept context and the whole conversation.
+
+        The layout is rebuilt (the context in history order at 0..c-1, then the conversation: ``reselect``'s
+        prompt) on the first turn, when the context's masked slots would pass ``max_holes`` of its slots, when
+        ``max_holes`` is 0 and the context gains a slot, or when nothing would run. Returns as :meth:`place`."""
+        context = [h for h in want if h < boundary]
+        talk = [h for h in want if h >= boundary]
+        if self.context_slots < len(self.ids):  # the last turn's conversation and answer slots go
+            drop_last(self.cache, len(self.ids) - self.context_slots)
+            self._keep_first(self.context_slots)
+        held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
+        wanted = set(context)
+        new = [h for h in context if h not in held]
+        drop = [s for h, s in held.items() if h not in wanted]
+        holes = self.valid.count(False) + len(drop)
+        rebuild = (
+            not self.ids
+            or (not new and not talk)
+            or holes > max_holes * (len(self.ids) + len(new))
+            or bool(new and not max_holes)
+        )
+        if rebuild:
+            self.reset()
+            new, start = list(context), 0
+        else:
+            for s in drop:
+                self.valid[s] = False
+            start = max(self.pos) + 1
+        run = new + talk
+        logits = self.write(history[:, run], run, list(range(start, start + len(run))))
+        self.context_slots = len(self.ids) - len(talk)
+        return logits, rebuild, len(run)
+
+    def reset(self) -> None:
+        self.cache = (croppable_cache if self.croppable else dynamic_cache)(self.model.config)
+        self.ids, self.valid, self.pos, self.writes = [], [], [], []
+        self.context_slots = 0
+
+    def _keep_first(self, n: int) -> None:
+        """The bookkeeping of the first ``n`` slots alone (the cache is cut apart)."""
+        self.ids, self.valid, self.pos = self.ids[:n], self.valid[:n], self.pos[:n]
+        self.writes = [(first, min(end, n), valid) for first, end, valid in self.writes if first < n]
 
     def write(self, tokens: torch.Tensor, ids: list, positions: list) -> torch.Tensor:
         """Append ``tokens`` (1, m) as valid slots holding history indices ``ids`` at ``positions``; run them

@@ -205,7 +205,8 @@ def test_stable_cf_keeping_everything_is_plain_generate(family, context_tokens):
 def test_stable_cf_answers_are_one_forward_over_the_context_slots_then_the_conversation(keep):
     """Never rebuilt after turn 1 (max_holes=1): each turn's answer is the greedy run of one forward over the
     context's slots under Layout.attention_mask (what each saw when written), then the turn's kept conversation
-    tokens in history order at the next positions, which see every valid context slot and each other causally."""
+    tokens in history order at the next positions, which see every valid context slot and each other causally
+    (the last turn's conversation and answer slots cut off the cache first)."""
     model = BUILDERS["llama"]()
     method = get_method("gemfilter-span", layer=FILTER_LAYER["llama"], topk=24)
     boundary = 30
@@ -216,21 +217,24 @@ def test_stable_cf_answers_are_one_forward_over_the_context_slots_then_the_conve
             before = chat.history
             turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
             history = torch.cat([before, question(t, 7)], dim=1) if before is not None else question(t, 40)
-            layout = chat._layout  # the context's slots, as this turn left them
+            layout = chat._layout  # the context's slots, then this turn's conversation and answer
             want = turn.selection.indices[0].tolist()
-            assert all(h < boundary for h in layout.ids) and sorted(
-                layout.ids[s] for s in range(len(layout.ids)) if layout.valid[s]
-            ) == [h for h in want if h < boundary]
+            c = layout.context_slots
+            ids_c, valid_c, pos_c = layout.ids[:c], layout.valid[:c], layout.pos[:c]
             talk = [h for h in want if h >= boundary]
+            assert all(h < boundary for h in ids_c)
+            assert sorted(h for h, v in zip(ids_c, valid_c) if v) == [h for h in want if h < boundary]
+            assert layout.ids[c : c + len(talk)] == talk and all(layout.valid[c:])  # in history order
+            assert layout.pos[c : c + len(talk)] == list(range(max(pos_c) + 1, max(pos_c) + 1 + len(talk)))
             assert turn.recomputed >= len(talk) and turn.kept == len(want)
-            n, m = len(layout.ids), len(talk)
+            n, m = c, len(talk)
             mask = torch.full((n + m, n + m), torch.finfo(torch.float32).min)
-            mask[:n, :n] = layout.attention_mask()[0, 0]
-            mask[n:, :n] = torch.where(torch.tensor(layout.valid), 0.0, torch.finfo(torch.float32).min)
+            mask[:n, :n] = layout.attention_mask()[0, 0, :n, :n]  # what each context slot saw when written
+            mask[n:, :n] = torch.where(torch.tensor(valid_c), 0.0, torch.finfo(torch.float32).min)
             mask[n:, n:] = torch.triu(torch.full((m, m), torch.finfo(torch.float32).min), 1)
-            start = max(layout.pos) + 1
-            ids = torch.cat([history[:, layout.ids], history[:, talk]], dim=1)
-            pos = layout.pos + list(range(start, start + m))
+            start = max(pos_c) + 1
+            ids = torch.cat([history[:, ids_c], history[:, talk]], dim=1)
+            pos = pos_c + list(range(start, start + m))
             answer = []
             for _ in range(T):  # greedy, EOS suppressed as min_new_tokens asks, each answer token appended
                 with torch.no_grad():
@@ -284,3 +288,26 @@ def test_a_failed_first_stable_cf_turn_forgets_the_boundary_it_set(monkeypatch):
             chat.ask(question(t, 40 if t == 0 else 7), **greedy())
     for a, b in zip(clean.turns, chat.turns):
         assert torch.equal(a.new_tokens, b.new_tokens) and a.kept == b.kept
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_croppable_cache_cut_back_is_the_cache_of_the_shorter_prefix(family):
+    """stable-cf cuts the last turn's slots off its cache (gemfilter.compat.drop_last). Past a sliding window too:
+    the next tokens' logits equal those on a cache that only ever held the shorter prefix."""
+    from gemfilter.compat import cache_kwargs, croppable_cache, drop_last
+
+    model = BUILDERS[family]()
+    window = getattr(model.config, "sliding_window", None) or 0
+    ids = question(7, max(60, 2 * window + 5))
+    n, m = ids.shape[1] - 9, 9
+    then = question(8, 4)
+    with torch.no_grad():
+        cut = croppable_cache(model.config)
+        model(input_ids=ids, use_cache=True, **cache_kwargs(cut))
+        drop_last(cut, m)
+        got = model(input_ids=then, use_cache=True, **cache_kwargs(cut)).logits
+        short = croppable_cache(model.config)
+        model(input_ids=ids[:, :n], use_cache=True, **cache_kwargs(short))
+        want = model(input_ids=then, use_cache=True, **cache_kwargs(short)).logits
+    assert cut.get_seq_length() == n + then.shape[1]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
