@@ -16,11 +16,11 @@ prefix reuse of the kept sequence buys little. The ``stable`` protocol reuses th
 
 ``stable-cf`` (context first) keeps the layout for the context's kept tokens alone. The kept tokens of the
 conversation after the context (questions and answers) run again every turn, in history order, after the
-context's slots, on a copy of the layout; so a token newly kept from the context sits after the older context slots
-but before the whole conversation, never between a question and its answer. On GF.MultiKey's multi-turn
-follow-ups, that arrangement from scratch answered right where ``stable``'s own order did not
-(``scripts/multikey_kept.py --stable-layout``, docs/scbench.md). Each turn runs its newly kept context tokens and
-every kept token of the conversation.
+context's slots; the next turn cuts them and the answer's slots off the cache (:meth:`Layout.place_context_first`).
+So a token newly kept from the context sits after the older context slots but before the whole conversation, never
+between a question and its answer. On GF.MultiKey's multi-turn follow-ups, that arrangement from scratch answered
+right where ``stable``'s own order did not (``scripts/multikey_kept.py --stable-layout``, docs/scbench.md). Each
+turn runs its newly kept context tokens and every kept token of the conversation, in one forward.
 
 It is an approximation of ``reselect``: a kept slot's keys and values were computed when it was written, against
 the slots valid then, and appended tokens sit after older ones whatever their place in the history. What it

@@ -29,6 +29,7 @@ MULTIKEY = REPO / "measured" / "scbench-own-multikey"  # full on GF.MultiKey wit
 MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the same task at 4K, k=256 methods beside
 MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # and gemfilter-span-qmax, multi-request only
 MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
+MULTIKEY_CF = REPO / "measured" / "scbench-own-multikey-cf"  # gemfilter-span-qmax under stable-cf, multi-turn
 
 
 @pytest.mark.parametrize(
@@ -43,6 +44,7 @@ MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilt
         (MULTIKEY_METHODS, "scbench-own-multikey-methods"),
         (MULTIKEY_QMAX, "scbench-own-multikey-qmax"),
         (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
+        (MULTIKEY_CF, "scbench-own-multikey-cf"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -83,6 +85,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_METHODS, 4096, 20),
         (MULTIKEY_QMAX, 4096, 10),
         (MULTIKEY_K1024, 4096, 10),
+        (MULTIKEY_CF, 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -181,6 +184,7 @@ def test_multikey_misses_are_another_needle_s_number():
         (MULTIKEY_METHODS, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_QMAX, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
+        (MULTIKEY_CF, 4096, "gf_multikey", MULTIKEY),
     ],
 )
 def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
@@ -206,6 +210,7 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
         (MULTIKEY_METHODS, 4096, "gemfilter-span:k=256", "gf_multikey"),
         (MULTIKEY_METHODS, 4096, "gemfilter:k=256", "gf_multikey"),
         (MULTIKEY_QMAX, 4096, "gemfilter-span-qmax:k=256", "gf_multikey"),
+        (MULTIKEY_CF, 4096, "gemfilter-span-qmax:k=256", "gf_multikey"),
     ],
 )
 def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, method, task):
@@ -415,3 +420,32 @@ def test_the_vt_forward_records_are_what_the_script_computes_now():
     for names in ("ruler", "words"):
         got = script.probe(model, tok, 0, 4096, names)
         assert got == [x for x in read_jsonl(VT_FORWARD[names], strict=True) if x["seed"] == 0], names
+
+
+def test_stable_cf_rows_give_what_the_docs_say():
+    """measured/scbench-own-multikey-cf (GF.MultiKey, multi-turn, 4K, gemfilter-span-qmax:k=256): reselect and
+    stable answer as in scbench-own-multikey-qmax turn for turn (greedy, the same prompts); stable-cf's score equals
+    reselect's on 39 of 40 follow-ups, it is right on every follow-up stable gets wrong with the asked needle kept
+    (the --stable-layout records) and wrong where the needle is not kept; and the counts of its follow-ups that
+    ran all their kept tokens, as docs/scbench.md gives them."""
+    label = "gemfilter-span-qmax:k=256@{}"
+    here, before = collect(MULTIKEY_CF), collect(MULTIKEY_QMAX)
+
+    def turns(found, protocol):
+        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label.format(protocol), "gf_multikey")]}
+
+    for protocol in ("reselect", "stable"):
+        a, b = turns(here, protocol), turns(before, protocol)
+        assert all([t["prediction"] for t in a[i]] == [t["prediction"] for t in b[i]] for i in a), protocol
+    cf, again = turns(here, "stable-cf"), turns(here, "reselect")
+    follow = [(i, t) for i in range(10) for t in range(1, 5)]
+    differ = [(i, t) for i, t in follow if cf[i][t]["score"] != again[i][t]["score"]]
+    assert differ == [(9, 1)] and cf[9][1]["score"] == 1.0
+    records = read_jsonl(LAYOUT_QMAX, strict=True)
+    wrong = [x for x in records if x["turn"] > 0 and not x["right"]]
+    assert all(cf[x["seed"]][x["turn"]]["score"] == 1.0 for x in wrong if x["asked_whole"])
+    assert all(cf[x["seed"]][x["turn"]]["score"] == 0.0 for x in wrong if not x["asked_whole"])
+    rebuilt = [sum(cf[i][t]["recomputed"] == cf[i][t]["kept"] for i in range(10)) for t in range(1, 5)]
+    assert rebuilt == [0, 3, 7, 4]
+    others = [cf[i][t]["recomputed"] for i, t in follow if cf[i][t]["recomputed"] < cf[i][t]["kept"]]
+    assert (len(others), min(others), max(others)) == (26, 85, 218)
