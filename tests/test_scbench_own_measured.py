@@ -30,6 +30,7 @@ MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the sam
 MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # and gemfilter-span-qmax, multi-request only
 MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
 MULTIKEY_CF = REPO / "measured" / "scbench-own-multikey-cf"  # gemfilter-span-qmax under stable-cf, multi-turn
+FACTS_CF = REPO / "measured" / "scbench-own-cf"  # GF.Facts, the span methods under stable-cf, multi-turn
 
 
 @pytest.mark.parametrize(
@@ -45,6 +46,7 @@ MULTIKEY_CF = REPO / "measured" / "scbench-own-multikey-cf"  # gemfilter-span-qm
         (MULTIKEY_QMAX, "scbench-own-multikey-qmax"),
         (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
         (MULTIKEY_CF, "scbench-own-multikey-cf"),
+        (FACTS_CF, "scbench-own-cf"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -86,6 +88,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_QMAX, 4096, 10),
         (MULTIKEY_K1024, 4096, 10),
         (MULTIKEY_CF, 4096, 10),
+        (FACTS_CF, 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -211,6 +214,8 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
         (MULTIKEY_METHODS, 4096, "gemfilter:k=256", "gf_multikey"),
         (MULTIKEY_QMAX, 4096, "gemfilter-span-qmax:k=256", "gf_multikey"),
         (MULTIKEY_CF, 4096, "gemfilter-span-qmax:k=256", "gf_multikey"),
+        (FACTS_CF, 4096, "gemfilter-span:k=256", "gf_facts"),
+        (FACTS_CF, 4096, "gemfilter-span-qmax:k=256", "gf_facts"),
     ],
 )
 def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, method, task):
@@ -449,3 +454,30 @@ def test_stable_cf_rows_give_what_the_docs_say():
     assert rebuilt == [0, 3, 7, 4]
     others = [cf[i][t]["recomputed"] for i, t in follow if cf[i][t]["recomputed"] < cf[i][t]["kept"]]
     assert (len(others), min(others), max(others)) == (26, 85, 218)
+
+
+@pytest.mark.parametrize(
+    "method,differ,rebuilt,others",
+    [
+        ("gemfilter-span-qmax:k=256", [], [0, 8, 2, 3], (27, 91, 190)),
+        ("gemfilter-span:k=256", [(3, 4)], [0, 2, 6, 1], (31, 71, 172)),
+    ],
+)
+def test_stable_cf_on_gf_facts_gives_what_the_docs_say(method, differ, rebuilt, others):
+    """measured/scbench-own-cf (GF.Facts, multi-turn, 4K): full, reselect and stable answer as in
+    measured/scbench-own turn for turn; the follow-ups where stable-cf's score differs from reselect's, and those
+    it rebuilt (ran all its kept tokens), as docs/scbench.md gives them."""
+    here, before = collect(FACTS_CF), collect(ROOT)
+
+    def turns(found, label):
+        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, "gf_facts")]}
+
+    for label in ("full", f"{method}@reselect", f"{method}@stable"):
+        a, b = turns(here, label), turns(before, label)
+        assert all([t["prediction"] for t in a[i]] == [t["prediction"] for t in b[i]] for i in a), label
+    cf, again = turns(here, f"{method}@stable-cf"), turns(here, f"{method}@reselect")
+    follow = [(i, t) for i in range(10) for t in range(1, 5)]
+    assert [(i, t) for i, t in follow if cf[i][t]["score"] != again[i][t]["score"]] == differ
+    assert [sum(cf[i][t]["recomputed"] == cf[i][t]["kept"] for i in range(10)) for t in range(1, 5)] == rebuilt
+    ran = [cf[i][t]["recomputed"] for i, t in follow if cf[i][t]["recomputed"] < cf[i][t]["kept"]]
+    assert (len(ran), min(ran), max(ran)) == others

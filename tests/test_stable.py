@@ -264,30 +264,35 @@ def test_stable_cf_refuses_a_bad_context_boundary():
         gemfilter.Conversation(model, method, protocol="stable", context_tokens=30)
 
 
-def test_a_failed_first_stable_cf_turn_forgets_the_boundary_it_set(monkeypatch):
-    """Without a prefill the first question sets where the context ends; a first turn that fails leaves it unset,
-    so the conversation goes on as a fresh one."""
-    model = BUILDERS["llama"]()
-    method = get_method("gemfilter-span", layer=2, topk=24)
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("fail", [1, 3])
+def test_a_failed_stable_cf_turn_leaves_the_conversation_as_it_was(monkeypatch, family, fail):
+    """Ctrl-C in a turn's answer, after its layout was placed (the last turn's slots cut off the cache, a sliding
+    window's too): the conversation goes on as if the turn had not been asked. The first turn also forgets the
+    context's end it set (no prefill), so the conversation goes on as a fresh one."""
+    model = gemfilter.set_attention(BUILDERS[family](), "banded")
+    method = get_method("gemfilter-span", layer=FILTER_LAYER[family], topk=24)
     clean = converse_cf(model, method, "answers", max_holes=1.0)
     real = Layout.decode
     calls = {"n": 0}
 
     def interrupted(self, *args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 1:
+        if calls["n"] == fail:
             raise KeyboardInterrupt
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Layout, "decode", interrupted)
     with gemfilter.Conversation(model, method, DotTokenizer(), protocol="stable-cf", max_holes=1.0) as chat:
-        with pytest.raises(KeyboardInterrupt):
-            chat.ask(question(0, 30), **greedy())
-        assert chat._boundary is None and chat.history is None
         for t in range(TURNS):
+            if t == fail - 1:
+                with pytest.raises(KeyboardInterrupt):
+                    chat.ask(question(t, 30 if t == 0 else 7), **greedy())
+                if t == 0:
+                    assert chat._boundary is None and chat.history is None
             chat.ask(question(t, 40 if t == 0 else 7), **greedy())
-    for a, b in zip(clean.turns, chat.turns):
-        assert torch.equal(a.new_tokens, b.new_tokens) and a.kept == b.kept
+    for a, b in zip(clean.turns, chat.turns, strict=True):
+        assert torch.equal(a.new_tokens, b.new_tokens) and a.kept == b.kept and a.recomputed == b.recomputed
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
