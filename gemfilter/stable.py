@@ -91,19 +91,7 @@ class Layout:
         """Lay out the selection ``want`` (sorted history indices of ``history`` (1, L)) and run the slots it adds.
 
         Returns (the last slot's logits (1, V) in float32, whether the layout was rebuilt, slots written)."""
-        held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
-        wanted = set(want)
-        new = [h for h in want if h not in held]
-        drop = [s for h, s in held.items() if h not in wanted]
-        holes = self.valid.count(False) + len(drop)
-        rebuild = not self.ids or not new or holes > max_holes * (len(self.ids) + len(new))
-        if rebuild:
-            self.reset()
-            new, start = list(want), 0
-        else:
-            for s in drop:
-                self.valid[s] = False
-            start = max(self.pos) + 1
+        new, start, rebuild = self._lay(want, max_holes)
         return self.write(history[:, new], new, list(range(start, start + len(new)))), rebuild, len(new)
 
     def place_context_first(self, history: torch.Tensor, want: list, boundary: int, max_holes: float) -> tuple:
@@ -114,33 +102,35 @@ class Layout:
         The layout is rebuilt (the context in history order at 0..c-1, then the conversation: ``reselect``'s
         prompt) on the first turn, when the context's masked slots would pass ``max_holes`` of its slots, when
         ``max_holes`` is 0 and the context gains a slot, or when nothing would run. Returns as :meth:`place`."""
-        context = [h for h in want if h < boundary]
         talk = [h for h in want if h >= boundary]
         if self.context_slots < len(self.ids):  # the last turn's conversation and answer slots go
             drop_last(self.cache, len(self.ids) - self.context_slots)
             self._keep_first(self.context_slots)
-        held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
-        wanted = set(context)
-        new = [h for h in context if h not in held]
-        drop = [s for h, s in held.items() if h not in wanted]
-        holes = self.valid.count(False) + len(drop)
-        rebuild = (
-            not self.ids
-            or (not new and not talk)
-            or holes > max_holes * (len(self.ids) + len(new))
-            or bool(new and not max_holes)
-        )
-        if rebuild:
-            self.reset()
-            new, start = list(context), 0
-        else:
-            for s in drop:
-                self.valid[s] = False
-            start = max(self.pos) + 1
+        new, start, rebuild = self._lay([h for h in want if h < boundary], max_holes, talk)
         run = new + talk
         logits = self.write(history[:, run], run, list(range(start, start + len(run))))
         self.context_slots = len(self.ids) - len(talk)
         return logits, rebuild, len(run)
+
+    def _lay(self, want: list, max_holes: float, talk: list | None = None) -> tuple:
+        """Mask the slots ``want`` drops, or rebuild: (the history indices to write, their first position, whether
+        rebuilt). talk: ``stable-cf``'s conversation part, written after ``want``'s (None under ``stable``, where a
+        turn that keeps no new token rebuilds)."""
+        held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
+        wanted = set(want)
+        new = [h for h in want if h not in held]
+        drop = [s for h, s in held.items() if h not in wanted]
+        holes = self.valid.count(False) + len(drop)
+        if talk is None:
+            forced = not new
+        else:
+            forced = (not new and not talk) or bool(new and not max_holes)
+        if forced or not self.ids or holes > max_holes * (len(self.ids) + len(new)):
+            self.reset()
+            return list(want), 0, True
+        for s in drop:
+            self.valid[s] = False
+        return new, max(self.pos) + 1, False
 
     def reset(self) -> None:
         self.cache = (croppable_cache if self.croppable else dynamic_cache)(self.model.config)

@@ -481,3 +481,25 @@ def test_stable_cf_on_gf_facts_gives_what_the_docs_say(method, differ, rebuilt, 
     assert [sum(cf[i][t]["recomputed"] == cf[i][t]["kept"] for i in range(10)) for t in range(1, 5)] == rebuilt
     ran = [cf[i][t]["recomputed"] for i, t in follow if cf[i][t]["recomputed"] < cf[i][t]["kept"]]
     assert (len(ran), min(ran), max(ran)) == others
+
+
+@pytest.mark.slow
+def test_a_stable_cf_row_is_what_the_runner_computes_now():
+    """GF.MultiKey seed 0, multi-turn, 4K, gemfilter-span-qmax:k=256@stable-cf: the runner's conversation today gives
+    the committed row's answers and the tokens each turn ran (two of its follow-ups rebuild the layout)."""
+    import gemfilter
+    from eval.scbench.generate import make_sample
+    from eval.scbench.runner import converse
+
+    _, model, tok = script_and_model("multikey_kept")
+    sample = make_sample("gf_multikey", tok, 4096, seed=0, mode="multi-turn")
+    method = gemfilter.get_method("gemfilter-span-qmax", topk=256)
+    got = converse(model, tok, method, "stable-cf", "multi-turn", 4096, "gf_multikey", sample)["turns"]
+    row = next(
+        r
+        for r in collect(MULTIKEY_CF)[("multi-turn", 4096, "gemfilter-span-qmax:k=256@stable-cf", "gf_multikey")]
+        if int(r["_id"]) == 0
+    )
+    assert [(t["prediction"], t["recomputed"]) for t in got] == [
+        (t["prediction"], t["recomputed"]) for t in row["turns"]
+    ]

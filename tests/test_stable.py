@@ -151,16 +151,9 @@ def test_recomputed_counts_what_ran_through_the_whole_model():
 
 
 def converse_cf(model, method, keep, context_tokens=None, **kw):
-    """Like :func:`converse` under stable-cf; without a prefill the first 30 of the first question's 40 tokens are
-    the context (``context_tokens``)."""
-    with gemfilter.Conversation(
-        model, method, DotTokenizer(), protocol="stable-cf", keep=keep, context_tokens=context_tokens, **kw
-    ) as chat:
-        if keep == "context":
-            chat.prefill(question(99, 40))
-        for t in range(TURNS):
-            chat.ask(question(t, 40 if t == 0 and keep != "context" else 7), **greedy())
-    return chat
+    """:func:`converse` under stable-cf; ``context_tokens``: how many of the first question's 40 tokens are the
+    context (None: the prefill, or the whole first question)."""
+    return converse(model, method, "stable-cf", keep, context_tokens=context_tokens, **kw)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
