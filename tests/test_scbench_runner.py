@@ -262,22 +262,30 @@ def test_what_cannot_run_is_refused_before_the_model_loads(tiny, tmp_path, chang
     assert not (tmp_path / "out" / "config.json").exists()  # the folder stays free for another setup
 
 
-def test_stable_rows_run_on_the_loop_and_record_what_they_recomputed(tiny, tmp_path):
-    """The stable protocol through the runner: rows per turn with the tokens recomputed; with a budget at least the
-    prompt, every turn keeps the whole history and answers as reselect does."""
+def whole_budget_turns(tiny, tmp_path, protocol: str) -> tuple:
+    """(reselect's turns, ``protocol``'s turns) of one Math.Find sample, multi-turn, with a budget (k=4096) at least
+    the prompt, so every turn keeps the whole history; the protocol must answer as reselect does."""
     config = RunConfig(
         **{
             **BASE,
             "methods": ("gemfilter:k=4096,layer=2",),
-            "protocols": ("reselect", "stable"),
+            "protocols": ("reselect", protocol),
             "tasks": ("scbench_mf",),
             "num_samples": 1,
         }
     )
     merged = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
-    again = merged["multi-turn/2048/gemfilter:k=4096,layer=2@reselect/scbench_mf.jsonl"][0]["turns"]
-    stable = merged["multi-turn/2048/gemfilter:k=4096,layer=2@stable/scbench_mf.jsonl"][0]["turns"]
-    assert [t["prediction"] for t in stable] == [t["prediction"] for t in again]
+    again, other = (
+        merged[f"multi-turn/2048/gemfilter:k=4096,layer=2@{p}/scbench_mf.jsonl"][0]["turns"]
+        for p in ("reselect", protocol)
+    )
+    assert [t["prediction"] for t in other] == [t["prediction"] for t in again]
+    return again, other
+
+
+def test_stable_rows_run_on_the_loop_and_record_what_they_recomputed(tiny, tmp_path):
+    """The stable protocol through the runner: rows per turn with the tokens recomputed."""
+    _, stable = whole_budget_turns(tiny, tmp_path, "stable")
     assert stable[0]["recomputed"] == stable[0]["history_tokens"]
     assert all(0 < t["recomputed"] < t["history_tokens"] for t in stable[1:])  # only the new tokens ran
 
@@ -395,19 +403,7 @@ def test_stable_cf_rows_take_the_context_from_the_first_prompt(tiny, tmp_path):
     assert context[-20:] not in tok.decode(first[end:]) and tok.decode(first[end:]).strip()
     cut = [1] + first[1:100] + first[-(len(first) - end) - 50 :]  # a middle cut keeps the end whole
     assert context_end(prompts, sample, tok, cut) == len(cut) - (len(first) - end)
-    config = RunConfig(
-        **{
-            **BASE,
-            "methods": ("gemfilter:k=4096,layer=2",),
-            "protocols": ("reselect", "stable-cf"),
-            "tasks": ("scbench_mf",),
-            "num_samples": 1,
-        }
-    )
-    merged = run(config, tmp_path / "out", model_and_tokenizer=tiny, progress=False)
-    again = merged["multi-turn/2048/gemfilter:k=4096,layer=2@reselect/scbench_mf.jsonl"][0]["turns"]
-    cf = merged["multi-turn/2048/gemfilter:k=4096,layer=2@stable-cf/scbench_mf.jsonl"][0]
-    assert [t["prediction"] for t in cf["turns"]] == [t["prediction"] for t in again]
-    assert cf["turns"][0]["recomputed"] == cf["turns"][0]["history_tokens"]
+    _, cf = whole_budget_turns(tiny, tmp_path, "stable-cf")
+    assert cf[0]["recomputed"] == cf[0]["history_tokens"]
     # the sample the runner used is the same seed's: its context is the first `end` history tokens
-    assert [t["recomputed"] for t in cf["turns"][1:]] == [t["history_tokens"] - end for t in cf["turns"][1:]]
+    assert [t["recomputed"] for t in cf[1:]] == [t["history_tokens"] - end for t in cf[1:]]
