@@ -109,14 +109,35 @@ def unwindowed_cache():
     return DynamicCache()
 
 
+@functools.cache
+def _windowed_recording_layer():
+    """``DynamicSlidingWindowLayer`` whose ``update`` returns only the keys its mask sizes announce while it records
+    the past. 5.24 does so itself; 5.17 returns every recorded key, so a forward after the window is full met a mask
+    for fewer keys than the layer gave (a shape error in sdpa and banded). Slicing keys 5.24 already sliced is a
+    no-op, so one class serves the whole range."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    class WindowedRecordingLayer(DynamicSlidingWindowLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            keys, values = super().update(key_states, value_states, *args, **kwargs)
+            if not self.record_past:
+                return keys, values
+            visible = self.sliding_window - 1 + key_states.shape[-2]
+            return keys[:, :, -visible:, :], values[:, :, -visible:, :]
+
+    return WindowedRecordingLayer
+
+
 def croppable_cache(config):
     """An empty ``DynamicCache`` laid out for ``config`` whose sliding-window layers keep every key until
     :func:`drop_last` cuts them (``activate_past_recording``), so that cutting gives back the keys the window held
     before; each forward still sees only the window's keys."""
     cache = dynamic_cache(config)
-    for layer in cache.layers:
-        if hasattr(layer, "activate_past_recording"):  # sliding-window layers only
-            layer.activate_past_recording()
+    recording = _windowed_recording_layer()
+    for i, layer in enumerate(cache.layers):
+        if getattr(layer, "is_sliding", False) and not layer.is_initialized:
+            cache.layers[i] = recording(sliding_window=layer.sliding_window)
+            cache.layers[i].activate_past_recording()
     return cache
 
 
