@@ -53,6 +53,8 @@ PROTOCOLS = ("reselect", "reuse", "full", "stable", "stable-cf")
 SELECTING = ("reselect", "stable", "stable-cf")
 #: the protocols that answer on a :class:`gemfilter.stable.Layout`
 LAYOUTS = ("stable", "stable-cf")
+#: The layouts' rebuild share: a layout whose masked slots pass half of its slots is rebuilt in history order.
+MAX_HOLES = 0.5
 KEEPS = ("answers", "questions", "context")
 
 
@@ -93,6 +95,12 @@ class Preselected(PromptMethod):
         return self.method.start(model, self.selection, valid)
 
 
+def check_max_holes(max_holes, name: str = "max_holes") -> None:
+    """Raise ValueError unless ``max_holes`` is a share in [0, 1]; ``name`` is how the caller spells it."""
+    if isinstance(max_holes, bool) or not isinstance(max_holes, (int, float)) or not 0 <= max_holes <= 1:
+        raise ValueError(f"{name} must be a share in [0, 1] (0: rebuild every turn, as reselect), got {max_holes!r}")
+
+
 class Conversation:
     """A conversation over one long context, one method, one protocol; use it as a context manager.
 
@@ -119,7 +127,7 @@ class Conversation:
         tokenizer=None,
         protocol: str = "reselect",
         keep: str = "answers",
-        max_holes: float = 0.5,
+        max_holes: float = MAX_HOLES,
         context_tokens: int | None = None,
     ):
         if protocol not in PROTOCOLS:
@@ -146,10 +154,7 @@ class Conversation:
             method = resolve(model, method)
         if protocol in SELECTING:
             check_reselect(model, method)
-        if isinstance(max_holes, bool) or not isinstance(max_holes, (int, float)) or not 0 <= max_holes <= 1:
-            raise ValueError(
-                f"max_holes must be a share in [0, 1] (0: rebuild every turn, as reselect), got {max_holes!r}"
-            )
+        check_max_holes(max_holes)
         self.model, self.method, self.tokenizer, self.protocol, self.keep = model, method, tokenizer, protocol, keep
         self.max_holes = float(max_holes)
         if context_tokens is not None and (

@@ -118,6 +118,7 @@ def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
         ({"tasks": ("scbench_qa_eng",)}, "--tasks: scbench_qa_eng; allowed: scbench_kv"),
         ({"methods": ("gemfilter:k=0",)}, "gemfilter: topk=0 must be >= 1"),
         ({"turns": 0}, "--turns must be a whole number >= 1"),
+        ({"max_holes": 1.5}, "--max-holes must be a share in \\[0, 1\\]"),
         ({"engine": "http://x"}, "--engine runs full .* not gemfilter:k=48,layer=2@reuse, snapkv:k=64"),
     ],
 )
@@ -357,9 +358,9 @@ def test_one_untimed_full_conversation_runs_before_the_first_timed_one(tiny, tmp
     calls = []
     real = runner.converse
 
-    def spy(model, tok, method, protocol, mode, length, task, sample):
+    def spy(model, tok, method, protocol, mode, length, task, sample, *rest):
         calls.append((protocol, len(sample["multi_turns"])))
-        return real(model, tok, method, protocol, mode, length, task, sample)
+        return real(model, tok, method, protocol, mode, length, task, sample, *rest)
 
     monkeypatch.setattr(runner, "converse", spy)
     config = RunConfig(**{**BASE, "methods": ("snapkv:k=64",), "tasks": ("scbench_mf",), "num_samples": 1})
@@ -407,3 +408,43 @@ def test_stable_cf_rows_take_the_context_from_the_first_prompt(tiny, tmp_path):
     assert cf[0]["recomputed"] == cf[0]["history_tokens"]
     # the sample the runner used is the same seed's: its context is the first `end` history tokens
     assert [t["recomputed"] for t in cf[1:]] == [t["history_tokens"] - end for t in cf[1:]]
+
+
+def test_max_holes_reaches_the_layout_and_names_the_folder(tiny, tmp_path, monkeypatch):
+    """--max-holes: every stable-cf conversation gets it; at 0 (rebuild whenever the context gains or masks a slot)
+    stable-cf answers as reselect does with k below the prompt; a folder records it, a folder written before it
+    means the default 0.5, and a resume with another value is refused."""
+    import json
+
+    seen = []
+    init = gemfilter.Conversation.__init__
+
+    def spy(self, *args, **kw):
+        seen.append((kw.get("protocol"), kw.get("max_holes")))
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(gemfilter.Conversation, "__init__", spy)
+    setup = {
+        **BASE,
+        "methods": ("gemfilter:k=48,layer=2",),
+        "protocols": ("reselect", "stable-cf"),
+        "tasks": ("scbench_mf",),
+        "num_samples": 1,
+    }
+    out = tmp_path / "out"
+    merged = run(RunConfig(**setup, max_holes=0.0), out, model_and_tokenizer=tiny, progress=False)
+    again, cf = (
+        merged[f"multi-turn/2048/gemfilter:k=48,layer=2@{p}/scbench_mf.jsonl"][0]["turns"]
+        for p in ("reselect", "stable-cf")
+    )
+    assert [t["prediction"] for t in cf] == [t["prediction"] for t in again]
+    assert ("stable-cf", 0.0) in seen
+    assert json.loads((out / "config.json").read_text())["max_holes"] == 0.0
+    with pytest.raises(ValueError, match="max_holes: 0.0 there, 0.25 now"):
+        run(RunConfig(**setup, max_holes=0.25), out, model_and_tokenizer=tiny, progress=False)
+    stored = json.loads((out / "config.json").read_text())
+    del stored["max_holes"]  # a folder written before --max-holes
+    (out / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match="max_holes: 0.5 there, 0.0 now"):
+        run(RunConfig(**setup, max_holes=0.0), out, model_and_tokenizer=tiny, progress=False)
+    assert len(run(RunConfig(**setup), out, model_and_tokenizer=tiny, progress=False)) == 2  # resumed: the default

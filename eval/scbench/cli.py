@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="reselect",
         help="protocols for prompt methods, comma-separated: reselect, reuse, stable, stable-cf (default reselect)",
     )
+    r.add_argument(
+        "--max-holes",
+        type=float,
+        default=0.5,
+        help="stable and stable-cf: rebuild the layout in history order once its masked slots pass this share of "
+        "its slots, in [0, 1] (0: whenever a turn masks or adds a slot, which answers as reselect; 1: only when a "
+        "turn keeps no new token) (default 0.5); a folder records it",
+    )
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")
     r.add_argument(
         "--tasks",
@@ -151,6 +159,7 @@ def _run(args) -> int:
         engine=args.engine,
         timeout=args.timeout,
         warmup=not args.no_warmup,
+        max_holes=args.max_holes,
         extra={"attn": args.attn or "model default"},
     )
     if args.threads:

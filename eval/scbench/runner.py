@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from eval.runner import Benchmark, Unit
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
+from gemfilter.conversation import LAYOUTS, MAX_HOLES, check_max_holes
 from gemfilter.toolkit.options import check_against_model
 
 from .engine import converse_engine
@@ -60,6 +61,7 @@ FORMAT_DEFAULTS = {
     "own_query": "{input}",
     "multikey_needle": "One of the special magic numbers for {key} is: {value}.",
     "multikey_keys": "RULER's adjective-noun words",
+    "max_holes": MAX_HOLES,
 }
 
 
@@ -70,7 +72,8 @@ class RunConfig(BaseRunConfig):
     protocols: those a prompt method runs under (``reselect``, ``reuse``, ``stable``); modes: ``multi-turn`` and/or
     ``multi-request``; tasks: official data names with an offline generator; lengths: the window
     (``--max_seq_length``) the samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries
-    per sample; timeout: seconds to wait for the engine (a connection, a chunk).
+    per sample; timeout: seconds to wait for the engine (a connection, a chunk); max_holes: ``stable`` and
+    ``stable-cf``'s rebuild share (:class:`gemfilter.Conversation`), part of the identity of a folder that runs one.
     warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
     first forward passes of a process pay one-time costs (seconds at 4K on CPU) that would land on the first row.
     """
@@ -83,6 +86,7 @@ class RunConfig(BaseRunConfig):
     turns: int = MAX_TURNS
     timeout: float = 600.0
     warmup: bool = True
+    max_holes: float = MAX_HOLES
 
     def identity(self) -> dict:
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
@@ -91,6 +95,8 @@ class RunConfig(BaseRunConfig):
         if "gf_multikey" in self.tasks:
             own["multikey_needle"] = MULTIKEY_NEEDLE
             own["multikey_keys"] = MULTIKEY_KEY_STYLE
+        if any(p in LAYOUTS for p in self.protocols):  # folders before --max-holes ran the default
+            own["max_holes"] = self.max_holes
         return {
             "model": self.model,
             "topk": self.topk,
@@ -141,6 +147,7 @@ def validate(config: RunConfig) -> None:
         or not 0 < config.timeout <= 86400
     ):
         raise ValueError(f"--timeout must be a number of seconds in (0, 86400], got {config.timeout!r}")
+    check_max_holes(config.max_holes, "--max-holes")
     if config.engine is not None:
         from .engine import check_engine_labels
 
@@ -226,7 +233,7 @@ class SCBench(Benchmark):
             mode, length, label, task, sample = unit.data
             method, protocol = methods[label]
             if engine is None:
-                row = converse(model, tok, method, protocol, mode, length, task, sample)
+                row = converse(model, tok, method, protocol, mode, length, task, sample, self.config.max_holes)
             else:
                 row = converse_engine(engine, labels[label][0], protocol, mode, length, task, sample, **given)
                 row["engine"] = self.config.engine
@@ -275,12 +282,15 @@ def context_end(prompts, sample: dict, tok, first: list) -> int:
     return len(first) - after
 
 
-def converse(model, tok, method, protocol: str, mode: str, length: int, task: str, sample: dict) -> dict:
+def converse(
+    model, tok, method, protocol: str, mode: str, length: int, task: str, sample: dict, max_holes: float = MAX_HOLES
+) -> dict:
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
     method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable`` or
     ``stable-cf``;
-    mode: a name in :data:`eval.scbench.prompts.MODES`; length: the window the first prompt is cut to fit.
+    mode: a name in :data:`eval.scbench.prompts.MODES`; length: the window the first prompt is cut to fit;
+    max_holes: the layouts' rebuild share (``stable`` and ``stable-cf``).
     """
     import gemfilter
 
@@ -292,7 +302,7 @@ def converse(model, tok, method, protocol: str, mode: str, length: int, task: st
     where = {}  # stable-cf in multi-turn: the first prompt's context ends before its question (multi-request: prefill)
     if protocol == "stable-cf" and mode == "multi-turn":
         where["context_tokens"] = context_end(prompts, sample, tok, first)
-    with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep, **where) as chat:
+    with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep, max_holes=max_holes, **where) as chat:
         if mode == "multi-request":
             prefill_s = chat.prefill(first)
             asks = pieces
