@@ -98,7 +98,10 @@ class Preselected(PromptMethod):
 def check_max_holes(max_holes, name: str = "max_holes") -> None:
     """Raise ValueError unless ``max_holes`` is a share in [0, 1]; ``name`` is how the caller spells it."""
     if isinstance(max_holes, bool) or not isinstance(max_holes, (int, float)) or not 0 <= max_holes <= 1:
-        raise ValueError(f"{name} must be a share in [0, 1] (0: rebuild every turn, as reselect), got {max_holes!r}")
+        raise ValueError(
+            f"{name} must be a share in [0, 1] (0: rebuild whenever a slot is masked, which answers as reselect), "
+            f"got {max_holes!r}"
+        )
 
 
 class Conversation:

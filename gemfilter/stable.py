@@ -26,8 +26,8 @@ It is an approximation of ``reselect``: a kept slot's keys and values were compu
 the slots valid then, and appended tokens sit after older ones whatever their place in the history. What it
 computes is exactly stated: :meth:`Layout.attention_mask` gives the one mask under which a single forward over
 every slot equals the layout's incremental cache (``tests/test_stable.py`` checks it), and with ``max_holes=0``
-every turn is rebuilt and equals ``reselect`` token for token. Accuracy against ``reselect`` is measured
-(docs/scbench.md).
+every turn that masks a slot is rebuilt and it equals ``reselect`` token for token. Accuracy against ``reselect``
+is measured (docs/scbench.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The ``stable`` conversation protocol (gemfilter.stable): each turn keeps last turn's kept tokens in their slots,
 masks the ones it drops and runs only the ones it newly keeps.
 
-References: with max_holes=0 every turn is rebuilt and must equal ``reselect`` token for token; otherwise the
-answer must be what one forward over every slot computes under :meth:`Layout.attention_mask` (what each slot saw
-when it was written), an independent computation of the layout the incremental cache holds."""
+References: with max_holes=0 every turn that masks a slot is rebuilt and must equal ``reselect`` token for token;
+otherwise the answer must be what one forward over every slot computes under :meth:`Layout.attention_mask` (what
+each slot saw when it was written), an independent computation of the layout the incremental cache holds."""
 
 import pytest
 import torch

@@ -73,9 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-holes",
         type=float,
         default=0.5,
-        help="stable and stable-cf: rebuild the layout in history order once its masked slots pass this share of "
-        "its slots, in [0, 1] (0: whenever a turn masks or adds a slot, which answers as reselect; 1: only when a "
-        "turn keeps no new token) (default 0.5); a folder records it",
+        help="stable and stable-cf: rebuild the layout in history order once its masked slots would pass this share "
+        "of its slots, in [0, 1] (0: on every turn that masks a slot, and under stable-cf also one that adds a "
+        "context slot, which answers as reselect; 1: only on the first turn and when a turn would run nothing new) "
+        "(default 0.5); a folder records it",
     )
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")
     r.add_argument(
