@@ -31,6 +31,8 @@ MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # and gemfilter
 MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
 MULTIKEY_CF = REPO / "measured" / "scbench-own-multikey-cf"  # gemfilter-span-qmax under stable-cf, multi-turn
 FACTS_CF = REPO / "measured" / "scbench-own-cf"  # GF.Facts, the span methods under stable-cf, multi-turn
+#: MULTIKEY_CF's stable-cf conversations at other rebuild shares (--max-holes; MULTIKEY_CF ran 0.5)
+HOLES = {share: REPO / "measured" / f"scbench-own-multikey-holes-{share:g}" for share in (0.25, 1.0)}
 
 
 @pytest.mark.parametrize(
@@ -47,6 +49,8 @@ FACTS_CF = REPO / "measured" / "scbench-own-cf"  # GF.Facts, the span methods un
         (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
         (MULTIKEY_CF, "scbench-own-multikey-cf"),
         (FACTS_CF, "scbench-own-cf"),
+        (HOLES[0.25], "scbench-own-multikey-holes-0.25"),
+        (HOLES[1.0], "scbench-own-multikey-holes-1"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -89,6 +93,8 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_K1024, 4096, 10),
         (MULTIKEY_CF, 4096, 10),
         (FACTS_CF, 4096, 10),
+        (HOLES[0.25], 4096, 10),
+        (HOLES[1.0], 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -188,6 +194,8 @@ def test_multikey_misses_are_another_needle_s_number():
         (MULTIKEY_QMAX, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_CF, 4096, "gf_multikey", MULTIKEY),
+        (HOLES[0.25], 4096, "gf_multikey", MULTIKEY),
+        (HOLES[1.0], 4096, "gf_multikey", MULTIKEY),
     ],
 )
 def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
@@ -503,3 +511,32 @@ def test_a_stable_cf_row_is_what_the_runner_computes_now():
     assert [(t["prediction"], t["recomputed"]) for t in got] == [
         (t["prediction"], t["recomputed"]) for t in row["turns"]
     ]
+
+
+@pytest.mark.parametrize(
+    "share,rebuilt,others,reworded",
+    [
+        (0.25, [7, 7, 10, 10], (6, 85, 112), 9),
+        (0.5, [0, 3, 7, 4], (26, 85, 218), 0),
+        (1.0, [0, 0, 0, 0], (40, 85, 226), 6),
+    ],
+)
+def test_the_rebuild_share_gives_what_the_docs_say(share, rebuilt, others, reworded):
+    """GF.MultiKey, multi-turn, 4K, gemfilter-span-qmax:k=256@stable-cf at --max-holes 0.25, 0.5 (MULTIKEY_CF) and 1:
+    each folder records the share it ran; every follow-up scores as at the default (some answers reworded); the
+    follow-ups rebuilt per turn (all kept tokens ran) and the tokens run on the others, as docs/scbench.md gives
+    them."""
+    import json
+
+    folder = HOLES.get(share, MULTIKEY_CF)
+    stored = json.loads((folder / "config.json").read_text())
+    assert stored.get("max_holes", 0.5) == share  # a folder written before --max-holes ran 0.5
+    key = ("multi-turn", 4096, "gemfilter-span-qmax:k=256@stable-cf", "gf_multikey")
+    cf = {int(r["_id"]): r["turns"] for r in collect(folder)[key]}
+    default = {int(r["_id"]): r["turns"] for r in collect(MULTIKEY_CF)[key]}
+    every = [(i, t) for i in range(10) for t in range(5)]
+    assert all(cf[i][t]["score"] == default[i][t]["score"] for i, t in every)
+    assert sum(cf[i][t]["prediction"] != default[i][t]["prediction"] for i, t in every) == reworded
+    assert [sum(cf[i][t]["recomputed"] == cf[i][t]["kept"] for i in range(10)) for t in range(1, 5)] == rebuilt
+    ran = [cf[i][t]["recomputed"] for i, t in every if t and cf[i][t]["recomputed"] < cf[i][t]["kept"]]
+    assert (len(ran), min(ran), max(ran)) == others
