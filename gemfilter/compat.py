@@ -132,12 +132,17 @@ def croppable_cache(config):
     """An empty ``DynamicCache`` laid out for ``config`` whose sliding-window layers keep every key until
     :func:`drop_last` cuts them (``activate_past_recording``), so that cutting gives back the keys the window held
     before; each forward still sees only the window's keys."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
     cache = dynamic_cache(config)
     recording = _windowed_recording_layer()
     for i, layer in enumerate(cache.layers):
-        if getattr(layer, "is_sliding", False) and not layer.is_initialized:
-            cache.layers[i] = recording(sliding_window=layer.sliding_window)
-            cache.layers[i].activate_past_recording()
+        # only the plain sliding layer is swapped: a subclass (a hybrid model's linear-attention-and-window layer)
+        # holds more state than the window, and keeps its own class
+        if type(layer) is DynamicSlidingWindowLayer:
+            layer = cache.layers[i] = recording(sliding_window=layer.sliding_window)
+        if hasattr(layer, "activate_past_recording"):  # sliding-window layers only
+            layer.activate_past_recording()
     return cache
 
 
