@@ -18,6 +18,10 @@ named protocols say what a turn keeps of the earlier ones:
 - ``stable-cf`` (context first; prompt methods; greedy): ``stable`` for the kept tokens of the context alone; the
   kept tokens of the conversation after it (questions and answers) run again each turn after the context's
   slots, in history order, so newly kept context never sits between a question and its answer.
+- ``stable-gap`` (prompt methods; greedy): ``stable-cf``'s order in positions, with the conversation's slots kept:
+  the conversation starts a gap of free positions after the context, a newly kept context token takes one of
+  them (its slot written after the conversation, with the conversation masked), and a turn runs only its newly
+  kept tokens (:meth:`gemfilter.stable.Layout.place_gap`).
 
 What stays in the history after a turn (``keep``): ``answers`` (question and answer, as a chat), ``questions``
 (the answer is dropped, from the cache too: SCBench's multi-turn mode, whose next question starts with the
@@ -48,11 +52,13 @@ from .methods.spec import Method, PromptMethod
 from .selection import QueryTail, Selection, check_causal_decoder, select_cached, sliding_window_of
 from .stable import Layout
 
-PROTOCOLS = ("reselect", "reuse", "full", "stable", "stable-cf")
+PROTOCOLS = ("reselect", "reuse", "full", "stable", "stable-cf", "stable-gap")
 #: the protocols that select from the whole history every turn, with the selector's cache of layers 0..r
-SELECTING = ("reselect", "stable", "stable-cf")
+SELECTING = ("reselect", "stable", "stable-cf", "stable-gap")
 #: the protocols that answer on a :class:`gemfilter.stable.Layout`
-LAYOUTS = ("stable", "stable-cf")
+LAYOUTS = ("stable", "stable-cf", "stable-gap")
+#: the layouts that know where the context ends (``context_tokens``)
+CONTEXT_FIRST = ("stable-cf", "stable-gap")
 #: The layouts' rebuild share: a layout whose masked slots pass half of its slots is rebuilt in history order.
 MAX_HOLES = 0.5
 KEEPS = ("answers", "questions", "context")
@@ -109,10 +115,11 @@ class Conversation:
 
     Parameters: model: a transformers causal LM (batch of one conversation); method: a method object (e.g.
     ``GemFilter(topk=1024)``; None for ``full``); tokenizer: to encode text questions and decode answers;
-    protocol: ``reselect``, ``reuse``, ``full``, ``stable`` or ``stable-cf``; keep: ``answers``, ``questions`` or
-    ``context`` (what stays in the history after a turn; see the module docstring); max_holes: ``stable`` and
-    ``stable-cf`` only, the share of masked slots past which the layout is rebuilt in history order (0: every
-    turn that masks or adds a slot, which is ``reselect``); context_tokens: ``stable-cf`` only, how many of the
+    protocol: ``reselect``, ``reuse``, ``full``, ``stable``, ``stable-cf`` or ``stable-gap``; keep: ``answers``,
+    ``questions`` or ``context`` (what stays in the history after a turn; see the module docstring); max_holes:
+    the layouts only (``stable*``), the share of masked slots past which the layout is rebuilt in history order
+    (0: every turn that masks or adds a slot, which is ``reselect``); context_tokens: ``stable-cf`` and
+    ``stable-gap`` only, how many of the
     history's first tokens are the context (None: the first :meth:`prefill`'s tokens, or without one, the whole
     first question).
 
@@ -161,16 +168,16 @@ class Conversation:
         self.model, self.method, self.tokenizer, self.protocol, self.keep = model, method, tokenizer, protocol, keep
         self.max_holes = float(max_holes)
         if context_tokens is not None and (
-            protocol != "stable-cf"
+            protocol not in CONTEXT_FIRST
             or isinstance(context_tokens, bool)
             or not isinstance(context_tokens, int)
             or context_tokens < 1
         ):
             raise ValueError(
                 f"context_tokens is a whole number >= 1 (how many of the history's first tokens are the context), "
-                f"for protocol 'stable-cf' only; got {context_tokens!r} with protocol {protocol!r}"
+                f"for protocols {' and '.join(CONTEXT_FIRST)} only; got {context_tokens!r} with protocol {protocol!r}"
             )
-        self._boundary = context_tokens  # stable-cf: history indices below it are the context
+        self._boundary = context_tokens  # stable-cf, stable-gap: history indices below it are the context
         self._layout = None  # stable: the generation cache's slots
         self._handle = None  # reuse: apply()'s handle, which forks its caches
         self.history = None  # (1, L) every token so far: questions and answers
@@ -192,7 +199,9 @@ class Conversation:
         self._tail = (
             QueryTail(self.method.query_rows) if self.protocol in SELECTING and self.method.query_rows > 1 else None
         )
-        self._layout = Layout(self.model, croppable=self.protocol == "stable-cf") if self.protocol in LAYOUTS else None
+        self._layout = (
+            Layout(self.model, croppable=self.protocol in CONTEXT_FIRST) if self.protocol in LAYOUTS else None
+        )
         return self
 
     def __exit__(self, *exc):
@@ -214,13 +223,15 @@ class Conversation:
             if self.protocol == "reselect":
                 self._select(history, self._cache, self._tail)
             elif self.protocol in LAYOUTS:  # the context's own selection: the layout each question starts from
-                if self._boundary is None and self.protocol == "stable-cf":
+                if self._boundary is None and self.protocol in CONTEXT_FIRST:
                     self._boundary = history.shape[1]
                 want = self._select(history, self._cache, self._tail).indices[0].tolist()
                 if self.protocol == "stable":
                     self._layout.place(history, want, self.max_holes)
-                else:
+                elif self.protocol == "stable-cf":
                     self._layout.place_context_first(history, want, self._boundary, self.max_holes)
+                else:
+                    self._layout.place_gap(history, want, self._boundary, self.max_holes, cut_answer=False)
             else:  # one new token, never fed: the cache ends holding the history alone
                 self.model.generate(history, max_new_tokens=1, do_sample=False, **cache_kwargs(self._cache))
             self.history = history
@@ -327,10 +338,14 @@ class Conversation:
         if self.protocol == "stable":
             logits, rebuilt, written = layout.place(history, want, self.max_holes)
             on = layout if self.keep == "answers" else (layout if context else layout.copy())
-        else:  # stable-cf: the context's slots stay, the conversation's kept tokens run after them
+        else:  # stable-cf, stable-gap: the context's slots stay, the conversation after them
             if self._boundary is None:  # no prefill: the first question is the context
                 self._boundary = history.shape[1]
-            logits, rebuilt, written = layout.place_context_first(history, want, self._boundary, self.max_holes)
+            if self.protocol == "stable-cf":  # the conversation's kept tokens run again after the context's slots
+                logits, rebuilt, written = layout.place_context_first(history, want, self._boundary, self.max_holes)
+            else:  # the conversation's slots stay; a dropped answer's slots are cut on the next turn
+                cut = self.keep != "answers"
+                logits, rebuilt, written = layout.place_gap(history, want, self._boundary, self.max_holes, cut)
             on = layout  # the answer's slots go with the conversation's next turn
         kept = on.kept
         answer = on.decode(logits, settings, history.shape[1], clock)

@@ -60,7 +60,7 @@ class Layout:
             list(self.pos),
             list(self.writes),
         )
-        twin.context_slots = self.context_slots
+        twin.context_slots, twin.talk_start, twin.answer_from = self.context_slots, self.talk_start, self.answer_from
         return twin
 
     @property
@@ -78,10 +78,13 @@ class Layout:
             list(self.pos),
             list(self.writes),
             self.context_slots,
+            self.talk_start,
+            self.answer_from,
         )
 
     def restore(self, snap: tuple) -> None:
-        self.cache, layers, states, self.ids, self.valid, self.pos, self.writes, self.context_slots = snap
+        self.cache, layers, states, self.ids, self.valid, self.pos, self.writes = snap[:7]
+        self.context_slots, self.talk_start, self.answer_from = snap[7:]
         self.cache.layers[:] = layers
         for layer, state in zip(layers, states):
             vars(layer).clear()
@@ -112,6 +115,60 @@ class Layout:
         self.context_slots = len(self.ids) - len(talk)
         return logits, rebuild, len(run)
 
+    def place_gap(self, history: torch.Tensor, want: list, boundary: int, max_holes: float, cut_answer: bool) -> tuple:
+        """``stable-gap``: the context's kept tokens as :meth:`place_context_first` lays them, but the conversation's
+        slots stay too. A rebuilt layout puts the context at positions 0..c-1 and the conversation from c + gap on
+        (gap: c, or 0 when ``max_holes`` is 0), so a context token kept later takes a free position before the
+        conversation while its slot is written after it; it runs with the conversation's slots masked, as it
+        would in history order. Then the newly kept conversation tokens run after every slot.
+
+        cut_answer: the last turn's answer slots are cut first (the answer left the history). The layout is
+        rebuilt on the first turn, when the context's masked slots would pass ``max_holes`` of its slots, when
+        ``max_holes`` is 0 and a slot is masked or the context gains one, when the context's new tokens would not
+        fit in the free positions, when a newly kept conversation token precedes a held one, or when no
+        conversation token is new. Returns as :meth:`place`."""
+        if cut_answer and self.answer_from < len(self.ids):
+            drop_last(self.cache, len(self.ids) - self.answer_from)
+            self._keep_first(self.answer_from)
+        held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
+        wanted = set(want)
+        fresh = [h for h in want if h < boundary and h not in held]
+        talk = [h for h in want if h >= boundary and h not in held]
+        drop = [s for h, s in held.items() if h not in wanted]
+        context = [s for s, h in enumerate(self.ids) if h < boundary]
+        holes = sum(not self.valid[s] for s in context) + sum(self.ids[s] < boundary for s in drop)
+        said = [h for h in held if h >= boundary]
+        free = self.talk_start - (max((self.pos[s] for s in context), default=-1) + 1)
+        if (
+            not self.ids
+            or not talk
+            or (not max_holes and (fresh or drop))
+            or holes > max_holes * (len(context) + len(fresh))
+            or len(fresh) > free
+            or (said and talk[0] < max(said))
+        ):
+            self.reset()
+            head = [h for h in want if h < boundary]
+            self.talk_start = len(head) * 2 if max_holes else len(head)
+            tail = list(range(self.talk_start, self.talk_start + len(want) - len(head)))
+            logits = self.write(history[:, want], list(want), list(range(len(head))) + tail)
+            self.answer_from = len(self.ids)
+            return logits, True, len(want)
+        for s in drop:
+            self.valid[s] = False
+        if fresh:  # before the conversation in history order: it sees the context's slots alone
+            spoken = [s for s, h in enumerate(self.ids) if h >= boundary and self.valid[s]]
+            for s in spoken:
+                self.valid[s] = False
+            start = self.talk_start - free
+            self.write(history[:, fresh], fresh, list(range(start, start + len(fresh))))
+            for s in spoken:
+                self.valid[s] = True
+        start = max(max(self.pos) + 1, self.talk_start)
+        logits = self.write(history[:, talk], talk, list(range(start, start + len(talk))))
+        self.answer_from = len(self.ids)
+        return logits, False, len(fresh) + len(talk)
+
     def _lay(self, want: list, max_holes: float, talk: list | None = None) -> tuple:
         """Mask the slots ``want`` drops, or rebuild: (the history indices to write, their first position, whether
         rebuilt). talk: ``stable-cf``'s conversation part, written after ``want``'s (None under ``stable``, where a
@@ -136,6 +193,7 @@ class Layout:
         self.cache = (croppable_cache if self.croppable else dynamic_cache)(self.model.config)
         self.ids, self.valid, self.pos, self.writes = [], [], [], []
         self.context_slots = 0
+        self.talk_start = self.answer_from = 0  # stable-gap: the conversation's first position; the answer's slot
 
     def _keep_first(self, n: int) -> None:
         """The bookkeeping of the first ``n`` slots alone (the cache is cut apart)."""

@@ -62,9 +62,11 @@ def test_every_registered_method_answers_every_declared_ability(name):
     assert method.serves_engine == (base is not CacheMethod)
     assert (
         method.protocols
-        == {PromptMethod: ("reselect", "reuse", "stable", "stable-cf"), CacheMethod: ("reuse",), FullMethod: ("full",)}[
-            base
-        ]
+        == {
+            PromptMethod: ("reselect", "reuse", "stable", "stable-cf", "stable-gap"),
+            CacheMethod: ("reuse",),
+            FullMethod: ("full",),
+        }[base]
     )
     if base is PromptMethod:
         assert method.separable and method.selects_from_cache in (True, False)

@@ -253,19 +253,20 @@ def test_stable_cf_refuses_a_bad_context_boundary():
     for bad in (0, -3, 2.5, True, "30"):
         with pytest.raises(ValueError, match="context_tokens is a whole number >= 1"):
             gemfilter.Conversation(model, method, protocol="stable-cf", context_tokens=bad)
-    with pytest.raises(ValueError, match="for protocol 'stable-cf' only; got 30 with protocol 'stable'"):
+    with pytest.raises(ValueError, match="for protocols stable-cf and stable-gap only; got 30 with protocol 'stable'"):
         gemfilter.Conversation(model, method, protocol="stable", context_tokens=30)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("fail", [1, 3])
-def test_a_failed_stable_cf_turn_leaves_the_conversation_as_it_was(monkeypatch, family, fail):
+@pytest.mark.parametrize("protocol", ["stable-cf", "stable-gap"])
+def test_a_failed_stable_cf_turn_leaves_the_conversation_as_it_was(monkeypatch, family, fail, protocol):
     """Ctrl-C in a turn's answer, after its layout was placed (the last turn's slots cut off the cache, a sliding
     window's too): the conversation goes on as if the turn had not been asked. The first turn also forgets the
     context's end it set (no prefill), so the conversation goes on as a fresh one."""
     model = gemfilter.set_attention(BUILDERS[family](), "banded")
     method = get_method("gemfilter-span", layer=FILTER_LAYER[family], topk=24)
-    clean = converse_cf(model, method, "answers", max_holes=1.0)
+    clean = converse(model, method, protocol, "answers", max_holes=1.0)
     real = Layout.decode
     calls = {"n": 0}
 
@@ -276,7 +277,7 @@ def test_a_failed_stable_cf_turn_leaves_the_conversation_as_it_was(monkeypatch, 
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Layout, "decode", interrupted)
-    with gemfilter.Conversation(model, method, DotTokenizer(), protocol="stable-cf", max_holes=1.0) as chat:
+    with gemfilter.Conversation(model, method, DotTokenizer(), protocol=protocol, max_holes=1.0) as chat:
         for t in range(TURNS):
             if t == fail - 1:
                 with pytest.raises(KeyboardInterrupt):
@@ -309,3 +310,130 @@ def test_a_croppable_cache_cut_back_is_the_cache_of_the_shorter_prefix(family):
         want = model(input_ids=then, use_cache=True, **cache_kwargs(short)).logits
     assert cut.get_seq_length() == n + then.shape[1]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ stable-gap: the conversation's slots stay
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter-span", 24), ("gemfilter-span-qmax", 24)])
+@pytest.mark.parametrize("keep", ["answers", "questions", "context"])
+def test_stable_gap_rebuilt_on_every_change_is_reselect(family, name, topk, keep):
+    """max_holes=0: no free positions, and every turn that masks a slot or adds a context slot rebuilds; a turn
+    that only appends conversation tokens extends reselect's prompt, so every answer is reselect's."""
+    model = gemfilter.set_attention(BUILDERS[family](), "banded")
+    method = get_method(name, layer=FILTER_LAYER[family], topk=topk)
+    again = converse(model, method, "reselect", keep)
+    where = {} if keep == "context" else {"context_tokens": 30}
+    gap = converse(model, method, "stable-gap", keep, max_holes=0.0, **where)
+    for a, b in zip(again.turns, gap.turns, strict=True):
+        assert torch.equal(a.new_tokens, b.new_tokens)
+        assert torch.equal(a.selection.indices[0], b.selection.indices[0])
+        assert b.kept == a.kept
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("keep", ["answers", "questions"])
+def test_stable_gap_keeping_everything_runs_only_the_new_tokens(family, keep):
+    """k >= n, max_holes=0: after turn 1 nothing is masked and no context is added, so a follow-up runs only the
+    tokens the history gained (as ``full`` does) and answers as ``generate`` on the whole history."""
+    model = gemfilter.set_attention(BUILDERS[family](), "banded")
+    method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=4096)
+    chat = converse(model, method, "stable-gap", keep, max_holes=0.0, context_tokens=30)
+    history, before = None, 0
+    for t, turn in enumerate(chat.turns):
+        q = question(t, 40 if t == 0 else 7)
+        history = q if history is None else torch.cat([history, q], dim=1)
+        with torch.no_grad():
+            out = model.generate(history, do_sample=False, **greedy())
+        assert torch.equal(turn.new_tokens, out[0, history.shape[1] :]), t
+        assert turn.rebuilt == (t == 0)
+        assert turn.recomputed == history.shape[1] - before, t
+        if keep == "answers":
+            history = torch.cat([history, turn.new_tokens[None]], dim=1)
+            before = history.shape[1] - 1  # the answer's last token was never fed
+        else:
+            before = history.shape[1]
+
+
+@pytest.mark.parametrize("keep", ["answers", "questions"])
+def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(keep):
+    """Never rebuilt for holes (max_holes=1): after each turn, every answer token is the argmax that one forward over
+    the layout's slots gives under Layout.attention_mask() at the layout's positions. Context kept after turn 1 sits
+    after the conversation's slots but at positions before them, and ran with the conversation masked. (gemfilter
+    at k=12 keeps new context on these follow-ups; the span methods keep the first and last tokens here.)"""
+    model = BUILDERS["llama"]()
+    method = get_method("gemfilter", layer=FILTER_LAYER["llama"], topk=12)
+    boundary, late = 30, 0
+    with gemfilter.Conversation(
+        model, method, DotTokenizer(), protocol="stable-gap", keep=keep, max_holes=1.0, context_tokens=boundary
+    ) as chat:
+        for t in range(TURNS):
+            before = chat.history
+            turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
+            history = torch.cat([before, question(t, 7)], dim=1) if before is not None else question(t, 40)
+            layout = chat._layout
+            talk = [s for s, h in enumerate(layout.ids) if boundary <= h < history.shape[1]]
+            context = [s for s, h in enumerate(layout.ids) if h < boundary]
+            # a context slot written after a conversation slot sits at a position before every conversation slot
+            after = [s for s in context if talk and s > talk[0]]
+            assert all(layout.pos[s] < min(layout.pos[c] for c in talk) for s in after)
+            late += bool(after) and not turn.rebuilt
+            assert sorted(h for h, v in zip(layout.ids, layout.valid) if v and h < history.shape[1]) == sorted(
+                turn.selection.indices[0].tolist()
+            )
+            answer = turn.new_tokens.tolist()
+            tokens = torch.tensor(
+                [[int(history[0, h]) if h < history.shape[1] else answer[h - history.shape[1]] for h in layout.ids]]
+            )
+            with torch.no_grad():
+                logits = (
+                    model(
+                        input_ids=tokens,
+                        position_ids=torch.tensor([layout.pos]),
+                        attention_mask=layout.attention_mask(),
+                    )
+                    .logits[0]
+                    .float()
+                )
+            logits[:, model.generation_config.eos_token_id] = float("-inf")  # min_new_tokens = max_new_tokens
+            for i, token in enumerate(answer):  # the answer's slots follow the turn's last written slot
+                assert int(logits[layout.answer_from - 1 + i].argmax()) == token, (t, i)
+    assert late, "no turn added context after the conversation: the test would not see the gap"
+
+
+def test_stable_gap_rebuilds_by_its_rule():
+    """The rebuild rule, replayed from the selections alone (keep="questions"): a turn rebuilds when the context's
+    masked slots would pass max_holes of its slots, when its newly kept context tokens outgrow the free positions
+    (as many as the context had slots when rebuilt), or when a newly kept conversation token precedes a held one."""
+    model = BUILDERS["llama"]()
+    method = get_method("gemfilter-span", layer=2, topk=24)
+    boundary, max_holes = 30, 0.5
+    chat = converse(model, method, "stable-gap", "questions", max_holes=max_holes, context_tokens=boundary)
+    seen = {}
+    for t, turn in enumerate(chat.turns):
+        want = turn.selection.indices[0].tolist()
+        ctx = [h for h in want if h < boundary]
+        talk_new = [h for h in want if h >= boundary and h not in seen.get("valid", set())]
+        if t:
+            fresh = [h for h in ctx if h not in seen["valid"]]
+            drop = [h for h in seen["valid"] if h not in set(want)]
+            holes = seen["holes"] + sum(h < boundary for h in drop)
+            said = [h for h in seen["valid"] if h >= boundary]
+            expect = (
+                not talk_new
+                or holes > max_holes * (seen["slots"] + len(fresh))
+                or len(fresh) > seen["free"]
+                or bool(said and talk_new[0] < max(said))
+            )
+        else:
+            expect = True
+        assert turn.rebuilt == expect, t
+        if expect:
+            seen = {"slots": len(ctx), "holes": 0, "free": len(ctx)}
+            assert turn.recomputed == len(want)
+        else:
+            assert turn.recomputed == len(fresh) + len(talk_new)
+            seen = {"slots": seen["slots"] + len(fresh), "holes": holes, "free": seen["free"] - len(fresh)}
+        seen["valid"] = set(want)
+    assert any(not t.rebuilt for t in chat.turns[1:])

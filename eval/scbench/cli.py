@@ -24,7 +24,10 @@ protocols (what a method keeps between turns; gemfilter.Conversation):
             dropped ones and run only the newly kept ones (greedy; rebuilt past half holes)
   stable-cf stable for the context's kept tokens; the conversation's kept tokens (questions, answers) run
             again each turn after them, so new context never sits between a question and its answer
-  A prompt method's label is its spec with @reselect, @reuse, @stable or @stable-cf.
+  stable-gap stable-cf's order in positions, but the conversation's slots stay: the context is laid out with
+            free positions before the conversation, a newly kept context token takes one of them, and a turn
+            runs only the tokens it newly keeps
+  A prompt method's label is its spec with @reselect, @reuse, @stable, @stable-cf or @stable-gap.
 
 tasks (offline generators; docs/scbench.md says what each transcribes):
   scbench_kv (Retr.KV), scbench_prefix_suffix (Retr.Prefix-Suffix), scbench_vt (Retr.MultiHop),
@@ -67,15 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--protocols",
         default="reselect",
-        help="protocols for prompt methods, comma-separated: reselect, reuse, stable, stable-cf (default reselect)",
+        help="protocols for prompt methods, comma-separated: reselect, reuse, stable, stable-cf, stable-gap "
+        "(default reselect)",
     )
     r.add_argument(
         "--max-holes",
         type=float,
         default=0.5,
-        help="stable and stable-cf: rebuild the layout in history order once its masked slots would pass this share "
-        "of its slots, in [0, 1] (0: on every turn that masks a slot, and under stable-cf also one that adds a "
-        "context slot, which answers as reselect; 1: only on the first turn and when a turn would run nothing new) "
+        help="stable, stable-cf and stable-gap: rebuild the layout in history order once its masked slots would "
+        "pass this share of its slots, in [0, 1] (0: on every turn that masks a slot, and under stable-cf and "
+        "stable-gap also one that adds a context slot, which answers as reselect; 1: only on the first turn and when "
+        "a turn would run nothing new, and under stable-gap when new context outgrows its free positions) "
         "(default 0.5); a folder records it",
     )
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")

@@ -14,8 +14,9 @@ reuse); cache methods (snapkv, h2o, fastkv) ``reuse`` their compressed cache; pr
 gemfilter-span) run under each protocol the config names (``reselect``: select again per turn from the
 history's layers 0..r; ``reuse``: turn 1's kept tokens go on; ``stable``: select as reselect, keep last turn's
 kept tokens in place and run only the new ones, :mod:`gemfilter.stable`; ``stable-cf``: ``stable`` for the
-context's kept tokens, the conversation's run again after them each turn). A method's label is its spec, with
-``@reuse`` / ``@reselect`` / ``@stable`` / ``@stable-cf`` for prompt methods.
+context's kept tokens, the conversation's run again after them each turn; ``stable-gap``: ``stable-cf``'s order in
+positions with the conversation's slots kept). A method's label is its spec, with ``@reuse`` / ``@reselect`` /
+``@stable`` / ``@stable-cf`` / ``@stable-gap`` for prompt methods.
 
 With ``engine`` (a URL), each turn is answered by an OpenAI-compatible engine (:mod:`eval.scbench.engine`):
 full and prompt methods under ``reselect`` only; rows record ``engine``, and it is part of the folder's identity.
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from eval.runner import Benchmark, Unit
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
-from gemfilter.conversation import LAYOUTS, MAX_HOLES, check_max_holes
+from gemfilter.conversation import CONTEXT_FIRST, LAYOUTS, MAX_HOLES, check_max_holes
 from gemfilter.toolkit.options import check_against_model
 
 from .engine import converse_engine
@@ -45,7 +46,7 @@ from .tasks import OFFLINE, OWN, get_task
 
 #: Fields a stored row must hold to count as done.
 ROW_FIELDS = ("_id", "turns")
-PROMPT_PROTOCOLS = ("reselect", "reuse", "stable", "stable-cf")
+PROMPT_PROTOCOLS = ("reselect", "reuse", *LAYOUTS)
 #: How samples are sized, part of a folder's identity: each mode's sample fits that mode's input budget
 #: (``make_sample(mode=...)``). Folders written before say nothing, which means the old sizing: one sample for
 #: both modes, whose multi-request context the runner's middle truncation cut by 15-27% at 4K and 8K.
@@ -69,11 +70,11 @@ FORMAT_DEFAULTS = {
 class RunConfig(BaseRunConfig):
     """One SCBench experiment: :class:`eval.runner.RunConfig`'s fields (``engine`` answers the turns), and:
 
-    protocols: those a prompt method runs under (``reselect``, ``reuse``, ``stable``); modes: ``multi-turn`` and/or
+    protocols: those a prompt method runs under (``reselect``, ``reuse``, ``stable*``); modes: ``multi-turn`` and/or
     ``multi-request``; tasks: official data names with an offline generator; lengths: the window
     (``--max_seq_length``) the samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries
-    per sample; timeout: seconds to wait for the engine (a connection, a chunk); max_holes: ``stable`` and
-    ``stable-cf``'s rebuild share (:class:`gemfilter.Conversation`), part of the identity of a folder that runs one.
+    per sample; timeout: seconds to wait for the engine (a connection, a chunk); max_holes: the layouts'
+    (``stable*``) rebuild share (:class:`gemfilter.Conversation`), part of the identity of a folder that runs one.
     warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
     first forward passes of a process pay one-time costs (seconds at 4K on CPU) that would land on the first row.
     """
@@ -287,10 +288,9 @@ def converse(
 ) -> dict:
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
-    method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable`` or
-    ``stable-cf``;
-    mode: a name in :data:`eval.scbench.prompts.MODES`; length: the window the first prompt is cut to fit;
-    max_holes: the layouts' rebuild share (``stable`` and ``stable-cf``).
+    method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable``,
+    ``stable-cf`` or ``stable-gap``; mode: a name in :data:`eval.scbench.prompts.MODES`; length: the window the
+    first prompt is cut to fit; max_holes: the layouts' rebuild share (``stable*``).
     """
     import gemfilter
 
@@ -299,8 +299,8 @@ def converse(
     new = get_task(task).max_new_tokens
     keep = "questions" if mode == "multi-turn" else "context"
     rows, prefill_s = [], None
-    where = {}  # stable-cf in multi-turn: the first prompt's context ends before its question (multi-request: prefill)
-    if protocol == "stable-cf" and mode == "multi-turn":
+    where = {}  # stable-cf, stable-gap, multi-turn: the first prompt's context ends before its question (else: prefill)
+    if protocol in CONTEXT_FIRST and mode == "multi-turn":
         where["context_tokens"] = context_end(prompts, sample, tok, first)
     with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep, max_holes=max_holes, **where) as chat:
         if mode == "multi-request":
