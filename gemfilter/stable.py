@@ -22,6 +22,13 @@ between a question and its answer. On GF.MultiKey's multi-turn follow-ups, that 
 right where ``stable``'s own order did not (``scripts/multikey_kept.py --stable-layout``, docs/scbench.md). Each
 turn runs its newly kept context tokens and every kept token of the conversation, in one forward.
 
+``stable-gap`` keeps ``stable-cf``'s order in positions without running the conversation again. A rebuilt layout
+puts the context's c kept tokens at positions 0..c-1 and the conversation from 2c on, leaving c free positions
+(none with ``max_holes=0``). A context token kept later takes the next free position, so the model reads it before
+the whole conversation, while its slot is written after the conversation's slots, which it does not attend to;
+the conversation's slots keep their keys and values, and a dropped answer's slots are cut
+(:meth:`Layout.place_gap`). A follow-up runs only the tokens it newly keeps, as ``stable`` does.
+
 It is an approximation of ``reselect``: a kept slot's keys and values were computed when it was written, against
 the slots valid then, and appended tokens sit after older ones whatever their place in the history. What it
 computes is exactly stated: :meth:`Layout.attention_mask` gives the one mask under which a single forward over
