@@ -33,6 +33,9 @@ MULTIKEY_CF = REPO / "measured" / "scbench-own-multikey-cf"  # gemfilter-span-qm
 FACTS_CF = REPO / "measured" / "scbench-own-cf"  # GF.Facts, the span methods under stable-cf, multi-turn
 #: MULTIKEY_CF's stable-cf conversations at other rebuild shares (--max-holes; MULTIKEY_CF ran 0.5)
 HOLES = {share: REPO / "measured" / f"scbench-own-multikey-holes-{share:g}" for share in (0.25, 1.0)}
+#: stable-gap, multi-turn, 4K, seeds 0-19, with full: GF.MultiKey (gemfilter-span-qmax) and GF.Facts (both span methods)
+MULTIKEY_GAP = REPO / "measured" / "scbench-own-multikey-gap"
+FACTS_GAP = REPO / "measured" / "scbench-own-gap"
 
 
 @pytest.mark.parametrize(
@@ -51,6 +54,8 @@ HOLES = {share: REPO / "measured" / f"scbench-own-multikey-holes-{share:g}" for 
         (FACTS_CF, "scbench-own-cf"),
         (HOLES[0.25], "scbench-own-multikey-holes-0.25"),
         (HOLES[1.0], "scbench-own-multikey-holes-1"),
+        (MULTIKEY_GAP, "scbench-own-multikey-gap"),
+        (FACTS_GAP, "scbench-own-gap"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -95,6 +100,8 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (FACTS_CF, 4096, 20),
         (HOLES[0.25], 4096, 10),
         (HOLES[1.0], 4096, 10),
+        (MULTIKEY_GAP, 4096, 20),
+        (FACTS_GAP, 4096, 20),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -548,3 +555,91 @@ def test_the_rebuild_share_gives_what_the_docs_say(share, rebuilt, others, rewor
     assert [sum(cf[i][t]["recomputed"] == cf[i][t]["kept"] for i in range(10)) for t in range(1, 5)] == rebuilt
     ran = [cf[i][t]["recomputed"] for i, t in every if t and cf[i][t]["recomputed"] < cf[i][t]["kept"]]
     assert (len(ran), min(ran), max(ran)) == others
+
+
+@pytest.mark.parametrize(
+    "folder,before,task,method,first_wrong,first_right,rebuilt,others,apart",
+    [
+        (
+            MULTIKEY_GAP,
+            MULTIKEY_CF,
+            "gf_multikey",
+            "gemfilter-span-qmax",
+            [1, 2, 6, 13],
+            [],
+            [0, 6, 14, 9],
+            (51, 36, 112),
+            [],
+        ),
+        (
+            FACTS_GAP,
+            FACTS_CF,
+            "gf_facts",
+            "gemfilter-span-qmax",
+            [],
+            [15],
+            [0, 16, 7, 10],
+            (47, 32, 168),
+            [(0, 3), (6, 2), (10, 2), (12, 4), (15, 1)],
+        ),
+        (
+            FACTS_GAP,
+            FACTS_CF,
+            "gf_facts",
+            "gemfilter-span",
+            [],
+            [],
+            [0, 5, 12, 7],
+            (56, 42, 168),
+            [(3, 4), (5, 4), (16, 4), (17, 2)],
+        ),
+    ],
+)
+def test_stable_gap_rows_give_what_the_docs_say(
+    folder, before, task, method, first_wrong, first_right, rebuilt, others, apart
+):
+    """stable-gap, multi-turn, 4K, seeds 0-19: full answers as in the stable-cf run turn for turn; turn 1 runs
+    reselect's kept tokens with the conversation moved past the free positions, and the samples it gets wrong where
+    reselect is right (and right where it is wrong); the follow-ups whose score differs from stable-cf's; the
+    follow-ups rebuilt (ran all their kept tokens) and the tokens the others ran, as docs/scbench.md gives them."""
+    here, then = collect(folder), collect(before)
+
+    def turns(found, label):
+        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, task)]}
+
+    a, b = turns(here, "full"), turns(then, "full")
+    assert sorted(a) == sorted(b) == list(range(20))
+    assert all([t["prediction"] for t in a[i]] == [t["prediction"] for t in b[i]] for i in a)
+    gap, again, cf = (
+        turns(x, f"{method}:k=256@{p}") for x, p in ((here, "stable-gap"), (then, "reselect"), (then, "stable-cf"))
+    )
+    assert all(gap[i][0]["kept"] == again[i][0]["kept"] and gap[i][0]["recomputed"] == gap[i][0]["kept"] for i in gap)
+    assert [i for i in range(20) if gap[i][0]["score"] < again[i][0]["score"]] == first_wrong
+    assert [i for i in range(20) if gap[i][0]["score"] > again[i][0]["score"]] == first_right
+    follow = [(i, t) for i in range(20) for t in range(1, 5)]
+    assert [(i, t) for i, t in follow if gap[i][t]["score"] != cf[i][t]["score"]] == apart
+    assert [sum(gap[i][t]["recomputed"] == gap[i][t]["kept"] for i in range(20)) for t in range(1, 5)] == rebuilt
+    ran = [gap[i][t]["recomputed"] for i, t in follow if gap[i][t]["recomputed"] < gap[i][t]["kept"]]
+    assert (len(ran), min(ran), max(ran)) == others
+
+
+@pytest.mark.slow
+def test_a_stable_gap_row_is_what_the_runner_computes_now():
+    """GF.MultiKey seed 0, multi-turn, 4K, gemfilter-span-qmax:k=256@stable-gap: the runner's conversation today
+    gives the committed row's answers and the tokens each turn ran."""
+    import gemfilter
+    from eval.scbench.generate import make_sample
+    from eval.scbench.runner import converse
+
+    _, model, tok = script_and_model("multikey_kept")
+    sample = make_sample("gf_multikey", tok, 4096, seed=0, mode="multi-turn")
+    method = gemfilter.get_method("gemfilter-span-qmax", topk=256)
+    got = converse(model, tok, method, "stable-gap", "multi-turn", 4096, "gf_multikey", sample)["turns"]
+    row = next(
+        r
+        for r in collect(MULTIKEY_GAP)[("multi-turn", 4096, "gemfilter-span-qmax:k=256@stable-gap", "gf_multikey")]
+        if int(r["_id"]) == 0
+    )
+    assert [(t["prediction"], t["recomputed"]) for t in got] == [
+        (t["prediction"], t["recomputed"]) for t in row["turns"]
+    ]
