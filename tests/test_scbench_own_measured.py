@@ -507,9 +507,11 @@ def test_stable_cf_on_gf_facts_gives_what_the_docs_say(method, differ, rebuilt, 
 
 
 @pytest.mark.slow
-def test_a_stable_cf_row_is_what_the_runner_computes_now():
-    """GF.MultiKey seed 0, multi-turn, 4K, gemfilter-span-qmax:k=256@stable-cf: the runner's conversation today gives
-    the committed row's answers and the tokens each turn ran (two of its follow-ups rebuild the layout)."""
+@pytest.mark.parametrize("protocol,folder", [("stable-cf", MULTIKEY_CF), ("stable-gap", MULTIKEY_GAP)])
+def test_a_layout_row_is_what_the_runner_computes_now(protocol, folder):
+    """GF.MultiKey seed 0, multi-turn, 4K, gemfilter-span-qmax:k=256 under stable-cf and stable-gap: the runner's
+    conversation today gives the committed row's answers and the tokens each turn ran (under stable-cf two of its
+    follow-ups rebuild the layout)."""
     import gemfilter
     from eval.scbench.generate import make_sample
     from eval.scbench.runner import converse
@@ -517,12 +519,9 @@ def test_a_stable_cf_row_is_what_the_runner_computes_now():
     _, model, tok = script_and_model("multikey_kept")
     sample = make_sample("gf_multikey", tok, 4096, seed=0, mode="multi-turn")
     method = gemfilter.get_method("gemfilter-span-qmax", topk=256)
-    got = converse(model, tok, method, "stable-cf", "multi-turn", 4096, "gf_multikey", sample)["turns"]
-    row = next(
-        r
-        for r in collect(MULTIKEY_CF)[("multi-turn", 4096, "gemfilter-span-qmax:k=256@stable-cf", "gf_multikey")]
-        if int(r["_id"]) == 0
-    )
+    got = converse(model, tok, method, protocol, "multi-turn", 4096, "gf_multikey", sample)["turns"]
+    label = f"gemfilter-span-qmax:k=256@{protocol}"
+    row = next(r for r in collect(folder)[("multi-turn", 4096, label, "gf_multikey")] if int(r["_id"]) == 0)
     assert [(t["prediction"], t["recomputed"]) for t in got] == [
         (t["prediction"], t["recomputed"]) for t in row["turns"]
     ]
@@ -621,25 +620,3 @@ def test_stable_gap_rows_give_what_the_docs_say(
     assert [sum(gap[i][t]["recomputed"] == gap[i][t]["kept"] for i in range(20)) for t in range(1, 5)] == rebuilt
     ran = [gap[i][t]["recomputed"] for i, t in follow if gap[i][t]["recomputed"] < gap[i][t]["kept"]]
     assert (len(ran), min(ran), max(ran)) == others
-
-
-@pytest.mark.slow
-def test_a_stable_gap_row_is_what_the_runner_computes_now():
-    """GF.MultiKey seed 0, multi-turn, 4K, gemfilter-span-qmax:k=256@stable-gap: the runner's conversation today
-    gives the committed row's answers and the tokens each turn ran."""
-    import gemfilter
-    from eval.scbench.generate import make_sample
-    from eval.scbench.runner import converse
-
-    _, model, tok = script_and_model("multikey_kept")
-    sample = make_sample("gf_multikey", tok, 4096, seed=0, mode="multi-turn")
-    method = gemfilter.get_method("gemfilter-span-qmax", topk=256)
-    got = converse(model, tok, method, "stable-gap", "multi-turn", 4096, "gf_multikey", sample)["turns"]
-    row = next(
-        r
-        for r in collect(MULTIKEY_GAP)[("multi-turn", 4096, "gemfilter-span-qmax:k=256@stable-gap", "gf_multikey")]
-        if int(r["_id"]) == 0
-    )
-    assert [(t["prediction"], t["recomputed"]) for t in got] == [
-        (t["prediction"], t["recomputed"]) for t in row["turns"]
-    ]
