@@ -26,7 +26,7 @@ protocols (what a method keeps between turns; gemfilter.Conversation):
             again each turn after them, so new context never sits between a question and its answer
   stable-gap stable-cf's order in positions, but the conversation's slots stay: the context is laid out with
             free positions before the conversation, a newly kept context token takes one of them, and a turn
-            runs only the tokens it newly keeps
+            runs only the tokens it newly keeps (measured slower than stable-cf here: docs/scbench.md)
   A prompt method's label is its spec with @reselect, @reuse, @stable, @stable-cf or @stable-gap.
 
 tasks (offline generators; docs/scbench.md says what each transcribes):
