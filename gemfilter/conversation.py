@@ -223,15 +223,8 @@ class Conversation:
             if self.protocol == "reselect":
                 self._select(history, self._cache, self._tail)
             elif self.protocol in LAYOUTS:  # the context's own selection: the layout each question starts from
-                if self._boundary is None and self.protocol in CONTEXT_FIRST:
-                    self._boundary = history.shape[1]
                 want = self._select(history, self._cache, self._tail).indices[0].tolist()
-                if self.protocol == "stable":
-                    self._layout.place(history, want, self.max_holes)
-                elif self.protocol == "stable-cf":
-                    self._layout.place_context_first(history, want, self._boundary, self.max_holes)
-                else:
-                    self._layout.place_gap(history, want, self._boundary, self.max_holes, cut_answer=False)
+                self._place(self._layout, history, want)
             else:  # one new token, never fed: the cache ends holding the history alone
                 self.model.generate(history, max_new_tokens=1, do_sample=False, **cache_kwargs(self._cache))
             self.history = history
@@ -335,21 +328,26 @@ class Conversation:
         layout = self._layout.copy() if context else self._layout
         clock.put(history.cpu())  # as generate hands its streamer the prompt first
         want = selection.indices[0].tolist()
+        logits, rebuilt, written = self._place(layout, history, want)
         if self.protocol == "stable":
-            logits, rebuilt, written = layout.place(history, want, self.max_holes)
             on = layout if self.keep == "answers" else (layout if context else layout.copy())
-        else:  # stable-cf, stable-gap: the context's slots stay, the conversation after them
-            if self._boundary is None:  # no prefill: the first question is the context
-                self._boundary = history.shape[1]
-            if self.protocol == "stable-cf":  # the conversation's kept tokens run again after the context's slots
-                logits, rebuilt, written = layout.place_context_first(history, want, self._boundary, self.max_holes)
-            else:  # the conversation's slots stay; a dropped answer's slots are cut on the next turn
-                cut = self.keep != "answers"
-                logits, rebuilt, written = layout.place_gap(history, want, self._boundary, self.max_holes, cut)
-            on = layout  # the answer's slots go with the conversation's next turn
+        else:  # stable-cf, stable-gap: the answer's slots go with the conversation's next turn, which cuts them
+            on = layout
         kept = on.kept
         answer = on.decode(logits, settings, history.shape[1], clock)
         return answer, selection, kept, written, rebuilt
+
+    def _place(self, layout, history, want) -> tuple:
+        """Lay the selection ``want`` out on ``layout`` as the protocol does (a prefill's or a turn's); returns
+        :meth:`gemfilter.stable.Layout.place`'s (logits, rebuilt, slots written)."""
+        if self.protocol == "stable":
+            return layout.place(history, want, self.max_holes)
+        if self._boundary is None:  # stable-cf, stable-gap without context_tokens: the first prefill or question
+            self._boundary = history.shape[1]
+        if self.protocol == "stable-cf":  # the conversation's kept tokens run again after the context's slots
+            return layout.place_context_first(history, want, self._boundary, self.max_holes)
+        # stable-gap: the conversation's slots stay; the slots of an answer that left the history are cut
+        return layout.place_gap(history, want, self._boundary, self.max_holes, cut_answer=self.keep != "answers")
 
     @property
     def selector_tokens(self) -> int:
