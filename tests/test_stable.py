@@ -34,6 +34,14 @@ def converse(model, method, protocol, keep, **kw):
     return chat
 
 
+def asked(chat):
+    """Ask TURNS questions (40 tokens, then 7); yield (t, turn, the history the turn was asked on)."""
+    for t in range(TURNS):
+        before = chat.history
+        turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
+        yield t, turn, (torch.cat([before, question(t, 7)], dim=1) if before is not None else question(t, 40))
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter-span", 24), ("gemfilter-span-qmax", 24)])
 @pytest.mark.parametrize("keep", ["answers", "questions", "context"])
@@ -206,10 +214,7 @@ def test_stable_cf_answers_are_one_forward_over_the_context_slots_then_the_conve
     with gemfilter.Conversation(
         model, method, DotTokenizer(), protocol="stable-cf", keep=keep, max_holes=1.0, context_tokens=boundary
     ) as chat:
-        for t in range(TURNS):
-            before = chat.history
-            turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
-            history = torch.cat([before, question(t, 7)], dim=1) if before is not None else question(t, 40)
+        for t, turn, history in asked(chat):
             layout = chat._layout  # the context's slots, then this turn's conversation and answer
             want = turn.selection.indices[0].tolist()
             c = layout.context_slots
@@ -260,7 +265,7 @@ def test_stable_cf_refuses_a_bad_context_boundary():
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("fail", [1, 3])
 @pytest.mark.parametrize("protocol", ["stable-cf", "stable-gap"])
-def test_a_failed_stable_cf_turn_leaves_the_conversation_as_it_was(monkeypatch, family, fail, protocol):
+def test_a_failed_context_first_turn_leaves_the_conversation_as_it_was(monkeypatch, family, fail, protocol):
     """Ctrl-C in a turn's answer, after its layout was placed (the last turn's slots cut off the cache, a sliding
     window's too): the conversation goes on as if the turn had not been asked. The first turn also forgets the
     context's end it set (no prefill), so the conversation goes on as a fresh one."""
@@ -368,10 +373,7 @@ def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(keep)
     with gemfilter.Conversation(
         model, method, DotTokenizer(), protocol="stable-gap", keep=keep, max_holes=1.0, context_tokens=boundary
     ) as chat:
-        for t in range(TURNS):
-            before = chat.history
-            turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
-            history = torch.cat([before, question(t, 7)], dim=1) if before is not None else question(t, 40)
+        for t, turn, history in asked(chat):
             layout = chat._layout
             talk = [s for s, h in enumerate(layout.ids) if boundary <= h < history.shape[1]]
             context = [s for s, h in enumerate(layout.ids) if h < boundary]
