@@ -22,6 +22,8 @@ named protocols say what a turn keeps of the earlier ones:
   the conversation starts a gap of free positions after the context, a newly kept context token takes one of
   them (its slot written after the conversation, with the conversation masked), and a turn runs only its newly
   kept tokens (:meth:`gemfilter.stable.Layout.place_gap`).
+- ``stable-front`` (prompt methods; greedy): ``stable-gap`` with its free positions before the context instead of
+  after it, so a rebuilt layout (the first turn's) has ``reselect``'s relative positions.
 
 What stays in the history after a turn (``keep``): ``answers`` (question and answer, as a chat), ``questions``
 (the answer is dropped, from the cache too: SCBench's multi-turn mode, whose next question starts with the
@@ -52,13 +54,13 @@ from .methods.spec import Method, PromptMethod
 from .selection import QueryTail, Selection, check_causal_decoder, select_cached, sliding_window_of
 from .stable import Layout
 
-PROTOCOLS = ("reselect", "reuse", "full", "stable", "stable-cf", "stable-gap")
+PROTOCOLS = ("reselect", "reuse", "full", "stable", "stable-cf", "stable-gap", "stable-front")
 #: the protocols that select from the whole history every turn, with the selector's cache of layers 0..r
-SELECTING = ("reselect", "stable", "stable-cf", "stable-gap")
+SELECTING = ("reselect", "stable", "stable-cf", "stable-gap", "stable-front")
 #: the protocols that answer on a :class:`gemfilter.stable.Layout`
-LAYOUTS = ("stable", "stable-cf", "stable-gap")
+LAYOUTS = ("stable", "stable-cf", "stable-gap", "stable-front")
 #: the layouts that know where the context ends (``context_tokens``)
-CONTEXT_FIRST = ("stable-cf", "stable-gap")
+CONTEXT_FIRST = ("stable-cf", "stable-gap", "stable-front")
 #: The layouts' rebuild share: a layout whose masked slots pass half of its slots is rebuilt in history order.
 MAX_HOLES = 0.5
 KEEPS = ("answers", "questions", "context")
@@ -115,11 +117,12 @@ class Conversation:
 
     Parameters: model: a transformers causal LM (batch of one conversation); method: a method object (e.g.
     ``GemFilter(topk=1024)``; None for ``full``); tokenizer: to encode text questions and decode answers;
-    protocol: ``reselect``, ``reuse``, ``full``, ``stable``, ``stable-cf`` or ``stable-gap``; keep: ``answers``,
+    protocol: ``reselect``, ``reuse``, ``full``, ``stable``, ``stable-cf``, ``stable-gap`` or ``stable-front``; keep:
+    ``answers``,
     ``questions`` or ``context`` (what stays in the history after a turn; see the module docstring); max_holes:
     the layouts only (``stable*``), the share of masked slots past which the layout is rebuilt in history order
-    (0: every turn that masks or adds a slot, which is ``reselect``); context_tokens: ``stable-cf`` and
-    ``stable-gap`` only, how many of the
+    (0: every turn that masks or adds a slot, which is ``reselect``); context_tokens: ``stable-cf``,
+    ``stable-gap`` and ``stable-front`` only, how many of the
     history's first tokens are the context (None: the first :meth:`prefill`'s tokens, or without one, the whole
     first question).
 
@@ -175,9 +178,10 @@ class Conversation:
         ):
             raise ValueError(
                 f"context_tokens is a whole number >= 1 (how many of the history's first tokens are the context), "
-                f"for protocols {' and '.join(CONTEXT_FIRST)} only; got {context_tokens!r} with protocol {protocol!r}"
+                f"for protocols {', '.join(CONTEXT_FIRST[:-1])} and {CONTEXT_FIRST[-1]} only; "
+                f"got {context_tokens!r} with protocol {protocol!r}"
             )
-        self._boundary = context_tokens  # stable-cf, stable-gap: history indices below it are the context
+        self._boundary = context_tokens  # the context-first layouts: history indices below it are the context
         self._layout = None  # stable: the generation cache's slots
         self._handle = None  # reuse: apply()'s handle, which forks its caches
         self.history = None  # (1, L) every token so far: questions and answers
@@ -331,7 +335,7 @@ class Conversation:
         logits, rebuilt, written = self._place(layout, history, want)
         if self.protocol == "stable":
             on = layout if self.keep == "answers" else (layout if context else layout.copy())
-        else:  # stable-cf, stable-gap: the answer's slots go with the conversation's next turn, which cuts them
+        else:  # the context-first layouts: the answer's slots go with the conversation's next turn, which cuts them
             on = layout
         kept = on.kept
         answer = on.decode(logits, settings, history.shape[1], clock)
@@ -342,12 +346,13 @@ class Conversation:
         :meth:`gemfilter.stable.Layout.place`'s (logits, rebuilt, slots written)."""
         if self.protocol == "stable":
             return layout.place(history, want, self.max_holes)
-        if self._boundary is None:  # stable-cf, stable-gap without context_tokens: the first prefill or question
+        if self._boundary is None:  # the context-first layouts without context_tokens: the first prefill or question
             self._boundary = history.shape[1]
         if self.protocol == "stable-cf":  # the conversation's kept tokens run again after the context's slots
             return layout.place_context_first(history, want, self._boundary, self.max_holes)
-        # stable-gap: the conversation's slots stay; the slots of an answer that left the history are cut
-        return layout.place_gap(history, want, self._boundary, self.max_holes, cut_answer=self.keep != "answers")
+        # stable-gap, stable-front: the conversation's slots stay; an answer that left the history has its slots cut
+        cut, front = self.keep != "answers", self.protocol == "stable-front"
+        return layout.place_gap(history, want, self._boundary, self.max_holes, cut_answer=cut, front=front)
 
     @property
     def selector_tokens(self) -> int:

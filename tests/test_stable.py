@@ -258,13 +258,15 @@ def test_stable_cf_refuses_a_bad_context_boundary():
     for bad in (0, -3, 2.5, True, "30"):
         with pytest.raises(ValueError, match="context_tokens is a whole number >= 1"):
             gemfilter.Conversation(model, method, protocol="stable-cf", context_tokens=bad)
-    with pytest.raises(ValueError, match="for protocols stable-cf and stable-gap only; got 30 with protocol 'stable'"):
+    with pytest.raises(
+        ValueError, match="for protocols stable-cf, stable-gap and stable-front only; got 30 with protocol 'stable'"
+    ):
         gemfilter.Conversation(model, method, protocol="stable", context_tokens=30)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("fail", [1, 3])
-@pytest.mark.parametrize("protocol", ["stable-cf", "stable-gap"])
+@pytest.mark.parametrize("protocol", ["stable-cf", "stable-gap", "stable-front"])
 def test_a_failed_context_first_turn_leaves_the_conversation_as_it_was(monkeypatch, family, fail, protocol):
     """Ctrl-C in a turn's answer, after its layout was placed (the last turn's slots cut off the cache, a sliding
     window's too): the conversation goes on as if the turn had not been asked. The first turn also forgets the
@@ -317,34 +319,37 @@ def test_a_croppable_cache_cut_back_is_the_cache_of_the_shorter_prefix(family):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-# ------------------------------------------------------------------ stable-gap: the conversation's slots stay
+# ---------------------------------------------- stable-gap, stable-front: the conversation's slots stay
+GAPS = ["stable-gap", "stable-front"]
 
 
+@pytest.mark.parametrize("protocol", GAPS)
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter-span", 24), ("gemfilter-span-qmax", 24)])
 @pytest.mark.parametrize("keep", ["answers", "questions", "context"])
-def test_stable_gap_rebuilt_on_every_change_is_reselect(family, name, topk, keep):
+def test_stable_gap_rebuilt_on_every_change_is_reselect(family, name, topk, keep, protocol):
     """max_holes=0: no free positions, and every turn that masks a slot or adds a context slot rebuilds; a turn
     that only appends conversation tokens extends reselect's prompt, so every answer is reselect's."""
     model = gemfilter.set_attention(BUILDERS[family](), "banded")
     method = get_method(name, layer=FILTER_LAYER[family], topk=topk)
     again = converse(model, method, "reselect", keep)
     where = {} if keep == "context" else {"context_tokens": 30}
-    gap = converse(model, method, "stable-gap", keep, max_holes=0.0, **where)
+    gap = converse(model, method, protocol, keep, max_holes=0.0, **where)
     for a, b in zip(again.turns, gap.turns, strict=True):
         assert torch.equal(a.new_tokens, b.new_tokens)
         assert torch.equal(a.selection.indices[0], b.selection.indices[0])
         assert b.kept == a.kept
 
 
+@pytest.mark.parametrize("protocol", GAPS)
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("keep", ["answers", "questions"])
-def test_stable_gap_keeping_everything_runs_only_the_new_tokens(family, keep):
+def test_stable_gap_keeping_everything_runs_only_the_new_tokens(family, keep, protocol):
     """k >= n, max_holes=0: after turn 1 nothing is masked and no context is added, so a follow-up runs only the
     tokens the history gained (as ``full`` does) and answers as ``generate`` on the whole history."""
     model = gemfilter.set_attention(BUILDERS[family](), "banded")
     method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=4096)
-    chat = converse(model, method, "stable-gap", keep, max_holes=0.0, context_tokens=30)
+    chat = converse(model, method, protocol, keep, max_holes=0.0, context_tokens=30)
     history, before = None, 0
     for t, turn in enumerate(chat.turns):
         q = question(t, 40 if t == 0 else 7)
@@ -361,8 +366,9 @@ def test_stable_gap_keeping_everything_runs_only_the_new_tokens(family, keep):
             before = history.shape[1]
 
 
+@pytest.mark.parametrize("protocol", GAPS)
 @pytest.mark.parametrize("keep", ["answers", "questions"])
-def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(keep):
+def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(keep, protocol):
     """Never rebuilt for holes (max_holes=1): after each turn, every answer token is the argmax that one forward over
     the layout's slots gives under Layout.attention_mask() at the layout's positions. Context kept after turn 1 sits
     after the conversation's slots but at positions before them, and ran with the conversation masked. (gemfilter
@@ -371,7 +377,7 @@ def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(keep)
     method = get_method("gemfilter", layer=FILTER_LAYER["llama"], topk=12)
     boundary, late = 30, 0
     with gemfilter.Conversation(
-        model, method, DotTokenizer(), protocol="stable-gap", keep=keep, max_holes=1.0, context_tokens=boundary
+        model, method, DotTokenizer(), protocol=protocol, keep=keep, max_holes=1.0, context_tokens=boundary
     ) as chat:
         for t, turn, history in asked(chat):
             layout = chat._layout
@@ -404,14 +410,15 @@ def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(keep)
     assert late, "no turn added context after the conversation: the test would not see the gap"
 
 
-def test_stable_gap_rebuilds_by_its_rule():
+@pytest.mark.parametrize("protocol", GAPS)
+def test_stable_gap_rebuilds_by_its_rule(protocol):
     """The rebuild rule, replayed from the selections alone (keep="questions"): a turn rebuilds when the context's
     masked slots would pass max_holes of its slots, when its newly kept context tokens outgrow the free positions
     (as many as the context had slots when rebuilt), or when a newly kept conversation token precedes a held one."""
     model = BUILDERS["llama"]()
     method = get_method("gemfilter-span", layer=2, topk=24)
     boundary, max_holes = 30, 0.5
-    chat = converse(model, method, "stable-gap", "questions", max_holes=max_holes, context_tokens=boundary)
+    chat = converse(model, method, protocol, "questions", max_holes=max_holes, context_tokens=boundary)
     seen = {}
     for t, turn in enumerate(chat.turns):
         want = turn.selection.indices[0].tolist()
@@ -439,3 +446,23 @@ def test_stable_gap_rebuilds_by_its_rule():
             seen = {"slots": seen["slots"] + len(fresh), "holes": holes, "free": seen["free"] - len(fresh)}
         seen["valid"] = set(want)
     assert any(not t.rebuilt for t in chat.turns[1:])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter-span", 24), ("gemfilter-span-qmax", 24)])
+@pytest.mark.parametrize("keep", ["answers", "questions"])
+def test_stable_front_rebuilt_turns_answer_as_reselect(family, name, topk, keep):
+    """stable-front with free positions (max_holes=1): a rebuilt layout puts the context at c..2c-1 and the
+    conversation from 2c on, reselect's prompt shifted by c positions, so under rotary positions a rebuilt turn
+    answers as reselect on the same history: the first turn, and under keep="questions" (where the history does
+    not depend on earlier answers) every rebuilt turn."""
+    model = gemfilter.set_attention(BUILDERS[family](), "banded")
+    method = get_method(name, layer=FILTER_LAYER[family], topk=topk)
+    again = converse(model, method, "reselect", keep)
+    front = converse(model, method, "stable-front", keep, max_holes=1.0, context_tokens=30)
+    rebuilt = [t for t, turn in enumerate(front.turns) if turn.rebuilt and (t == 0 or keep == "questions")]
+    assert rebuilt[0] == 0
+    for t in rebuilt:
+        a, b = again.turns[t], front.turns[t]
+        assert torch.equal(a.selection.indices[0], b.selection.indices[0]), t
+        assert torch.equal(a.new_tokens, b.new_tokens), t

@@ -27,7 +27,9 @@ protocols (what a method keeps between turns; gemfilter.Conversation):
   stable-gap stable-cf's order in positions, but the conversation's slots stay: the context is laid out with
             free positions before the conversation, a newly kept context token takes one of them, and a turn
             runs only the tokens it newly keeps (measured slower than stable-cf here: docs/scbench.md)
-  A prompt method's label is its spec with @reselect, @reuse, @stable, @stable-cf or @stable-gap.
+  stable-front stable-gap with its free positions before the context instead of after it: a rebuilt layout
+            (turn 1's) keeps reselect's relative positions, and new context takes the positions below the context's
+  A prompt method's label is its spec with @reselect, @reuse, @stable, @stable-cf, @stable-gap or @stable-front.
 
 tasks (offline generators; docs/scbench.md says what each transcribes):
   scbench_kv (Retr.KV), scbench_prefix_suffix (Retr.Prefix-Suffix), scbench_vt (Retr.MultiHop),
@@ -70,17 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--protocols",
         default="reselect",
-        help="protocols for prompt methods, comma-separated: reselect, reuse, stable, stable-cf, stable-gap "
-        "(default reselect)",
+        help="protocols for prompt methods, comma-separated: reselect, reuse, stable, stable-cf, stable-gap, "
+        "stable-front (default reselect)",
     )
     r.add_argument(
         "--max-holes",
         type=float,
         default=0.5,
-        help="stable, stable-cf and stable-gap: rebuild the layout in history order once its masked slots would "
-        "pass this share of its slots, in [0, 1] (0: on every turn that masks a slot, and under stable-cf and "
-        "stable-gap also one that adds a context slot, which answers as reselect; 1: only on the first turn and when "
-        "a turn would run nothing new, and under stable-gap when new context outgrows its free positions) "
+        help="stable, stable-cf, stable-gap and stable-front: rebuild the layout in history order once its masked "
+        "slots would pass this share of its slots, in [0, 1] (0: on every turn that masks a slot, and under the "
+        "last three also one that adds a context slot, which answers as reselect; 1: only on the first turn and "
+        "when a turn would run nothing new, and under stable-gap and stable-front when new context outgrows its "
+        "free positions) "
         "(default 0.5); a folder records it",
     )
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")

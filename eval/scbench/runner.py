@@ -15,8 +15,9 @@ gemfilter-span) run under each protocol the config names (``reselect``: select a
 history's layers 0..r; ``reuse``: turn 1's kept tokens go on; ``stable``: select as reselect, keep last turn's
 kept tokens in place and run only the new ones, :mod:`gemfilter.stable`; ``stable-cf``: ``stable`` for the
 context's kept tokens, the conversation's run again after them each turn; ``stable-gap``: ``stable-cf``'s order in
-positions with the conversation's slots kept). A method's label is its spec, with ``@reuse`` / ``@reselect`` /
-``@stable`` / ``@stable-cf`` / ``@stable-gap`` for prompt methods.
+positions with the conversation's slots kept; ``stable-front``: ``stable-gap`` with its free positions before the
+context). A method's label is its spec, with ``@reuse`` / ``@reselect`` / ``@stable`` / ``@stable-cf`` /
+``@stable-gap`` / ``@stable-front`` for prompt methods.
 
 With ``engine`` (a URL), each turn is answered by an OpenAI-compatible engine (:mod:`eval.scbench.engine`):
 full and prompt methods under ``reselect`` only; rows record ``engine``, and it is part of the folder's identity.
@@ -289,8 +290,8 @@ def converse(
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
     method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable``,
-    ``stable-cf`` or ``stable-gap``; mode: a name in :data:`eval.scbench.prompts.MODES`; length: the window the
-    first prompt is cut to fit; max_holes: the layouts' rebuild share (``stable*``).
+    ``stable-cf``, ``stable-gap`` or ``stable-front``; mode: a name in :data:`eval.scbench.prompts.MODES`; length:
+    the window the first prompt is cut to fit; max_holes: the layouts' rebuild share (``stable*``).
     """
     import gemfilter
 
@@ -299,7 +300,7 @@ def converse(
     new = get_task(task).max_new_tokens
     keep = "questions" if mode == "multi-turn" else "context"
     rows, prefill_s = [], None
-    where = {}  # stable-cf, stable-gap, multi-turn: the first prompt's context ends before its question (else: prefill)
+    where = {}  # context-first layouts, multi-turn: the first prompt's context ends before its question (else: prefill)
     if protocol in CONTEXT_FIRST and mode == "multi-turn":
         where["context_tokens"] = context_end(prompts, sample, tok, first)
     with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep, max_holes=max_holes, **where) as chat:

@@ -122,7 +122,7 @@ class PromptMethod(Method):
 
     kind: ClassVar[str] = "prompt"
     serves_engine: ClassVar[bool] = True
-    protocols: ClassVar[tuple] = ("reselect", "reuse", "stable", "stable-cf", "stable-gap")
+    protocols: ClassVar[tuple] = ("reselect", "reuse", "stable", "stable-cf", "stable-gap", "stable-front")
 
 
 class CacheMethod(Method):
