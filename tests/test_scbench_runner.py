@@ -450,21 +450,24 @@ def test_max_holes_reaches_the_layout_and_names_the_folder(tiny, tmp_path, monke
     assert len(run(RunConfig(**setup), out, model_and_tokenizer=tiny, progress=False)) == 2  # resumed: the default
 
 
-def test_stable_gap_rows_run_only_what_the_history_gained_when_nothing_changes(tiny, tmp_path):
-    """stable-gap through the runner, multi-turn, --max-holes 0 (no free positions): with a budget at least the
-    prompt every turn keeps the whole history, so turn 1 runs the first prompt, each follow-up runs only the tokens
-    the history gained (its gold answer and question, the model's answer cut off), and it answers as reselect."""
+@pytest.mark.parametrize("protocol,max_holes", [("stable-gap", 0.0), ("stable-front", 0.0), ("stable-front", 1.0)])
+def test_stable_gap_rows_run_only_what_the_history_gained_when_nothing_changes(tiny, tmp_path, protocol, max_holes):
+    """stable-gap and stable-front through the runner, multi-turn: with a budget at least the prompt every turn
+    keeps the whole history, so turn 1 runs the first prompt, each follow-up runs only the tokens the history gained
+    (its gold answer and question, the model's answer cut off), and it answers as reselect: with --max-holes 0 (no
+    free positions), and under stable-front with free positions too, since they lie before the context and leave
+    every relative position reselect's."""
     setup = {
         **BASE,
         "methods": ("gemfilter:k=4096,layer=2",),
-        "protocols": ("reselect", "stable-gap"),
+        "protocols": ("reselect", protocol),
         "tasks": ("scbench_mf",),
         "num_samples": 1,
     }
-    merged = run(RunConfig(**setup, max_holes=0.0), tmp_path / "out", model_and_tokenizer=tiny, progress=False)
+    merged = run(RunConfig(**setup, max_holes=max_holes), tmp_path / "out", model_and_tokenizer=tiny, progress=False)
     again, gap = (
         merged[f"multi-turn/2048/gemfilter:k=4096,layer=2@{p}/scbench_mf.jsonl"][0]["turns"]
-        for p in ("reselect", "stable-gap")
+        for p in ("reselect", protocol)
     )
     assert [t["prediction"] for t in gap] == [t["prediction"] for t in again]
     assert gap[0]["recomputed"] == gap[0]["history_tokens"]

@@ -29,6 +29,7 @@ protocols (what a method keeps between turns; gemfilter.Conversation):
             runs only the tokens it newly keeps (measured slower than stable-cf here: docs/scbench.md)
   stable-front stable-gap with its free positions before the context instead of after it: a rebuilt layout
             (turn 1's) keeps reselect's relative positions, and new context takes the positions below the context's
+            (measured: turn 1 as reselect, but the follow-ups fall: docs/scbench.md)
   A prompt method's label is its spec with @reselect, @reuse, @stable, @stable-cf, @stable-gap or @stable-front.
 
 tasks (offline generators; docs/scbench.md says what each transcribes):
