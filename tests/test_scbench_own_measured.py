@@ -36,6 +36,10 @@ HOLES = {share: REPO / "measured" / f"scbench-own-multikey-holes-{share:g}" for 
 #: stable-gap, multi-turn, 4K, seeds 0-19, with full: GF.MultiKey (gemfilter-span-qmax) and GF.Facts (both span methods)
 MULTIKEY_GAP = REPO / "measured" / "scbench-own-multikey-gap"
 FACTS_GAP = REPO / "measured" / "scbench-own-gap"
+#: stable-front and stable-gap (the LM head skipped on a context write), multi-turn, 4K, gemfilter-span-qmax:k=256,
+#: with full: GF.MultiKey (seeds 0-19) and GF.Facts (seeds 0-9)
+MULTIKEY_FRONT = REPO / "measured" / "scbench-own-multikey-front"
+FACTS_FRONT = REPO / "measured" / "scbench-own-front"
 
 
 @pytest.mark.parametrize(
@@ -56,6 +60,8 @@ FACTS_GAP = REPO / "measured" / "scbench-own-gap"
         (HOLES[1.0], "scbench-own-multikey-holes-1"),
         (MULTIKEY_GAP, "scbench-own-multikey-gap"),
         (FACTS_GAP, "scbench-own-gap"),
+        (MULTIKEY_FRONT, "scbench-own-multikey-front"),
+        (FACTS_FRONT, "scbench-own-front"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -102,6 +108,8 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (HOLES[1.0], 4096, 10),
         (MULTIKEY_GAP, 4096, 20),
         (FACTS_GAP, 4096, 20),
+        (MULTIKEY_FRONT, 4096, 20),
+        (FACTS_FRONT, 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -507,9 +515,11 @@ def test_stable_cf_on_gf_facts_gives_what_the_docs_say(method, differ, rebuilt, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol,folder", [("stable-cf", MULTIKEY_CF), ("stable-gap", MULTIKEY_GAP)])
+@pytest.mark.parametrize(
+    "protocol,folder", [("stable-cf", MULTIKEY_CF), ("stable-gap", MULTIKEY_GAP), ("stable-front", MULTIKEY_FRONT)]
+)
 def test_a_layout_row_is_what_the_runner_computes_now(protocol, folder):
-    """GF.MultiKey seed 0, multi-turn, 4K, gemfilter-span-qmax:k=256 under stable-cf and stable-gap: the runner's
+    """GF.MultiKey seed 0, multi-turn, 4K, gemfilter-span-qmax:k=256 under the context-first layouts: the runner's
     conversation today gives the committed row's answers and the tokens each turn ran (under stable-cf two of its
     follow-ups rebuild the layout)."""
     import gemfilter
@@ -620,3 +630,120 @@ def test_stable_gap_rows_give_what_the_docs_say(
     assert [sum(gap[i][t]["recomputed"] == gap[i][t]["kept"] for i in range(20)) for t in range(1, 5)] == rebuilt
     ran = [gap[i][t]["recomputed"] for i, t in follow if gap[i][t]["recomputed"] < gap[i][t]["kept"]]
     assert (len(ran), min(ran), max(ran)) == others
+
+
+@pytest.mark.parametrize(
+    "folder,gap_before,before,task,n,follow_wrong,follow_right,rebuilt,right,named",
+    [
+        (
+            MULTIKEY_FRONT,
+            MULTIKEY_GAP,
+            MULTIKEY_CF,
+            "gf_multikey",
+            20,
+            [
+                (0, 1),
+                (1, 1),
+                (1, 3),
+                (5, 4),
+                (6, 1),
+                (6, 4),
+                (7, 1),
+                (7, 4),
+                (9, 4),
+                (10, 1),
+                (10, 3),
+                (11, 2),
+                (12, 4),
+                (14, 1),
+                (17, 2),
+                (17, 4),
+                (18, 2),
+            ],
+            [],
+            [0, 6, 14, 9],
+            (24, 24, 31, 48),
+            (16, 14),
+        ),
+        (
+            FACTS_FRONT,
+            FACTS_GAP,
+            FACTS_CF,
+            "gf_facts",
+            10,
+            [
+                (0, 1),
+                (1, 1),
+                (1, 3),
+                (1, 4),
+                (2, 1),
+                (2, 3),
+                (3, 1),
+                (3, 3),
+                (5, 2),
+                (5, 4),
+                (6, 1),
+                (6, 3),
+                (6, 4),
+                (7, 1),
+                (7, 4),
+                (8, 1),
+                (8, 3),
+                (9, 1),
+                (9, 3),
+            ],
+            [],
+            [0, 8, 3, 5],
+            (14, 16, 5, 24),
+            None,
+        ),
+    ],
+)
+def test_stable_front_rows_give_what_the_docs_say(
+    folder, gap_before, before, task, n, follow_wrong, follow_right, rebuilt, right, named
+):
+    """stable-front and stable-gap, multi-turn, 4K, gemfilter-span-qmax:k=256: full answers as in the stable-cf run;
+    stable-gap, its context writes now without the LM head, gives the answers and runs the tokens of its earlier
+    run; stable-front's first answers, and those of every follow-up it rebuilt, are reselect's text; its follow-ups
+    wrong where stable-cf is right (and right where it is wrong), none of them rebuilt; both layouts rebuild the
+    same follow-ups and run the same tokens; how often each is right on the rebuilt follow-ups and on the others,
+    and what GF.MultiKey's wrong follow-ups answer, as docs/scbench.md gives them."""
+    here, gap_then, then = collect(folder), collect(gap_before), collect(before)
+
+    def turns(found, label):
+        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, task)]}
+
+    label = "gemfilter-span-qmax:k=256@"
+    a, b = turns(here, "full"), turns(then, "full")
+    assert sorted(a) == list(range(n))
+    assert all([t["prediction"] for t in a[i]] == [t["prediction"] for t in b[i]] for i in a)
+    gap, old_gap, front = (
+        turns(here, label + "stable-gap"),
+        turns(gap_then, label + "stable-gap"),
+        turns(here, label + "stable-front"),
+    )
+    again, cf = turns(then, label + "reselect"), turns(then, label + "stable-cf")
+    ran = [(t["prediction"], t["recomputed"]) for i in range(n) for t in gap[i]]
+    assert ran == [(t["prediction"], t["recomputed"]) for i in range(n) for t in old_gap[i]]
+    every = [(i, t) for i in range(n) for t in range(5)]
+    rebuilt_turns = [(i, t) for i, t in every if front[i][t]["recomputed"] == front[i][t]["kept"]]
+    assert all((i, 0) in rebuilt_turns for i in range(n))
+    assert all(front[i][t]["prediction"] == again[i][t]["prediction"] for i, t in rebuilt_turns)
+    follow = [(i, t) for i in range(n) for t in range(1, 5)]
+    assert [(i, t) for i, t in follow if front[i][t]["score"] < cf[i][t]["score"]] == follow_wrong
+    assert [(i, t) for i, t in follow if front[i][t]["score"] > cf[i][t]["score"]] == follow_right
+    assert all(front[i][t]["recomputed"] < front[i][t]["kept"] for i, t in follow_wrong + follow_right)
+    assert all(front[i][t]["recomputed"] == gap[i][t]["recomputed"] for i, t in follow)
+    assert [sum(front[i][t]["recomputed"] == front[i][t]["kept"] for i in range(n)) for t in range(1, 5)] == rebuilt
+    again_ = [(i, t) for i, t in follow if front[i][t]["recomputed"] == front[i][t]["kept"]]
+    other = [(i, t) for i, t in follow if (i, t) not in again_]
+    assert tuple(int(sum(x[i][t]["score"] for i, t in part)) for part in (again_, other) for x in (front, gap)) == right
+    if named is not None:  # GF.MultiKey: the wrong follow-ups that name another key's number, an earlier turn's
+        import re
+
+        said = [
+            (re.search(r"\d{7}", front[i][t]["prediction"]), [x["ground_truth"] for x in front[i]], t)
+            for i, t in follow_wrong
+        ]
+        numbers = [(m.group(), golds, t) for m, golds, t in said if m]
+        assert (sum(g in golds for g, golds, _ in numbers), sum(g in golds[:t] for g, golds, t in numbers)) == named
