@@ -228,8 +228,8 @@ class Layout:
     def write(self, tokens: torch.Tensor, ids: list, positions: list, logits: bool = True) -> torch.Tensor | None:
         """Append ``tokens`` (1, m) as valid slots holding history indices ``ids`` at ``positions``; run them
         against the valid slots; return the last one's logits (1, V) in float32 (None with ``logits=False``, which
-        runs the decoder without its LM head, whose 262K-row matmul on Gemma 3 270M is a large share of a short
-        write)."""
+        runs the decoder without its LM head, whose 262K-row matmul on Gemma 3 270M can be a large share of a
+        short write)."""
         first = len(self.ids)
         self.writes.append((first, first + len(ids), list(self.valid)))
         self.ids += ids

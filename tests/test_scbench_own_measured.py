@@ -633,7 +633,7 @@ def test_stable_gap_rows_give_what_the_docs_say(
 
 
 @pytest.mark.parametrize(
-    "folder,gap_before,before,task,n,follow_wrong,follow_right,rebuilt,right,named",
+    "folder,gap_before,before,task,n,follow_wrong,follow_right,rebuilt,right,named,below_gap,ratios",
     [
         (
             MULTIKEY_FRONT,
@@ -664,6 +664,8 @@ def test_stable_gap_rows_give_what_the_docs_say(
             [0, 6, 14, 9],
             (24, 24, 31, 48),
             (16, 14),
+            17,
+            (2.05, 2.07),
         ),
         (
             FACTS_FRONT,
@@ -696,18 +698,21 @@ def test_stable_gap_rows_give_what_the_docs_say(
             [0, 8, 3, 5],
             (14, 16, 5, 24),
             None,
+            21,
+            (2.42, 2.22),
         ),
     ],
 )
 def test_stable_front_rows_give_what_the_docs_say(
-    folder, gap_before, before, task, n, follow_wrong, follow_right, rebuilt, right, named
+    folder, gap_before, before, task, n, follow_wrong, follow_right, rebuilt, right, named, below_gap, ratios
 ):
     """stable-front and stable-gap, multi-turn, 4K, gemfilter-span-qmax:k=256: full answers as in the stable-cf run;
     stable-gap, its context writes now without the LM head, gives the answers and runs the tokens of its earlier
     run; stable-front's first answers, and those of every follow-up it rebuilt, are reselect's text; its follow-ups
     wrong where stable-cf is right (and right where it is wrong), none of them rebuilt; both layouts rebuild the
     same follow-ups and run the same tokens; how often each is right on the rebuilt follow-ups and on the others,
-    and what GF.MultiKey's wrong follow-ups answer, as docs/scbench.md gives them."""
+    what GF.MultiKey's wrong follow-ups answer, and the others' time to first token against full's, as
+    docs/scbench.md gives them."""
     here, gap_then, then = collect(folder), collect(gap_before), collect(before)
 
     def turns(found, label):
@@ -738,6 +743,14 @@ def test_stable_front_rows_give_what_the_docs_say(
     again_ = [(i, t) for i, t in follow if front[i][t]["recomputed"] == front[i][t]["kept"]]
     other = [(i, t) for i, t in follow if (i, t) not in again_]
     assert tuple(int(sum(x[i][t]["score"] for i, t in part)) for part in (again_, other) for x in (front, gap)) == right
+    assert sum(front[i][t]["score"] < gap[i][t]["score"] for i, t in follow) == below_gap
+    full = a  # the mean of each follow-up's ratio to full's on the same sample and turn, on those not rebuilt
+    assert (
+        tuple(
+            round(sum(x[i][t]["ttft_s"] / full[i][t]["ttft_s"] for i, t in other) / len(other), 2) for x in (gap, front)
+        )
+        == ratios
+    )
     if named is not None:  # GF.MultiKey: the wrong follow-ups that name another key's number, an earlier turn's
         import re
 
