@@ -118,13 +118,11 @@ class Conversation:
     Parameters: model: a transformers causal LM (batch of one conversation); method: a method object (e.g.
     ``GemFilter(topk=1024)``; None for ``full``); tokenizer: to encode text questions and decode answers;
     protocol: ``reselect``, ``reuse``, ``full``, ``stable``, ``stable-cf``, ``stable-gap`` or ``stable-front``; keep:
-    ``answers``,
-    ``questions`` or ``context`` (what stays in the history after a turn; see the module docstring); max_holes:
-    the layouts only (``stable*``), the share of masked slots past which the layout is rebuilt in history order
-    (0: every turn that masks or adds a slot, which is ``reselect``); context_tokens: ``stable-cf``,
-    ``stable-gap`` and ``stable-front`` only, how many of the
-    history's first tokens are the context (None: the first :meth:`prefill`'s tokens, or without one, the whole
-    first question).
+    ``answers``, ``questions`` or ``context`` (what stays in the history after a turn; see the module docstring);
+    max_holes: the layouts only (``stable*``), the share of masked slots past which the layout is rebuilt in history
+    order (0: every turn that masks or adds a slot, which is ``reselect``); context_tokens: ``stable-cf``,
+    ``stable-gap`` and ``stable-front`` only, how many of the history's first tokens are the context (None: the first
+    :meth:`prefill`'s tokens, or without one, the whole first question).
 
     Example::
 
