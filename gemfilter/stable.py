@@ -31,9 +31,9 @@ the conversation's slots keep their keys and values, and a dropped answer's slot
 
 ``stable-front`` puts ``stable-gap``'s free positions before the context instead: a rebuilt layout holds the
 context at c..2c-1 and the conversation from 2c on, which is ``reselect``'s prompt shifted by c positions, so under
-rotary positions a rebuilt turn (the first) answers as ``reselect`` does, up to rounding. A context token kept later takes the free
-positions just below the lowest one in use: read before the whole context, and the context's slots it attends to sit
-at later positions than its own.
+rotary positions a rebuilt turn (the first) answers as ``reselect`` does, up to rounding. A context token kept later
+takes the free positions just below the lowest one in use: read before the whole context, and the context's slots it
+attends to sit at later positions than its own.
 
 It is an approximation of ``reselect``: a kept slot's keys and values were computed when it was written, against
 the slots valid then, and appended tokens sit after older ones whatever their place in the history. What it
