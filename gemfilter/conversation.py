@@ -54,11 +54,11 @@ from .methods.spec import Method, PromptMethod
 from .selection import QueryTail, Selection, check_causal_decoder, select_cached, sliding_window_of
 from .stable import Layout
 
-PROTOCOLS = ("reselect", "reuse", "full", "stable", "stable-cf", "stable-gap", "stable-front")
-#: the protocols that select from the whole history every turn, with the selector's cache of layers 0..r
-SELECTING = ("reselect", "stable", "stable-cf", "stable-gap", "stable-front")
 #: the protocols that answer on a :class:`gemfilter.stable.Layout`
 LAYOUTS = ("stable", "stable-cf", "stable-gap", "stable-front")
+PROTOCOLS = ("reselect", "reuse", "full", *LAYOUTS)
+#: the protocols that select from the whole history every turn, with the selector's cache of layers 0..r
+SELECTING = ("reselect", *LAYOUTS)
 #: the layouts that know where the context ends (``context_tokens``)
 CONTEXT_FIRST = ("stable-cf", "stable-gap", "stable-front")
 #: The layouts' rebuild share: a layout whose masked slots pass half of its slots is rebuilt in history order.
