@@ -719,9 +719,9 @@ def test_stable_front_rows_give_what_the_docs_say(
         return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, task)]}
 
     label = "gemfilter-span-qmax:k=256@"
-    a, b = turns(here, "full"), turns(then, "full")
-    assert sorted(a) == list(range(n))
-    assert all([t["prediction"] for t in a[i]] == [t["prediction"] for t in b[i]] for i in a)
+    full, full_then = turns(here, "full"), turns(then, "full")
+    assert sorted(full) == list(range(n))
+    assert all([t["prediction"] for t in full[i]] == [t["prediction"] for t in full_then[i]] for i in full)
     gap, old_gap, front = (
         turns(here, label + "stable-gap"),
         turns(gap_then, label + "stable-gap"),
@@ -740,11 +740,12 @@ def test_stable_front_rows_give_what_the_docs_say(
     assert all(front[i][t]["recomputed"] < front[i][t]["kept"] for i, t in follow_wrong + follow_right)
     assert all(front[i][t]["recomputed"] == gap[i][t]["recomputed"] for i, t in follow)
     assert [sum(front[i][t]["recomputed"] == front[i][t]["kept"] for i in range(n)) for t in range(1, 5)] == rebuilt
-    again_ = [(i, t) for i, t in follow if front[i][t]["recomputed"] == front[i][t]["kept"]]
-    other = [(i, t) for i, t in follow if (i, t) not in again_]
-    assert tuple(int(sum(x[i][t]["score"] for i, t in part)) for part in (again_, other) for x in (front, gap)) == right
+    rebuilt_follow = [(i, t) for i, t in rebuilt_turns if t]
+    other = [(i, t) for i, t in follow if (i, t) not in rebuilt_follow]
+    parts = (rebuilt_follow, other)
+    assert tuple(int(sum(x[i][t]["score"] for i, t in part)) for part in parts for x in (front, gap)) == right
     assert sum(front[i][t]["score"] < gap[i][t]["score"] for i, t in follow) == below_gap
-    full = a  # the mean of each follow-up's ratio to full's on the same sample and turn, on those not rebuilt
+    # the mean of each follow-up's ratio to full's on the same sample and turn, on those not rebuilt
     assert (
         tuple(
             round(sum(x[i][t]["ttft_s"] / full[i][t]["ttft_s"] for i, t in other) / len(other), 2) for x in (gap, front)
