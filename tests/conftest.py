@@ -63,3 +63,15 @@ def quiet_sliding_filter_layer():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="filter layer .* sliding-window")
         yield
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_restored():
+    """Each test leaves torch's CPU thread count as it found it. A command run in-process sets it from its
+    ``--threads`` (2 by default for the probes), and the count would otherwise hold for every later test. CI runs
+    its two version jobs at once on 2 cores with one thread each (.ci/run): with two threads each, they wait on
+    each other's cores (docs/setup.md gives the measurement)."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

@@ -52,6 +52,7 @@ def test_summary_medians_and_ratios_by_hand():
     assert "theory_prompt_ratio" not in cells["snapkv"]
 
 
+@pytest.mark.slow  # a whole benchmark run, then its resume (~1 min)
 def test_bench_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch, capsys):
     args = [
         "--model",
@@ -101,6 +102,7 @@ def test_bench_rejects_unknown_methods(tmp_path):
         bench_report.main(["--lengths", "2.5", "--out", str(tmp_path)])
 
 
+@pytest.mark.slow  # two benchmark runs (~20 s)
 def test_keep_going_reports_the_cells_that_ran_and_a_rerun_measures_only_the_failed_one(tmp_path, monkeypatch, capsys):
     """--keep-going (the GPU script's mode): a failed cell is one error line, the report covers the others, exit 2;
     without it the first failure ends the run."""

@@ -166,6 +166,7 @@ def test_excluded_cells_are_reported_not_measured(monkeypatch, tmp_path):
     assert json.loads((tmp_path / "bench.json").read_text())["excluded"][0]["method"] == "h2o"
 
 
+@pytest.mark.slow  # a whole benchmark run (~30 s)
 def test_end_to_end_scaled_phi_generates_the_forced_tokens(tmp_path):
     args = [
         "--model",

@@ -66,6 +66,7 @@ def test_every_bad_model_arg_is_refused_before_the_model_loads(tiny_model_dir, n
 
 # Through the command line, once per kind of check (each run indexes the harness's task folders, ~4 s): a
 # value checked against the model's config, and a key the harness passes itself.
+@pytest.mark.slow  # the harness's command, which indexes its task folders (~14 s a run)
 @pytest.mark.parametrize("args, msg", [BAD_ARGS[0], BAD_ARGS[6]])
 def test_a_bad_model_arg_is_one_error_line_of_the_command(
     tiny_model_dir,

@@ -183,6 +183,7 @@ def test_cli_help_teaches(capsys):
         assert "examples:" in text and "outputs" in text and "--preset" in text
 
 
+@pytest.mark.slow  # trains through the command twice (~5 s)
 def test_cli_mlp_writes_outputs_and_resumes(tmp_path, monkeypatch, capsys):
     args = ["mlp", "--k", "2", "--p", "11", "--steps", "50", "--eval-every", "25", "--out", str(tmp_path), "--quiet"]
     assert cli.main(args) == 0

@@ -57,6 +57,7 @@ go()
 """
 
 
+@pytest.mark.slow  # two runs in subprocesses (~7 s each)
 @pytest.mark.parametrize("kind, merged", [("niah", "results.jsonl"), ("longbench", "trec.jsonl")])
 def test_two_processes_sharing_one_out_lose_no_row(tmp_path, kind, merged):
     """One process appends rows through the runner's append_row while another merges over and over."""

@@ -310,6 +310,7 @@ for name, job in jobs.items():
 """
 
 
+@pytest.mark.slow  # commands in subprocesses (~9 s)
 def test_json_results_survive_a_failed_write(tmp_path):
     """A write that fails half-way (here: a full disk) must leave the old file, or none, never half of one."""
     (tmp_path / "niah").mkdir()

@@ -41,6 +41,7 @@ def test_grok_skips_a_line_that_is_not_an_object(tmp_path):
     assert [(r["k"], r["p"]) for r in _rows(out / "grok_runs.jsonl") if isinstance(r, dict)] == [(2, 5)]
 
 
+@pytest.mark.slow  # trains the MLP probe twice (~7 s)
 def test_mlp_with_other_settings_does_not_overwrite_a_result(tmp_path, capsys):
     out = tmp_path / "mlp"
     assert cli.main(MLP + ["--out", str(out)]) == 0

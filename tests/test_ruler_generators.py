@@ -189,6 +189,7 @@ def test_fwe_outputs_are_the_three_most_frequent_coded_words(samples):
         assert all(re.fullmatch(r"[a-z]{6}", w) for w in ranked)
 
 
+@pytest.mark.slow  # three prepare runs (~17 s)
 def test_prepare_is_byte_identical_for_the_same_seed_and_prefix_stable(tmp_path, capsys):
     from eval.ruler.cli import main
 

@@ -71,6 +71,7 @@ def _official_score(rows):
     return round(total / len(rows) * 100, 2)
 
 
+@pytest.mark.slow  # a run through the command (~12 s)
 def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_path, capsys):
     out = write_samples(tmp_path / "out")
     rc = main(
@@ -160,6 +161,7 @@ def test_cli_run_writes_rulers_layout_and_a_report(tiny, tiny_model_dir, tmp_pat
     assert "| ? | full |" in (single / "report.md").read_text()
 
 
+@pytest.mark.slow  # a run, then its resume (~9 s)
 def test_resume_computes_only_missing_samples_and_repairs_a_cut_line(tiny, tiny_model_dir, tmp_path, capsys):
     first = write_samples(tmp_path / "first")
     full = run(config(tiny_model_dir), first, model_and_tokenizer=tiny, progress=False)
@@ -210,6 +212,7 @@ def test_a_cut_off_run_has_given_every_method_the_same_samples(tiny, tiny_model_
     assert len({(label, task) for label, task, _ in rows}) == 5
 
 
+@pytest.mark.slow  # two runs through the command (~12 s)
 def test_a_smaller_run_reports_only_its_first_samples(tiny, tiny_model_dir, tmp_path, capsys):
     """After a 3-sample run, a 1-sample run's table (and `score --num-samples 1`) covers sample 0 only."""
     out = write_samples(tmp_path / "out")
@@ -254,6 +257,7 @@ def test_a_smaller_run_reports_only_its_first_samples(tiny, tiny_model_dir, tmp_
     assert "--num-samples must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # runs at two lengths (~11 s)
 def test_a_run_at_another_length_reports_the_earlier_lengths_rows_in_full(tiny, tiny_model_dir, tmp_path):
     """A 1-sample run at 256 in a folder with a 3-sample run at 512: its report has 512 at 3 samples."""
     out = write_samples(write_samples(tmp_path / "out"), length=256, words=30)

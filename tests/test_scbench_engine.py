@@ -75,6 +75,7 @@ class ModelEngine:
         self.server.server_close()
 
 
+@pytest.mark.slow  # a run through an engine and one local run (~8 s a mode)
 @pytest.mark.parametrize("mode", ["multi-turn", "multi-request"])
 def test_engine_rows_equal_the_local_rows(tiny, tmp_path, mode):  # noqa: F811 - the imported fixture
     model, _ = tiny

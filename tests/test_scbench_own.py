@@ -97,6 +97,7 @@ def test_vt_answers_follow_the_chains(seed):
         assert sorted(n for n, x in value.items() if x == v) == sorted(turn["answer"].split(", "))
 
 
+@pytest.mark.slow  # builds each task's samples in both modes at 4K and 8K (~20 s)
 @pytest.mark.parametrize("max_tokens", [4096, 8192])
 @pytest.mark.parametrize("mode", prompts.MODES)
 def test_samples_fit_their_mode_whole(tok, max_tokens, mode):

@@ -62,6 +62,7 @@ def test_labels_per_protocol():
     ]
 
 
+@pytest.mark.slow  # every task through the runner (~12 s a mode)
 @pytest.mark.parametrize("mode", ["multi-turn", "multi-request"])
 def test_turns_are_fed_as_the_official_runner_feeds_them(tiny, tmp_path, mode):
     model, tok = tiny

@@ -58,6 +58,7 @@ def test_format_is_the_official_one(samples):
     assert all(type(t["answer"]) is int for t in mf["multi_turns"])  # hub: int64, math_find's int branch
 
 
+@pytest.mark.slow  # builds every task's samples twice more (~15 s)
 def test_same_seed_same_sample_other_seed_other(tok, samples):
     for task in OFFLINE:
         assert generate.make_sample(task, tok, 4096, turns=5, seed=3) == samples[task]
@@ -131,6 +132,7 @@ def _conversation_tokens(tok, task, eg):
     return n + tasks.get_task(task).max_new_tokens * len(eg["multi_turns"])
 
 
+@pytest.mark.slow  # builds every task's samples at 4K and 8K (~30 s)
 @pytest.mark.parametrize("max_tokens", [4096, 8192])
 def test_budget_holds_and_is_used(tok, max_tokens):
     for task in OFFLINE:
@@ -173,6 +175,7 @@ def _fed_whole(tok, task, sample, max_tokens, mode):
     return prompts.truncate_middle(ids, limit) == ids, len(ids) / limit
 
 
+@pytest.mark.slow  # builds every task's samples in both modes at 4K and 8K (~2 min)
 @pytest.mark.parametrize("max_tokens", [4096, 8192])
 @pytest.mark.parametrize("mode", prompts.MODES)
 def test_the_runner_feeds_every_context_whole(tok, max_tokens, mode):

@@ -178,6 +178,7 @@ def test_flips_are_exact_and_nested():
         flip_labels(y, 1.5, ranks)
 
 
+@pytest.mark.slow  # trains through the command twice (~6 s)
 def test_cli_help_bad_input_and_resume(tmp_path, capsys):
     for argv in ([], ["run"], ["report"]):
         with pytest.raises(SystemExit) as exc:
