@@ -56,7 +56,6 @@ def wait_for(test, seconds: float):
     return test()
 
 
-@pytest.mark.slow  # a worker in a subprocess that loads a model (~6 s each)
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_the_worker_dies_with_its_parent(tiny_model_dir, sig):
