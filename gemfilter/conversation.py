@@ -74,7 +74,9 @@ class Turn:
     selection included; total_s: the whole turn; peak_mib: peak memory over the turn beyond what was held
     before it (CPU: resident set, read from Linux's /proc; None elsewhere. CUDA: allocated); recomputed: tokens
     the turn ran through the whole model before its first new token (full and reuse: the new tokens; reselect:
-    the kept ones; stable: the ones it newly keeps); rebuilt: stable only, whether the layout was rebuilt."""
+    the kept ones; stable: the ones it newly keeps); rebuilt: stable only, whether the layout was rebuilt;
+    select_s: reselect and the layouts, the seconds of ``ttft_s`` the selection took (the selector's layers 0..r
+    over the tokens its cache had not seen, and the method's scoring); None for full and reuse."""
 
     new_tokens: torch.Tensor
     text: str | None
@@ -86,6 +88,7 @@ class Turn:
     selection: Selection | None
     recomputed: int | None = None
     rebuilt: bool | None = None
+    select_s: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -225,7 +228,7 @@ class Conversation:
             if self.protocol == "reselect":
                 self._select(history, self._cache, self._tail)
             elif self.protocol in LAYOUTS:  # the context's own selection: the layout each question starts from
-                want = self._select(history, self._cache, self._tail).indices[0].tolist()
+                want = self._select(history, self._cache, self._tail)[0].indices[0].tolist()
                 self._place(self._layout, history, want)
             else:  # one new token, never fed: the cache ends holding the history alone
                 self.model.generate(history, max_new_tokens=1, do_sample=False, **cache_kwargs(self._cache))
@@ -271,16 +274,16 @@ class Conversation:
             measured = False
         clock = FirstTokenClock(self._memory if measured else None, _sync(self._memory))
         start = time.perf_counter()
-        selection, kept, recomputed, rebuilt = None, None, None, None
+        selection, kept, recomputed, rebuilt, select_s = None, None, None, None, None
         if self.protocol in LAYOUTS:
-            answer, selection, kept, recomputed, rebuilt = self._stable(history, clock, generate_kwargs)
+            answer, selection, kept, recomputed, rebuilt, select_s = self._stable(history, clock, generate_kwargs)
         elif self.protocol == "reselect":
             if self.keep == "context":  # the question is asked over the context alone: nothing of it stays
-                selection = self._select(
+                selection, select_s = self._select(
                     history, copy.deepcopy(self._cache), None if self._tail is None else self._tail.copy()
                 )
             else:
-                selection = self._select(history, self._cache, self._tail)
+                selection, select_s = self._select(history, self._cache, self._tail)
             with apply(self.model, Preselected(self.method, selection), tokenizer=self.tokenizer) as handle:
                 out = self.model.generate(history, streamer=clock, **generate_kwargs)
             kept = recomputed = handle.calls[-1].kept[0]
@@ -308,6 +311,7 @@ class Conversation:
             selection=selection,
             recomputed=recomputed,
             rebuilt=rebuilt,
+            select_s=select_s,
         )
         if self.keep == "answers":
             self.history = torch.cat([history, answer], dim=1)
@@ -317,7 +321,7 @@ class Conversation:
         return turn
 
     def _stable(self, history, clock, kwargs) -> tuple:
-        """(answer (1, t), selection, kept, recomputed, rebuilt) under ``stable``: select as reselect does, lay the
+        """(answer (1, t), selection, kept, recomputed, rebuilt, select_s) under ``stable``: select as reselect does, lay the
         selection out on the layout (a copy for a question over the context alone), answer greedily on it (on a
         copy when the answer is dropped)."""
         from .compiled import check_keywords
@@ -326,7 +330,7 @@ class Conversation:
         context = self.keep == "context"
         cache = copy.deepcopy(self._cache) if context else self._cache
         tail = None if self._tail is None else (self._tail.copy() if context else self._tail)
-        selection = self._select(history, cache, tail)
+        selection, select_s = self._select(history, cache, tail)
         layout = self._layout.copy() if context else self._layout
         clock.put(history.cpu())  # as generate hands its streamer the prompt first
         want = selection.indices[0].tolist()
@@ -337,7 +341,7 @@ class Conversation:
             on = layout
         kept = on.kept
         answer = on.decode(logits, settings, history.shape[1], clock)
-        return answer, selection, kept, written, rebuilt
+        return answer, selection, kept, written, rebuilt, select_s
 
     def _place(self, layout, history, want) -> tuple:
         """Lay the selection ``want`` out on ``layout`` as the protocol does (a prefill's or a turn's); returns
@@ -399,10 +403,14 @@ class Conversation:
                 f"the model's max_position_embeddings ({limit})"
             )
 
-    def _select(self, history, cache, tail) -> Selection:
-        """The method's selection over ``history`` (1, L), running only the tokens ``cache`` has not seen (and
-        ``tail``, a :class:`~gemfilter.selection.QueryTail`, holds the query rows of the ones it has)."""
-        return select_cached(self.model, self.method, history, cache, self.tokenizer, tail=tail)
+    def _select(self, history, cache, tail) -> tuple:
+        """(the method's :class:`Selection` over ``history`` (1, L), its seconds), running only the tokens ``cache``
+        has not seen (and ``tail``, a :class:`~gemfilter.selection.QueryTail`, holds the query rows of the ones it
+        has). The seconds end after a device sync, so a GPU's queued work is counted where it ran."""
+        start = time.perf_counter()
+        selection = select_cached(self.model, self.method, history, cache, self.tokenizer, tail=tail)
+        _sync(self._memory)()
+        return selection, time.perf_counter() - start
 
     def _fork(self):
         """A copy of the history's cache to answer on, so the answer (and, for ``context``, the question) is dropped."""

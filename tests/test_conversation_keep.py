@@ -98,6 +98,8 @@ def test_keep_context_asks_each_question_over_the_context_alone(family, protocol
         assert turn.history_tokens == prompt.shape[1]
         # only the question ran on the context's cache (reselect: the k kept tokens of [context, q])
         assert turn.recomputed == (QUESTIONS[t].shape[1] if protocol != "reselect" else turn.kept)
+        # the selection's seconds are part of the time to first token; full and reuse select nothing per turn
+        assert (0 < turn.select_s <= turn.ttft_s) if protocol == "reselect" else turn.select_s is None
         if protocol == "full":
             ref = model.generate(prompt, **greedy())[0, prompt.shape[1] :]
         elif protocol == "reselect":

@@ -282,6 +282,8 @@ def whole_budget_turns(tiny, tmp_path, protocol: str) -> tuple:
         for p in ("reselect", protocol)
     )
     assert [t["prediction"] for t in other] == [t["prediction"] for t in again]
+    # each turn records its selection's seconds, a part of its time to first token
+    assert all(0 < t["select_s"] <= t["ttft_s"] for t in again + other)
     return again, other
 
 
@@ -297,21 +299,24 @@ def test_time_ratios_compare_the_same_tasks_and_recomputed_tokens_are_tabled():
     tokens each turn ran through the model get a table when the rows record them (by hand: 2.0 / 4.0 = 0.50x)."""
     from eval.scbench.report import markdown, score_table
 
-    def rows(ttft, redo=None):
-        turn = {"turn_idx": 0, "prediction": "11", "ground_truth": "11", "ttft_s": ttft}
+    def rows(ttft, redo=None, select=None):
+        turn = {"turn_idx": 0, "prediction": "11", "ground_truth": "11", "ttft_s": ttft, "select_s": select}
         return [{"_id": "0", "turns": [dict(turn, **({} if redo is None else {"recomputed": redo}))]}]
 
     found = {
         ("multi-turn", 4096, "full", "gf_facts"): rows(4.0, 100),
         ("multi-turn", 4096, "full", "gf_vt"): rows(40.0, 100),
-        ("multi-turn", 4096, "span@stable", "gf_facts"): rows(2.0, 30),
+        ("multi-turn", 4096, "span@stable", "gf_facts"): rows(2.0, 30, 0.75),
     }
     text = markdown(score_table(found))
     assert "| span@stable | 2.00 (0.50x) |" in text
     assert "| full | 22.00 (1.00x) |" in text
     assert "| span@stable | 30 |" in text and "| full | 100 |" in text
-    found = {k: rows(v[0]["turns"][0]["ttft_s"]) for k, v in found.items()}  # rows without the field: no table
+    selection = text.split("the selection's (s")[1].split("Tokens run")[0]  # only the label that selects
+    assert "| span@stable | 0.75 |" in selection and "| full |" not in selection
+    found = {k: rows(v[0]["turns"][0]["ttft_s"]) for k, v in found.items()}  # rows without the fields: no tables
     assert "Tokens run through the model" not in markdown(score_table(found))
+    assert "the selection's" not in markdown(score_table(found))
 
 
 @pytest.mark.parametrize(

@@ -108,21 +108,22 @@ def score_table(found: dict) -> dict:
         ]
         ttft = [[t["ttft_s"] for r in rows for t in r["turns"] if t["turn_idx"] == i] for i in range(turns)]
         prefill = [r["prefill_s"] for r in rows if r.get("prefill_s") is not None]
-        redo = [
-            [
-                t["recomputed"]
-                for r in rows
-                for t in r["turns"]
-                if t["turn_idx"] == i and t.get("recomputed") is not None
+
+        def recorded(field):
+            """The per-turn means of an optional field (None for a turn no row records it on)."""
+            got = [
+                [t[field] for r in rows for t in r["turns"] if t["turn_idx"] == i and t.get(field) is not None]
+                for i in range(turns)
             ]
-            for i in range(turns)
-        ]
+            return [sum(x) / len(x) if x else None for x in got]
+
         table[key] = {
             "acc": [sum(a) / len(a) for a in acc],
             "ttft": [sum(x) / len(x) for x in ttft],
             "n": len(rows),
             "prefill": sum(prefill) / len(prefill) if prefill else None,
-            "recomputed": [sum(x) / len(x) if x else None for x in redo],
+            "recomputed": recorded("recomputed"),
+            "select": recorded("select_s"),
         }
     return table
 
@@ -194,19 +195,39 @@ def markdown(table: dict, settings: str = "") -> str:
             if shared:
                 cells_.insert(0, f"{sum(pre[label]) / len(pre[label]):.2f}" if pre[label] else "-")
             lines.append(f"| {label} | {' | '.join(cells_)} |")
-        lines += _recomputed(cells, labels, head, turns)
+        lines += _recorded(
+            cells,
+            labels,
+            head,
+            turns,
+            "select",
+            "Of the time to first token, the selection's (s, mean over tasks and samples; the selector's layers "
+            "over the turn's new tokens and the method's scoring; - where not recorded).",
+            "{:.2f}",
+        )
+        lines += _recorded(
+            cells,
+            labels,
+            head,
+            turns,
+            "recomputed",
+            "Tokens run through the model per turn (mean over tasks and samples; - where not recorded).",
+            "{:.0f}",
+        )
         lines.append("")
     return "\n".join(lines)
 
 
-def _recomputed(cells: dict, labels: list, head: str, turns: int) -> list:
-    """The mean tokens each turn ran through the model (the row's ``recomputed``: a turn's new tokens for
-    ``full`` and ``reuse``, the kept tokens rebuilt or newly kept for ``reselect`` and ``stable``, and the
-    conversation's kept tokens too for ``stable-cf``); no table
-    when no row records it (rows written before the field existed)."""
+def _recorded(cells: dict, labels: list, head: str, turns: int, field: str, title: str, form: str) -> list:
+    """A per-turn table of an optional field's means, a row per label that records it (``recomputed``: the tokens
+    each turn ran through the model, a turn's new tokens for ``full`` and ``reuse``, the kept tokens rebuilt or
+    newly kept for ``reselect`` and ``stable``, and the conversation's kept tokens too for ``stable-cf``;
+    ``select``: the seconds of the time to first token the selection took, ``reselect`` and the layouts). A turn
+    shows ``-`` unless every task of the label records it; no table when no row does (rows written before the
+    field existed). form: the format of one mean."""
     shown = {}
     for label in labels:
-        per = [v.get("recomputed") or [None] * turns for k, v in cells.items() if k[2] == label]
+        per = [v.get(field) or [None] * turns for k, v in cells.items() if k[2] == label]
         means = []
         for i in range(turns):
             got = [p[i] for p in per if i < len(p) and p[i] is not None]
@@ -215,15 +236,9 @@ def _recomputed(cells: dict, labels: list, head: str, turns: int) -> list:
             shown[label] = means
     if not shown:
         return []
-    lines = [
-        "",
-        "Tokens run through the model per turn (mean over tasks and samples; - where not recorded).",
-        "",
-        f"| method | {head} |",
-        "|---|" + "---|" * turns,
-    ]
+    lines = ["", title, "", f"| method | {head} |", "|---|" + "---|" * turns]
     for label, means in shown.items():
-        lines.append(f"| {label} | {' | '.join('-' if m is None else f'{m:.0f}' for m in means)} |")
+        lines.append(f"| {label} | {' | '.join('-' if m is None else form.format(m) for m in means)} |")
     return lines
 
 

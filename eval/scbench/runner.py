@@ -23,8 +23,9 @@ With ``engine`` (a URL), each turn is answered by an OpenAI-compatible engine (:
 full and prompt methods under ``reselect`` only; rows record ``engine``, and it is part of the folder's identity.
 
 Files: ``OUT/<mode>/<L>/<label>/<task>.jsonl``, one row per sample: ``_id`` (the sample's seed),
-``turns`` ([{turn_idx, prediction, ground_truth, score, ttft_s, total_s, kept, history_tokens, recomputed}]),
-``prefill_s`` (multi-request: the context's prefill), ``protocol``, ``method``, ``layer``, ``topk``.
+``turns`` ([{turn_idx, prediction, ground_truth, score, ttft_s, total_s, kept, history_tokens, recomputed,
+select_s}]; select_s: the selection's part of ttft_s, null for full and reuse), ``prefill_s`` (multi-request: the
+context's prefill), ``protocol``, ``method``, ``layer``, ``topk``.
 """
 
 from __future__ import annotations
@@ -323,6 +324,7 @@ def converse(
                     "kept": turn.kept,
                     "history_tokens": turn.history_tokens,
                     "recomputed": turn.recomputed,
+                    "select_s": None if turn.select_s is None else round(turn.select_s, 4),
                 }
             )
     return {"turns": rows, "prefill_s": prefill_s}
