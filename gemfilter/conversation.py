@@ -321,9 +321,9 @@ class Conversation:
         return turn
 
     def _stable(self, history, clock, kwargs) -> tuple:
-        """(answer (1, t), selection, kept, recomputed, rebuilt, select_s) under ``stable``: select as reselect does, lay the
-        selection out on the layout (a copy for a question over the context alone), answer greedily on it (on a
-        copy when the answer is dropped)."""
+        """(answer (1, t), selection, kept, recomputed, rebuilt, select_s) under ``stable``: select as reselect
+        does, lay the selection out on the layout (a copy for a question over the context alone), answer greedily
+        on it (on a copy when the answer is dropped)."""
         from .compiled import check_keywords
 
         settings = check_keywords(self.model, {k: v for k, v in kwargs.items() if k != "streamer"})
