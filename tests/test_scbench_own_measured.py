@@ -40,6 +40,9 @@ FACTS_GAP = REPO / "measured" / "scbench-own-gap"
 #: with full: GF.MultiKey (seeds 0-19) and GF.Facts (seeds 0-9)
 MULTIKEY_FRONT = REPO / "measured" / "scbench-own-multikey-front"
 FACTS_FRONT = REPO / "measured" / "scbench-own-front"
+#: GF.Facts, multi-turn, 4K, seeds 0-9: rows that record each turn's selection time (select_s), with full;
+#: gemfilter-span-qmax:k=256 under reselect and the three layouts, and at layer 5 under reselect and stable
+FACTS_SELECT = REPO / "measured" / "scbench-own-select"
 
 
 @pytest.mark.parametrize(
@@ -62,6 +65,7 @@ FACTS_FRONT = REPO / "measured" / "scbench-own-front"
         (FACTS_GAP, "scbench-own-gap"),
         (MULTIKEY_FRONT, "scbench-own-multikey-front"),
         (FACTS_FRONT, "scbench-own-front"),
+        (FACTS_SELECT, "scbench-own-select"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -110,6 +114,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (FACTS_GAP, 4096, 20),
         (MULTIKEY_FRONT, 4096, 20),
         (FACTS_FRONT, 4096, 10),
+        (FACTS_SELECT, 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -761,3 +766,75 @@ def test_stable_front_rows_give_what_the_docs_say(
         ]
         numbers = [(m.group(), golds, t) for m, golds, t in said if m]
         assert (sum(g in golds for g, golds, _ in numbers), sum(g in golds[:t] for g, golds, t in numbers)) == named
+
+
+def test_the_selection_s_share_of_a_follow_up_gives_what_the_docs_say():
+    """GF.Facts, multi-turn, 4K, seeds 0-9, rows that record select_s: every label answers and runs the tokens of
+    its earlier run (so recording the time changed nothing it computes); per protocol, the mean over the 40
+    follow-ups of the selection's time and of the time to first token, each over full's on the same sample and turn;
+    under stable (one write a follow-up), the least-squares line of the rest of the time against the tokens run, the
+    tokens it allows within 2x full's, and the follow-ups at most 2x by tokens run; the same at layer 5 for reselect
+    and stable, with the turns it scores otherwise than layer 11, as docs/scbench.md gives them."""
+    import numpy as np
+
+    here = collect(FACTS_SELECT)
+
+    def turns(found, label):
+        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, "gf_facts")]}
+
+    qmax = "gemfilter-span-qmax:k=256@"
+    for label, before in [
+        ("full", FULL),
+        (qmax + "reselect", FACTS_CF),
+        (qmax + "stable-cf", FACTS_CF),
+        (qmax + "stable-gap", FACTS_FRONT),
+        (qmax + "stable", ROOT),
+    ]:
+        a, b = turns(here, label), turns(collect(before), label)
+        assert all(
+            [(t["prediction"], t["recomputed"]) for t in a[i]] == [(t["prediction"], t["recomputed"]) for t in b[i]]
+            for i in range(10)
+        ), label
+    full = turns(here, "full")
+    assert all(t["select_s"] is None for i in range(10) for t in full[i])
+    follow = [(i, t) for i in range(10) for t in range(1, 5)]
+
+    def share(x, key):
+        return round(sum(x[i][t][key] / full[i][t]["ttft_s"] for i, t in follow) / len(follow), 2)
+
+    got = {p: turns(here, qmax + p) for p in ("reselect", "stable", "stable-cf", "stable-gap")}
+    assert {p: (share(x, "select_s"), share(x, "ttft_s")) for p, x in got.items()} == {
+        "reselect": (0.57, 3.10),
+        "stable": (0.59, 2.45),
+        "stable-cf": (0.60, 2.73),
+        "stable-gap": (0.61, 2.91),
+    }
+    stable = got["stable"]
+    ran = np.array([stable[i][t]["recomputed"] for i, t in follow], dtype=float)
+    rest = np.array([(stable[i][t]["ttft_s"] - stable[i][t]["select_s"]) / full[i][t]["ttft_s"] for i, t in follow])
+    (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(ran), ran], 1), rest, rcond=None)
+    select = sum(stable[i][t]["select_s"] / full[i][t]["ttft_s"] for i, t in follow) / len(follow)
+    assert (round(a, 2), round(100 * b, 2), round((2 - select - a) / b)) == (0.76, 0.79, 81)
+    ratio = [stable[i][t]["ttft_s"] / full[i][t]["ttft_s"] for i, t in follow]
+    buckets = [(0, 60), (61, 120), (121, 200), (201, 256)]
+    assert [
+        (len(r), round(sum(r) / len(r), 2), sum(x <= 2 for x in r))
+        for r in ([x for x, n in zip(ratio, ran) if lo <= n <= hi] for lo, hi in buckets)
+    ] == [(3, 1.67, 3), (20, 2.08, 10), (7, 2.48, 1), (10, 3.41, 0)]
+    # at layer 5 (the model's first full-attention layer): the selection's share, the time, the follow-ups within 2x,
+    # and the (sample, turn) pairs whose score differs from layer 11's
+    early = {p: turns(here, f"gemfilter-span-qmax:k=256,layer=5@{p}") for p in ("reselect", "stable")}
+    assert {p: (share(x, "select_s"), share(x, "ttft_s")) for p, x in early.items()} == {
+        "reselect": (0.38, 3.28),
+        "stable": (0.33, 2.21),
+    }
+    within = {
+        p: sum(x[i][t]["ttft_s"] <= 2 * full[i][t]["ttft_s"] for i, t in follow)
+        for p, x in {**early, "stable@11": stable}.items()
+    }
+    assert within == {"reselect": 0, "stable": 19, "stable@11": 14}
+    every = [(i, t) for i in range(10) for t in range(5)]
+    assert {p: [(i, t) for i, t in every if x[i][t]["score"] != got[p][i][t]["score"]] for p, x in early.items()} == {
+        "reselect": [(0, 3), (3, 4)],
+        "stable": [(0, 3), (3, 4), (5, 3), (5, 4)],
+    }

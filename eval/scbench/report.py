@@ -201,8 +201,7 @@ def markdown(table: dict, settings: str = "") -> str:
             head,
             turns,
             "select",
-            "Of the time to first token, the selection's (s, mean over tasks and samples; the selector's layers "
-            "over the turn's new tokens and the method's scoring; - where not recorded).",
+            "The selection's part of the time to first token (s, mean over tasks and samples; - where not recorded).",
             "{:.2f}",
         )
         lines += _recorded(
