@@ -43,6 +43,8 @@ FACTS_FRONT = REPO / "measured" / "scbench-own-front"
 #: GF.Facts, multi-turn, 4K, seeds 0-9: rows that record each turn's selection time (select_s), with full;
 #: gemfilter-span-qmax:k=256 under reselect and the three layouts, and at layer 5 under reselect and stable
 FACTS_SELECT = REPO / "measured" / "scbench-own-select"
+#: GF.MultiKey, multi-turn, 4K, seeds 0-9: gemfilter-span-qmax:k=256 at layer 5 under reselect and stable, with full
+MULTIKEY_SELECT = REPO / "measured" / "scbench-own-multikey-select"
 
 
 @pytest.mark.parametrize(
@@ -66,6 +68,7 @@ FACTS_SELECT = REPO / "measured" / "scbench-own-select"
         (MULTIKEY_FRONT, "scbench-own-multikey-front"),
         (FACTS_FRONT, "scbench-own-front"),
         (FACTS_SELECT, "scbench-own-select"),
+        (MULTIKEY_SELECT, "scbench-own-multikey-select"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -115,6 +118,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_FRONT, 4096, 20),
         (FACTS_FRONT, 4096, 10),
         (FACTS_SELECT, 4096, 10),
+        (MULTIKEY_SELECT, 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -837,4 +841,35 @@ def test_the_selection_s_share_of_a_follow_up_gives_what_the_docs_say():
     assert {p: [(i, t) for i, t in every if x[i][t]["score"] != got[p][i][t]["score"]] for p, x in early.items()} == {
         "reselect": [(0, 3), (3, 4)],
         "stable": [(0, 3), (3, 4), (5, 3), (5, 4)],
+    }
+
+
+def test_layer_5_on_multikey_gives_what_the_docs_say():
+    """GF.MultiKey, multi-turn, 4K, seeds 0-9, gemfilter-span-qmax:k=256 at layer 5: full answers as in the
+    layer-11 run of the same seeds; the selection's share and the time over full's (mean over the 40 follow-ups of
+    each one's ratio), the follow-ups within 2x, the tokens run a follow-up, and the per-turn accuracy beside layer
+    11's, as docs/scbench.md gives them."""
+    here, then = collect(MULTIKEY_SELECT), collect(MULTIKEY_QMAX)
+
+    def turns(found, label):
+        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, "gf_multikey")]}
+
+    full = turns(here, "full")
+    assert all(
+        [t["prediction"] for t in full[i]] == [t["prediction"] for t in turns(then, "full")[i]] for i in range(10)
+    )
+    follow = [(i, t) for i in range(10) for t in range(1, 5)]
+    got = {}
+    for p in ("reselect", "stable"):
+        x, y = turns(here, f"gemfilter-span-qmax:k=256,layer=5@{p}"), turns(then, f"gemfilter-span-qmax:k=256@{p}")
+        got[p] = (
+            round(sum(x[i][t]["select_s"] / full[i][t]["ttft_s"] for i, t in follow) / len(follow), 2),
+            round(sum(x[i][t]["ttft_s"] / full[i][t]["ttft_s"] for i, t in follow) / len(follow), 2),
+            sum(x[i][t]["ttft_s"] <= 2 * full[i][t]["ttft_s"] for i, t in follow),
+            round(sum(x[i][t]["recomputed"] for i, t in follow) / len(follow)),
+            [round(100 * sum(z[i][t]["score"] for i in range(10)) / 10) for z in (x, y) for t in range(5)],
+        )
+    assert got == {
+        "reselect": (0.32, 2.70, 5, 255, [100, 80, 100, 100, 100, 100, 90, 100, 90, 70]),
+        "stable": (0.31, 1.79, 27, 119, [100, 10, 60, 90, 100, 100, 30, 70, 40, 70]),
     }
