@@ -128,6 +128,21 @@ def score_table(found: dict) -> dict:
     return table
 
 
+#: The per-turn tables of optional row fields, after the time to first token: (field, title, format of a mean).
+RECORDED = (
+    (
+        "select",
+        "The selection's part of the time to first token (s, mean over tasks and samples; - where not recorded).",
+        "{:.2f}",
+    ),
+    (
+        "recomputed",
+        "Tokens run through the model per turn (mean over tasks and samples; - where not recorded).",
+        "{:.0f}",
+    ),
+)
+
+
 def _fmt(values, scale=100.0, digits=1) -> str:
     return " | ".join(f"{v * scale:.{digits}f}" for v in values)
 
@@ -195,24 +210,8 @@ def markdown(table: dict, settings: str = "") -> str:
             if shared:
                 cells_.insert(0, f"{sum(pre[label]) / len(pre[label]):.2f}" if pre[label] else "-")
             lines.append(f"| {label} | {' | '.join(cells_)} |")
-        lines += _recorded(
-            cells,
-            labels,
-            head,
-            turns,
-            "select",
-            "The selection's part of the time to first token (s, mean over tasks and samples; - where not recorded).",
-            "{:.2f}",
-        )
-        lines += _recorded(
-            cells,
-            labels,
-            head,
-            turns,
-            "recomputed",
-            "Tokens run through the model per turn (mean over tasks and samples; - where not recorded).",
-            "{:.0f}",
-        )
+        for field, title, form in RECORDED:
+            lines += _recorded(cells, labels, head, turns, field, title, form)
         lines.append("")
     return "\n".join(lines)
 
