@@ -79,6 +79,11 @@ def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
     assert [x for x in lines if x not in shown] == []  # and nothing measured is left out of the docs
 
 
+def turns_by_seed(found: dict, label: str, task: str) -> dict:
+    """{seed: the row's turns} of one label's multi-turn 4K rows of ``task`` in a collected folder."""
+    return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, task)]}
+
+
 def held_out_line(rows_by_label: dict) -> list:
     out = []
     for label, rows in sorted(rows_by_label.items()):
@@ -508,7 +513,7 @@ def test_stable_cf_on_gf_facts_gives_what_the_docs_say(method, differ, rebuilt, 
     here, before = collect(FACTS_CF), collect(ROOT)
 
     def turns(found, label):
-        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, "gf_facts")]}
+        return turns_by_seed(found, label, "gf_facts")
 
     for label in ("full", f"{method}@reselect", f"{method}@stable"):
         a, b = turns(here, label), turns(before, label)
@@ -623,7 +628,7 @@ def test_stable_gap_rows_give_what_the_docs_say(
     here, then = collect(folder), collect(before)
 
     def turns(found, label):
-        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, task)]}
+        return turns_by_seed(found, label, task)
 
     a, b = turns(here, "full"), turns(then, "full")
     assert sorted(a) == sorted(b) == list(range(20))
@@ -725,7 +730,7 @@ def test_stable_front_rows_give_what_the_docs_say(
     here, gap_then, then = collect(folder), collect(gap_before), collect(before)
 
     def turns(found, label):
-        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, task)]}
+        return turns_by_seed(found, label, task)
 
     label = "gemfilter-span-qmax:k=256@"
     full, full_then = turns(here, "full"), turns(then, "full")
@@ -784,7 +789,7 @@ def test_the_selection_s_share_of_a_follow_up_gives_what_the_docs_say():
     here = collect(FACTS_SELECT)
 
     def turns(found, label):
-        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, "gf_facts")]}
+        return turns_by_seed(found, label, "gf_facts")
 
     qmax = "gemfilter-span-qmax:k=256@"
     for label, before in [
@@ -804,10 +809,11 @@ def test_the_selection_s_share_of_a_follow_up_gives_what_the_docs_say():
     follow = [(i, t) for i in range(10) for t in range(1, 5)]
 
     def share(x, key):
-        return round(sum(x[i][t][key] / full[i][t]["ttft_s"] for i, t in follow) / len(follow), 2)
+        """The mean over the follow-ups of each one's ``key`` over full's time to first token."""
+        return sum(x[i][t][key] / full[i][t]["ttft_s"] for i, t in follow) / len(follow)
 
     got = {p: turns(here, qmax + p) for p in ("reselect", "stable", "stable-cf", "stable-gap")}
-    assert {p: (share(x, "select_s"), share(x, "ttft_s")) for p, x in got.items()} == {
+    assert {p: (round(share(x, "select_s"), 2), round(share(x, "ttft_s"), 2)) for p, x in got.items()} == {
         "reselect": (0.57, 3.10),
         "stable": (0.59, 2.45),
         "stable-cf": (0.60, 2.73),
@@ -817,8 +823,7 @@ def test_the_selection_s_share_of_a_follow_up_gives_what_the_docs_say():
     ran = np.array([stable[i][t]["recomputed"] for i, t in follow], dtype=float)
     rest = np.array([(stable[i][t]["ttft_s"] - stable[i][t]["select_s"]) / full[i][t]["ttft_s"] for i, t in follow])
     (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(ran), ran], 1), rest, rcond=None)
-    select = sum(stable[i][t]["select_s"] / full[i][t]["ttft_s"] for i, t in follow) / len(follow)
-    assert (round(a, 2), round(100 * b, 2), round((2 - select - a) / b)) == (0.76, 0.79, 81)
+    assert (round(a, 2), round(100 * b, 2), round((2 - share(stable, "select_s") - a) / b)) == (0.76, 0.79, 81)
     ratio = [stable[i][t]["ttft_s"] / full[i][t]["ttft_s"] for i, t in follow]
     buckets = [(0, 60), (61, 120), (121, 200), (201, 256)]
     assert [
@@ -828,7 +833,7 @@ def test_the_selection_s_share_of_a_follow_up_gives_what_the_docs_say():
     # at layer 5 (the model's first full-attention layer): the selection's share, the time, the follow-ups within 2x,
     # and the (sample, turn) pairs whose score differs from layer 11's
     early = {p: turns(here, f"gemfilter-span-qmax:k=256,layer=5@{p}") for p in ("reselect", "stable")}
-    assert {p: (share(x, "select_s"), share(x, "ttft_s")) for p, x in early.items()} == {
+    assert {p: (round(share(x, "select_s"), 2), round(share(x, "ttft_s"), 2)) for p, x in early.items()} == {
         "reselect": (0.38, 3.28),
         "stable": (0.33, 2.21),
     }
@@ -852,7 +857,7 @@ def test_layer_5_on_multikey_gives_what_the_docs_say():
     here, then = collect(MULTIKEY_SELECT), collect(MULTIKEY_QMAX)
 
     def turns(found, label):
-        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, "gf_multikey")]}
+        return turns_by_seed(found, label, "gf_multikey")
 
     full = turns(here, "full")
     assert all(
