@@ -15,6 +15,7 @@ named protocols say what a turn keeps of the earlier ones:
 - ``stable`` (prompt methods; greedy): selects as ``reselect`` does, but keeps last turn's kept tokens in their
   slots of the generation cache, masks the ones this turn drops and runs only the ones it newly keeps
   (:mod:`gemfilter.stable`); an approximation of ``reselect``, rebuilt exactly when its holes pass ``max_holes``.
+  ``max_fresh`` caps how many earlier tokens a follow-up newly keeps (the highest-scoring), a further approximation.
 - ``stable-cf`` (context first; prompt methods; greedy): ``stable`` for the kept tokens of the context alone; the
   kept tokens of the conversation after it (questions and answers) run again each turn after the context's
   slots, in history order, so newly kept context never sits between a question and its answer.
@@ -115,6 +116,19 @@ def check_max_holes(max_holes, name: str = "max_holes") -> None:
         )
 
 
+def check_max_fresh(max_fresh, protocol: str, name: str = "max_fresh") -> None:
+    """Raise ValueError unless ``max_fresh`` is None, or a whole number >= 1 under protocol ``stable``."""
+    if max_fresh is None:
+        return
+    if isinstance(max_fresh, bool) or not isinstance(max_fresh, int) or max_fresh < 1:
+        raise ValueError(
+            f"{name} is a whole number >= 1 (how many earlier tokens a follow-up may newly keep), or None for no cap; "
+            f"got {max_fresh!r}"
+        )
+    if protocol != "stable":
+        raise ValueError(f"{name} caps the stable protocol's follow-ups; protocol {protocol!r} has no such cap")
+
+
 class Conversation:
     """A conversation over one long context, one method, one protocol; use it as a context manager.
 
@@ -125,7 +139,10 @@ class Conversation:
     max_holes: the layouts only (``stable*``), the share of masked slots past which the layout is rebuilt in history
     order (0: every turn that masks or adds a slot, which is ``reselect``); context_tokens: ``stable-cf``,
     ``stable-gap`` and ``stable-front`` only, how many of the history's first tokens are the context (None: the first
-    :meth:`prefill`'s tokens, or without one, the whole first question).
+    :meth:`prefill`'s tokens, or without one, the whole first question); max_fresh: ``stable`` only, at most this
+    many tokens of the earlier history that a turn newly keeps are added to the layout (the highest-scoring; what it
+    keeps of its question always runs; as many dropped slots stay, so the layout holds k; a rebuilt turn lays out
+    the whole selection), None for no cap (:meth:`gemfilter.stable.Layout.place`).
 
     Example::
 
@@ -143,6 +160,7 @@ class Conversation:
         keep: str = "answers",
         max_holes: float = MAX_HOLES,
         context_tokens: int | None = None,
+        max_fresh: int | None = None,
     ):
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
@@ -182,6 +200,8 @@ class Conversation:
                 f"for protocols {', '.join(CONTEXT_FIRST[:-1])} and {CONTEXT_FIRST[-1]} only; "
                 f"got {context_tokens!r} with protocol {protocol!r}"
             )
+        check_max_fresh(max_fresh, protocol)
+        self.max_fresh = max_fresh
         self._boundary = context_tokens  # the context-first layouts: history indices below it are the context
         self._layout = None  # stable: the generation cache's slots
         self._handle = None  # reuse: apply()'s handle, which forks its caches
@@ -334,7 +354,7 @@ class Conversation:
         layout = self._layout.copy() if context else self._layout
         clock.put(history.cpu())  # as generate hands its streamer the prompt first
         want = selection.indices[0].tolist()
-        logits, rebuilt, written = self._place(layout, history, want)
+        logits, rebuilt, written = self._place(layout, history, want, selection.scores[0])
         if self.protocol == "stable":
             on = layout if self.keep == "answers" else (layout if context else layout.copy())
         else:  # the context-first layouts: the answer's slots go with the conversation's next turn, which cuts them
@@ -343,11 +363,16 @@ class Conversation:
         answer = on.decode(logits, settings, history.shape[1], clock)
         return answer, selection, kept, written, rebuilt, select_s
 
-    def _place(self, layout, history, want) -> tuple:
-        """Lay the selection ``want`` out on ``layout`` as the protocol does (a prefill's or a turn's); returns
-        :meth:`gemfilter.stable.Layout.place`'s (logits, rebuilt, slots written)."""
+    def _place(self, layout, history, want, scores=None) -> tuple:
+        """Lay the selection ``want`` out on ``layout`` as the protocol does (a prefill's or a turn's; scores (L,): the
+        selection's, for ``max_fresh``); returns :meth:`gemfilter.stable.Layout.place`'s (logits, rebuilt, slots
+        written)."""
         if self.protocol == "stable":
-            return layout.place(history, want, self.max_holes)
+            limit = None
+            if self.max_fresh is not None and scores is not None:  # the earlier history: what self.history holds
+                asked_from = 0 if self.history is None else self.history.shape[1]
+                limit = (self.max_fresh, scores.float().tolist(), asked_from)
+            return layout.place(history, want, self.max_holes, limit)
         if self._boundary is None:  # the context-first layouts without context_tokens: the first prefill or question
             self._boundary = history.shape[1]
         if self.protocol == "stable-cf":  # the conversation's kept tokens run again after the context's slots

@@ -14,6 +14,14 @@ prefix reuse of the kept sequence buys little. The ``stable`` protocol reuses th
 - the layout is rebuilt in history order at positions 0..k-1 (exactly ``reselect``'s cache) on the first turn,
   when the masked slots would exceed ``max_holes`` of the layout, or when a turn keeps no new token.
 
+A cap on what a follow-up newly keeps (``max_fresh``, ``stable`` only): the write's time grows with the tokens it
+runs (docs/scbench.md, "Where a follow-up's time goes"), so a turn that is not rebuilt adds at most ``max_fresh`` of
+the earlier history's tokens it newly keeps, the highest-scoring by the selection's own scores, and all it keeps of
+the turn's own tokens (its question). For each token the cap leaves out, one slot the selection drops stays valid,
+the highest-scoring by the same scores, so the layout still holds k tokens: the best k it can hold with at most
+``max_fresh`` earlier tokens written. The left-out tokens may come in on a later turn. A further approximation of
+``reselect``, measured; with ``max_fresh`` at least k it is ``stable``.
+
 ``stable-cf`` (context first) keeps the layout for the context's kept tokens alone. The kept tokens of the
 conversation after the context (questions and answers) run again every turn, in history order, after the
 context's slots; the next turn cuts them and the answer's slots off the cache (:meth:`Layout.place_context_first`).
@@ -50,6 +58,16 @@ import copy
 import torch
 
 from .compat import cache_kwargs, croppable_cache, drop_last, dynamic_cache
+
+
+def capped(new: list, cap: int, scores: list, asked_from: int) -> list:
+    """``new`` (sorted history indices) with at most ``cap`` of those below ``asked_from``: the highest ``scores``,
+    ties to the earlier index; every index from ``asked_from`` on stays. History order is kept."""
+    earlier = [h for h in new if h < asked_from]
+    if len(earlier) <= cap:
+        return new
+    top = set(sorted(earlier, key=lambda h: (-scores[h], h))[:cap])
+    return [h for h in new if h >= asked_from or h in top]
 
 
 class Layout:
@@ -103,11 +121,17 @@ class Layout:
             vars(layer).clear()
             vars(layer).update(state)
 
-    def place(self, history: torch.Tensor, want: list, max_holes: float) -> tuple:
+    def place(self, history: torch.Tensor, want: list, max_holes: float, limit: tuple | None = None) -> tuple:
         """Lay out the selection ``want`` (sorted history indices of ``history`` (1, L)) and run the slots it adds.
 
+        limit: (cap, scores, asked_from), or None: a turn that is not rebuilt adds at most ``cap`` of the tokens it
+        newly keeps from the earlier history (indices below ``asked_from``), the ones with the highest ``scores``
+        (a list of L floats, the selection's; ties to the earlier token), and every one it keeps from
+        ``asked_from`` on. As many slots ``want`` drops stay valid as tokens the cap leaves out, the
+        highest-scoring (ties to the earlier token).
+
         Returns (the last slot's logits (1, V) in float32, whether the layout was rebuilt, slots written)."""
-        new, start, rebuild = self._lay(want, max_holes)
+        new, start, rebuild = self._lay(want, max_holes, limit=limit)
         return self.write(history[:, new], new, list(range(start, start + len(new)))), rebuild, len(new)
 
     def place_context_first(self, history: torch.Tensor, want: list, boundary: int, max_holes: float) -> tuple:
@@ -194,14 +218,20 @@ class Layout:
         self.answer_from = len(self.ids)
         return logits, False, len(fresh) + len(talk)
 
-    def _lay(self, want: list, max_holes: float, talk: list | None = None) -> tuple:
+    def _lay(self, want: list, max_holes: float, talk: list | None = None, limit: tuple | None = None) -> tuple:
         """Mask the slots ``want`` drops, or rebuild: (the history indices to write, their first position, whether
         rebuilt). talk: ``stable-cf``'s conversation part, written after ``want``'s (None under ``stable``, where a
-        turn that keeps no new token rebuilds)."""
+        turn that keeps no new token rebuilds); limit: :meth:`place`'s cap on the newly kept earlier tokens."""
         held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
         wanted = set(want)
         new = [h for h in want if h not in held]
         drop = [s for h, s in held.items() if h not in wanted]
+        if limit is not None and self.ids:  # a rebuild (the first turn's too) lays out the whole selection
+            cap, scores, asked_from = limit
+            left_out = len(new)
+            new = capped(new, cap, scores, asked_from)
+            left_out -= len(new)
+            drop = sorted(drop, key=lambda s: (-scores[self.ids[s]], self.ids[s]))[left_out:]  # the best stay
         holes = self.valid.count(False) + len(drop)
         if talk is None:
             forced = not new

@@ -120,6 +120,8 @@ def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
         ({"methods": ("gemfilter:k=0",)}, "gemfilter: topk=0 must be >= 1"),
         ({"turns": 0}, "--turns must be a whole number >= 1"),
         ({"max_holes": 1.5}, "--max-holes must be a share in \\[0, 1\\]"),
+        ({"max_fresh": 8}, "--max-fresh caps the stable protocol's follow-ups: add stable to --protocols"),
+        ({"max_fresh": 0, "protocols": ("stable",)}, "--max-fresh is a whole number >= 1"),
         ({"engine": "http://x"}, "--engine runs full .* not gemfilter:k=48,layer=2@reuse, snapkv:k=64"),
     ],
 )
@@ -479,3 +481,39 @@ def test_stable_gap_rows_run_only_what_the_history_gained_when_nothing_changes(t
     assert gap[0]["recomputed"] == gap[0]["history_tokens"]
     grown = [b["history_tokens"] - a["history_tokens"] for a, b in zip(gap, gap[1:])]
     assert [t["recomputed"] for t in gap[1:]] == grown
+
+
+def test_max_fresh_reaches_stable_alone_and_names_the_folder(tiny, tmp_path, monkeypatch):
+    """--max-fresh: every stable conversation gets it, no other protocol's does; a folder records it, a folder
+    written before it means no cap, and a resume with another value is refused."""
+    import json
+
+    seen = []
+    init = gemfilter.Conversation.__init__
+
+    def spy(self, *args, **kw):
+        seen.append((kw.get("protocol"), kw.get("max_fresh", "absent")))
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(gemfilter.Conversation, "__init__", spy)
+    setup = {
+        **BASE,
+        "methods": ("gemfilter:k=48,layer=2",),
+        "protocols": ("reselect", "stable"),
+        "tasks": ("scbench_mf",),
+        "num_samples": 1,
+        "max_holes": 1.0,  # rebuilt only on the first turn: every follow-up is capped
+    }
+    out = tmp_path / "out"
+    merged = run(RunConfig(**setup, max_fresh=4), out, model_and_tokenizer=tiny, progress=False)
+    assert set(seen) == {("stable", 4), ("reselect", "absent"), ("full", "absent")}  # full: the warm-up
+    turns = merged["multi-turn/2048/gemfilter:k=48,layer=2@stable/scbench_mf.jsonl"][0]["turns"]
+    assert all(t["recomputed"] <= 4 + t["history_tokens"] - u["history_tokens"] for u, t in zip(turns, turns[1:]))
+    assert json.loads((out / "config.json").read_text())["max_fresh"] == 4
+    with pytest.raises(ValueError, match="max_fresh: 4 there, 8 now"):
+        run(RunConfig(**setup, max_fresh=8), out, model_and_tokenizer=tiny, progress=False)
+    stored = json.loads((out / "config.json").read_text())
+    del stored["max_fresh"]  # a folder written before --max-fresh
+    (out / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match="max_fresh: None there, 4 now"):
+        run(RunConfig(**setup, max_fresh=4), out, model_and_tokenizer=tiny, progress=False)

@@ -56,19 +56,22 @@ def test_rebuilt_every_turn_it_is_reselect(family, name, topk, keep):
         assert b.rebuilt and b.recomputed == b.kept == a.kept
 
 
+@pytest.mark.parametrize("max_fresh", [None, 2])
 @pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter-span", 24)])
-def test_the_answer_is_one_forward_over_the_layout_under_its_mask(name, topk):
+def test_the_answer_is_one_forward_over_the_layout_under_its_mask(name, topk, max_fresh):
     """Never rebuilt after turn 1 (max_holes=1): every answer token is the argmax that a single forward over every
-    slot gives under Layout.attention_mask(), at the positions the layout gave them."""
+    slot gives under Layout.attention_mask(), at the positions the layout gave them (with a cap on what a follow-up
+    newly keeps too)."""
     model = BUILDERS["llama"]()
     method = get_method(name, layer=FILTER_LAYER["llama"], topk=topk)
     slots_before = []
-    with gemfilter.Conversation(model, method, DotTokenizer(), protocol="stable", max_holes=1.0) as chat:
+    kw = dict(protocol="stable", max_holes=1.0, max_fresh=max_fresh)
+    with gemfilter.Conversation(model, method, DotTokenizer(), **kw) as chat:
         for t in range(TURNS):
             slots_before.append(len(chat._layout.ids))
             chat.ask(question(t, 40 if t == 0 else 7), **greedy())
     assert [t.rebuilt for t in chat.turns] == [True] + [False] * (TURNS - 1)
-    assert all(0 < t.recomputed < t.kept for t in chat.turns[1:])  # only the newly kept tokens ran
+    assert all(0 < t.recomputed < t.kept for t in chat.turns[1:])  # only the newly kept tokens ran, k held
     layout = chat._layout
     tokens = chat.history[:, layout.ids]
     with torch.no_grad():
@@ -106,6 +109,59 @@ def test_holes_past_max_holes_rebuild_the_layout(max_holes):
         valid = want
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("keep", ["answers", "questions", "context"])
+def test_a_capped_follow_up_adds_the_highest_scoring_earlier_tokens_and_its_question(family, keep):
+    """max_fresh=2, max_holes=1: each follow-up's placed slots are, replayed from the selection and the layout's
+    valid slots before it, its question's kept tokens plus the 2 highest-scoring earlier tokens it newly keeps
+    (ties to the earlier one); of the slots the selection drops, as many stay valid as the cap left out, the
+    highest-scoring, so the layout holds k (keep="context": each question on a copy of the prefill's layout, so the
+    counts alone); the cap binds on some turn."""
+    model = gemfilter.set_attention(BUILDERS[family](), "banded")
+    method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=16)  # its kept set moves from turn to turn
+    bound = 0
+    with gemfilter.Conversation(
+        model, method, DotTokenizer(), protocol="stable", keep=keep, max_holes=1.0, max_fresh=2
+    ) as chat:
+        if keep == "context":
+            chat.prefill(question(99, 40))
+        for t in range(TURNS):
+            layout = chat._layout
+            valid = {h for h, v in zip(layout.ids, layout.valid) if v}
+            slots, asked_from = len(layout.ids), 0 if chat.history is None else chat.history.shape[1]
+            turn = chat.ask(question(t, 40 if t == 0 and keep != "context" else 7), **greedy())
+            if turn.rebuilt:
+                assert t == 0 and keep != "context"
+                continue
+            want = turn.selection.indices[0].tolist()
+            scores = turn.selection.scores[0].tolist()
+            earlier = [h for h in want if h not in valid and h < asked_from]
+            top = sorted(earlier, key=lambda h: (-scores[h], h))[:2]
+            expect = sorted(top + [h for h in want if h >= asked_from])
+            left_out = len(earlier) - len(top)
+            bound += left_out > 0
+            assert turn.recomputed == len(expect) and turn.kept == 16, t
+            if keep == "context":  # each question is answered on a copy of the prefill's layout
+                continue
+            layout = chat._layout
+            assert layout.ids[slots : slots + turn.recomputed] == expect, t
+            dropped = sorted(valid - set(want), key=lambda h: (-scores[h], h))
+            held = {h for h, v in zip(layout.ids[:slots], layout.valid[:slots]) if v}
+            assert held == (valid & set(want)) | set(dropped[:left_out]), t
+    assert bound, "the cap never bound: the test would not see it"
+
+
+@pytest.mark.parametrize("keep", ["answers", "questions"])
+def test_a_cap_no_turn_reaches_is_stable(keep):
+    """max_fresh at the budget k: no follow-up newly keeps more, so every turn is stable's without a cap."""
+    model = BUILDERS["llama"]()
+    method = get_method("gemfilter-span", layer=FILTER_LAYER["llama"], topk=24)
+    plain = converse(model, method, "stable", keep, max_holes=1.0)
+    capped = converse(model, method, "stable", keep, max_holes=1.0, max_fresh=24)
+    for a, b in zip(plain.turns, capped.turns):
+        assert torch.equal(a.new_tokens, b.new_tokens) and (a.kept, a.recomputed) == (b.kept, b.recomputed)
+
+
 def test_a_failed_stable_turn_leaves_the_layout_as_it_was(monkeypatch):
     model = BUILDERS["llama"]()
     method = get_method("gemfilter-span", layer=2, topk=24)
@@ -136,6 +192,12 @@ def test_stable_refuses_what_it_cannot_do():
         gemfilter.Conversation(model, get_method("snapkv", topk=16), protocol="stable")
     with pytest.raises(ValueError, match="max_holes must be a share in \\[0, 1\\]"):
         gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol="stable", max_holes=2)
+    for bad in (0, True, 1.5, "8"):
+        with pytest.raises(ValueError, match="max_fresh is a whole number >= 1"):
+            gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol="stable", max_fresh=bad)
+    for protocol in ("reselect", "stable-cf"):
+        with pytest.raises(ValueError, match=f"protocol '{protocol}' has no such cap"):
+            gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol=protocol, max_fresh=8)
     with gemfilter.Conversation(model, get_method("gemfilter", layer=2, topk=12), protocol="stable") as chat:
         with pytest.raises(ValueError, match="decodes greedily"):
             chat.ask(question(0, 30), max_new_tokens=3, do_sample=True)

@@ -21,7 +21,8 @@ protocols (what a method keeps between turns; gemfilter.Conversation):
   reuse     turn 1's compressed cache goes on (cache methods always; prompt methods with --protocols reuse)
   reselect  prompt methods select again each turn from the history's layers 0..r (the default for them)
   stable    prompt methods select as reselect, keep last turn's kept tokens in their cache slots, mask the
-            dropped ones and run only the newly kept ones (greedy; rebuilt past half holes)
+            dropped ones and run only the newly kept ones (greedy; rebuilt past half holes; --max-fresh caps
+            the earlier tokens a follow-up newly keeps)
   stable-cf stable for the context's kept tokens; the conversation's kept tokens (questions, answers) run
             again each turn after them, so new context never sits between a question and its answer
   stable-gap stable-cf's order in positions, but the conversation's slots stay: the context is laid out with
@@ -86,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
         "when a turn would run nothing new, and under stable-gap and stable-front when new context outgrows its "
         "free positions) "
         "(default 0.5); a folder records it",
+    )
+    r.add_argument(
+        "--max-fresh",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stable only: a follow-up that is not rebuilt adds at most N of the earlier tokens it newly keeps, the "
+        "highest-scoring (what it keeps of its question always runs; as many of the slots it drops stay, so it "
+        "holds k), so its write stays short: an approximation of stable, measured in docs/scbench.md (default: no "
+        "cap); a folder records it",
     )
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")
     r.add_argument(
@@ -170,6 +181,7 @@ def _run(args) -> int:
         timeout=args.timeout,
         warmup=not args.no_warmup,
         max_holes=args.max_holes,
+        max_fresh=args.max_fresh,
         extra={"attn": args.attn or "model default"},
     )
     if args.threads:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from eval.runner import Benchmark, Unit
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
-from gemfilter.conversation import CONTEXT_FIRST, LAYOUTS, MAX_HOLES, check_max_holes
+from gemfilter.conversation import CONTEXT_FIRST, LAYOUTS, MAX_HOLES, check_max_fresh, check_max_holes
 from gemfilter.toolkit.options import check_against_model
 
 from .engine import converse_engine
@@ -65,6 +65,7 @@ FORMAT_DEFAULTS = {
     "multikey_needle": "One of the special magic numbers for {key} is: {value}.",
     "multikey_keys": "RULER's adjective-noun words",
     "max_holes": MAX_HOLES,
+    "max_fresh": None,
 }
 
 
@@ -76,7 +77,9 @@ class RunConfig(BaseRunConfig):
     ``multi-request``; tasks: official data names with an offline generator; lengths: the window
     (``--max_seq_length``) the samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries
     per sample; timeout: seconds to wait for the engine (a connection, a chunk); max_holes: the layouts'
-    (``stable*``) rebuild share (:class:`gemfilter.Conversation`), part of the identity of a folder that runs one.
+    (``stable*``) rebuild share (:class:`gemfilter.Conversation`), part of the identity of a folder that runs one;
+    max_fresh: ``stable``'s cap on the earlier tokens a follow-up newly keeps (None: no cap), part of the identity
+    of a folder that runs ``stable``.
     warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
     first forward passes of a process pay one-time costs (seconds at 4K on CPU) that would land on the first row.
     """
@@ -90,6 +93,7 @@ class RunConfig(BaseRunConfig):
     timeout: float = 600.0
     warmup: bool = True
     max_holes: float = MAX_HOLES
+    max_fresh: int | None = None
 
     def identity(self) -> dict:
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
@@ -100,6 +104,8 @@ class RunConfig(BaseRunConfig):
             own["multikey_keys"] = MULTIKEY_KEY_STYLE
         if any(p in LAYOUTS for p in self.protocols):  # folders before --max-holes ran the default
             own["max_holes"] = self.max_holes
+        if "stable" in self.protocols:  # folders before --max-fresh had no cap
+            own["max_fresh"] = self.max_fresh
         return {
             "model": self.model,
             "topk": self.topk,
@@ -151,6 +157,11 @@ def validate(config: RunConfig) -> None:
     ):
         raise ValueError(f"--timeout must be a number of seconds in (0, 86400], got {config.timeout!r}")
     check_max_holes(config.max_holes, "--max-holes")
+    if config.max_fresh is not None and "stable" not in config.protocols:
+        raise ValueError(
+            "--max-fresh caps the stable protocol's follow-ups: add stable to --protocols, or leave it out"
+        )
+    check_max_fresh(config.max_fresh, "stable", "--max-fresh")
     if config.engine is not None:
         from .engine import check_engine_labels
 
@@ -236,7 +247,8 @@ class SCBench(Benchmark):
             mode, length, label, task, sample = unit.data
             method, protocol = methods[label]
             if engine is None:
-                row = converse(model, tok, method, protocol, mode, length, task, sample, self.config.max_holes)
+                settings = (self.config.max_holes, self.config.max_fresh)
+                row = converse(model, tok, method, protocol, mode, length, task, sample, *settings)
             else:
                 row = converse_engine(engine, labels[label][0], protocol, mode, length, task, sample, **given)
                 row["engine"] = self.config.engine
@@ -286,13 +298,23 @@ def context_end(prompts, sample: dict, tok, first: list) -> int:
 
 
 def converse(
-    model, tok, method, protocol: str, mode: str, length: int, task: str, sample: dict, max_holes: float = MAX_HOLES
+    model,
+    tok,
+    method,
+    protocol: str,
+    mode: str,
+    length: int,
+    task: str,
+    sample: dict,
+    max_holes: float = MAX_HOLES,
+    max_fresh: int | None = None,
 ) -> dict:
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
     method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable``,
     ``stable-cf``, ``stable-gap`` or ``stable-front``; mode: a name in :data:`eval.scbench.prompts.MODES`; length:
-    the window the first prompt is cut to fit; max_holes: the layouts' rebuild share (``stable*``).
+    the window the first prompt is cut to fit; max_holes: the layouts' rebuild share (``stable*``); max_fresh:
+    ``stable``'s cap on the earlier tokens a follow-up newly keeps (the other protocols ignore it).
     """
     import gemfilter
 
@@ -301,9 +323,12 @@ def converse(
     new = get_task(task).max_new_tokens
     keep = "questions" if mode == "multi-turn" else "context"
     rows, prefill_s = [], None
-    where = {}  # context-first layouts, multi-turn: the first prompt's context ends before its question (else: prefill)
+    # the protocol's own settings; context-first layouts, multi-turn: the context ends before the first question
+    where = {}
     if protocol in CONTEXT_FIRST and mode == "multi-turn":
         where["context_tokens"] = context_end(prompts, sample, tok, first)
+    if protocol == "stable":
+        where["max_fresh"] = max_fresh
     with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep, max_holes=max_holes, **where) as chat:
         if mode == "multi-request":
             prefill_s = chat.prefill(first)
