@@ -16,10 +16,12 @@ prefix reuse of the kept sequence buys little. The ``stable`` protocol reuses th
 
 A cap on what a follow-up newly keeps (``max_fresh``, ``stable`` only): the write's time grows with the tokens it
 runs (docs/scbench.md, "Where a follow-up's time goes"), so a turn that is not rebuilt adds at most ``max_fresh`` of
-the earlier history's tokens it newly keeps, the highest-scoring by the selection's own scores, and all it keeps of
-the turn's own tokens (its question). For each token the cap leaves out, one slot the selection drops stays valid,
+the earlier history's tokens it newly keeps, the highest-scoring by the selection's own scores (``fresh_by``: whole
+runs of consecutive tokens, a span method's sentences, or single tokens), and all it keeps of the turn's own tokens
+(its question). For each token the cap leaves out, one slot the selection drops stays valid,
 the highest-scoring by the same scores, so the layout still holds k tokens: the best k it can hold with at most
-``max_fresh`` earlier tokens written. The left-out tokens may come in on a later turn. A further approximation of
+``max_fresh`` earlier tokens written. The left-out tokens may come in on a later turn. A capped turn left with
+nothing to run is rebuilt, as ``stable`` rebuilds a turn that keeps nothing new. A further approximation of
 ``reselect``, measured; with ``max_fresh`` at least k it is ``stable``.
 
 ``stable-cf`` (context first) keeps the layout for the context's kept tokens alone. The kept tokens of the
@@ -59,15 +61,38 @@ import torch
 
 from .compat import cache_kwargs, croppable_cache, drop_last, dynamic_cache
 
+#: How :func:`capped` picks the earlier tokens a capped follow-up adds: ``runs`` (whole runs of consecutive newly
+#: kept tokens, a span method's sentences) or ``tokens`` (single tokens).
+FRESH_BY = ("runs", "tokens")
 
-def capped(new: list, cap: int, scores: list, asked_from: int) -> list:
-    """``new`` (sorted history indices) with at most ``cap`` of those below ``asked_from``: the highest ``scores``,
-    ties to the earlier index; every index from ``asked_from`` on stays. History order is kept."""
+
+def capped(new: list, cap: int, by: str, scores: list, asked_from: int) -> list:
+    """``new`` (sorted history indices) with at most ``cap`` of those below ``asked_from``; every index from
+    ``asked_from`` on stays, in history order.
+
+    by: ``tokens``: the ``cap`` highest ``scores``, ties to the earlier index. ``runs``: the earlier indices split
+    into runs of consecutive ones (a sentence a span method newly keeps is one), taken whole from the run with the
+    highest score down (ties to the earlier run), each that still fits in what is left of ``cap``; a run longer than
+    ``cap`` never joins. Single tokens cut a kept sentence into pieces the model cannot read (docs/scbench.md)."""
     earlier = [h for h in new if h < asked_from]
     if len(earlier) <= cap:
         return new
-    top = set(sorted(earlier, key=lambda h: (-scores[h], h))[:cap])
-    return [h for h in new if h >= asked_from or h in top]
+    if by == "tokens":
+        top = sorted(earlier, key=lambda h: (-scores[h], h))[:cap]
+    else:
+        runs = []
+        for h in earlier:
+            if runs and h == runs[-1][-1] + 1:
+                runs[-1].append(h)
+            else:
+                runs.append([h])
+        top, room = [], cap
+        for run in sorted(runs, key=lambda r: (-max(scores[h] for h in r), r[0])):
+            if len(run) <= room:
+                top += run
+                room -= len(run)
+    chosen = set(top)
+    return [h for h in new if h >= asked_from or h in chosen]
 
 
 class Layout:
@@ -124,10 +149,10 @@ class Layout:
     def place(self, history: torch.Tensor, want: list, max_holes: float, limit: tuple | None = None) -> tuple:
         """Lay out the selection ``want`` (sorted history indices of ``history`` (1, L)) and run the slots it adds.
 
-        limit: (cap, scores, asked_from), or None: a turn that is not rebuilt adds at most ``cap`` of the tokens it
-        newly keeps from the earlier history (indices below ``asked_from``), the ones with the highest ``scores``
-        (a list of L floats, the selection's; ties to the earlier token), and every one it keeps from
-        ``asked_from`` on. As many slots ``want`` drops stay valid as tokens the cap leaves out, the
+        limit: (cap, by, scores, asked_from), or None: a turn that is not rebuilt adds at most ``cap`` of the
+        tokens it newly keeps from the earlier history (indices below ``asked_from``), picked by ``scores`` (a list
+        of L floats, the selection's) as :func:`capped` picks them (``by``: ``runs`` or ``tokens``), and every one it
+        keeps from ``asked_from`` on. As many slots ``want`` drops stay valid as tokens the cap leaves out, the
         highest-scoring (ties to the earlier token).
 
         Returns (the last slot's logits (1, V) in float32, whether the layout was rebuilt, slots written)."""
@@ -227,9 +252,9 @@ class Layout:
         new = [h for h in want if h not in held]
         drop = [s for h, s in held.items() if h not in wanted]
         if limit is not None and self.ids:  # a rebuild (the first turn's too) lays out the whole selection
-            cap, scores, asked_from = limit
+            scores = limit[2]
             left_out = len(new)
-            new = capped(new, cap, scores, asked_from)
+            new = capped(new, *limit)
             left_out -= len(new)
             drop = sorted(drop, key=lambda s: (-scores[self.ids[s]], self.ids[s]))[left_out:]  # the best stay
         holes = self.valid.count(False) + len(drop)

@@ -122,6 +122,7 @@ def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
         ({"max_holes": 1.5}, "--max-holes must be a share in \\[0, 1\\]"),
         ({"max_fresh": 8}, "--max-fresh caps the stable protocol's follow-ups: add stable to --protocols"),
         ({"max_fresh": 0, "protocols": ("stable",)}, "--max-fresh is a whole number >= 1"),
+        ({"max_fresh": 8, "protocols": ("stable",), "fresh_by": "words"}, "--fresh-by: words; allowed: runs, tokens"),
         ({"engine": "http://x"}, "--engine runs full .* not gemfilter:k=48,layer=2@reuse, snapkv:k=64"),
     ],
 )
@@ -484,8 +485,9 @@ def test_stable_gap_rows_run_only_what_the_history_gained_when_nothing_changes(t
 
 
 def test_max_fresh_reaches_stable_alone_and_names_the_folder(tiny, tmp_path, monkeypatch):
-    """--max-fresh: every stable conversation gets it, no other protocol's does; a folder records it, a folder
-    written before it means no cap, and a resume with another value is refused."""
+    """--max-fresh: every stable conversation gets it, no other protocol's does; a folder records it and --fresh-by,
+    a folder written before --max-fresh means no cap and one before --fresh-by single tokens, and a resume with
+    another value is refused."""
     import json
 
     seen = []
@@ -509,11 +511,18 @@ def test_max_fresh_reaches_stable_alone_and_names_the_folder(tiny, tmp_path, mon
     assert set(seen) == {("stable", 4), ("reselect", "absent"), ("full", "absent")}  # full: the warm-up
     turns = merged["multi-turn/2048/gemfilter:k=48,layer=2@stable/scbench_mf.jsonl"][0]["turns"]
     assert all(t["recomputed"] <= 4 + t["history_tokens"] - u["history_tokens"] for u, t in zip(turns, turns[1:]))
-    assert json.loads((out / "config.json").read_text())["max_fresh"] == 4
+    stored = json.loads((out / "config.json").read_text())
+    assert (stored["max_fresh"], stored["fresh_by"]) == (4, "runs")
     with pytest.raises(ValueError, match="max_fresh: 4 there, 8 now"):
         run(RunConfig(**setup, max_fresh=8), out, model_and_tokenizer=tiny, progress=False)
-    stored = json.loads((out / "config.json").read_text())
+    with pytest.raises(ValueError, match="fresh_by: 'runs' there, 'tokens' now"):
+        run(RunConfig(**setup, max_fresh=4, fresh_by="tokens"), out, model_and_tokenizer=tiny, progress=False)
+    del stored["fresh_by"]  # a folder written before --fresh-by capped single tokens
+    (out / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match="fresh_by: 'tokens' there, 'runs' now"):
+        run(RunConfig(**setup, max_fresh=4), out, model_and_tokenizer=tiny, progress=False)
     del stored["max_fresh"]  # a folder written before --max-fresh
     (out / "config.json").write_text(json.dumps(stored))
     with pytest.raises(ValueError, match="max_fresh: None there, 4 now"):
         run(RunConfig(**setup, max_fresh=4), out, model_and_tokenizer=tiny, progress=False)
+    assert len(run(RunConfig(**setup), out, model_and_tokenizer=tiny, progress=False)) == 2  # no cap: resumed

@@ -109,20 +109,38 @@ def test_holes_past_max_holes_rebuild_the_layout(max_holes):
         valid = want
 
 
+def picked(earlier: list, cap: int, by: str, scores: list) -> list:
+    """What a cap of ``cap`` takes of ``earlier`` (sorted history indices), as docs/methods.md states the rule:
+    single tokens from the highest score down; or runs of consecutive indices, whole, from the run with the highest
+    score down, each one that still fits."""
+    if len(earlier) <= cap:
+        return earlier
+    if by == "tokens":
+        return sorted(earlier, key=lambda h: (-scores[h], h))[:cap]
+    starts = [h for h in earlier if h - 1 not in earlier]
+    runs = [[h for h in earlier if h >= a and all(x in earlier for x in range(a, h + 1))] for a in starts]
+    out = []
+    for run in sorted(runs, key=lambda r: (-max(scores[h] for h in r), r[0])):
+        if len(out) + len(run) <= cap:
+            out += run
+    return sorted(out)
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("keep", ["answers", "questions", "context"])
-def test_a_capped_follow_up_adds_the_highest_scoring_earlier_tokens_and_its_question(family, keep):
-    """max_fresh=2, max_holes=1: each follow-up's placed slots are, replayed from the selection and the layout's
-    valid slots before it, its question's kept tokens plus the 2 highest-scoring earlier tokens it newly keeps
-    (ties to the earlier one); of the slots the selection drops, as many stay valid as the cap left out, the
-    highest-scoring, so the layout holds k (keep="context": each question on a copy of the prefill's layout, so the
-    counts alone); the cap binds on some turn."""
+@pytest.mark.parametrize("by,cap", [("tokens", 2), ("runs", 3)])
+def test_a_capped_follow_up_adds_the_highest_scoring_earlier_tokens_and_its_question(family, keep, by, cap):
+    """max_fresh, max_holes=1: each follow-up's placed slots are, replayed from the selection and the layout's
+    valid slots before it, its question's kept tokens plus what the cap takes of the earlier tokens it newly keeps
+    (``picked``); of the slots the selection drops, as many stay valid as the cap left out, the highest-scoring, so
+    the layout holds k (keep="context": each question on a copy of the prefill's layout, so the counts alone); a turn
+    left with nothing to run is rebuilt, as stable rebuilds a turn that keeps nothing new; the cap binds on some turn
+    that is not rebuilt, and under ``runs`` some run it weighs is longer than one token."""
     model = gemfilter.set_attention(BUILDERS[family](), "banded")
     method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=16)  # its kept set moves from turn to turn
-    bound = 0
-    with gemfilter.Conversation(
-        model, method, DotTokenizer(), protocol="stable", keep=keep, max_holes=1.0, max_fresh=2
-    ) as chat:
+    bound = longer = 0
+    kw = dict(protocol="stable", keep=keep, max_holes=1.0, max_fresh=cap, fresh_by=by)
+    with gemfilter.Conversation(model, method, DotTokenizer(), **kw) as chat:
         if keep == "context":
             chat.prefill(question(99, 40))
         for t in range(TURNS):
@@ -130,16 +148,21 @@ def test_a_capped_follow_up_adds_the_highest_scoring_earlier_tokens_and_its_ques
             valid = {h for h, v in zip(layout.ids, layout.valid) if v}
             slots, asked_from = len(layout.ids), 0 if chat.history is None else chat.history.shape[1]
             turn = chat.ask(question(t, 40 if t == 0 and keep != "context" else 7), **greedy())
-            if turn.rebuilt:
-                assert t == 0 and keep != "context"
+            if t == 0 and keep != "context":
+                assert turn.rebuilt
                 continue
             want = turn.selection.indices[0].tolist()
             scores = turn.selection.scores[0].tolist()
             earlier = [h for h in want if h not in valid and h < asked_from]
-            top = sorted(earlier, key=lambda h: (-scores[h], h))[:2]
+            top = picked(earlier, cap, by, scores)
             expect = sorted(top + [h for h in want if h >= asked_from])
+            assert turn.rebuilt == (not expect), t  # a turn that would run nothing is rebuilt, as stable's are
+            if not expect:
+                assert turn.recomputed == turn.kept == 16
+                continue
             left_out = len(earlier) - len(top)
             bound += left_out > 0
+            longer += any(h + 1 in earlier for h in earlier)
             assert turn.recomputed == len(expect) and turn.kept == 16, t
             if keep == "context":  # each question is answered on a copy of the prefill's layout
                 continue
@@ -148,7 +171,8 @@ def test_a_capped_follow_up_adds_the_highest_scoring_earlier_tokens_and_its_ques
             dropped = sorted(valid - set(want), key=lambda h: (-scores[h], h))
             held = {h for h, v in zip(layout.ids[:slots], layout.valid[:slots]) if v}
             assert held == (valid & set(want)) | set(dropped[:left_out]), t
-    assert bound, "the cap never bound: the test would not see it"
+    assert bound, "the cap never bound on a turn it laid out: the test would not see it"
+    assert by == "tokens" or longer, "every run was one token: the test would not see runs"
 
 
 @pytest.mark.parametrize("keep", ["answers", "questions"])
@@ -192,6 +216,10 @@ def test_stable_refuses_what_it_cannot_do():
         gemfilter.Conversation(model, get_method("snapkv", topk=16), protocol="stable")
     with pytest.raises(ValueError, match="max_holes must be a share in \\[0, 1\\]"):
         gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol="stable", max_holes=2)
+    with pytest.raises(ValueError, match="unknown fresh_by 'words'; allowed: runs, tokens"):
+        gemfilter.Conversation(
+            model, get_method("gemfilter", layer=2), protocol="stable", max_fresh=8, fresh_by="words"
+        )
     for bad in (0, True, 1.5, "8"):
         with pytest.raises(ValueError, match="max_fresh is a whole number >= 1"):
             gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol="stable", max_fresh=bad)

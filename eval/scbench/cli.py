@@ -98,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
         "holds k), so its write stays short: an approximation of stable, measured in docs/scbench.md (default: no "
         "cap); a folder records it",
     )
+    r.add_argument(
+        "--fresh-by",
+        choices=("runs", "tokens"),
+        default="runs",
+        help="with --max-fresh: what the cap takes whole, from the highest-scoring down: runs of consecutive newly "
+        "kept tokens (a span method's sentences) or single tokens (measured to cut sentences apart) (default runs); "
+        "a folder records it",
+    )
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")
     r.add_argument(
         "--tasks",
@@ -182,6 +190,7 @@ def _run(args) -> int:
         warmup=not args.no_warmup,
         max_holes=args.max_holes,
         max_fresh=args.max_fresh,
+        fresh_by=args.fresh_by,
         extra={"attn": args.attn or "model default"},
     )
     if args.threads:

@@ -37,6 +37,7 @@ from eval.runner import Benchmark, Unit
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
 from gemfilter.conversation import CONTEXT_FIRST, LAYOUTS, MAX_HOLES, check_max_fresh, check_max_holes
+from gemfilter.stable import FRESH_BY
 from gemfilter.toolkit.options import check_against_model
 
 from .engine import converse_engine
@@ -66,6 +67,7 @@ FORMAT_DEFAULTS = {
     "multikey_keys": "RULER's adjective-noun words",
     "max_holes": MAX_HOLES,
     "max_fresh": None,
+    "fresh_by": "tokens",  # the rule of the first folder that capped (measured/scbench-own-fresh-tokens)
 }
 
 
@@ -79,7 +81,8 @@ class RunConfig(BaseRunConfig):
     per sample; timeout: seconds to wait for the engine (a connection, a chunk); max_holes: the layouts'
     (``stable*``) rebuild share (:class:`gemfilter.Conversation`), part of the identity of a folder that runs one;
     max_fresh: ``stable``'s cap on the earlier tokens a follow-up newly keeps (None: no cap), part of the identity
-    of a folder that runs ``stable``.
+    of a folder that runs ``stable``; fresh_by: how that cap picks (``runs`` or ``tokens``), part of the identity of
+    a folder that caps.
     warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
     first forward passes of a process pay one-time costs (seconds at 4K on CPU) that would land on the first row.
     """
@@ -94,6 +97,7 @@ class RunConfig(BaseRunConfig):
     warmup: bool = True
     max_holes: float = MAX_HOLES
     max_fresh: int | None = None
+    fresh_by: str = "runs"
 
     def identity(self) -> dict:
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
@@ -106,6 +110,8 @@ class RunConfig(BaseRunConfig):
             own["max_holes"] = self.max_holes
         if "stable" in self.protocols:  # folders before --max-fresh had no cap
             own["max_fresh"] = self.max_fresh
+            if self.max_fresh is not None:
+                own["fresh_by"] = self.fresh_by
         return {
             "model": self.model,
             "topk": self.topk,
@@ -162,6 +168,8 @@ def validate(config: RunConfig) -> None:
             "--max-fresh caps the stable protocol's follow-ups: add stable to --protocols, or leave it out"
         )
     check_max_fresh(config.max_fresh, "stable", "--max-fresh")
+    if config.fresh_by not in FRESH_BY:
+        raise ValueError(f"--fresh-by: {config.fresh_by}; allowed: {', '.join(FRESH_BY)}")
     if config.engine is not None:
         from .engine import check_engine_labels
 
@@ -247,7 +255,7 @@ class SCBench(Benchmark):
             mode, length, label, task, sample = unit.data
             method, protocol = methods[label]
             if engine is None:
-                settings = (self.config.max_holes, self.config.max_fresh)
+                settings = (self.config.max_holes, self.config.max_fresh, self.config.fresh_by)
                 row = converse(model, tok, method, protocol, mode, length, task, sample, *settings)
             else:
                 row = converse_engine(engine, labels[label][0], protocol, mode, length, task, sample, **given)
@@ -308,13 +316,15 @@ def converse(
     sample: dict,
     max_holes: float = MAX_HOLES,
     max_fresh: int | None = None,
+    fresh_by: str = "runs",
 ) -> dict:
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
     method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable``,
     ``stable-cf``, ``stable-gap`` or ``stable-front``; mode: a name in :data:`eval.scbench.prompts.MODES`; length:
     the window the first prompt is cut to fit; max_holes: the layouts' rebuild share (``stable*``); max_fresh:
-    ``stable``'s cap on the earlier tokens a follow-up newly keeps (the other protocols ignore it).
+    ``stable``'s cap on the earlier tokens a follow-up newly keeps, and fresh_by how it picks them (the other
+    protocols ignore both).
     """
     import gemfilter
 
@@ -328,7 +338,7 @@ def converse(
     if protocol in CONTEXT_FIRST and mode == "multi-turn":
         where["context_tokens"] = context_end(prompts, sample, tok, first)
     if protocol == "stable":
-        where["max_fresh"] = max_fresh
+        where.update(max_fresh=max_fresh, fresh_by=fresh_by)
     with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep, max_holes=max_holes, **where) as chat:
         if mode == "multi-request":
             prefill_s = chat.prefill(first)
