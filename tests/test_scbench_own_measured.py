@@ -45,6 +45,11 @@ FACTS_FRONT = REPO / "measured" / "scbench-own-front"
 FACTS_SELECT = REPO / "measured" / "scbench-own-select"
 #: GF.MultiKey, multi-turn, 4K, seeds 0-9: gemfilter-span-qmax:k=256 at layer 5 under reselect and stable, with full
 MULTIKEY_SELECT = REPO / "measured" / "scbench-own-multikey-select"
+#: GF.Facts, multi-turn, 4K, seeds 0-9, gemfilter-span-qmax:k=256 at layer 5 under stable, with full: never rebuilt
+#: after turn 1 (--max-holes 1); a follow-up capped at 32 single tokens (with reselect beside it); at 64 tokens in
+#: whole runs
+FACTS_HOLES = REPO / "measured" / "scbench-own-holes"
+FACTS_FRESH = {by: REPO / "measured" / f"scbench-own-fresh-{by}" for by in ("tokens", "runs")}
 
 
 @pytest.mark.parametrize(
@@ -69,6 +74,9 @@ MULTIKEY_SELECT = REPO / "measured" / "scbench-own-multikey-select"
         (FACTS_FRONT, "scbench-own-front"),
         (FACTS_SELECT, "scbench-own-select"),
         (MULTIKEY_SELECT, "scbench-own-multikey-select"),
+        (FACTS_HOLES, "scbench-own-holes"),
+        (FACTS_FRESH["tokens"], "scbench-own-fresh-tokens"),
+        (FACTS_FRESH["runs"], "scbench-own-fresh-runs"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -124,6 +132,9 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (FACTS_FRONT, 4096, 10),
         (FACTS_SELECT, 4096, 10),
         (MULTIKEY_SELECT, 4096, 10),
+        (FACTS_HOLES, 4096, 10),
+        (FACTS_FRESH["tokens"], 4096, 10),
+        (FACTS_FRESH["runs"], 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -878,3 +889,57 @@ def test_layer_5_on_multikey_gives_what_the_docs_say():
         "reselect": (0.32, 2.70, 5, 255, [100, 80, 100, 100, 100, 100, 90, 100, 90, 70]),
         "stable": (0.31, 1.79, 27, 119, [100, 10, 60, 90, 100, 100, 30, 70, 40, 70]),
     }
+
+
+def test_stable_at_layer_5_without_rebuilds_and_capped_gives_what_the_docs_say():
+    """GF.Facts, multi-turn, 4K, seeds 0-9, gemfilter-span-qmax:k=256,layer=5@stable in three folders that each change
+    one setting of the select folder's: full answers as there, and so does reselect beside the single-token cap;
+    stable's first turn (rebuilt) answers as there; per folder, the mean over the 40 follow-ups of the time to first
+    token over full's on the same sample and turn, the follow-ups within 2x, the mean tokens run, the follow-ups
+    rebuilt, and the per-turn accuracy, as docs/scbench.md gives them; and an answer of the single-token cap."""
+    base = collect(FACTS_SELECT)
+    label = "gemfilter-span-qmax:k=256,layer=5@"
+    before = {p: turns_by_seed(base, label + p, "gf_facts") for p in ("reselect", "stable")}
+    follow = [(i, t) for i in range(10) for t in range(1, 5)]
+    got = {}
+    for name, folder in (("holes", FACTS_HOLES), *((f"fresh-{by}", f) for by, f in FACTS_FRESH.items())):
+        here = collect(folder)
+        full = turns_by_seed(here, "full", "gf_facts")
+        then = turns_by_seed(base, "full", "gf_facts")
+        assert all([t["prediction"] for t in full[i]] == [t["prediction"] for t in then[i]] for i in range(10)), name
+        x = turns_by_seed(here, label + "stable", "gf_facts")
+        assert all(x[i][0]["prediction"] == before["stable"][i][0]["prediction"] for i in range(10)), name
+        got[name] = (
+            round(sum(x[i][t]["ttft_s"] / full[i][t]["ttft_s"] for i, t in follow) / len(follow), 2),
+            sum(x[i][t]["ttft_s"] <= 2 * full[i][t]["ttft_s"] for i, t in follow),
+            round(sum(x[i][t]["recomputed"] for i, t in follow) / len(follow)),
+            sum(x[i][t]["recomputed"] == x[i][t]["kept"] for i, t in follow),  # rebuilt: every kept token ran
+            [round(100 * sum(x[i][t]["score"] for i in range(10)) / 10) for t in range(5)],
+        )
+    again = turns_by_seed(collect(FACTS_FRESH["tokens"]), label + "reselect", "gf_facts")
+    reselect = before["reselect"]
+    assert all([t["prediction"] for t in again[i]] == [t["prediction"] for t in reselect[i]] for i in range(10))
+    assert got == {
+        "holes": (1.89, 27, 111, 0, [100, 100, 90, 70, 100]),
+        "fresh-tokens": (1.44, 38, 61, 0, [100, 30, 50, 30, 60]),
+        "fresh-runs": (1.77, 27, 125, 10, [100, 90, 80, 80, 90]),
+    }
+    x = before["stable"]  # the no-cap row of the docs' table: tokens run, rebuilt, per-turn accuracy
+    assert (
+        round(sum(x[i][t]["recomputed"] for i, t in follow) / len(follow)),
+        sum(x[i][t]["recomputed"] == x[i][t]["kept"] for i, t in follow),
+        [round(100 * sum(x[i][t]["score"] for i in range(10)) / 10) for t in range(5)],
+    ) == (146, 10, [100, 100, 90, 90, 90])
+    runs = turns_by_seed(collect(FACTS_FRESH["runs"]), label + "stable", "gf_facts")
+    every = [(i, t) for i in range(10) for t in range(5)]
+    lost = [(i, t) for i, t in every if x[i][t]["score"] > runs[i][t]["score"]]
+    assert lost == [(1, 1), (2, 3), (8, 2), (9, 3)]
+    assert [(i, t) for i, t in every if x[i][t]["score"] < runs[i][t]["score"]] == [(5, 3)]
+    assert [x[i][t]["recomputed"] == x[i][t]["kept"] for i, t in lost] == [False, True, True, True]  # rebuilt there
+    assert not any(runs[i][t]["recomputed"] == runs[i][t]["kept"] for i, t in lost)  # and not under the cap
+    laid = [runs[i][t]["recomputed"] for i, t in follow if runs[i][t]["recomputed"] != runs[i][t]["kept"]]
+    assert round(sum(laid) / len(laid)) == 82  # a capped follow-up that is not rebuilt
+    tokens = turns_by_seed(collect(FACTS_FRESH["tokens"]), label + "stable", "gf_facts")
+    assert tokens[0][1]["prediction"].startswith(" eat Park on in front.") and tokens[0][1]["ground_truth"] == (
+        "Dolores Park"
+    )
