@@ -52,25 +52,8 @@ examples:
   gemfilter-scbench report results/scbench"""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from gemfilter.models import add_attn_argument
-    from gemfilter.toolkit.options import add_method_options
-
-    parser = argparse.ArgumentParser(
-        prog="gemfilter-scbench",
-        description=__doc__.split("\n\n")[0],
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser(
-        "run",
-        help="compute the missing conversations and write the report",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    r.add_argument("--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M)")
-    add_method_options(r, default="full,gemfilter")
+def add_protocol_options(r) -> None:
+    """The protocols a prompt method runs under, and the layouts' settings (gemfilter.Conversation's)."""
     r.add_argument(
         "--protocols",
         default="reselect",
@@ -106,6 +89,28 @@ def build_parser() -> argparse.ArgumentParser:
         "kept tokens (a span method's sentences) or single tokens (measured to cut sentences apart) (default runs); "
         "a folder records it",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gemfilter.models import add_attn_argument
+    from gemfilter.toolkit.options import add_method_options
+
+    parser = argparse.ArgumentParser(
+        prog="gemfilter-scbench",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser(
+        "run",
+        help="compute the missing conversations and write the report",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("--model", default=None, help="Hugging Face id or local path (default: the embedded Gemma 3 270M)")
+    add_method_options(r, default="full,gemfilter")
+    add_protocol_options(r)
     r.add_argument("--modes", default="multi-turn", help="multi-turn and/or multi-request (default multi-turn)")
     r.add_argument(
         "--tasks",
