@@ -18,11 +18,11 @@ A cap on what a follow-up newly keeps (``max_fresh``, ``stable`` only): the writ
 runs (docs/scbench.md, "Where a follow-up's time goes"), so a turn that is not rebuilt adds at most ``max_fresh`` of
 the earlier history's tokens it newly keeps, the highest-scoring by the selection's own scores (``fresh_by``: whole
 runs of consecutive tokens, a span method's sentences, or single tokens), and all it keeps of the turn's own tokens
-(its question). For each token the cap leaves out, one slot the selection drops stays valid,
-the highest-scoring by the same scores, so the layout still holds k tokens: the best k it can hold with at most
-``max_fresh`` earlier tokens written. The left-out tokens may come in on a later turn. A capped turn left with
-nothing to run is rebuilt, as ``stable`` rebuilds a turn that keeps nothing new. A further approximation of
-``reselect``, measured; with ``max_fresh`` at least k it is ``stable``.
+(its question). For each token the cap leaves out, one slot the selection drops stays valid, the highest-scoring by
+the same scores, so the layout still holds k tokens. The left-out tokens may come in on a later turn. A capped turn
+left with nothing to run is rebuilt, as ``stable`` rebuilds a turn that keeps nothing new. A further approximation
+of ``reselect``, measured (docs/scbench.md: on GF.Facts at layer 5 the mean follow-up came within 2x ``full``'s
+time, and turns a rebuilt layout answers were lost); with ``max_fresh`` at least k it is ``stable``.
 
 ``stable-cf`` (context first) keeps the layout for the context's kept tokens alone. The kept tokens of the
 conversation after the context (questions and answers) run again every turn, in history order, after the

@@ -54,6 +54,8 @@ examples:
 
 def add_protocol_options(r) -> None:
     """The protocols a prompt method runs under, and the layouts' settings (gemfilter.Conversation's)."""
+    from gemfilter.stable import FRESH_BY
+
     r.add_argument(
         "--protocols",
         default="reselect",
@@ -83,7 +85,7 @@ def add_protocol_options(r) -> None:
     )
     r.add_argument(
         "--fresh-by",
-        choices=("runs", "tokens"),
+        choices=FRESH_BY,
         default="runs",
         help="with --max-fresh: what the cap takes whole, from the highest-scoring down: runs of consecutive newly "
         "kept tokens (a span method's sentences) or single tokens (measured to cut sentences apart) (default runs); "
