@@ -419,20 +419,26 @@ def test_stable_cf_rows_take_the_context_from_the_first_prompt(tiny, tmp_path):
     assert [t["recomputed"] for t in cf[1:]] == [t["history_tokens"] - end for t in cf[1:]]
 
 
+def conversations_seen(monkeypatch, key: str, missing=None) -> list:
+    """A list that every gemfilter.Conversation made from now on appends (protocol, its ``key`` keyword) to."""
+    seen = []
+    init = gemfilter.Conversation.__init__
+
+    def spy(self, *args, **kw):
+        seen.append((kw.get("protocol"), kw.get(key, missing)))
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(gemfilter.Conversation, "__init__", spy)
+    return seen
+
+
 def test_max_holes_reaches_the_layout_and_names_the_folder(tiny, tmp_path, monkeypatch):
     """--max-holes: every stable-cf conversation gets it; at 0 (rebuild whenever the context gains or masks a slot)
     stable-cf answers as reselect does with k below the prompt; a folder records it, a folder written before it
     means the default 0.5, and a resume with another value is refused."""
     import json
 
-    seen = []
-    init = gemfilter.Conversation.__init__
-
-    def spy(self, *args, **kw):
-        seen.append((kw.get("protocol"), kw.get("max_holes")))
-        init(self, *args, **kw)
-
-    monkeypatch.setattr(gemfilter.Conversation, "__init__", spy)
+    seen = conversations_seen(monkeypatch, "max_holes")
     setup = {
         **BASE,
         "methods": ("gemfilter:k=48,layer=2",),
@@ -490,14 +496,7 @@ def test_max_fresh_reaches_stable_alone_and_names_the_folder(tiny, tmp_path, mon
     another value is refused."""
     import json
 
-    seen = []
-    init = gemfilter.Conversation.__init__
-
-    def spy(self, *args, **kw):
-        seen.append((kw.get("protocol"), kw.get("max_fresh", "absent")))
-        init(self, *args, **kw)
-
-    monkeypatch.setattr(gemfilter.Conversation, "__init__", spy)
+    seen = conversations_seen(monkeypatch, "max_fresh", "absent")
     setup = {
         **BASE,
         "methods": ("gemfilter:k=48,layer=2",),
