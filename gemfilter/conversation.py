@@ -53,7 +53,7 @@ from .layers import default_layer
 from .measure import FirstTokenClock, PeakMemory
 from .methods.spec import Method, PromptMethod
 from .selection import QueryTail, Selection, check_causal_decoder, select_cached, sliding_window_of
-from .stable import FRESH_BY, Layout
+from .stable import FRESH_BY, FRESH_HOLES, Cap, Layout
 
 #: the protocols that answer on a :class:`gemfilter.stable.Layout`
 LAYOUTS = ("stable", "stable-cf", "stable-gap", "stable-front")
@@ -143,7 +143,9 @@ class Conversation:
     many tokens of the earlier history that a turn newly keeps are added to the layout (the highest-scoring; what it
     keeps of its question always runs; as many dropped slots stay, so the layout holds k; a rebuilt turn lays out
     the whole selection), None for no cap (:meth:`gemfilter.stable.Layout.place`); fresh_by: how the cap picks,
-    ``runs`` (whole runs of consecutive tokens, a span method's sentences) or ``tokens`` (single tokens).
+    ``runs`` (whole runs of consecutive tokens, a span method's sentences) or ``tokens`` (single tokens);
+    fresh_holes: which masked slots the rebuild rule reads on a capped turn, ``capped`` (the capped turn's) or
+    ``selection`` (those the whole selection would leave, as without the cap).
 
     Example::
 
@@ -163,6 +165,7 @@ class Conversation:
         context_tokens: int | None = None,
         max_fresh: int | None = None,
         fresh_by: str = "runs",
+        fresh_holes: str = "capped",
     ):
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
@@ -205,7 +208,9 @@ class Conversation:
         check_max_fresh(max_fresh, protocol)
         if fresh_by not in FRESH_BY:
             raise ValueError(f"unknown fresh_by {fresh_by!r}; allowed: {', '.join(FRESH_BY)}")
-        self.max_fresh, self.fresh_by = max_fresh, fresh_by
+        if fresh_holes not in FRESH_HOLES:
+            raise ValueError(f"unknown fresh_holes {fresh_holes!r}; allowed: {', '.join(FRESH_HOLES)}")
+        self.max_fresh, self.fresh_by, self.fresh_holes = max_fresh, fresh_by, fresh_holes
         self._boundary = context_tokens  # the context-first layouts: history indices below it are the context
         self._layout = None  # stable: the generation cache's slots
         self._handle = None  # reuse: apply()'s handle, which forks its caches
@@ -375,7 +380,7 @@ class Conversation:
             limit = None
             if self.max_fresh is not None and scores is not None:  # the earlier history: what self.history holds
                 asked_from = 0 if self.history is None else self.history.shape[1]
-                limit = (self.max_fresh, self.fresh_by, scores.float().tolist(), asked_from)
+                limit = Cap(self.max_fresh, self.fresh_by, scores.float().tolist(), asked_from, self.fresh_holes)
             return layout.place(history, want, self.max_holes, limit)
         if self._boundary is None:  # the context-first layouts without context_tokens: the first prefill or question
             self._boundary = history.shape[1]

@@ -20,7 +20,9 @@ the earlier history's tokens it newly keeps, the highest-scoring by the selectio
 runs of consecutive tokens, a span method's sentences, or single tokens), and all it keeps of the turn's own tokens
 (its question). For each token the cap leaves out, one slot the selection drops stays valid, the highest-scoring by
 the same scores, so the layout still holds k tokens. The left-out tokens may come in on a later turn. A capped turn
-left with nothing to run is rebuilt, as ``stable`` rebuilds a turn that keeps nothing new. A further approximation
+left with nothing to run is rebuilt, as ``stable`` rebuilds a turn that keeps nothing new. The rebuild rule reads the
+capped turn's holes, or (``fresh_holes="selection"``) those the whole selection would leave, as uncapped ``stable``
+reads them, so that a turn whose selection moved far is rebuilt as there. A further approximation
 of ``reselect``, measured (docs/scbench.md: on GF.Facts at layer 5 the mean follow-up came within 2x ``full``'s
 time, and turns a rebuilt layout answers were lost); with ``max_fresh`` at least k it is ``stable``.
 
@@ -56,6 +58,7 @@ is measured (docs/scbench.md).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 
@@ -64,21 +67,41 @@ from .compat import cache_kwargs, croppable_cache, drop_last, dynamic_cache
 #: How :func:`capped` picks the earlier tokens a capped follow-up adds: ``runs`` (whole runs of consecutive newly
 #: kept tokens, a span method's sentences) or ``tokens`` (single tokens).
 FRESH_BY = ("runs", "tokens")
+#: Which holes the rebuild rule reads on a capped follow-up (:class:`Cap`).
+FRESH_HOLES = ("capped", "selection")
 
 
-def capped(new: list, cap: int, by: str, scores: list, asked_from: int) -> list:
-    """``new`` (sorted history indices) with at most ``cap`` of those below ``asked_from``; every index from
-    ``asked_from`` on stays, in history order.
+@dataclass(frozen=True)
+class Cap:
+    """``stable``'s cap on one follow-up (see the module docstring).
 
-    by: ``tokens``: the ``cap`` highest ``scores``, ties to the earlier index. ``runs``: the earlier indices split
+    size: at most this many of the earlier history's newly kept tokens join the layout; by: how they are picked
+    (:data:`FRESH_BY`, :func:`capped`); scores: the selection's scores, a list of L floats; asked_from: the turn's
+    first history index (the tokens from it on always join); holes: which masked slots the rebuild rule reads,
+    ``capped`` (those the capped turn leaves) or ``selection`` (those the whole selection would leave, as uncapped
+    ``stable`` reads them; the cap then shortens only a turn the rule lays out)."""
+
+    size: int
+    by: str
+    scores: list
+    asked_from: int
+    holes: str = "capped"
+
+
+def capped(new: list, cap: Cap) -> list:
+    """``new`` (sorted history indices) with at most ``cap.size`` of those below ``cap.asked_from``; every index
+    from it on stays, in history order.
+
+    ``cap.by``: ``tokens``: the highest ``scores``, ties to the earlier index. ``runs``: the earlier indices split
     into runs of consecutive ones (a sentence a span method newly keeps is one), taken whole from the run with the
-    highest score down (ties to the earlier run), each that still fits in what is left of ``cap``; a run longer than
-    ``cap`` never joins. Single tokens cut a kept sentence into pieces the model cannot read (docs/scbench.md)."""
+    highest score down (ties to the earlier run), each that still fits in what is left of the size; a run longer
+    than it never joins. Single tokens cut a kept sentence into pieces the model cannot read (docs/scbench.md)."""
+    scores, asked_from = cap.scores, cap.asked_from
     earlier = [h for h in new if h < asked_from]
-    if len(earlier) <= cap:
+    if len(earlier) <= cap.size:
         return new
-    if by == "tokens":
-        top = sorted(earlier, key=lambda h: (-scores[h], h))[:cap]
+    if cap.by == "tokens":
+        top = sorted(earlier, key=lambda h: (-scores[h], h))[: cap.size]
     else:
         runs = []
         for h in earlier:
@@ -86,7 +109,7 @@ def capped(new: list, cap: int, by: str, scores: list, asked_from: int) -> list:
                 runs[-1].append(h)
             else:
                 runs.append([h])
-        top, room = [], cap
+        top, room = [], cap.size
         for run in sorted(runs, key=lambda r: (-max(scores[h] for h in r), r[0])):
             if len(run) <= room:
                 top += run
@@ -146,13 +169,12 @@ class Layout:
             vars(layer).clear()
             vars(layer).update(state)
 
-    def place(self, history: torch.Tensor, want: list, max_holes: float, limit: tuple | None = None) -> tuple:
+    def place(self, history: torch.Tensor, want: list, max_holes: float, limit: Cap | None = None) -> tuple:
         """Lay out the selection ``want`` (sorted history indices of ``history`` (1, L)) and run the slots it adds.
 
-        limit: (cap, by, scores, asked_from), or None: a turn that is not rebuilt adds at most ``cap`` of the
-        tokens it newly keeps from the earlier history (indices below ``asked_from``), picked by ``scores`` (a list
-        of L floats, the selection's) as :func:`capped` picks them (``by``: ``runs`` or ``tokens``), and every one it
-        keeps from ``asked_from`` on. As many slots ``want`` drops stay valid as tokens the cap leaves out, the
+        limit: a :class:`Cap`, or None: a turn that is not rebuilt adds at most ``limit.size`` of the tokens it
+        newly keeps from the earlier history, as :func:`capped` picks them, and every one it keeps from
+        ``limit.asked_from`` on. As many slots ``want`` drops stay valid as tokens the cap leaves out, the
         highest-scoring (ties to the earlier token).
 
         Returns (the last slot's logits (1, V) in float32, whether the layout was rebuilt, slots written)."""
@@ -243,26 +265,26 @@ class Layout:
         self.answer_from = len(self.ids)
         return logits, False, len(fresh) + len(talk)
 
-    def _lay(self, want: list, max_holes: float, talk: list | None = None, limit: tuple | None = None) -> tuple:
+    def _lay(self, want: list, max_holes: float, talk: list | None = None, limit: Cap | None = None) -> tuple:
         """Mask the slots ``want`` drops, or rebuild: (the history indices to write, their first position, whether
         rebuilt). talk: ``stable-cf``'s conversation part, written after ``want``'s (None under ``stable``, where a
         turn that keeps no new token rebuilds); limit: :meth:`place`'s cap on the newly kept earlier tokens."""
         held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
         wanted = set(want)
-        new = [h for h in want if h not in held]
-        drop = [s for h, s in held.items() if h not in wanted]
+        whole = new = [h for h in want if h not in held]
+        every = drop = [s for h, s in held.items() if h not in wanted]
         if limit is not None and self.ids:  # a rebuild (the first turn's too) lays out the whole selection
-            scores = limit[2]
-            left_out = len(new)
-            new = capped(new, *limit)
-            left_out -= len(new)
-            drop = sorted(drop, key=lambda s: (-scores[self.ids[s]], self.ids[s]))[left_out:]  # the best stay
-        holes = self.valid.count(False) + len(drop)
+            new = capped(new, limit)
+            by_score = sorted(drop, key=lambda s: (-limit.scores[self.ids[s]], self.ids[s]))
+            drop = by_score[len(whole) - len(new) :]  # the best of the dropped slots stay
+        if limit is None or limit.holes == "capped":
+            whole, every = new, drop  # the rebuild rule reads the turn as it would be laid out
+        holes = self.valid.count(False) + len(every)
         if talk is None:
             forced = not new
         else:
             forced = (not new and not talk) or bool(new and not max_holes)
-        if forced or not self.ids or holes > max_holes * (len(self.ids) + len(new)):
+        if forced or not self.ids or holes > max_holes * (len(self.ids) + len(whole)):
             self.reset()
             return list(want), 0, True
         for s in drop:

@@ -123,6 +123,7 @@ def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
         ({"max_fresh": 8}, "--max-fresh caps the stable protocol's follow-ups: add stable to --protocols"),
         ({"max_fresh": 0, "protocols": ("stable",)}, "--max-fresh is a whole number >= 1"),
         ({"max_fresh": 8, "protocols": ("stable",), "fresh_by": "words"}, "--fresh-by: words; allowed: runs, tokens"),
+        ({"max_fresh": 8, "protocols": ("stable",), "fresh_holes": "all"}, "--fresh-holes: all; allowed: capped, sel"),
         ({"engine": "http://x"}, "--engine runs full .* not gemfilter:k=48,layer=2@reuse, snapkv:k=64"),
     ],
 )
@@ -511,12 +512,14 @@ def test_max_fresh_reaches_stable_alone_and_names_the_folder(tiny, tmp_path, mon
     turns = merged["multi-turn/2048/gemfilter:k=48,layer=2@stable/scbench_mf.jsonl"][0]["turns"]
     assert all(t["recomputed"] <= 4 + t["history_tokens"] - u["history_tokens"] for u, t in zip(turns, turns[1:]))
     stored = json.loads((out / "config.json").read_text())
-    assert (stored["max_fresh"], stored["fresh_by"]) == (4, "runs")
+    assert (stored["max_fresh"], stored["fresh_by"], stored["fresh_holes"]) == (4, "runs", "capped")
+    with pytest.raises(ValueError, match="fresh_holes: 'capped' there, 'selection' now"):
+        run(RunConfig(**setup, max_fresh=4, fresh_holes="selection"), out, model_and_tokenizer=tiny, progress=False)
     with pytest.raises(ValueError, match="max_fresh: 4 there, 8 now"):
         run(RunConfig(**setup, max_fresh=8), out, model_and_tokenizer=tiny, progress=False)
     with pytest.raises(ValueError, match="fresh_by: 'runs' there, 'tokens' now"):
         run(RunConfig(**setup, max_fresh=4, fresh_by="tokens"), out, model_and_tokenizer=tiny, progress=False)
-    del stored["fresh_by"]  # a folder written before --fresh-by capped single tokens
+    del stored["fresh_by"], stored["fresh_holes"]  # a folder written before --fresh-by capped single tokens
     (out / "config.json").write_text(json.dumps(stored))
     with pytest.raises(ValueError, match="fresh_by: 'tokens' there, 'runs' now"):
         run(RunConfig(**setup, max_fresh=4), out, model_and_tokenizer=tiny, progress=False)

@@ -175,6 +175,45 @@ def test_a_capped_follow_up_adds_the_highest_scoring_earlier_tokens_and_its_ques
     assert by == "tokens" or longer, "every run was one token: the test would not see runs"
 
 
+def capped_rebuilds(chat_turns, max_holes: float, holes: str, cap: int = 2) -> list:
+    """The turns that the rebuild rule rebuilds, replayed from the selections alone (keep="questions", tokens cap):
+    a turn is rebuilt when it would run nothing, or when its masked slots would pass ``max_holes`` of the layout,
+    counted on the capped turn (``capped``) or on the whole selection (``selection``)."""
+    out, valid, slots, masked, asked_from = [], set(), 0, 0, 0
+    for t, turn in enumerate(chat_turns):
+        want = turn.selection.indices[0].tolist()
+        scores = turn.selection.scores[0].tolist()
+        new, drop = [h for h in want if h not in valid], sorted(valid - set(want), key=lambda h: (-scores[h], h))
+        short = sorted(
+            picked([h for h in new if h < asked_from], cap, "tokens", scores) + [h for h in new if h >= asked_from]
+        )
+        gone = drop[len(new) - len(short) :]
+        judge = (new, drop) if holes == "selection" else (short, gone)
+        rebuilt = t == 0 or not short or masked + len(judge[1]) > max_holes * (slots + len(judge[0]))
+        out.append(rebuilt)
+        if rebuilt:
+            valid, slots, masked = set(want), len(want), 0
+        else:
+            valid, slots, masked = (valid - set(gone)) | set(short), slots + len(short), masked + len(gone)
+        asked_from = turn.history_tokens
+    return out
+
+
+@pytest.mark.parametrize("max_holes", [0.2, 0.4])
+def test_a_capped_turn_is_rebuilt_by_the_holes_its_rule_reads(max_holes):
+    """fresh_holes: the rebuild rule reads the capped turn's holes, or the whole selection's; each conversation's
+    rebuilt turns are the replay's, and the two rules rebuild different turns."""
+    model = BUILDERS["llama"]()
+    method = get_method("gemfilter", layer=FILTER_LAYER["llama"], topk=16)
+    seen = {}
+    for holes in ("capped", "selection"):
+        kw = dict(max_holes=max_holes, max_fresh=2, fresh_by="tokens", fresh_holes=holes)
+        chat = converse(model, method, "stable", "questions", **kw)
+        seen[holes] = [turn.rebuilt for turn in chat.turns]
+        assert seen[holes] == capped_rebuilds(chat.turns, max_holes, holes), holes
+    assert seen["capped"] != seen["selection"]
+
+
 @pytest.mark.parametrize("keep", ["answers", "questions"])
 def test_a_cap_no_turn_reaches_is_stable(keep):
     """max_fresh at the budget k: no follow-up newly keeps more, so every turn is stable's without a cap."""
@@ -216,6 +255,10 @@ def test_stable_refuses_what_it_cannot_do():
         gemfilter.Conversation(model, get_method("snapkv", topk=16), protocol="stable")
     with pytest.raises(ValueError, match="max_holes must be a share in \\[0, 1\\]"):
         gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol="stable", max_holes=2)
+    with pytest.raises(ValueError, match="unknown fresh_holes 'all'; allowed: capped, selection"):
+        gemfilter.Conversation(
+            model, get_method("gemfilter", layer=2), protocol="stable", max_fresh=8, fresh_holes="all"
+        )
     with pytest.raises(ValueError, match="unknown fresh_by 'words'; allowed: runs, tokens"):
         gemfilter.Conversation(
             model, get_method("gemfilter", layer=2), protocol="stable", max_fresh=8, fresh_by="words"

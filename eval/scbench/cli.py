@@ -54,7 +54,7 @@ examples:
 
 def add_protocol_options(r) -> None:
     """The protocols a prompt method runs under, and the layouts' settings (gemfilter.Conversation's)."""
-    from gemfilter.stable import FRESH_BY
+    from gemfilter.stable import FRESH_BY, FRESH_HOLES
 
     r.add_argument(
         "--protocols",
@@ -90,6 +90,15 @@ def add_protocol_options(r) -> None:
         help="with --max-fresh: what the cap takes whole, from the highest-scoring down: runs of consecutive newly "
         "kept tokens (a span method's sentences) or single tokens (measured to cut sentences apart) (default runs); "
         "a folder records it",
+    )
+    r.add_argument(
+        "--fresh-holes",
+        choices=FRESH_HOLES,
+        default="capped",
+        help="with --max-fresh: the masked slots the rebuild rule (--max-holes) reads on a capped follow-up: those "
+        "the capped turn leaves (capped), or those the whole selection would leave, as stable without a cap reads "
+        "them, so a turn whose selection moved far is rebuilt as there (selection) (default capped); a folder "
+        "records it",
     )
 
 
@@ -198,6 +207,7 @@ def _run(args) -> int:
         max_holes=args.max_holes,
         max_fresh=args.max_fresh,
         fresh_by=args.fresh_by,
+        fresh_holes=args.fresh_holes,
         extra={"attn": args.attn or "model default"},
     )
     if args.threads:

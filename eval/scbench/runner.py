@@ -37,7 +37,7 @@ from eval.runner import Benchmark, Unit
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
 from gemfilter.conversation import CONTEXT_FIRST, LAYOUTS, MAX_HOLES, check_max_fresh, check_max_holes
-from gemfilter.stable import FRESH_BY
+from gemfilter.stable import FRESH_BY, FRESH_HOLES
 from gemfilter.toolkit.options import check_against_model
 
 from .engine import converse_engine
@@ -68,6 +68,7 @@ FORMAT_DEFAULTS = {
     "max_holes": MAX_HOLES,
     "max_fresh": None,
     "fresh_by": "tokens",  # the rule of the first folder that capped (measured/scbench-own-fresh-tokens)
+    "fresh_holes": "capped",
 }
 
 
@@ -81,8 +82,8 @@ class RunConfig(BaseRunConfig):
     per sample; timeout: seconds to wait for the engine (a connection, a chunk); max_holes: the layouts'
     (``stable*``) rebuild share (:class:`gemfilter.Conversation`), part of the identity of a folder that runs one;
     max_fresh: ``stable``'s cap on the earlier tokens a follow-up newly keeps (None: no cap), part of the identity
-    of a folder that runs ``stable``; fresh_by: how that cap picks (``runs`` or ``tokens``), part of the identity of
-    a folder that caps.
+    of a folder that runs ``stable``; fresh_by: how that cap picks (``runs`` or ``tokens``) and fresh_holes which
+    holes its rebuild rule reads (``capped`` or ``selection``), part of the identity of a folder that caps.
     warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
     first forward passes of a process pay one-time costs (seconds at 4K on CPU) that would land on the first row.
     """
@@ -98,6 +99,7 @@ class RunConfig(BaseRunConfig):
     max_holes: float = MAX_HOLES
     max_fresh: int | None = None
     fresh_by: str = "runs"
+    fresh_holes: str = "capped"
 
     def identity(self) -> dict:
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
@@ -111,7 +113,7 @@ class RunConfig(BaseRunConfig):
         if "stable" in self.protocols:  # folders before --max-fresh had no cap
             own["max_fresh"] = self.max_fresh
             if self.max_fresh is not None:
-                own["fresh_by"] = self.fresh_by
+                own["fresh_by"], own["fresh_holes"] = self.fresh_by, self.fresh_holes
         return {
             "model": self.model,
             "topk": self.topk,
@@ -170,6 +172,8 @@ def validate(config: RunConfig) -> None:
     check_max_fresh(config.max_fresh, "stable", "--max-fresh")
     if config.fresh_by not in FRESH_BY:
         raise ValueError(f"--fresh-by: {config.fresh_by}; allowed: {', '.join(FRESH_BY)}")
+    if config.fresh_holes not in FRESH_HOLES:
+        raise ValueError(f"--fresh-holes: {config.fresh_holes}; allowed: {', '.join(FRESH_HOLES)}")
     if config.engine is not None:
         from .engine import check_engine_labels
 
@@ -251,12 +255,13 @@ class SCBench(Benchmark):
         elif self.config.warmup:
             warm_up(model, tok, self.config)
 
+        layouts = {k: getattr(self.config, k) for k in ("max_holes", "max_fresh", "fresh_by", "fresh_holes")}
+
         def predict(unit: Unit) -> dict:
             mode, length, label, task, sample = unit.data
             method, protocol = methods[label]
             if engine is None:
-                settings = (self.config.max_holes, self.config.max_fresh, self.config.fresh_by)
-                row = converse(model, tok, method, protocol, mode, length, task, sample, *settings)
+                row = converse(model, tok, method, protocol, mode, length, task, sample, **layouts)
             else:
                 row = converse_engine(engine, labels[label][0], protocol, mode, length, task, sample, **given)
                 row["engine"] = self.config.engine
@@ -317,14 +322,15 @@ def converse(
     max_holes: float = MAX_HOLES,
     max_fresh: int | None = None,
     fresh_by: str = "runs",
+    fresh_holes: str = "capped",
 ) -> dict:
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
     method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable``,
     ``stable-cf``, ``stable-gap`` or ``stable-front``; mode: a name in :data:`eval.scbench.prompts.MODES`; length:
     the window the first prompt is cut to fit; max_holes: the layouts' rebuild share (``stable*``); max_fresh:
-    ``stable``'s cap on the earlier tokens a follow-up newly keeps, and fresh_by how it picks them (the other
-    protocols ignore both).
+    ``stable``'s cap on the earlier tokens a follow-up newly keeps, fresh_by how it picks them and fresh_holes which
+    holes its rebuild rule reads (the other protocols ignore all three).
     """
     import gemfilter
 
@@ -338,7 +344,7 @@ def converse(
     if protocol in CONTEXT_FIRST and mode == "multi-turn":
         where["context_tokens"] = context_end(prompts, sample, tok, first)
     if protocol == "stable":
-        where.update(max_fresh=max_fresh, fresh_by=fresh_by)
+        where.update(max_fresh=max_fresh, fresh_by=fresh_by, fresh_holes=fresh_holes)
     with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep, max_holes=max_holes, **where) as chat:
         if mode == "multi-request":
             prefill_s = chat.prefill(first)
