@@ -47,9 +47,9 @@ FACTS_SELECT = REPO / "measured" / "scbench-own-select"
 MULTIKEY_SELECT = REPO / "measured" / "scbench-own-multikey-select"
 #: GF.Facts, multi-turn, 4K, seeds 0-9, gemfilter-span-qmax:k=256 at layer 5 under stable, with full: never rebuilt
 #: after turn 1 (--max-holes 1); a follow-up capped at 32 single tokens (with reselect beside it); at 64 tokens in
-#: whole runs
+#: whole runs; the same rebuilt by the whole selection's holes (--fresh-holes selection)
 FACTS_HOLES = REPO / "measured" / "scbench-own-holes"
-FACTS_FRESH = {by: REPO / "measured" / f"scbench-own-fresh-{by}" for by in ("tokens", "runs")}
+FACTS_FRESH = {by: REPO / "measured" / f"scbench-own-fresh-{by}" for by in ("tokens", "runs", "selection")}
 
 
 @pytest.mark.parametrize(
@@ -77,6 +77,7 @@ FACTS_FRESH = {by: REPO / "measured" / f"scbench-own-fresh-{by}" for by in ("tok
         (FACTS_HOLES, "scbench-own-holes"),
         (FACTS_FRESH["tokens"], "scbench-own-fresh-tokens"),
         (FACTS_FRESH["runs"], "scbench-own-fresh-runs"),
+        (FACTS_FRESH["selection"], "scbench-own-fresh-selection"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -135,6 +136,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (FACTS_HOLES, 4096, 10),
         (FACTS_FRESH["tokens"], 4096, 10),
         (FACTS_FRESH["runs"], 4096, 10),
+        (FACTS_FRESH["selection"], 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -923,6 +925,7 @@ def test_stable_at_layer_5_without_rebuilds_and_capped_gives_what_the_docs_say()
         "holes": (1.89, 27, 111, 0, [100, 100, 90, 70, 100]),
         "fresh-tokens": (1.44, 38, 61, 0, [100, 30, 50, 30, 60]),
         "fresh-runs": (1.77, 27, 125, 10, [100, 90, 80, 80, 90]),
+        "fresh-selection": (1.96, 28, 125, 10, [100, 90, 80, 100, 100]),
     }
     x = before["stable"]  # the no-cap row of the docs' table: tokens run, rebuilt, per-turn accuracy
     assert (
@@ -937,8 +940,22 @@ def test_stable_at_layer_5_without_rebuilds_and_capped_gives_what_the_docs_say()
     assert [(i, t) for i, t in every if x[i][t]["score"] < runs[i][t]["score"]] == [(5, 3)]
     assert [x[i][t]["recomputed"] == x[i][t]["kept"] for i, t in lost] == [False, True, True, True]  # rebuilt there
     assert not any(runs[i][t]["recomputed"] == runs[i][t]["kept"] for i, t in lost)  # and not under the cap
-    laid = [runs[i][t]["recomputed"] for i, t in follow if runs[i][t]["recomputed"] != runs[i][t]["kept"]]
-    assert round(sum(laid) / len(laid)) == 82  # a capped follow-up that is not rebuilt
+    sel = turns_by_seed(collect(FACTS_FRESH["selection"]), label + "stable", "gf_facts")
+    for y in (runs, sel):
+        laid = [y[i][t]["recomputed"] for i, t in follow if y[i][t]["recomputed"] != y[i][t]["kept"]]
+        assert round(sum(laid) / len(laid)) == 82  # a capped follow-up that is not rebuilt
+    # read by the whole selection's holes: against reselect, uncapped stable and the runs cap, turn by turn
+    assert [(i, t) for i, t in every if sel[i][t]["score"] != reselect[i][t]["score"]] == [(1, 1), (3, 4), (8, 2)]
+    assert [reselect[i][t]["score"] for i, t in [(1, 1), (3, 4), (8, 2)]] == [1.0, 0.0, 1.0]
+    assert [(i, t) for i, t in every if sel[i][t]["score"] < runs[i][t]["score"]] == []
+    assert [(i, t) for i, t in every if sel[i][t]["score"] > runs[i][t]["score"]] == [(2, 3), (3, 4), (9, 3)]
+    rebuilt = {
+        name: [(i, t) for i, t in follow if y[i][t]["recomputed"] == y[i][t]["kept"]]
+        for name, y in (("s", sel), ("x", x))
+    }
+    assert len(rebuilt["s"]) == len(rebuilt["x"]) == 10 and sum(t for _, t in rebuilt["s"]) > sum(
+        t for _, t in rebuilt["x"]
+    )
     tokens = turns_by_seed(collect(FACTS_FRESH["tokens"]), label + "stable", "gf_facts")
     assert tokens[0][1]["prediction"].startswith(" eat Park on in front.") and tokens[0][1]["ground_truth"] == (
         "Dolores Park"
