@@ -368,9 +368,9 @@ def test_one_untimed_full_conversation_runs_before_the_first_timed_one(tiny, tmp
     calls = []
     real = runner.converse
 
-    def spy(model, tok, method, protocol, mode, length, task, sample, *rest):
+    def spy(model, tok, method, protocol, mode, length, task, sample, *rest, **settings):
         calls.append((protocol, len(sample["multi_turns"])))
-        return real(model, tok, method, protocol, mode, length, task, sample, *rest)
+        return real(model, tok, method, protocol, mode, length, task, sample, *rest, **settings)
 
     monkeypatch.setattr(runner, "converse", spy)
     config = RunConfig(**{**BASE, "methods": ("snapkv:k=64",), "tasks": ("scbench_mf",), "num_samples": 1})
