@@ -271,25 +271,26 @@ class Layout:
         turn that keeps no new token rebuilds); limit: :meth:`place`'s cap on the newly kept earlier tokens."""
         held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
         wanted = set(want)
-        whole = new = [h for h in want if h not in held]
-        every = drop = [s for h, s in held.items() if h not in wanted]
+        new = [h for h in want if h not in held]  # what the selection adds and drops
+        drop = [s for h, s in held.items() if h not in wanted]
+        add, mask = new, drop  # what the turn lays out: the same, unless capped
         if limit is not None and self.ids:  # a rebuild (the first turn's too) lays out the whole selection
-            new = capped(new, limit)
+            add = capped(new, limit)
             by_score = sorted(drop, key=lambda s: (-limit.scores[self.ids[s]], self.ids[s]))
-            drop = by_score[len(whole) - len(new) :]  # the best of the dropped slots stay
-        if limit is None or limit.holes == "capped":
-            whole, every = new, drop  # the rebuild rule reads the turn as it would be laid out
-        holes = self.valid.count(False) + len(every)
+            mask = by_score[len(new) - len(add) :]  # the best of the dropped slots stay
+        # the rebuild rule reads the turn as it is laid out, or under fresh_holes="selection" the whole selection
+        judged_new, judged_drop = (new, drop) if limit is not None and limit.holes == "selection" else (add, mask)
+        holes = self.valid.count(False) + len(judged_drop)
         if talk is None:
-            forced = not new
+            forced = not add
         else:
-            forced = (not new and not talk) or bool(new and not max_holes)
-        if forced or not self.ids or holes > max_holes * (len(self.ids) + len(whole)):
+            forced = (not add and not talk) or bool(add and not max_holes)
+        if forced or not self.ids or holes > max_holes * (len(self.ids) + len(judged_new)):
             self.reset()
             return list(want), 0, True
-        for s in drop:
+        for s in mask:
             self.valid[s] = False
-        return new, max(self.pos) + 1, False
+        return add, max(self.pos) + 1, False
 
     def reset(self) -> None:
         self.cache = (croppable_cache if self.croppable else dynamic_cache)(self.model.config)

@@ -492,9 +492,9 @@ def test_stable_gap_rows_run_only_what_the_history_gained_when_nothing_changes(t
 
 
 def test_max_fresh_reaches_stable_alone_and_names_the_folder(tiny, tmp_path, monkeypatch):
-    """--max-fresh: every stable conversation gets it, no other protocol's does; a folder records it and --fresh-by,
-    a folder written before --max-fresh means no cap and one before --fresh-by single tokens, and a resume with
-    another value is refused."""
+    """--max-fresh: every stable conversation gets it, no other protocol's does; a folder records it, --fresh-by and
+    --fresh-holes, a folder written before --max-fresh means no cap and one before --fresh-by single tokens and
+    capped holes, and a resume with another value is refused."""
     import json
 
     seen = conversations_seen(monkeypatch, "max_fresh", "absent")
