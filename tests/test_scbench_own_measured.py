@@ -56,6 +56,12 @@ FACTS_FRESH = {by: REPO / "measured" / f"scbench-own-fresh-{by}" for by in ("tok
 #: beside MULTIKEY_SELECT's reselect and uncapped stable) and on GF.Facts at 8K (seeds 0-9, with reselect)
 MULTIKEY_FRESH = REPO / "measured" / "scbench-own-multikey-fresh"
 FACTS_FRESH_8K = REPO / "measured" / "scbench-own-fresh-8k"
+#: stable-cf and stable-gap at layer 5 (gemfilter-span-qmax:k=256,layer=5), multi-turn, 4K, seeds 0-9, with full:
+#: GF.MultiKey (beside MULTIKEY_SELECT's layer 5) and GF.Facts (beside FACTS_SELECT's)
+LAYOUTS_5 = {
+    "gf_multikey": REPO / "measured" / "scbench-own-multikey-layouts-5",
+    "gf_facts": REPO / "measured" / "scbench-own-layouts-5",
+}
 
 
 @pytest.mark.parametrize(
@@ -86,6 +92,8 @@ FACTS_FRESH_8K = REPO / "measured" / "scbench-own-fresh-8k"
         (FACTS_FRESH["selection"], "scbench-own-fresh-selection"),
         (MULTIKEY_FRESH, "scbench-own-multikey-fresh"),
         (FACTS_FRESH_8K, "scbench-own-fresh-8k"),
+        (LAYOUTS_5["gf_multikey"], "scbench-own-multikey-layouts-5"),
+        (LAYOUTS_5["gf_facts"], "scbench-own-layouts-5"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -147,6 +155,8 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (FACTS_FRESH["selection"], 4096, 20),
         (MULTIKEY_FRESH, 4096, 10),
         (FACTS_FRESH_8K, 8192, 10),
+        (LAYOUTS_5["gf_multikey"], 4096, 10),
+        (LAYOUTS_5["gf_facts"], 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -1120,3 +1130,49 @@ def test_the_capped_layout_at_8k_gives_what_the_docs_say():
         for t in range(1, 5)
     ]
     assert mean_ratio == [1.73, 2.07, 2.73, 1.87]
+
+
+def test_the_context_first_layouts_at_layer_5_give_what_the_docs_say():
+    """GF.MultiKey and GF.Facts, multi-turn, 4K, seeds 0-9: gemfilter-span-qmax:k=256,layer=5 under stable-cf and
+    stable-gap, beside the select folders' layer-5 reselect and stable. full answers as there and stable-cf's first
+    turn as reselect's; per protocol, the mean over the follow-ups of the time to first token over the full of its own
+    run, the follow-ups within 2x, the tokens run, the follow-ups that ran every kept token and the per-turn accuracy,
+    as docs/scbench.md's table gives them; and where stable-cf's scores differ from reselect's."""
+    label = "gemfilter-span-qmax:k=256,layer=5@"
+    base = {"gf_multikey": MULTIKEY_SELECT, "gf_facts": FACTS_SELECT}
+    follow = [(i, t) for i in range(10) for t in range(1, 5)]
+    got, differ = {}, {}
+    for task, folder in LAYOUTS_5.items():
+        here, there = collect(folder), collect(base[task])
+        full, then = turns_by_seed(here, "full", task), turns_by_seed(there, "full", task)
+        assert all([t["prediction"] for t in full[i]] == [t["prediction"] for t in then[i]] for i in range(10)), task
+        rows = {p: (turns_by_seed(there, label + p, task), then) for p in ("reselect", "stable")}
+        rows |= {p: (turns_by_seed(here, label + p, task), full) for p in ("stable-cf", "stable-gap")}
+        reselect = rows["reselect"][0]
+        assert all(rows["stable-cf"][0][i][0]["prediction"] == reselect[i][0]["prediction"] for i in range(10)), task
+        for name, (y, f) in rows.items():
+            got[task, name] = (
+                round(sum(y[i][t]["ttft_s"] / f[i][t]["ttft_s"] for i, t in follow) / len(follow), 2),
+                sum(y[i][t]["ttft_s"] <= 2 * f[i][t]["ttft_s"] for i, t in follow),
+                round(sum(y[i][t]["recomputed"] for i, t in follow) / len(follow)),
+                sum(y[i][t]["recomputed"] == y[i][t]["kept"] for i, t in follow),
+                [round(100 * sum(y[i][t]["score"] for i in range(10)) / 10) for t in range(5)],
+            )
+        cf = rows["stable-cf"][0]
+        differ[task] = [
+            (i, t, cf[i][t]["score"])
+            for i in range(10)
+            for t in range(5)
+            if cf[i][t]["score"] != reselect[i][t]["score"]
+        ]
+    assert got == {
+        ("gf_multikey", "reselect"): (2.70, 5, 255, 40, [100, 80, 100, 100, 100]),
+        ("gf_multikey", "stable"): (1.79, 27, 119, 10, [100, 10, 60, 90, 100]),
+        ("gf_multikey", "stable-cf"): (2.30, 13, 198, 18, [100, 90, 100, 100, 100]),
+        ("gf_multikey", "stable-gap"): (2.13, 17, 161, 18, [50, 100, 100, 100, 100]),
+        ("gf_facts", "reselect"): (3.28, 0, 256, 40, [100, 100, 90, 100, 90]),
+        ("gf_facts", "stable"): (2.21, 19, 146, 10, [100, 100, 90, 90, 90]),
+        ("gf_facts", "stable-cf"): (2.48, 7, 214, 19, [100, 100, 90, 100, 90]),
+        ("gf_facts", "stable-gap"): (2.53, 11, 185, 19, [100, 100, 80, 100, 100]),
+    }
+    assert differ == {"gf_multikey": [(4, 1, 1.0), (5, 1, 1.0), (6, 1, 0.0)], "gf_facts": []}
