@@ -941,8 +941,8 @@ def test_stable_at_layer_5_without_rebuilds_and_capped_gives_what_the_docs_say()
     for name, folder in (("holes", FACTS_HOLES), *((f"fresh-{by}", f) for by, f in FACTS_FRESH.items())):
         here = collect(folder)
         full = turns_by_seed(here, "full", "gf_facts")
-        then = turns_by_seed(base, "full", "gf_facts")
-        assert all([t["prediction"] for t in full[i]] == [t["prediction"] for t in then[i]] for i in range(10)), name
+        for then in (turns_by_seed(base, "full", "gf_facts"), turns_by_seed(collect(FULL), "full", "gf_facts")):
+            assert all([t["prediction"] for t in full[i]] == [u["prediction"] for u in then[i]] for i in range(10))
         x = turns_by_seed(here, label + "stable", "gf_facts")
         assert all(x[i][0]["prediction"] == before["stable"][i][0]["prediction"] for i in range(10)), name
         got[name] = follow_ups(x, full)  # rebuilt: the follow-ups that ran every kept token
