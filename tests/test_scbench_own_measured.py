@@ -104,9 +104,9 @@ def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
     assert [x for x in lines if x not in shown] == []  # and nothing measured is left out of the docs
 
 
-def turns_by_seed(found: dict, label: str, task: str) -> dict:
-    """{seed: the row's turns} of one label's multi-turn 4K rows of ``task`` in a collected folder."""
-    return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, label, task)]}
+def turns_by_seed(found: dict, label: str, task: str, length: int = 4096) -> dict:
+    """{seed: the row's turns} of one label's multi-turn rows of ``task`` at ``length`` in a collected folder."""
+    return {int(r["_id"]): r["turns"] for r in found[("multi-turn", length, label, task)]}
 
 
 def follow_ups(y: dict, full: dict, seeds=range(10)) -> tuple:
@@ -1087,14 +1087,10 @@ def test_the_capped_layout_at_8k_gives_what_the_docs_say():
     every kept token and the per-turn accuracy, as docs/scbench.md gives them; where stable and reselect differ; the
     laid-out follow-ups' tokens and mean times; where the rebuilds fall; and the report's per-turn ratio of mean
     times."""
-
-    def turns(found, label):
-        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 8192, label, "gf_facts")]}
-
     here = collect(FACTS_FRESH_8K)
     label = "gemfilter-span-qmax:k=256,layer=5@"
-    full = turns(here, "full")
-    x = {p: turns(here, label + p) for p in ("reselect", "stable")}
+    full = turns_by_seed(here, "full", "gf_facts", 8192)
+    x = {p: turns_by_seed(here, label + p, "gf_facts", 8192) for p in ("reselect", "stable")}
     assert all(x["stable"][i][0]["prediction"] == x["reselect"][i][0]["prediction"] for i in range(10))
     follow = [(i, t) for i in range(10) for t in range(1, 5)]
     got = {"full": [round(100 * sum(full[i][t]["score"] for i in range(10)) / 10) for t in range(5)]}
