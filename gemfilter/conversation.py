@@ -15,7 +15,8 @@ named protocols say what a turn keeps of the earlier ones:
 - ``stable`` (prompt methods; greedy): selects as ``reselect`` does, but keeps last turn's kept tokens in their
   slots of the generation cache, masks the ones this turn drops and runs only the ones it newly keeps
   (:mod:`gemfilter.stable`); an approximation of ``reselect``, rebuilt exactly when its holes pass ``max_holes``.
-  ``max_fresh`` caps how many earlier tokens a follow-up newly keeps (the highest-scoring), a further approximation.
+  ``max_fresh`` caps how many earlier tokens a follow-up newly keeps (the highest-scoring), a further approximation
+  (``stable-cf`` too: there it caps the newly kept context tokens).
 - ``stable-cf`` (context first; prompt methods; greedy): ``stable`` for the kept tokens of the context alone; the
   kept tokens of the conversation after it (questions and answers) run again each turn after the context's
   slots, in history order, so newly kept context never sits between a question and its answer.
@@ -62,6 +63,8 @@ PROTOCOLS = ("reselect", "reuse", "full", *LAYOUTS)
 SELECTING = ("reselect", *LAYOUTS)
 #: the layouts that know where the context ends (``context_tokens``)
 CONTEXT_FIRST = ("stable-cf", "stable-gap", "stable-front")
+#: the layouts whose follow-ups ``max_fresh`` can cap
+CAPPED = ("stable", "stable-cf")
 #: The layouts' rebuild share: a layout whose masked slots pass half of its slots is rebuilt in history order.
 MAX_HOLES = 0.5
 KEEPS = ("answers", "questions", "context")
@@ -117,7 +120,7 @@ def check_max_holes(max_holes, name: str = "max_holes") -> None:
 
 
 def check_max_fresh(max_fresh, protocol: str, name: str = "max_fresh") -> None:
-    """Raise ValueError unless ``max_fresh`` is None, or a whole number >= 1 under protocol ``stable``."""
+    """Raise ValueError unless ``max_fresh`` is None, or a whole number >= 1 under a protocol in :data:`CAPPED`."""
     if max_fresh is None:
         return
     if isinstance(max_fresh, bool) or not isinstance(max_fresh, int) or max_fresh < 1:
@@ -125,8 +128,10 @@ def check_max_fresh(max_fresh, protocol: str, name: str = "max_fresh") -> None:
             f"{name} is a whole number >= 1 (how many earlier tokens a follow-up may newly keep), or None for no cap; "
             f"got {max_fresh!r}"
         )
-    if protocol != "stable":
-        raise ValueError(f"{name} caps the stable protocol's follow-ups; protocol {protocol!r} has no such cap")
+    if protocol not in CAPPED:
+        raise ValueError(
+            f"{name} caps the follow-ups of protocols {' and '.join(CAPPED)}; protocol {protocol!r} has no such cap"
+        )
 
 
 class Conversation:
@@ -139,11 +144,12 @@ class Conversation:
     max_holes: the layouts only (``stable*``), the share of masked slots past which the layout is rebuilt in history
     order (0: every turn that masks or adds a slot, which is ``reselect``); context_tokens: ``stable-cf``,
     ``stable-gap`` and ``stable-front`` only, how many of the history's first tokens are the context (None: the first
-    :meth:`prefill`'s tokens, or without one, the whole first question); max_fresh: ``stable`` only, at most this
-    many tokens of the earlier history that a turn newly keeps are added to the layout (the highest-scoring; what it
-    keeps of its question always runs; as many dropped slots stay, so the layout holds k; a rebuilt turn lays out
-    the whole selection), None for no cap (:meth:`gemfilter.stable.Layout.place`); fresh_by: how the cap picks,
-    ``runs`` (whole runs of consecutive tokens, a span method's sentences) or ``tokens`` (single tokens);
+    :meth:`prefill`'s tokens, or without one, the whole first question); max_fresh: ``stable`` and ``stable-cf``
+    only, at most this many tokens of the earlier history (under ``stable-cf``, of the context) that a turn newly
+    keeps are added to the layout (the highest-scoring; what it keeps of its question always runs; as many dropped
+    slots stay, so the layout holds k, under ``stable-cf`` as far as the selection drops context slots; a rebuilt
+    turn lays out the whole selection), None for no cap (:meth:`gemfilter.stable.Layout.place`); fresh_by: how the
+    cap picks, ``runs`` (whole runs of consecutive tokens, a span method's sentences) or ``tokens`` (single tokens);
     fresh_holes: which masked slots the rebuild rule reads on a capped turn, ``capped`` (the capped turn's) or
     ``selection`` (those the whole selection would leave, as without the cap).
 
@@ -376,19 +382,24 @@ class Conversation:
         """Lay the selection ``want`` out on ``layout`` as the protocol does (a prefill's or a turn's; scores (L,): the
         selection's, for ``max_fresh``); returns :meth:`gemfilter.stable.Layout.place`'s (logits, rebuilt, slots
         written)."""
-        if self.protocol == "stable":
-            limit = None
-            if self.max_fresh is not None and scores is not None:  # the earlier history: what self.history holds
-                asked_from = 0 if self.history is None else self.history.shape[1]
-                limit = Cap(self.max_fresh, self.fresh_by, scores.float().tolist(), asked_from, self.fresh_holes)
-            return layout.place(history, want, self.max_holes, limit)
+        if self.protocol == "stable":  # the earlier history: what self.history holds
+            asked_from = 0 if self.history is None else self.history.shape[1]
+            return layout.place(history, want, self.max_holes, self._cap(scores, asked_from))
         if self._boundary is None:  # the context-first layouts without context_tokens: the first prefill or question
             self._boundary = history.shape[1]
         if self.protocol == "stable-cf":  # the conversation's kept tokens run again after the context's slots
-            return layout.place_context_first(history, want, self._boundary, self.max_holes)
+            limit = self._cap(scores, self._boundary)  # the cap reads the context's tokens alone
+            return layout.place_context_first(history, want, self._boundary, self.max_holes, limit)
         # stable-gap, stable-front: the conversation's slots stay; an answer that left the history has its slots cut
         cut, front = self.keep != "answers", self.protocol == "stable-front"
         return layout.place_gap(history, want, self._boundary, self.max_holes, cut_answer=cut, front=front)
+
+    def _cap(self, scores, asked_from: int) -> Cap | None:
+        """The :class:`gemfilter.stable.Cap` of a turn whose tokens from ``asked_from`` on always run (None without
+        ``max_fresh``, or without the selection's scores (L,))."""
+        if self.max_fresh is None or scores is None:
+            return None
+        return Cap(self.max_fresh, self.fresh_by, scores.float().tolist(), asked_from, self.fresh_holes)
 
     @property
     def selector_tokens(self) -> int:

@@ -14,17 +14,19 @@ prefix reuse of the kept sequence buys little. The ``stable`` protocol reuses th
 - the layout is rebuilt in history order at positions 0..k-1 (exactly ``reselect``'s cache) on the first turn,
   when the masked slots would exceed ``max_holes`` of the layout, or when a turn keeps no new token.
 
-A cap on what a follow-up newly keeps (``max_fresh``, ``stable`` only): the write's time grows with the tokens it
-runs (docs/scbench.md, "Where a follow-up's time goes"), so a turn that is not rebuilt adds at most ``max_fresh`` of
-the earlier history's tokens it newly keeps, the highest-scoring by the selection's own scores (``fresh_by``: whole
-runs of consecutive tokens, a span method's sentences, or single tokens), and all it keeps of the turn's own tokens
-(its question). For each token the cap leaves out, one slot the selection drops stays valid, the highest-scoring by
-the same scores, so the layout still holds k tokens. The left-out tokens may come in on a later turn. A capped turn
-left with nothing to run is rebuilt, as ``stable`` rebuilds a turn that keeps nothing new. The rebuild rule reads the
-capped turn's holes, or (``fresh_holes="selection"``) those the whole selection would leave, as uncapped ``stable``
-reads them, so that a turn whose selection moved far is rebuilt as there. A further approximation
-of ``reselect``, measured (docs/scbench.md: on GF.Facts at layer 5 the mean follow-up came within 2x ``full``'s
-time, and turns a rebuilt layout answers were lost); with ``max_fresh`` at least k it is ``stable``.
+A cap on what a follow-up newly keeps (``max_fresh``, ``stable`` and ``stable-cf``): the write's time grows with the
+tokens it runs (docs/scbench.md, "Where a follow-up's time goes"), so a turn that is not rebuilt adds at most
+``max_fresh`` of the earlier history's tokens it newly keeps, the highest-scoring by the selection's own scores
+(``fresh_by``: whole runs of consecutive tokens, a span method's sentences, or single tokens), and all it keeps of
+the turn's own tokens (its question). For each token the cap leaves out, one slot the selection drops stays valid,
+the highest-scoring by the same scores, so the layout still holds k tokens. The left-out tokens may come in on a
+later turn. A capped turn left with nothing to run is rebuilt, as ``stable`` rebuilds a turn that keeps nothing new.
+The rebuild rule reads the capped turn's holes, or (``fresh_holes="selection"``) those the whole selection would
+leave, as uncapped ``stable`` reads them, so that a turn whose selection moved far is rebuilt as there. A further
+approximation of ``reselect``, measured (docs/scbench.md: on GF.Facts at layer 5 the mean follow-up came within 2x
+``full``'s time, and turns a rebuilt layout answers were lost); with ``max_fresh`` at least k it is ``stable``. Under
+``stable-cf`` the cap reads the context's newly kept tokens alone (the conversation's kept tokens run again every
+turn, capped or not).
 
 ``stable-cf`` (context first) keeps the layout for the context's kept tokens alone. The kept tokens of the
 conversation after the context (questions and answers) run again every turn, in history order, after the
@@ -181,10 +183,17 @@ class Layout:
         new, start, rebuild = self._lay(want, max_holes, limit=limit)
         return self.write(history[:, new], new, list(range(start, start + len(new)))), rebuild, len(new)
 
-    def place_context_first(self, history: torch.Tensor, want: list, boundary: int, max_holes: float) -> tuple:
+    def place_context_first(
+        self, history: torch.Tensor, want: list, boundary: int, max_holes: float, limit: Cap | None = None
+    ) -> tuple:
         """``stable-cf``: lay out ``want``'s context part (history indices below ``boundary``) as :meth:`place` does,
         after removing the last turn's conversation and answer slots, then append its conversation part in history
         order at the next positions; one forward runs the newly kept context and the whole conversation.
+
+        limit: :meth:`place`'s cap, on the newly kept context tokens (``limit.asked_from`` at ``boundary`` or later:
+        every one of them is the earlier history's); the conversation part always runs whole. The dropped context
+        slots that stay make up for the left-out tokens only as far as the selection drops context slots, so the
+        kept context can shrink (the selection's context part changes size from turn to turn).
 
         The layout is rebuilt (the context in history order at 0..c-1, then the conversation: ``reselect``'s
         prompt) on the first turn, when the context's masked slots would pass ``max_holes`` of its slots, when
@@ -193,7 +202,7 @@ class Layout:
         if self.context_slots < len(self.ids):  # the last turn's conversation and answer slots go
             drop_last(self.cache, len(self.ids) - self.context_slots)
             self._keep_first(self.context_slots)
-        new, start, rebuild = self._lay([h for h in want if h < boundary], max_holes, talk)
+        new, start, rebuild = self._lay([h for h in want if h < boundary], max_holes, talk, limit=limit)
         run = new + talk
         logits = self.write(history[:, run], run, list(range(start, start + len(run))))
         self.context_slots = len(self.ids) - len(talk)
@@ -277,7 +286,7 @@ class Layout:
         if limit is not None and self.ids:  # a rebuild (the first turn's too) lays out the whole selection
             add = capped(new, limit)
             by_score = sorted(drop, key=lambda s: (-limit.scores[self.ids[s]], self.ids[s]))
-            mask = by_score[len(new) - len(add) :]  # the best of the dropped slots stay
+            mask = by_score[len(new) - len(add) :]  # the best of the dropped slots stay (as far as there are any)
         # the rebuild rule reads the turn as it is laid out, or under fresh_holes="selection" the whole selection
         judged_new, judged_drop = (new, drop) if limit is not None and limit.holes == "selection" else (add, mask)
         holes = self.valid.count(False) + len(judged_drop)

@@ -120,7 +120,8 @@ def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
         ({"methods": ("gemfilter:k=0",)}, "gemfilter: topk=0 must be >= 1"),
         ({"turns": 0}, "--turns must be a whole number >= 1"),
         ({"max_holes": 1.5}, "--max-holes must be a share in \\[0, 1\\]"),
-        ({"max_fresh": 8}, "--max-fresh caps the stable protocol's follow-ups: add stable to --protocols"),
+        ({"max_fresh": 8}, "--max-fresh caps the follow-ups of protocols stable and stable-cf: add one to"),
+        ({"max_fresh": 8, "protocols": ("stable-gap",)}, "--max-fresh caps the follow-ups of protocols stable and"),
         ({"max_fresh": 0, "protocols": ("stable",)}, "--max-fresh is a whole number >= 1"),
         ({"max_fresh": 8, "protocols": ("stable",), "fresh_by": "words"}, "--fresh-by: words; allowed: runs, tokens"),
         ({"max_fresh": 8, "protocols": ("stable",), "fresh_holes": "all"}, "--fresh-holes: all; allowed: capped, sel"),
@@ -491,8 +492,9 @@ def test_stable_gap_rows_run_only_what_the_history_gained_when_nothing_changes(t
     assert [t["recomputed"] for t in gap[1:]] == grown
 
 
-def test_max_fresh_reaches_stable_alone_and_names_the_folder(tiny, tmp_path, monkeypatch):
-    """--max-fresh: every stable conversation gets it, no other protocol's does; a folder records it, --fresh-by and
+def test_max_fresh_reaches_stable_and_stable_cf_alone_and_names_the_folder(tiny, tmp_path, monkeypatch):
+    """--max-fresh: every stable and stable-cf conversation gets it, no other protocol's does (stable-gap's
+    neither); a folder records it, --fresh-by and
     --fresh-holes, a folder written before --max-fresh means no cap and one before --fresh-by single tokens and
     capped holes, and a resume with another value is refused."""
     import json
@@ -501,14 +503,15 @@ def test_max_fresh_reaches_stable_alone_and_names_the_folder(tiny, tmp_path, mon
     setup = {
         **BASE,
         "methods": ("gemfilter:k=48,layer=2",),
-        "protocols": ("reselect", "stable"),
+        "protocols": ("reselect", "stable", "stable-cf", "stable-gap"),
         "tasks": ("scbench_mf",),
         "num_samples": 1,
         "max_holes": 1.0,  # rebuilt only on the first turn: every follow-up is capped
     }
     out = tmp_path / "out"
     merged = run(RunConfig(**setup, max_fresh=4), out, model_and_tokenizer=tiny, progress=False)
-    assert set(seen) == {("stable", 4), ("reselect", "absent"), ("full", "absent")}  # full: the warm-up
+    expect = {("stable", 4), ("stable-cf", 4), ("stable-gap", "absent"), ("reselect", "absent"), ("full", "absent")}
+    assert set(seen) == expect  # full: the warm-up
     turns = merged["multi-turn/2048/gemfilter:k=48,layer=2@stable/scbench_mf.jsonl"][0]["turns"]
     assert all(t["recomputed"] <= 4 + t["history_tokens"] - u["history_tokens"] for u, t in zip(turns, turns[1:]))
     stored = json.loads((out / "config.json").read_text())
@@ -527,4 +530,4 @@ def test_max_fresh_reaches_stable_alone_and_names_the_folder(tiny, tmp_path, mon
     (out / "config.json").write_text(json.dumps(stored))
     with pytest.raises(ValueError, match="max_fresh: None there, 4 now"):
         run(RunConfig(**setup, max_fresh=4), out, model_and_tokenizer=tiny, progress=False)
-    assert len(run(RunConfig(**setup), out, model_and_tokenizer=tiny, progress=False)) == 2  # no cap: resumed
+    assert len(run(RunConfig(**setup), out, model_and_tokenizer=tiny, progress=False)) == 4  # no cap: resumed

@@ -214,13 +214,14 @@ def test_a_capped_turn_is_rebuilt_by_the_holes_its_rule_reads(max_holes):
     assert seen["capped"] != seen["selection"]
 
 
+@pytest.mark.parametrize("protocol", ["stable", "stable-cf"])
 @pytest.mark.parametrize("keep", ["answers", "questions"])
-def test_a_cap_no_turn_reaches_is_stable(keep):
-    """max_fresh at the budget k: no follow-up newly keeps more, so every turn is stable's without a cap."""
+def test_a_cap_no_turn_reaches_is_the_uncapped_layout(keep, protocol):
+    """max_fresh at the budget k: no follow-up newly keeps more, so every turn is the protocol's without a cap."""
     model = BUILDERS["llama"]()
     method = get_method("gemfilter-span", layer=FILTER_LAYER["llama"], topk=24)
-    plain = converse(model, method, "stable", keep, max_holes=1.0)
-    capped = converse(model, method, "stable", keep, max_holes=1.0, max_fresh=24)
+    plain = converse(model, method, protocol, keep, max_holes=1.0)
+    capped = converse(model, method, protocol, keep, max_holes=1.0, max_fresh=24)
     for a, b in zip(plain.turns, capped.turns):
         assert torch.equal(a.new_tokens, b.new_tokens) and (a.kept, a.recomputed) == (b.kept, b.recomputed)
 
@@ -266,7 +267,7 @@ def test_stable_refuses_what_it_cannot_do():
     for bad in (0, True, 1.5, "8"):
         with pytest.raises(ValueError, match="max_fresh is a whole number >= 1"):
             gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol="stable", max_fresh=bad)
-    for protocol in ("reselect", "stable-cf"):
+    for protocol in ("reselect", "stable-gap"):
         with pytest.raises(ValueError, match=f"protocol '{protocol}' has no such cap"):
             gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol=protocol, max_fresh=8)
     with gemfilter.Conversation(model, get_method("gemfilter", layer=2, topk=12), protocol="stable") as chat:
@@ -335,17 +336,29 @@ def test_stable_cf_keeping_everything_is_plain_generate(family, context_tokens):
         history = torch.cat([history, turn.new_tokens[None]], dim=1)
 
 
+@pytest.mark.parametrize("max_fresh", [None, 1])
 @pytest.mark.parametrize("keep", ["answers", "questions"])
-def test_stable_cf_answers_are_one_forward_over_the_context_slots_then_the_conversation(keep):
+def test_stable_cf_answers_are_one_forward_over_the_context_slots_then_the_conversation(keep, max_fresh):
     """Never rebuilt after turn 1 (max_holes=1): each turn's answer is the greedy run of one forward over the
     context's slots under Layout.attention_mask (what each saw when written), then the turn's kept conversation
     tokens in history order at the next positions, which see every valid context slot and each other causally
-    (the last turn's conversation and answer slots cut off the cache first)."""
+    (the last turn's conversation and answer slots cut off the cache first); with a cap on the newly kept context
+    too, where the valid context slots are as many as the selection keeps of the context, not the same ones
+    (gemfilter at k=16 there: its kept set moves from turn to turn)."""
     model = BUILDERS["llama"]()
-    method = get_method("gemfilter-span", layer=FILTER_LAYER["llama"], topk=24)
-    boundary = 30
+    name, topk = ("gemfilter-span", 24) if max_fresh is None else ("gemfilter", 16)
+    method = get_method(name, layer=FILTER_LAYER["llama"], topk=topk)
+    boundary, bound = 30, 0
     with gemfilter.Conversation(
-        model, method, DotTokenizer(), protocol="stable-cf", keep=keep, max_holes=1.0, context_tokens=boundary
+        model,
+        method,
+        DotTokenizer(),
+        protocol="stable-cf",
+        keep=keep,
+        max_holes=1.0,
+        context_tokens=boundary,
+        max_fresh=max_fresh,
+        fresh_by="tokens",
     ) as chat:
         for t, turn, history in asked(chat):
             layout = chat._layout  # the context's slots, then this turn's conversation and answer
@@ -354,10 +367,15 @@ def test_stable_cf_answers_are_one_forward_over_the_context_slots_then_the_conve
             ids_c, valid_c, pos_c = layout.ids[:c], layout.valid[:c], layout.pos[:c]
             talk = [h for h in want if h >= boundary]
             assert all(h < boundary for h in ids_c)
-            assert sorted(h for h, v in zip(ids_c, valid_c) if v) == [h for h in want if h < boundary]
+            held = sorted(h for h, v in zip(ids_c, valid_c) if v)
+            if max_fresh is None:
+                assert held == [h for h in want if h < boundary]
+            else:  # the dropped slots that stay make up for the left-out tokens, as far as there are dropped slots
+                assert len(held) <= len([h for h in want if h < boundary])
+                bound += held != [h for h in want if h < boundary]
             assert layout.ids[c : c + len(talk)] == talk and all(layout.valid[c:])  # in history order
             assert layout.pos[c : c + len(talk)] == list(range(max(pos_c) + 1, max(pos_c) + 1 + len(talk)))
-            assert turn.recomputed >= len(talk) and turn.kept == len(want)
+            assert turn.recomputed >= len(talk) and turn.kept == len(held) + len(talk)
             n, m = c, len(talk)
             mask = torch.full((n + m, n + m), torch.finfo(torch.float32).min)
             mask[:n, :n] = layout.attention_mask()[0, 0, :n, :n]  # what each context slot saw when written
@@ -383,6 +401,52 @@ def test_stable_cf_answers_are_one_forward_over_the_context_slots_then_the_conve
                 mask = grown
             assert turn.new_tokens.tolist() == answer, t
             assert turn.rebuilt == (t == 0)
+    assert max_fresh is None or bound, "the cap never bound: the test would not see it"
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("keep", ["answers", "questions"])
+@pytest.mark.parametrize("by,cap", [("tokens", 1), ("runs", 2)])
+def test_a_capped_stable_cf_follow_up_adds_the_highest_scoring_context_tokens(family, keep, by, cap):
+    """max_fresh under stable-cf, max_holes=1: replayed from the selection and the context slots valid before it,
+    each follow-up writes what the cap takes (``picked``) of the context tokens it newly keeps, after the context's
+    slots, then the whole kept conversation; of the context slots the selection drops, as many stay valid as the cap
+    left out, the highest-scoring (all of them where it drops fewer: the kept context can shrink, unlike stable's
+    k slots); a follow-up is rebuilt only when it would run nothing (no conversation token kept, no context token
+    taken)."""
+    model = gemfilter.set_attention(BUILDERS[family](), "banded")
+    method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=16)  # its kept set moves from turn to turn
+    boundary, bound = 30, 0
+    kw = dict(protocol="stable-cf", keep=keep, max_holes=1.0, max_fresh=cap, fresh_by=by, context_tokens=boundary)
+    with gemfilter.Conversation(model, method, DotTokenizer(), **kw) as chat:
+        for t in range(TURNS):
+            layout = chat._layout
+            slots = layout.context_slots if layout is not None else 0
+            valid = {h for h, v in zip(layout.ids[:slots], layout.valid[:slots]) if v} if slots else set()
+            turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
+            if t == 0:
+                assert turn.rebuilt
+                continue
+            want = turn.selection.indices[0].tolist()
+            scores = turn.selection.scores[0].tolist()
+            earlier = [h for h in want if h not in valid and h < boundary]
+            top = picked(earlier, cap, by, scores)
+            talk = [h for h in want if h >= boundary]
+            assert turn.rebuilt == (not top and not talk), t  # a turn that would run nothing is rebuilt
+            if turn.rebuilt:
+                assert turn.recomputed == turn.kept == len(want)
+                continue
+            left_out = len(earlier) - len(top)
+            bound += left_out > 0
+            layout = chat._layout
+            assert turn.recomputed == len(top) + len(talk), t
+            # the answer's slots follow (all but its last token, which is never written)
+            assert layout.ids[slots:] == top + talk + list(range(turn.history_tokens, turn.history_tokens + T - 1)), t
+            dropped = sorted(valid - set(want), key=lambda h: (-scores[h], h))
+            held = {h for h, v in zip(layout.ids[:slots], layout.valid[:slots]) if v}
+            assert held == (valid & set(want)) | set(dropped[:left_out]), t
+            assert turn.kept == len(held) + len(top) + len(talk), t
+    assert bound, "the cap never bound on a follow-up: the test would not see it"
 
 
 def test_stable_cf_refuses_a_bad_context_boundary():

@@ -78,10 +78,11 @@ def add_protocol_options(r) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="stable only: a follow-up that is not rebuilt adds at most N of the earlier tokens it newly keeps, the "
-        "highest-scoring (what it keeps of its question always runs; as many of the slots it drops stay, so it "
-        "holds k), so its write stays short: an approximation of stable, measured in docs/scbench.md (default: no "
-        "cap); a folder records it",
+        help="stable and stable-cf only (the run's other protocols are not capped): a follow-up that is not "
+        "rebuilt adds at most N of the earlier tokens it newly keeps (under stable-cf, of the context's), the "
+        "highest-scoring (what it keeps of its question always runs, and under stable-cf the whole kept "
+        "conversation; as many of the slots it drops stay, up to k), so its write stays short: an approximation, "
+        "measured in docs/scbench.md (default: no cap); a folder records it",
     )
     r.add_argument(
         "--fresh-by",

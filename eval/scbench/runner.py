@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from eval.runner import Benchmark, Unit
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
-from gemfilter.conversation import CONTEXT_FIRST, LAYOUTS, MAX_HOLES, check_max_fresh, check_max_holes
+from gemfilter.conversation import CAPPED, CONTEXT_FIRST, LAYOUTS, MAX_HOLES, check_max_fresh, check_max_holes
 from gemfilter.stable import FRESH_BY, FRESH_HOLES
 from gemfilter.toolkit.options import check_against_model
 
@@ -81,9 +81,10 @@ class RunConfig(BaseRunConfig):
     (``--max_seq_length``) the samples are sized to; num_samples: samples per task (seeds 0..n-1); turns: queries
     per sample; timeout: seconds to wait for the engine (a connection, a chunk); max_holes: the layouts'
     (``stable*``) rebuild share (:class:`gemfilter.Conversation`), part of the identity of a folder that runs one;
-    max_fresh: ``stable``'s cap on the earlier tokens a follow-up newly keeps (None: no cap), part of the identity
-    of a folder that runs ``stable``; fresh_by: how that cap picks (``runs`` or ``tokens``) and fresh_holes which
-    holes its rebuild rule reads (``capped`` or ``selection``), part of the identity of a folder that caps.
+    max_fresh: the cap of ``stable`` and ``stable-cf`` on the earlier tokens a follow-up newly keeps (None: no cap),
+    part of the identity of a folder that runs either; fresh_by: how that cap picks (``runs`` or ``tokens``) and
+    fresh_holes which holes its rebuild rule reads (``capped`` or ``selection``), part of the identity of a folder
+    that caps.
     warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
     first forward passes of a process pay one-time costs (seconds at 4K on CPU) that would land on the first row.
     """
@@ -110,7 +111,7 @@ class RunConfig(BaseRunConfig):
             own["multikey_keys"] = MULTIKEY_KEY_STYLE
         if any(p in LAYOUTS for p in self.protocols):  # folders before --max-holes ran the default
             own["max_holes"] = self.max_holes
-        if "stable" in self.protocols:  # folders before --max-fresh had no cap
+        if any(p in CAPPED for p in self.protocols):  # folders before --max-fresh had no cap
             own["max_fresh"] = self.max_fresh
             if self.max_fresh is not None:
                 own["fresh_by"], own["fresh_holes"] = self.fresh_by, self.fresh_holes
@@ -165,9 +166,10 @@ def validate(config: RunConfig) -> None:
     ):
         raise ValueError(f"--timeout must be a number of seconds in (0, 86400], got {config.timeout!r}")
     check_max_holes(config.max_holes, "--max-holes")
-    if config.max_fresh is not None and "stable" not in config.protocols:
+    if config.max_fresh is not None and not any(p in CAPPED for p in config.protocols):
         raise ValueError(
-            "--max-fresh caps the stable protocol's follow-ups: add stable to --protocols, or leave it out"
+            f"--max-fresh caps the follow-ups of protocols {' and '.join(CAPPED)}: add one to --protocols, or leave "
+            "it out"
         )
     check_max_fresh(config.max_fresh, "stable", "--max-fresh")
     if config.fresh_by not in FRESH_BY:
@@ -329,8 +331,8 @@ def converse(
     method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable``,
     ``stable-cf``, ``stable-gap`` or ``stable-front``; mode: a name in :data:`eval.scbench.prompts.MODES`; length:
     the window the first prompt is cut to fit; max_holes: the layouts' rebuild share (``stable*``); max_fresh:
-    ``stable``'s cap on the earlier tokens a follow-up newly keeps, fresh_by how it picks them and fresh_holes which
-    holes its rebuild rule reads (the other protocols ignore all three).
+    the cap of ``stable`` and ``stable-cf`` on the earlier tokens a follow-up newly keeps, fresh_by how it picks them
+    and fresh_holes which holes its rebuild rule reads (the other protocols ignore all three).
     """
     import gemfilter
 
@@ -343,7 +345,7 @@ def converse(
     where = {}
     if protocol in CONTEXT_FIRST and mode == "multi-turn":
         where["context_tokens"] = context_end(prompts, sample, tok, first)
-    if protocol == "stable":
+    if protocol in CAPPED:
         where.update(max_fresh=max_fresh, fresh_by=fresh_by, fresh_holes=fresh_holes)
     with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep, max_holes=max_holes, **where) as chat:
         if mode == "multi-request":
