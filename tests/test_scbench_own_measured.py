@@ -62,6 +62,14 @@ LAYOUTS_5 = {
     "gf_multikey": REPO / "measured" / "scbench-own-multikey-layouts-5",
     "gf_facts": REPO / "measured" / "scbench-own-layouts-5",
 }
+#: stable-cf at layer 5 with no hole rebuilds (--max-holes 1), multi-turn, 4K, seeds 0-9, with full: GF.MultiKey
+#: uncapped; GF.MultiKey capped (--max-fresh 64 --fresh-by runs --fresh-holes selection, beside stable-gap at
+#: --max-holes 1, uncapped); GF.Facts capped
+CF_HOLES_5 = REPO / "measured" / "scbench-own-multikey-cf-holes-5"
+CF_CAPPED_5 = {
+    "gf_multikey": REPO / "measured" / "scbench-own-multikey-cf-capped-5",
+    "gf_facts": REPO / "measured" / "scbench-own-cf-capped-5",
+}
 
 
 @pytest.mark.parametrize(
@@ -94,6 +102,9 @@ LAYOUTS_5 = {
         (FACTS_FRESH_8K, "scbench-own-fresh-8k"),
         (LAYOUTS_5["gf_multikey"], "scbench-own-multikey-layouts-5"),
         (LAYOUTS_5["gf_facts"], "scbench-own-layouts-5"),
+        (CF_HOLES_5, "scbench-own-multikey-cf-holes-5"),
+        (CF_CAPPED_5["gf_multikey"], "scbench-own-multikey-cf-capped-5"),
+        (CF_CAPPED_5["gf_facts"], "scbench-own-cf-capped-5"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -171,6 +182,9 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (FACTS_FRESH_8K, 8192, 10),
         (LAYOUTS_5["gf_multikey"], 4096, 10),
         (LAYOUTS_5["gf_facts"], 4096, 10),
+        (CF_HOLES_5, 4096, 10),
+        (CF_CAPPED_5["gf_multikey"], 4096, 10),
+        (CF_CAPPED_5["gf_facts"], 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -278,6 +292,9 @@ def test_multikey_misses_are_another_needle_s_number():
         (FACTS_FRESH_8K, 8192, "gf_facts", EIGHT_K),
         (LAYOUTS_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY_SELECT),
         (LAYOUTS_5["gf_facts"], 4096, "gf_facts", FACTS_SELECT),
+        (CF_HOLES_5, 4096, "gf_multikey", MULTIKEY_SELECT),
+        (CF_CAPPED_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY_SELECT),
+        (CF_CAPPED_5["gf_facts"], 4096, "gf_facts", FACTS_SELECT),
     ],
 )
 def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
@@ -1157,3 +1174,73 @@ def test_the_context_first_layouts_at_layer_5_give_what_the_docs_say():
         ("gf_facts", "stable-gap"): (2.53, 11, 185, 19, [100, 100, 80, 100, 100]),
     }
     assert differ == {"gf_multikey": [(4, 1, 1.0), (5, 1, 1.0), (6, 1, 0.0)], "gf_facts": []}
+
+
+def test_stable_cf_without_hole_rebuilds_and_capped_gives_what_the_docs_say():
+    """stable-cf at layer 5 with --max-holes 1 (GF.MultiKey), and capped (GF.MultiKey and GF.Facts), multi-turn, 4K,
+    seeds 0-9 (full answers as in the select folders: test_full_answers_the_same_in_two_runs): each folder records its
+    settings; no follow-up is rebuilt; the first turn answers as in the layer-5 stable-cf run; per protocol, the
+    summary of docs/scbench.md's table (:func:`follow_ups`), the per-turn ratio of time to first token and tokens run,
+    and where the scores differ from stable-cf's at the default share."""
+    import json
+
+    label = "gemfilter-span-qmax:k=256,layer=5@"
+    settings = {
+        CF_HOLES_5: (1.0, None, None),
+        CF_CAPPED_5["gf_multikey"]: (1.0, 64, "selection"),
+        CF_CAPPED_5["gf_facts"]: (1.0, 64, "selection"),
+    }
+    for folder, (share, cap, holes) in settings.items():
+        stored = json.loads((folder / "config.json").read_text())
+        # CF_HOLES_5 ran before stable-cf had a cap, and records none: a resume reads that as no cap
+        assert (stored["max_holes"], stored.get("max_fresh"), stored.get("fresh_holes")) == (share, cap, holes), folder
+    runs = {
+        ("gf_multikey", "uncapped"): (CF_HOLES_5, "stable-cf"),
+        ("gf_multikey", "capped"): (CF_CAPPED_5["gf_multikey"], "stable-cf"),
+        ("gf_multikey", "stable-gap"): (CF_CAPPED_5["gf_multikey"], "stable-gap"),
+        ("gf_facts", "capped"): (CF_CAPPED_5["gf_facts"], "stable-cf"),
+    }
+    got, per_turn, differ = {}, {}, {}
+    for (task, name), (folder, protocol) in runs.items():
+        found = collect(folder)
+        full, y = turns_by_seed(found, "full", task), turns_by_seed(found, label + protocol, task)
+        got[task, name] = follow_ups(y, full)
+        per_turn[task, name] = [
+            (
+                round(sum(y[i][t]["ttft_s"] / full[i][t]["ttft_s"] for i in range(10)) / 10, 2),
+                round(sum(y[i][t]["recomputed"] for i in range(10)) / 10),
+            )
+            for t in range(1, 5)
+        ]
+        default = turns_by_seed(collect(LAYOUTS_5[task]), label + protocol, task)
+        if protocol == "stable-cf":
+            assert all(y[i][0]["prediction"] == default[i][0]["prediction"] for i in range(10)), (task, name)
+            assert not any(y[i][t]["recomputed"] == y[i][t]["kept"] for i in range(10) for t in range(1, 5))
+        differ[task, name] = [
+            (i, t, y[i][t]["score"]) for i in range(10) for t in range(5) if y[i][t]["score"] != default[i][t]["score"]
+        ]
+    assert got == {
+        ("gf_multikey", "uncapped"): (2.19, 16, 159, 0, [100, 90, 100, 100, 100]),
+        ("gf_multikey", "capped"): (2.05, 23, 155, 0, [100, 90, 100, 90, 100]),
+        ("gf_multikey", "stable-gap"): (1.79, 27, 80, 1, [50, 100, 100, 30, 100]),
+        ("gf_facts", "capped"): (2.17, 19, 149, 0, [100, 100, 80, 100, 100]),
+    }
+    assert per_turn == {
+        ("gf_multikey", "uncapped"): [(1.96, 146), (1.65, 112), (2.45, 173), (2.71, 204)],
+        ("gf_multikey", "capped"): [(1.8, 123), (1.75, 125), (2.24, 168), (2.42, 203)],
+        ("gf_multikey", "stable-gap"): [(2.1, 118), (1.49, 47), (1.87, 91), (1.7, 64)],
+        ("gf_facts", "capped"): [(1.93, 113), (1.98, 139), (2.35, 165), (2.42, 177)],
+    }
+    gap = turns_by_seed(collect(CF_CAPPED_5["gf_multikey"]), label + "stable-gap", "gf_multikey")
+    wrong = [gap[i][3] for i in range(10) if not gap[i][3]["score"]]
+    garbled = [t for t in wrong if t["prediction"].strip()[:3] == str(t["ground_truth"])[:3]]
+    other = [
+        i for i in range(10) if not gap[i][3]["score"] and str(gap[i][2]["ground_truth"]) in gap[i][3]["prediction"]
+    ]
+    assert (len(wrong), len(garbled), other) == (7, 6, [2])  # the seventh gives turn 3's number
+    assert differ == {
+        ("gf_multikey", "uncapped"): [],
+        ("gf_multikey", "capped"): [(1, 3, 0.0)],
+        ("gf_multikey", "stable-gap"): [(i, 3, 0.0) for i in (1, 2, 3, 4, 7, 8, 9)],
+        ("gf_facts", "capped"): [(3, 4, 1.0), (8, 2, 0.0)],
+    }
