@@ -126,6 +126,15 @@ def picked(earlier: list, cap: int, by: str, scores: list) -> list:
     return sorted(out)
 
 
+def replayed(turn, valid: set, below: int, cap: int, by: str) -> tuple:
+    """A capped turn replayed from its selection: (its kept indices, their scores, the tokens below ``below`` it
+    newly keeps against ``valid``, what the cap takes of those (``picked``))."""
+    want = turn.selection.indices[0].tolist()
+    scores = turn.selection.scores[0].tolist()
+    earlier = [h for h in want if h not in valid and h < below]
+    return want, scores, earlier, picked(earlier, cap, by, scores)
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("keep", ["answers", "questions", "context"])
 @pytest.mark.parametrize("by,cap", [("tokens", 2), ("runs", 3)])
@@ -151,10 +160,7 @@ def test_a_capped_follow_up_adds_the_highest_scoring_earlier_tokens_and_its_ques
             if t == 0 and keep != "context":
                 assert turn.rebuilt
                 continue
-            want = turn.selection.indices[0].tolist()
-            scores = turn.selection.scores[0].tolist()
-            earlier = [h for h in want if h not in valid and h < asked_from]
-            top = picked(earlier, cap, by, scores)
+            want, scores, earlier, top = replayed(turn, valid, asked_from, cap, by)
             expect = sorted(top + [h for h in want if h >= asked_from])
             assert turn.rebuilt == (not expect), t  # a turn that would run nothing is rebuilt, as stable's are
             if not expect:
@@ -427,10 +433,7 @@ def test_a_capped_stable_cf_follow_up_adds_the_highest_scoring_context_tokens(fa
             if t == 0:
                 assert turn.rebuilt
                 continue
-            want = turn.selection.indices[0].tolist()
-            scores = turn.selection.scores[0].tolist()
-            earlier = [h for h in want if h not in valid and h < boundary]
-            top = picked(earlier, cap, by, scores)
+            want, scores, earlier, top = replayed(turn, valid, boundary, cap, by)
             talk = [h for h in want if h >= boundary]
             assert turn.rebuilt == (not top and not talk), t  # a turn that would run nothing is rebuilt
             if turn.rebuilt:
