@@ -1200,10 +1200,10 @@ def test_stable_cf_without_hole_rebuilds_and_capped_gives_what_the_docs_say():
         ("gf_multikey", "stable-gap"): (CF_CAPPED_5["gf_multikey"], "stable-gap"),
         ("gf_facts", "capped"): (CF_CAPPED_5["gf_facts"], "stable-cf"),
     }
+    found = {folder: collect(folder) for folder in (*settings, *LAYOUTS_5.values())}  # each folder read once
     got, per_turn, differ = {}, {}, {}
     for (task, name), (folder, protocol) in runs.items():
-        found = collect(folder)
-        full, y = turns_by_seed(found, "full", task), turns_by_seed(found, label + protocol, task)
+        full, y = turns_by_seed(found[folder], "full", task), turns_by_seed(found[folder], label + protocol, task)
         got[task, name] = follow_ups(y, full)
         per_turn[task, name] = [
             (
@@ -1212,7 +1212,7 @@ def test_stable_cf_without_hole_rebuilds_and_capped_gives_what_the_docs_say():
             )
             for t in range(1, 5)
         ]
-        default = turns_by_seed(collect(LAYOUTS_5[task]), label + protocol, task)
+        default = turns_by_seed(found[LAYOUTS_5[task]], label + protocol, task)
         if protocol == "stable-cf":
             assert all(y[i][0]["prediction"] == default[i][0]["prediction"] for i in range(10)), (task, name)
             assert not any(y[i][t]["recomputed"] == y[i][t]["kept"] for i in range(10) for t in range(1, 5))
@@ -1231,7 +1231,7 @@ def test_stable_cf_without_hole_rebuilds_and_capped_gives_what_the_docs_say():
         ("gf_multikey", "stable-gap"): [(2.1, 118), (1.49, 47), (1.87, 91), (1.7, 64)],
         ("gf_facts", "capped"): [(1.93, 113), (1.98, 139), (2.35, 165), (2.42, 177)],
     }
-    gap = turns_by_seed(collect(CF_CAPPED_5["gf_multikey"]), label + "stable-gap", "gf_multikey")
+    gap = turns_by_seed(found[CF_CAPPED_5["gf_multikey"]], label + "stable-gap", "gf_multikey")
     wrong = [gap[i][3] for i in range(10) if not gap[i][3]["score"]]
     garbled = [t for t in wrong if t["prediction"].strip()[:3] == str(t["ground_truth"])[:3]]
     other = [

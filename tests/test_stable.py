@@ -427,8 +427,8 @@ def test_a_capped_stable_cf_follow_up_adds_the_highest_scoring_context_tokens(fa
     with gemfilter.Conversation(model, method, DotTokenizer(), **kw) as chat:
         for t in range(TURNS):
             layout = chat._layout
-            slots = layout.context_slots if layout is not None else 0
-            valid = {h for h, v in zip(layout.ids[:slots], layout.valid[:slots]) if v} if slots else set()
+            slots = layout.context_slots
+            valid = {h for h, v in zip(layout.ids[:slots], layout.valid[:slots]) if v}
             turn = chat.ask(question(t, 40 if t == 0 else 7), **greedy())
             if t == 0:
                 assert turn.rebuilt
