@@ -20,6 +20,7 @@ Use: ``gemfilter.load_model(name, attn="banded")`` or, for a model loaded elsewh
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -65,6 +66,21 @@ class BandedMask:
 
     def sizes(self) -> tuple:
         return self.q_offset, self.kv_offset, self.q_length, self.kv_length, self.window
+
+    def without(self, rows: int, keys: torch.Tensor) -> "BandedMask":
+        """This mask with its first ``rows`` queries kept from the keys ``keys`` (long (m,), indices among this
+        call's keys): one forward that writes two parts, the first blind to some earlier keys
+        (:class:`gemfilter.stable.Blind`)."""
+        W, device = self.window, self.allowed.device
+        if self.blocked:  # block t's queries and its 2W keys, at absolute positions as banded_mask laid them
+            t = torch.arange(self.allowed.shape[1], device=device)[:, None, None]
+            q_pos = self.q_offset + t * W + torch.arange(W, device=device)[None, :, None]
+            kv_pos = self.q_offset - W + t * W + torch.arange(2 * W, device=device)[None, None, :]
+        else:
+            q_pos = torch.arange(self.q_offset, self.q_offset + self.q_length, device=device)[:, None]
+            kv_pos = torch.arange(self.kv_offset, self.kv_offset + self.kv_length, device=device)[None, :]
+        hidden = (q_pos < self.q_offset + rows) & torch.isin(kv_pos, self.kv_offset + keys.to(device))
+        return dataclasses.replace(self, allowed=self.allowed & ~hidden)
 
 
 def _allowed(mask_function, padding, batch, q_offset, q_length, kv_offset, kv_length, q_pos, kv_pos):

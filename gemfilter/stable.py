@@ -41,7 +41,15 @@ puts the context's c kept tokens at positions 0..c-1 and the conversation from 2
 (none with ``max_holes=0``). A context token kept later takes the next free position, so the model reads it before
 the whole conversation, while its slot is written after the conversation's slots, which it does not attend to;
 the conversation's slots keep their keys and values, and a dropped answer's slots are cut
-(:meth:`Layout.place_gap`). A follow-up runs only the tokens it newly keeps, as ``stable`` does.
+(:meth:`Layout.place_gap`). A follow-up runs only the tokens it newly keeps, as ``stable`` does, in one forward: the
+new context first, blind to the conversation's slots (:class:`Blind`, through the attention wrapper), then the new
+conversation tokens.
+
+``stable-late`` is ``stable-gap`` whose rebuilt layout has no free positions: ``reselect``'s prompt, so a rebuilt turn
+(the first) answers as ``reselect`` does (``stable-gap``'s free positions between the context and the question
+changed GF.MultiKey's first answers, docs/scbench.md). The first follow-up that keeps new context opens c free
+positions: the conversation's slots are cut, the new context takes positions c.., and every kept conversation token
+runs again from 2c on, in one forward; later follow-ups run as ``stable-gap``'s.
 
 ``stable-front`` puts ``stable-gap``'s free positions before the context instead: a rebuilt layout holds the
 context at c..2c-1 and the conversation from 2c on, which is ``reselect``'s prompt shifted by c positions, so under
@@ -60,10 +68,13 @@ is measured (docs/scbench.md).
 from __future__ import annotations
 
 import copy
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
 
+from .attention import STATE_KWARG, wrapped_attention
+from .banded import BandedMask
 from .compat import cache_kwargs, croppable_cache, drop_last, dynamic_cache
 
 #: How :func:`capped` picks the earlier tokens a capped follow-up adds: ``runs`` (whole runs of consecutive newly
@@ -120,6 +131,44 @@ def capped(new: list, cap: Cap) -> list:
     return [h for h in new if h >= asked_from or h in chosen]
 
 
+@dataclass(frozen=True)
+class Blind:
+    """Per-call attention state (:mod:`gemfilter.attention`): in one forward, the first ``rows`` new tokens do not
+    see the earlier slots ``slots``, which the later ones see (``stable-gap``'s newly kept context, written before
+    the conversation's new tokens). total: the slots after the forward; a layer that holds only the last keys (a
+    sliding window) holds slots total - kv .. total - 1."""
+
+    rows: int
+    slots: tuple
+    total: int
+
+    def attention(self, module, query, key, value, attention_mask, kernel, **kwargs):
+        implementation = module.config._attn_implementation
+        if "flash" in implementation:  # flash kernels take no mask: the hidden slots would be seen
+            raise ValueError(
+                f"stable-gap and stable-front write with a mask that {implementation!r} does not take; load the "
+                "model with attn='sdpa', 'eager' or 'banded'"
+            )
+        q, kv = query.shape[-2], key.shape[-2]
+        first = self.total - kv
+        keys = torch.tensor([s - first for s in self.slots if s >= first], dtype=torch.long, device=key.device)
+        if len(keys):
+            attention_mask = self._hide(attention_mask, q, kv, keys)
+        return kernel(module, query, key, value, attention_mask, **kwargs)
+
+    def _hide(self, mask, q: int, kv: int, keys: torch.Tensor):
+        if isinstance(mask, BandedMask):
+            return mask.without(self.rows, keys)
+        if mask is None:  # transformers left out a mask that is causal alone
+            mask = torch.ones(q, kv, dtype=torch.bool, device=keys.device).tril(kv - q)[None, None]
+        hidden = torch.zeros(q, kv, dtype=torch.bool, device=mask.device)
+        hidden[: self.rows, keys] = True
+        mask = mask[..., :kv]
+        if mask.dtype == torch.bool:
+            return mask & ~hidden
+        return mask.masked_fill(hidden, torch.finfo(mask.dtype).min)
+
+
 class Layout:
     """A generation cache of slots (see the module docstring), on one row.
 
@@ -142,6 +191,7 @@ class Layout:
             list(self.writes),
         )
         twin.context_slots, twin.talk_start, twin.answer_from = self.context_slots, self.talk_start, self.answer_from
+        twin.closed = self.closed
         return twin
 
     @property
@@ -161,11 +211,12 @@ class Layout:
             self.context_slots,
             self.talk_start,
             self.answer_from,
+            self.closed,
         )
 
     def restore(self, snap: tuple) -> None:
         self.cache, layers, states, self.ids, self.valid, self.pos, self.writes = snap[:7]
-        self.context_slots, self.talk_start, self.answer_from = snap[7:]
+        self.context_slots, self.talk_start, self.answer_from, self.closed = snap[7:]
         self.cache.layers[:] = layers
         for layer, state in zip(layers, states):
             vars(layer).clear()
@@ -209,13 +260,20 @@ class Layout:
         return logits, rebuild, len(run)
 
     def place_gap(
-        self, history: torch.Tensor, want: list, boundary: int, max_holes: float, cut_answer: bool, front: bool = False
+        self,
+        history: torch.Tensor,
+        want: list,
+        boundary: int,
+        max_holes: float,
+        cut_answer: bool,
+        front: bool = False,
+        late: bool = False,
     ) -> tuple:
         """``stable-gap``: the context's kept tokens as :meth:`place_context_first` lays them, but the conversation's
         slots stay too. A rebuilt layout puts the context at positions 0..c-1 and the conversation from c + gap on
         (gap: c, or 0 when ``max_holes`` is 0), so a context token kept later takes a free position before the
-        conversation while its slot is written after it; it runs with the conversation's slots masked, as it
-        would in history order. Then the newly kept conversation tokens run after every slot.
+        conversation while its slot is written after it; it runs with the conversation's slots hidden, as it
+        would in history order, in one forward with the newly kept conversation tokens after it (:class:`Blind`).
 
         cut_answer: the last turn's answer slots are cut first (the answer left the history). The layout is
         rebuilt on the first turn, when the context's masked slots would pass ``max_holes`` of its slots, when
@@ -225,10 +283,15 @@ class Layout:
 
         front: ``stable-front``: the free positions lie before the context instead (the context at c..2c-1, the
         conversation from 2c on, positions 0..c-1 free), so a rebuilt layout has ``reselect``'s relative
-        positions, and a context token kept later takes the free positions just below the lowest one in use."""
-        if cut_answer and self.answer_from < len(self.ids):
-            drop_last(self.cache, len(self.ids) - self.answer_from)
-            self._keep_first(self.answer_from)
+        positions, and a context token kept later takes the free positions just below the lowest one in use.
+
+        late: ``stable-late``: a rebuilt layout has no free positions (``reselect``'s prompt, as ``stable-cf``
+        rebuilds it); the first follow-up that keeps new context opens them: the conversation's slots are cut, the
+        new context takes positions c.., and every kept conversation token runs again from 2c on (c: the context's
+        slots), one forward. Later follow-ups run as ``stable-gap``'s."""
+        # the cache is cut once below: a sliding-window layer past its window keeps no more than one cut can undo
+        cut = len(self.ids) - self.answer_from if cut_answer and self.answer_from < len(self.ids) else 0
+        self._keep_first(len(self.ids) - cut)
         held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
         wanted = set(want)
         fresh = [h for h in want if h < boundary and h not in held]
@@ -237,10 +300,11 @@ class Layout:
         context = [s for s, h in enumerate(self.ids) if h < boundary]
         holes = sum(not self.valid[s] for s in context) + sum(self.ids[s] < boundary for s in drop)
         said = [h for h in held if h >= boundary]
+        opening = self.closed and bool(fresh)  # stable-late: the free positions open on this turn
         if front:
             free = min((self.pos[s] for s in context), default=0)
         else:
-            free = self.talk_start - (max((self.pos[s] for s in context), default=-1) + 1)
+            free = len(context) if opening else self.talk_start - (max((self.pos[s] for s in context), default=-1) + 1)
         if (
             not self.ids
             or not talk
@@ -249,30 +313,47 @@ class Layout:
             or len(fresh) > free
             or (said and talk[0] < max(said))
         ):
-            self.reset()
-            head = [h for h in want if h < boundary]
-            gap = len(head) if max_holes else 0
-            self.talk_start = len(head) + gap
-            tail = list(range(self.talk_start, self.talk_start + len(want) - len(head)))
-            lead = gap if front else 0
-            logits = self.write(history[:, want], list(want), list(range(lead, lead + len(head))) + tail)
-            self.answer_from = len(self.ids)
-            return logits, True, len(want)
+            return self._rebuild_gap(history, want, boundary, max_holes, front=front, late=late)
         for s in drop:
             self.valid[s] = False
-        if fresh:  # before the conversation in history order: it sees the context's slots alone
-            spoken = [s for s, h in enumerate(self.ids) if h >= boundary and self.valid[s]]
-            for s in spoken:
-                self.valid[s] = False
-            start = free - len(fresh) if front else self.talk_start - free
-            # no logits: the turn's first token comes from the conversation's write below
-            self.write(history[:, fresh], fresh, list(range(start, start + len(fresh))), logits=False)
-            for s in spoken:
-                self.valid[s] = True
-        start = max(max(self.pos) + 1, self.talk_start)
-        logits = self.write(history[:, talk], talk, list(range(start, start + len(talk))))
+        if opening:  # the context's slots come first: cut the conversation's, run it again after the free positions
+            drop_last(self.cache, cut + len(self.ids) - len(context))
+            self._keep_first(len(context))
+            self.closed = False
+            start = len(context)  # a rebuilt layout's context ends at c - 1
+            self.talk_start = 2 * len(context)
+            run = fresh + [h for h in want if h >= boundary]
+            positions = list(range(start, start + len(fresh)))
+            positions += range(self.talk_start, self.talk_start + len(run) - len(fresh))
+            logits = self.write(history[:, run], run, positions)
+            self.answer_from = len(self.ids)
+            return logits, False, len(run)
+        drop_last(self.cache, cut)
+        # newly kept context before the conversation's new tokens, blind to the conversation's slots, one forward
+        start = free - len(fresh) if front else self.talk_start - free
+        spoken = [s for s, h in enumerate(self.ids) if h >= boundary]
+        at = max(max(self.pos) + 1, self.talk_start)
+        positions = list(range(start, start + len(fresh))) + list(range(at, at + len(talk)))
+        logits = self.write(history[:, fresh + talk], fresh + talk, positions, blind=(len(fresh), spoken))
         self.answer_from = len(self.ids)
         return logits, False, len(fresh) + len(talk)
+
+    def _rebuild_gap(
+        self, history: torch.Tensor, want: list, boundary: int, max_holes: float, front: bool, late: bool
+    ) -> tuple:
+        """:meth:`place_gap`'s rebuilt layout: the context's c kept tokens, then c free positions (after the context,
+        or before it under ``front``; none with ``max_holes`` 0, or under ``late`` until a follow-up opens them),
+        then the conversation's."""
+        self.reset()
+        head = [h for h in want if h < boundary]
+        free = len(head) if max_holes and not late else 0
+        self.talk_start = len(head) + free
+        self.closed = late and bool(max_holes)
+        tail = list(range(self.talk_start, self.talk_start + len(want) - len(head)))
+        lead = free if front else 0
+        logits = self.write(history[:, want], list(want), list(range(lead, lead + len(head))) + tail)
+        self.answer_from = len(self.ids)
+        return logits, True, len(want)
 
     def _lay(self, want: list, max_holes: float, talk: list | None = None, limit: Cap | None = None) -> tuple:
         """Mask the slots ``want`` drops, or rebuild: (the history indices to write, their first position, whether
@@ -306,19 +387,34 @@ class Layout:
         self.ids, self.valid, self.pos, self.writes = [], [], [], []
         self.context_slots = 0
         self.talk_start = self.answer_from = 0  # stable-gap: the conversation's first position; the answer's slot
+        self.closed = False  # stable-late: a rebuilt layout whose free positions are not open yet
 
     def _keep_first(self, n: int) -> None:
         """The bookkeeping of the first ``n`` slots alone (the cache is cut apart)."""
         self.ids, self.valid, self.pos = self.ids[:n], self.valid[:n], self.pos[:n]
         self.writes = [(first, min(end, n), valid) for first, end, valid in self.writes if first < n]
 
-    def write(self, tokens: torch.Tensor, ids: list, positions: list, logits: bool = True) -> torch.Tensor | None:
+    def write(
+        self, tokens: torch.Tensor, ids: list, positions: list, logits: bool = True, blind: tuple = (0, ())
+    ) -> torch.Tensor | None:
         """Append ``tokens`` (1, m) as valid slots holding history indices ``ids`` at ``positions``; run them
         against the valid slots; return the last one's logits (1, V) in float32 (None with ``logits=False``, which
         runs the decoder without its LM head, whose 262K-row matmul on Gemma 3 270M can be a large share of a
-        short write)."""
+        short write).
+
+        blind: (rows, slots): the first ``rows`` of the new tokens do not see the earlier ``slots`` (valid ones),
+        which the rest see: two writes in one forward (:class:`Blind`)."""
+        rows, unseen = blind
+        unseen = [s for s in unseen if self.valid[s]] if rows else []
         first = len(self.ids)
-        self.writes.append((first, first + len(ids), list(self.valid)))
+        if unseen:  # what each part saw, as two writes would record it
+            hidden = list(self.valid)
+            for s in unseen:
+                hidden[s] = False
+            self.writes.append((first, first + rows, hidden))
+            self.writes.append((first + rows, first + len(ids), list(self.valid) + [True] * rows))
+        else:
+            self.writes.append((first, first + len(ids), list(self.valid)))
         self.ids += ids
         self.valid += [True] * len(ids)
         self.pos += positions
@@ -331,7 +427,10 @@ class Layout:
             attention_mask=mask,
             **cache_kwargs(self.cache),
         )
-        with torch.no_grad():
+        with ExitStack() as stack, torch.no_grad():
+            if unseen:  # the attention wrapper hides the slots from the first rows, layer by layer
+                stack.enter_context(wrapped_attention(self.model))
+                run[STATE_KWARG] = Blind(rows, tuple(unseen), len(self.ids))
             if not logits:
                 self.model.base_model(**run)
                 return None

@@ -166,6 +166,35 @@ def test_sliding_mask_is_banded_not_n_by_n():
     assert banded_mask(batch_size=1, q_length=n, kv_length=n, attention_mask=None) is None
 
 
+@pytest.mark.parametrize("q_offset,q_length,kv_length", [(0, 64, 64), (20, 6, 26)])
+def test_a_banded_mask_hides_keys_from_its_first_rows_as_the_dense_mask_would(q_offset, q_length, kv_length):
+    """BandedMask.without(rows, keys) (stable-gap's one-forward write): the first rows lose exactly those keys, in the
+    blocked layout (q > W, kv > 2W) and in the single small block; checked against the dense sliding mask with the
+    same entries cleared."""
+    from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
+
+    w = 8
+    fn = sliding_window_causal_mask_function(w)
+    sizes = dict(batch_size=1, q_length=q_length, kv_length=kv_length, q_offset=q_offset, mask_function=fn)
+    m = banded_mask(**sizes, attention_mask=None, local_size=w)
+    rows, keys = 5, torch.tensor([1, 3, 4, 9, 19, 21])
+    hidden = m.without(rows, keys)
+    assert m.blocked == (q_length > w) and hidden.sizes() == m.sizes()
+    dense = sdpa_mask(**sizes, attention_mask=None, local_size=w, allow_is_causal_skip=False)[0, 0].clone()
+    dense[:rows, keys] = False
+    if not m.blocked:
+        assert torch.equal(hidden.allowed[0], dense) and not torch.equal(m.allowed[0], dense)
+        return
+    changed = False
+    for t in range(q_length // w):  # block t: queries tW..tW+W-1 against keys (t-1)W..(t+1)W-1
+        lo = (t - 1) * w
+        ref = torch.zeros(w, 2 * w, dtype=torch.bool)
+        ref[:, max(0, -lo) :] = dense[t * w : (t + 1) * w, max(0, lo) : (t + 1) * w]
+        assert torch.equal(hidden.allowed[0, t], ref), t
+        changed |= not torch.equal(m.allowed[0, t], ref)
+    assert changed
+
+
 def test_soft_capped_models_are_refused_with_the_fallback_named():
     cfg = Gemma2Config(
         vocab_size=96,

@@ -63,7 +63,7 @@ def test_every_registered_method_answers_every_declared_ability(name):
     assert (
         method.protocols
         == {
-            PromptMethod: ("reselect", "reuse", "stable", "stable-cf", "stable-gap", "stable-front"),
+            PromptMethod: ("reselect", "reuse", "stable", "stable-cf", "stable-gap", "stable-front", "stable-late"),
             CacheMethod: ("reuse",),
             FullMethod: ("full",),
         }[base]

@@ -134,6 +134,20 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, change, msg):
     assert not (tmp_path / "out").exists()
 
 
+def test_every_protocol_the_runner_takes_is_one_a_prompt_method_runs_under(tmp_path, monkeypatch):
+    """A protocol no method of the run declares gives no rows at all: refused by name, before any work. (The prompt
+    methods declare every protocol the runner takes; a protocol left out of their declaration is refused.)"""
+    from eval.scbench.runner import PROMPT_PROTOCOLS
+    from gemfilter.methods.base import PromptMethod
+
+    assert set(PROMPT_PROTOCOLS) <= set(PromptMethod.protocols)
+    monkeypatch.setattr(PromptMethod, "protocols", tuple(p for p in PromptMethod.protocols if p != "stable-late"))
+    config = RunConfig(**{**BASE, "protocols": ("stable-gap", "stable-late")})
+    with pytest.raises(ValueError, match="--protocols: no method of --methods runs under stable-late; they run under"):
+        run(config, tmp_path / "out", model_and_tokenizer=(None, None))
+    assert not (tmp_path / "out").exists()
+
+
 def test_report_scores_the_rows_again(tiny, tmp_path, capsys):
     from eval.scbench.cli import main
     from eval.scbench.scoring import score_one

@@ -459,14 +459,15 @@ def test_stable_cf_refuses_a_bad_context_boundary():
         with pytest.raises(ValueError, match="context_tokens is a whole number >= 1"):
             gemfilter.Conversation(model, method, protocol="stable-cf", context_tokens=bad)
     with pytest.raises(
-        ValueError, match="for protocols stable-cf, stable-gap and stable-front only; got 30 with protocol 'stable'"
+        ValueError,
+        match="for protocols stable-cf, stable-gap, stable-front and stable-late only; got 30 with protocol 'stable'",
     ):
         gemfilter.Conversation(model, method, protocol="stable", context_tokens=30)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("fail", [1, 3])
-@pytest.mark.parametrize("protocol", ["stable-cf", "stable-gap", "stable-front"])
+@pytest.mark.parametrize("protocol", ["stable-cf", "stable-gap", "stable-front", "stable-late"])
 def test_a_failed_context_first_turn_leaves_the_conversation_as_it_was(monkeypatch, family, fail, protocol):
     """Ctrl-C in a turn's answer, after its layout was placed (the last turn's slots cut off the cache, a sliding
     window's too): the conversation goes on as if the turn had not been asked. The first turn also forgets the
@@ -520,7 +521,20 @@ def test_a_croppable_cache_cut_back_is_the_cache_of_the_shorter_prefix(family):
 
 
 # ---------------------------------------------- stable-gap, stable-front: the conversation's slots stay
-GAPS = ["stable-gap", "stable-front"]
+GAPS = ["stable-gap", "stable-front", "stable-late"]
+
+
+def layout_mask(model, layout):
+    """Layout.attention_mask() for one forward over the layout's slots; for a model with sliding-window layers, a
+    mask per layer type, the window counted in slots as the layout's cache counts it (slot j sees slot i only if
+    j - i < W)."""
+    mask = layout.attention_mask()
+    window = getattr(model.config, "sliding_window", None)
+    if not window or "sliding_attention" not in (getattr(model.config, "layer_types", None) or ()):
+        return mask
+    i = torch.arange(mask.shape[-1])
+    far = (i[:, None] - i[None, :]) >= window
+    return {"full_attention": mask, "sliding_attention": mask.masked_fill(far, torch.finfo(mask.dtype).min)}
 
 
 @pytest.mark.parametrize("protocol", GAPS)
@@ -568,14 +582,19 @@ def test_stable_gap_keeping_everything_runs_only_the_new_tokens(family, keep, pr
 
 @pytest.mark.parametrize("protocol", GAPS)
 @pytest.mark.parametrize("keep", ["answers", "questions"])
-def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(keep, protocol):
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(family, keep, protocol):
     """Never rebuilt for holes (max_holes=1): after each turn, every answer token is the argmax that one forward over
     the layout's slots gives under Layout.attention_mask() at the layout's positions. Context kept after turn 1 sits
-    after the conversation's slots but at positions before them, and ran with the conversation masked. (gemfilter
-    at k=12 keeps new context on these follow-ups; the span methods keep the first and last tokens here.)"""
-    model = BUILDERS["llama"]()
-    method = get_method("gemfilter", layer=FILTER_LAYER["llama"], topk=12)
-    boundary, late = 30, 0
+    after the conversation's slots but at positions before them, and ran in the forward of the conversation's new
+    tokens, blind to the conversation's slots. (gemfilter at k=12, k=20 on Gemma 3, keeps new context on these
+    follow-ups; the span methods keep the first and last tokens here.) Gemma 3 runs under banded, whose sliding
+    layers (window 8) hide the slots through a BandedMask; Llama under sdpa."""
+    model = BUILDERS[family]()
+    if family == "gemma3":
+        model = gemfilter.set_attention(model, "banded")
+    method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=12 if family == "llama" else 20)
+    boundary, late, opened, closed = 30, 0, 0, False
     with gemfilter.Conversation(
         model, method, DotTokenizer(), protocol=protocol, keep=keep, max_holes=1.0, context_tokens=boundary
     ) as chat:
@@ -587,6 +606,8 @@ def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(keep,
             after = [s for s in context if talk and s > talk[0]]
             assert all(layout.pos[s] < min(layout.pos[c] for c in talk) for s in after)
             late += bool(after) and not turn.rebuilt
+            opened += closed and not turn.rebuilt and not layout.closed  # stable-late ran the conversation again
+            closed = layout.closed
             assert sorted(h for h, v in zip(layout.ids, layout.valid) if v and h < history.shape[1]) == sorted(
                 turn.selection.indices[0].tolist()
             )
@@ -599,7 +620,7 @@ def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(keep,
                     model(
                         input_ids=tokens,
                         position_ids=torch.tensor([layout.pos]),
-                        attention_mask=layout.attention_mask(),
+                        attention_mask=layout_mask(model, layout),
                     )
                     .logits[0]
                     .float()
@@ -607,19 +628,26 @@ def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(keep,
             logits[:, model.generation_config.eos_token_id] = float("-inf")  # min_new_tokens = max_new_tokens
             for i, token in enumerate(answer):  # the answer's slots follow the turn's last written slot
                 assert int(logits[layout.answer_from - 1 + i].argmax()) == token, (t, i)
-    assert late, "no turn added context after the conversation: the test would not see the gap"
+    if protocol == "stable-late":
+        assert opened, "no follow-up opened the free positions: the test would not see them"
+    else:
+        assert late, "no turn added context after the conversation: the test would not see the gap"
 
 
 @pytest.mark.parametrize("protocol", GAPS)
 def test_stable_gap_rebuilds_by_its_rule(protocol):
     """The rebuild rule, replayed from the selections alone (keep="questions"): a turn rebuilds when the context's
     masked slots would pass max_holes of its slots, when its newly kept context tokens outgrow the free positions
-    (as many as the context had slots when rebuilt), or when a newly kept conversation token precedes a held one."""
+    (as many as the context had slots when rebuilt), or when a newly kept conversation token precedes a held one.
+    Under stable-late the free positions open on the first follow-up that keeps new context, which runs every kept
+    conversation token again (gemfilter at k=12 opens them here; gemfilter-span's follow-ups keep no new context
+    before a rebuild)."""
     model = BUILDERS["llama"]()
-    method = get_method("gemfilter-span", layer=2, topk=24)
+    name, topk = ("gemfilter", 12) if protocol == "stable-late" else ("gemfilter-span", 24)
+    method = get_method(name, layer=2, topk=topk)
     boundary, max_holes = 30, 0.5
     chat = converse(model, method, protocol, "questions", max_holes=max_holes, context_tokens=boundary)
-    seen = {}
+    seen, opened = {}, 0
     for t, turn in enumerate(chat.turns):
         want = turn.selection.indices[0].tolist()
         ctx = [h for h in want if h < boundary]
@@ -639,27 +667,33 @@ def test_stable_gap_rebuilds_by_its_rule(protocol):
             expect = True
         assert turn.rebuilt == expect, t
         if expect:
-            seen = {"slots": len(ctx), "holes": 0, "free": len(ctx)}
+            seen = {"slots": len(ctx), "holes": 0, "free": len(ctx), "closed": protocol == "stable-late"}
             assert turn.recomputed == len(want)
+        elif seen["closed"] and fresh:  # stable-late opens its free positions: the conversation runs again
+            assert turn.recomputed == len(fresh) + sum(h >= boundary for h in want), t
+            seen = {"slots": seen["slots"] + len(fresh), "holes": holes, "free": seen["free"] - len(fresh)}
+            seen["closed"], opened = False, opened + 1
         else:
             assert turn.recomputed == len(fresh) + len(talk_new)
-            seen = {"slots": seen["slots"] + len(fresh), "holes": holes, "free": seen["free"] - len(fresh)}
+            seen |= {"slots": seen["slots"] + len(fresh), "holes": holes, "free": seen["free"] - len(fresh)}
         seen["valid"] = set(want)
     assert any(not t.rebuilt for t in chat.turns[1:])
+    assert opened or protocol != "stable-late", "no follow-up opened the free positions: the test would not see it"
 
 
+@pytest.mark.parametrize("protocol", ["stable-front", "stable-late"])
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter-span", 24), ("gemfilter-span-qmax", 24)])
 @pytest.mark.parametrize("keep", ["answers", "questions"])
-def test_stable_front_rebuilt_turns_answer_as_reselect(family, name, topk, keep):
-    """stable-front with free positions (max_holes=1): a rebuilt layout puts the context at c..2c-1 and the
-    conversation from 2c on, reselect's prompt shifted by c positions, so under rotary positions a rebuilt turn
-    answers as reselect on the same history: the first turn, and under keep="questions" (where the history does
-    not depend on earlier answers) every rebuilt turn."""
+def test_rebuilt_turns_of_stable_front_and_late_answer_as_reselect(family, name, topk, keep, protocol):
+    """With free positions (max_holes=1), a rebuilt layout answers as reselect on the same history: the first turn,
+    and under keep="questions" (where the history does not depend on earlier answers) every rebuilt turn.
+    stable-front puts the context at c..2c-1 and the conversation from 2c on, reselect's prompt shifted by c
+    positions (the same under rotary positions); stable-late lays out reselect's prompt itself."""
     model = gemfilter.set_attention(BUILDERS[family](), "banded")
     method = get_method(name, layer=FILTER_LAYER[family], topk=topk)
     again = converse(model, method, "reselect", keep)
-    front = converse(model, method, "stable-front", keep, max_holes=1.0, context_tokens=30)
+    front = converse(model, method, protocol, keep, max_holes=1.0, context_tokens=30)
     rebuilt = [t for t, turn in enumerate(front.turns) if turn.rebuilt and (t == 0 or keep == "questions")]
     assert rebuilt[0] == 0
     for t in rebuilt:

@@ -16,8 +16,9 @@ history's layers 0..r; ``reuse``: turn 1's kept tokens go on; ``stable``: select
 kept tokens in place and run only the new ones, :mod:`gemfilter.stable`; ``stable-cf``: ``stable`` for the
 context's kept tokens, the conversation's run again after them each turn; ``stable-gap``: ``stable-cf``'s order in
 positions with the conversation's slots kept; ``stable-front``: ``stable-gap`` with its free positions before the
-context). A method's label is its spec, with ``@reuse`` / ``@reselect`` / ``@stable`` / ``@stable-cf`` /
-``@stable-gap`` / ``@stable-front`` for prompt methods.
+context; ``stable-late``: ``stable-gap`` whose free positions open on the first follow-up that keeps new context).
+A method's label is its spec, with ``@`` and the protocol (``@reuse``, ``@reselect``, ``@stable``, ...) for prompt
+methods.
 
 With ``engine`` (a URL), each turn is answered by an OpenAI-compatible engine (:mod:`eval.scbench.engine`):
 full and prompt methods under ``reselect`` only; rows record ``engine``, and it is part of the folder's identity.
@@ -155,6 +156,14 @@ def validate(config: RunConfig) -> None:
         if bad or not values:
             raise ValueError(f"{name}: {', '.join(bad) or 'empty'}; allowed: {', '.join(allowed)}")
     labelled(config)
+    # a protocol no method runs under would give no rows at all, silently
+    several = [spec.cls.protocols for spec in config.methods if len(spec.cls.protocols) > 1]
+    unused = [p for p in config.protocols if several and not any(p in own for own in several)]
+    if unused:
+        allowed = sorted({p for own in several for p in own})
+        raise ValueError(
+            f"--protocols: no method of --methods runs under {', '.join(unused)}; they run under: {', '.join(allowed)}"
+        )
     for name, value in (("--num-samples", config.num_samples), ("--turns", config.turns)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
@@ -329,10 +338,11 @@ def converse(
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
     method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable``,
-    ``stable-cf``, ``stable-gap`` or ``stable-front``; mode: a name in :data:`eval.scbench.prompts.MODES`; length:
-    the window the first prompt is cut to fit; max_holes: the layouts' rebuild share (``stable*``); max_fresh:
-    the cap of ``stable`` and ``stable-cf`` on the earlier tokens a follow-up newly keeps, fresh_by how it picks them
-    and fresh_holes which holes its rebuild rule reads (the other protocols ignore all three).
+    ``stable-cf``, ``stable-gap``, ``stable-front`` or ``stable-late``; mode: a name in
+    :data:`eval.scbench.prompts.MODES`; length: the window the first prompt is cut to fit; max_holes: the layouts'
+    rebuild share (``stable*``); max_fresh: the cap of ``stable`` and ``stable-cf`` on the earlier tokens a follow-up
+    newly keeps, fresh_by how it picks them and fresh_holes which holes its rebuild rule reads (the other protocols
+    ignore all three).
     """
     import gemfilter
 

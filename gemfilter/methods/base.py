@@ -122,7 +122,15 @@ class PromptMethod(Method):
 
     kind: ClassVar[str] = "prompt"
     serves_engine: ClassVar[bool] = True
-    protocols: ClassVar[tuple] = ("reselect", "reuse", "stable", "stable-cf", "stable-gap", "stable-front")
+    protocols: ClassVar[tuple] = (
+        "reselect",
+        "reuse",
+        "stable",
+        "stable-cf",
+        "stable-gap",
+        "stable-front",
+        "stable-late",
+    )
 
 
 class CacheMethod(Method):
