@@ -29,6 +29,8 @@ named protocols say what a turn keeps of the earlier ones:
 - ``stable-late`` (prompt methods; greedy): ``stable-gap`` whose rebuilt layout has no free positions (``reselect``'s
   prompt, so the first turn answers as ``reselect``); the first follow-up that keeps new context opens them, running
   the kept conversation again after them once.
+- ``stable-late-runs`` (prompt methods; greedy): ``stable-late`` where a newly kept context token brings along the held
+  tokens of its run (consecutive in the history), written again whole at the free positions.
 
 What stays in the history after a turn (``keep``): ``answers`` (question and answer, as a chat), ``questions``
 (the answer is dropped, from the cache too: SCBench's multi-turn mode, whose next question starts with the
@@ -60,12 +62,12 @@ from .selection import QueryTail, Selection, check_causal_decoder, select_cached
 from .stable import FRESH_BY, FRESH_HOLES, Cap, Layout
 
 #: the protocols that answer on a :class:`gemfilter.stable.Layout`
-LAYOUTS = ("stable", "stable-cf", "stable-gap", "stable-front", "stable-late")
+LAYOUTS = ("stable", "stable-cf", "stable-gap", "stable-front", "stable-late", "stable-late-runs")
 PROTOCOLS = ("reselect", "reuse", "full", *LAYOUTS)
 #: the protocols that select from the whole history every turn, with the selector's cache of layers 0..r
 SELECTING = ("reselect", *LAYOUTS)
 #: the layouts that know where the context ends (``context_tokens``)
-CONTEXT_FIRST = ("stable-cf", "stable-gap", "stable-front", "stable-late")
+CONTEXT_FIRST = ("stable-cf", "stable-gap", "stable-front", "stable-late", "stable-late-runs")
 #: the layouts whose follow-ups ``max_fresh`` can cap
 CAPPED = ("stable", "stable-cf")
 #: The layouts' rebuild share: a layout whose masked slots pass half of its slots is rebuilt in history order.
@@ -142,19 +144,19 @@ class Conversation:
 
     Parameters: model: a transformers causal LM (batch of one conversation); method: a method object (e.g.
     ``GemFilter(topk=1024)``; None for ``full``); tokenizer: to encode text questions and decode answers; protocol:
-    ``reselect``, ``reuse``, ``full``, ``stable``, ``stable-cf``, ``stable-gap``, ``stable-front`` or ``stable-late``;
-    keep: ``answers``, ``questions`` or ``context`` (what stays in the history after a turn; see the module docstring);
-    max_holes: the layouts only (``stable*``), the share of masked slots past which the layout is rebuilt in history
-    order (0: every turn that masks or adds a slot, which is ``reselect``); context_tokens: ``stable-cf``,
-    ``stable-gap``, ``stable-front`` and ``stable-late`` only, how many of the history's first tokens are the context
-    (None: the first :meth:`prefill`'s tokens, or without one, the whole first question); max_fresh: ``stable`` and
-    ``stable-cf`` only, at most this many tokens of the earlier history (under ``stable-cf``, of the context) that a
-    turn newly keeps are added to the layout (the highest-scoring; what it keeps of its question always runs; as many
-    dropped slots stay, so the layout holds k, under ``stable-cf`` as far as the selection drops context slots; a
-    rebuilt turn lays out the whole selection), None for no cap (:meth:`gemfilter.stable.Layout.place`); fresh_by: how
-    the cap picks, ``runs`` (whole runs of consecutive tokens, a span method's sentences) or ``tokens`` (single tokens);
-    fresh_holes: which masked slots the rebuild rule reads on a capped turn, ``capped`` (the capped turn's) or
-    ``selection`` (those the whole selection would leave, as without the cap).
+    ``reselect``, ``reuse``, ``full``, ``stable``, ``stable-cf``, ``stable-gap``, ``stable-front``, ``stable-late`` or
+    ``stable-late-runs``; keep: ``answers``, ``questions`` or ``context`` (what stays in the history after a turn; see
+    the module docstring); max_holes: the layouts only (``stable*``), the share of masked slots past which the layout is
+    rebuilt in history order (0: every turn that masks or adds a slot, which is ``reselect``); context_tokens:
+    ``stable-cf``, ``stable-gap``, ``stable-front`` and ``stable-late*`` only, how many of the history's first tokens
+    are the context (None: the first :meth:`prefill`'s tokens, or without one, the whole first question); max_fresh:
+    ``stable`` and ``stable-cf`` only, at most this many tokens of the earlier history (under ``stable-cf``, of the
+    context) that a turn newly keeps are added to the layout (the highest-scoring; what it keeps of its question always
+    runs; as many dropped slots stay, so the layout holds k, under ``stable-cf`` as far as the selection drops context
+    slots; a rebuilt turn lays out the whole selection), None for no cap (:meth:`gemfilter.stable.Layout.place`);
+    fresh_by: how the cap picks, ``runs`` (whole runs of consecutive tokens, a span method's sentences) or ``tokens``
+    (single tokens); fresh_holes: which masked slots the rebuild rule reads on a capped turn, ``capped`` (the capped
+    turn's) or ``selection`` (those the whole selection would leave, as without the cap).
 
     Example::
 
@@ -394,8 +396,11 @@ class Conversation:
             limit = self._cap(scores, self._boundary)  # the cap reads the context's tokens alone
             return layout.place_context_first(history, want, self._boundary, self.max_holes, limit)
         # stable-gap, -front, -late: the conversation's slots stay; an answer that left the history has its slots cut
-        cut, front, late = self.keep != "answers", self.protocol == "stable-front", self.protocol == "stable-late"
-        return layout.place_gap(history, want, self._boundary, self.max_holes, cut_answer=cut, front=front, late=late)
+        cut, front = self.keep != "answers", self.protocol == "stable-front"
+        late, whole = self.protocol in ("stable-late", "stable-late-runs"), self.protocol == "stable-late-runs"
+        return layout.place_gap(
+            history, want, self._boundary, self.max_holes, cut_answer=cut, front=front, late=late, whole=whole
+        )
 
     def _cap(self, scores, asked_from: int) -> Cap | None:
         """The :class:`gemfilter.stable.Cap` of a turn whose tokens from ``asked_from`` on always run (None without

@@ -51,6 +51,12 @@ changed GF.MultiKey's first answers, docs/scbench.md). The first follow-up that 
 positions: the conversation's slots are cut, the new context takes positions c.., and every kept conversation token
 runs again from 2c on, in one forward; later follow-ups run as ``stable-gap``'s.
 
+``stable-late-runs`` is ``stable-late`` where a newly kept context token brings along the held tokens of its run (the
+kept context tokens consecutive in the history with it): their slots are masked and the whole run is written again at
+the free positions, in history order (:func:`whole_runs`). Under ``stable-gap`` and ``stable-late`` a kept needle
+sentence can sit split, its older tokens at their old positions and a newly kept one at a free position after the
+whole context; GF.MultiKey's wrong answers there began with the asked number's first digits (docs/scbench.md).
+
 ``stable-front`` puts ``stable-gap``'s free positions before the context instead: a rebuilt layout holds the
 context at c..2c-1 and the conversation from 2c on, which is ``reselect``'s prompt shifted by c positions, so under
 rotary positions a rebuilt turn (the first) answers as ``reselect`` does, up to rounding. A context token kept later
@@ -169,6 +175,19 @@ class Blind:
         return mask.masked_fill(hidden, torch.finfo(mask.dtype).min)
 
 
+def whole_runs(kept: list, fresh: set) -> tuple:
+    """(every token of the runs of ``kept`` (sorted history indices) that hold a ``fresh`` one, in history order; those
+    of them not in ``fresh``). A run: indices consecutive in the history."""
+    runs = []
+    for h in kept:
+        if runs and h == runs[-1][-1] + 1:
+            runs[-1].append(h)
+        else:
+            runs.append([h])
+    out = [h for run in runs if any(h in fresh for h in run) for h in run]
+    return out, [h for h in out if h not in fresh]
+
+
 class Layout:
     """A generation cache of slots (see the module docstring), on one row.
 
@@ -268,6 +287,7 @@ class Layout:
         cut_answer: bool,
         front: bool = False,
         late: bool = False,
+        whole: bool = False,
     ) -> tuple:
         """``stable-gap``: the context's kept tokens as :meth:`place_context_first` lays them, but the conversation's
         slots stay too. A rebuilt layout puts the context at positions 0..c-1 and the conversation from c + gap on
@@ -288,7 +308,12 @@ class Layout:
         late: ``stable-late``: a rebuilt layout has no free positions (``reselect``'s prompt, as ``stable-cf``
         rebuilds it); the first follow-up that keeps new context opens them: the conversation's slots are cut, the
         new context takes positions c.., and every kept conversation token runs again from 2c on (c: the context's
-        slots), one forward. Later follow-ups run as ``stable-gap``'s."""
+        slots), one forward. Later follow-ups run as ``stable-gap``'s.
+
+        whole: ``stable-late-runs``: a newly kept context token brings along the held tokens of its run (the kept
+        context tokens consecutive in the history with it): their slots are masked and the whole run is written
+        again, in history order at the free positions, so that a kept sentence or number never sits split between
+        its old positions and new ones."""
         # the cache is cut once below: a sliding-window layer past its window keeps no more than one cut can undo
         cut = len(self.ids) - self.answer_from if cut_answer and self.answer_from < len(self.ids) else 0
         self._keep_first(len(self.ids) - cut)
@@ -297,6 +322,9 @@ class Layout:
         fresh = [h for h in want if h < boundary and h not in held]
         talk = [h for h in want if h >= boundary and h not in held]
         drop = [s for h, s in held.items() if h not in wanted]
+        if whole and fresh:
+            fresh, moved = whole_runs([h for h in want if h < boundary], set(fresh))
+            drop += [held[h] for h in moved]
         context = [s for s, h in enumerate(self.ids) if h < boundary]
         holes = sum(not self.valid[s] for s in context) + sum(self.ids[s] < boundary for s in drop)
         said = [h for h in held if h >= boundary]

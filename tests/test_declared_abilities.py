@@ -63,7 +63,16 @@ def test_every_registered_method_answers_every_declared_ability(name):
     assert (
         method.protocols
         == {
-            PromptMethod: ("reselect", "reuse", "stable", "stable-cf", "stable-gap", "stable-front", "stable-late"),
+            PromptMethod: (
+                "reselect",
+                "reuse",
+                "stable",
+                "stable-cf",
+                "stable-gap",
+                "stable-front",
+                "stable-late",
+                "stable-late-runs",
+            ),
             CacheMethod: ("reuse",),
             FullMethod: ("full",),
         }[base]

@@ -467,7 +467,7 @@ def test_stable_cf_refuses_a_bad_context_boundary():
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("fail", [1, 3])
-@pytest.mark.parametrize("protocol", ["stable-cf", "stable-gap", "stable-front", "stable-late"])
+@pytest.mark.parametrize("protocol", ["stable-cf", "stable-gap", "stable-front", "stable-late", "stable-late-runs"])
 def test_a_failed_context_first_turn_leaves_the_conversation_as_it_was(monkeypatch, family, fail, protocol):
     """Ctrl-C in a turn's answer, after its layout was placed (the last turn's slots cut off the cache, a sliding
     window's too): the conversation goes on as if the turn had not been asked. The first turn also forgets the
@@ -521,7 +521,7 @@ def test_a_croppable_cache_cut_back_is_the_cache_of_the_shorter_prefix(family):
 
 
 # ---------------------------------------------- stable-gap, stable-front: the conversation's slots stay
-GAPS = ["stable-gap", "stable-front", "stable-late"]
+GAPS = ["stable-gap", "stable-front", "stable-late", "stable-late-runs"]
 
 
 def layout_mask(model, layout):
@@ -587,48 +587,50 @@ def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(famil
     """Never rebuilt for holes (max_holes=1): after each turn, every answer token is the argmax that one forward over
     the layout's slots gives under Layout.attention_mask() at the layout's positions. Context kept after turn 1 sits
     after the conversation's slots but at positions before them, and ran in the forward of the conversation's new
-    tokens, blind to the conversation's slots. (gemfilter at k=12, k=20 on Gemma 3, keeps new context on these
+    tokens, blind to the conversation's slots. (gemfilter at k=12, k=16 and 20 on Gemma 3, keeps new context on these
     follow-ups; the span methods keep the first and last tokens here.) Gemma 3 runs under banded, whose sliding
     layers (window 8) hide the slots through a BandedMask; Llama under sdpa."""
     model = BUILDERS[family]()
     if family == "gemma3":
         model = gemfilter.set_attention(model, "banded")
-    method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=12 if family == "llama" else 20)
-    boundary, late, opened, closed = 30, 0, 0, False
-    with gemfilter.Conversation(
-        model, method, DotTokenizer(), protocol=protocol, keep=keep, max_holes=1.0, context_tokens=boundary
-    ) as chat:
-        for t, turn, history in asked(chat):
-            layout = chat._layout
-            talk = [s for s, h in enumerate(layout.ids) if boundary <= h < history.shape[1]]
-            context = [s for s, h in enumerate(layout.ids) if h < boundary]
-            # a context slot written after a conversation slot sits at a position before every conversation slot
-            after = [s for s in context if talk and s > talk[0]]
-            assert all(layout.pos[s] < min(layout.pos[c] for c in talk) for s in after)
-            late += bool(after) and not turn.rebuilt
-            opened += closed and not turn.rebuilt and not layout.closed  # stable-late ran the conversation again
-            closed = layout.closed
-            assert sorted(h for h, v in zip(layout.ids, layout.valid) if v and h < history.shape[1]) == sorted(
-                turn.selection.indices[0].tolist()
-            )
-            answer = turn.new_tokens.tolist()
-            tokens = torch.tensor(
-                [[int(history[0, h]) if h < history.shape[1] else answer[h - history.shape[1]] for h in layout.ids]]
-            )
-            with torch.no_grad():
-                logits = (
-                    model(
-                        input_ids=tokens,
-                        position_ids=torch.tensor([layout.pos]),
-                        attention_mask=layout_mask(model, layout),
-                    )
-                    .logits[0]
-                    .float()
+    boundary, late, opened = 30, 0, 0
+    for topk in (12,) if family == "llama" else (16, 20):
+        method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=topk)
+        closed = False
+        with gemfilter.Conversation(
+            model, method, DotTokenizer(), protocol=protocol, keep=keep, max_holes=1.0, context_tokens=boundary
+        ) as chat:
+            for t, turn, history in asked(chat):
+                layout = chat._layout
+                talk = [s for s, h in enumerate(layout.ids) if boundary <= h < history.shape[1]]
+                context = [s for s, h in enumerate(layout.ids) if h < boundary]
+                # a context slot written after a conversation slot sits at a position before every conversation slot
+                after = [s for s in context if talk and s > talk[0]]
+                assert all(layout.pos[s] < min(layout.pos[c] for c in talk) for s in after)
+                late += bool(after) and not turn.rebuilt
+                opened += closed and not turn.rebuilt and not layout.closed  # stable-late* ran the conversation again
+                closed = layout.closed
+                assert sorted(h for h, v in zip(layout.ids, layout.valid) if v and h < history.shape[1]) == sorted(
+                    turn.selection.indices[0].tolist()
                 )
-            logits[:, model.generation_config.eos_token_id] = float("-inf")  # min_new_tokens = max_new_tokens
-            for i, token in enumerate(answer):  # the answer's slots follow the turn's last written slot
-                assert int(logits[layout.answer_from - 1 + i].argmax()) == token, (t, i)
-    if protocol == "stable-late":
+                answer = turn.new_tokens.tolist()
+                tokens = torch.tensor(
+                    [[int(history[0, h]) if h < history.shape[1] else answer[h - history.shape[1]] for h in layout.ids]]
+                )
+                with torch.no_grad():
+                    logits = (
+                        model(
+                            input_ids=tokens,
+                            position_ids=torch.tensor([layout.pos]),
+                            attention_mask=layout_mask(model, layout),
+                        )
+                        .logits[0]
+                        .float()
+                    )
+                logits[:, model.generation_config.eos_token_id] = float("-inf")  # min_new_tokens = max_new_tokens
+                for i, token in enumerate(answer):  # the answer's slots follow the turn's last written slot
+                    assert int(logits[layout.answer_from - 1 + i].argmax()) == token, (t, i)
+    if protocol.startswith("stable-late"):
         assert opened, "no follow-up opened the free positions: the test would not see them"
     else:
         assert late, "no turn added context after the conversation: the test would not see the gap"
@@ -640,14 +642,17 @@ def test_stable_gap_rebuilds_by_its_rule(protocol):
     masked slots would pass max_holes of its slots, when its newly kept context tokens outgrow the free positions
     (as many as the context had slots when rebuilt), or when a newly kept conversation token precedes a held one.
     Under stable-late the free positions open on the first follow-up that keeps new context, which runs every kept
-    conversation token again (gemfilter at k=12 opens them here; gemfilter-span's follow-ups keep no new context
-    before a rebuild)."""
+    conversation token again (gemfilter at k=12, k=8 with whole runs, opens them here; gemfilter-span's follow-ups
+    keep no new context before a rebuild). Under stable-late-runs a newly kept token's run is written again whole:
+    its held tokens are holes, and run."""
     model = BUILDERS["llama"]()
-    name, topk = ("gemfilter", 12) if protocol == "stable-late" else ("gemfilter-span", 24)
+    name, topk = {"stable-late": ("gemfilter", 12), "stable-late-runs": ("gemfilter", 8)}.get(
+        protocol, ("gemfilter-span", 24)
+    )
     method = get_method(name, layer=2, topk=topk)
     boundary, max_holes = 30, 0.5
     chat = converse(model, method, protocol, "questions", max_holes=max_holes, context_tokens=boundary)
-    seen, opened = {}, 0
+    seen, opened, moved = {}, 0, 0
     for t, turn in enumerate(chat.turns):
         want = turn.selection.indices[0].tolist()
         ctx = [h for h in want if h < boundary]
@@ -655,6 +660,13 @@ def test_stable_gap_rebuilds_by_its_rule(protocol):
         if t:
             fresh = [h for h in ctx if h not in seen["valid"]]
             drop = [h for h in seen["valid"] if h not in set(want)]
+            if protocol == "stable-late-runs" and fresh:  # the runs that gain a token are written again whole
+                runs = [[ctx[0]]] if ctx else []
+                for h in ctx[1:]:
+                    runs[-1].append(h) if h == runs[-1][-1] + 1 else runs.append([h])
+                fresh = [h for run in runs if set(run) & set(fresh) for h in run]
+                drop += [h for h in fresh if h in seen["valid"]]
+            again = sum(h in seen["valid"] for h in fresh)  # held tokens written again with their run
             holes = seen["holes"] + sum(h < boundary for h in drop)
             said = [h for h in seen["valid"] if h >= boundary]
             expect = (
@@ -667,21 +679,23 @@ def test_stable_gap_rebuilds_by_its_rule(protocol):
             expect = True
         assert turn.rebuilt == expect, t
         if expect:
-            seen = {"slots": len(ctx), "holes": 0, "free": len(ctx), "closed": protocol == "stable-late"}
+            seen = {"slots": len(ctx), "holes": 0, "free": len(ctx), "closed": protocol.startswith("stable-late")}
             assert turn.recomputed == len(want)
         elif seen["closed"] and fresh:  # stable-late opens its free positions: the conversation runs again
             assert turn.recomputed == len(fresh) + sum(h >= boundary for h in want), t
-            seen = {"slots": seen["slots"] + len(fresh), "holes": holes, "free": seen["free"] - len(fresh)}
-            seen["closed"], opened = False, opened + 1
+            seen |= {"slots": seen["slots"] + len(fresh), "holes": holes, "free": seen["free"] - len(fresh)}
+            seen["closed"], opened, moved = False, opened + 1, moved + again
         else:
             assert turn.recomputed == len(fresh) + len(talk_new)
+            moved += again
             seen |= {"slots": seen["slots"] + len(fresh), "holes": holes, "free": seen["free"] - len(fresh)}
         seen["valid"] = set(want)
     assert any(not t.rebuilt for t in chat.turns[1:])
-    assert opened or protocol != "stable-late", "no follow-up opened the free positions: the test would not see it"
+    assert opened or not protocol.startswith("stable-late"), "no follow-up opened the free positions: test misses it"
+    assert moved or protocol != "stable-late-runs", "no held token was written again with its run: test misses it"
 
 
-@pytest.mark.parametrize("protocol", ["stable-front", "stable-late"])
+@pytest.mark.parametrize("protocol", ["stable-front", "stable-late", "stable-late-runs"])
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("name,topk", [("gemfilter", 12), ("gemfilter-span", 24), ("gemfilter-span-qmax", 24)])
 @pytest.mark.parametrize("keep", ["answers", "questions"])
@@ -700,3 +714,32 @@ def test_rebuilt_turns_of_stable_front_and_late_answer_as_reselect(family, name,
         a, b = again.turns[t], front.turns[t]
         assert torch.equal(a.selection.indices[0], b.selection.indices[0]), t
         assert torch.equal(a.new_tokens, b.new_tokens), t
+
+
+def split_runs(layout, boundary: int) -> int:
+    """How many runs of the layout's valid context tokens (consecutive in the history) do not sit at consecutive
+    positions, in order."""
+    at = {h: layout.pos[s] for s, h in enumerate(layout.ids) if layout.valid[s] and h < boundary}
+    kept = sorted(at)
+    return sum(h == g + 1 and at[h] != at[g] + 1 for g, h in zip(kept, kept[1:]))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("keep", ["answers", "questions"])
+def test_stable_late_runs_never_splits_a_kept_run(family, keep):
+    """stable-late-runs (max_holes=1): after every turn, the kept context tokens that are consecutive in the history
+    sit at consecutive positions, in order: a newly kept token brings the held tokens of its run along. stable-late
+    on the same conversations splits runs (a newly kept token at a free position beside neighbours at their old
+    ones), so the check can fail."""
+    model = BUILDERS[family]()
+    method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=12 if family == "llama" else 20)
+    split = {}
+    for protocol in ("stable-late", "stable-late-runs"):
+        split[protocol] = 0
+        with gemfilter.Conversation(
+            model, method, DotTokenizer(), protocol=protocol, keep=keep, max_holes=1.0, context_tokens=30
+        ) as chat:
+            for t, turn, history in asked(chat):
+                split[protocol] += split_runs(chat._layout, 30)
+    assert split["stable-late-runs"] == 0
+    assert split["stable-late"] > 0, "stable-late split no run here: the test would not see a split"

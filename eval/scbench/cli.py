@@ -33,6 +33,8 @@ protocols (what a method keeps between turns; gemfilter.Conversation):
             (measured: turn 1 as reselect, but the follow-ups fall: docs/scbench.md)
   stable-late stable-gap whose rebuilt layout has no free positions (reselect's prompt: turn 1 answers as
             reselect); the first follow-up that keeps new context opens them, running the kept conversation again
+  stable-late-runs stable-late where a newly kept context token brings the held tokens of its run (consecutive
+            in the history) along, written again whole, so a kept sentence or number is never split
   A prompt method's label is its spec with @ and the protocol: @reselect, @reuse, @stable, @stable-cf, ...
 
 tasks (offline generators; docs/scbench.md says what each transcribes):
@@ -62,17 +64,18 @@ def add_protocol_options(r) -> None:
         "--protocols",
         default="reselect",
         help="protocols for prompt methods, comma-separated: reselect, reuse, stable, stable-cf, stable-gap, "
-        "stable-front, stable-late (default reselect)",
+        "stable-front, stable-late, stable-late-runs (default reselect)",
     )
     r.add_argument(
         "--max-holes",
         type=float,
         default=0.5,
-        help="the layouts (stable, stable-cf, stable-gap, stable-front, stable-late): rebuild the layout in "
-        "history order once its masked slots would pass this share of its slots, in [0, 1] (0: on every turn that "
-        "masks a slot, and under the last four also one that adds a context slot, which answers as reselect; 1: "
-        "only on the first turn and when a turn would run nothing new, and under stable-gap, stable-front and "
-        "stable-late when new context outgrows its free positions) (default 0.5); a folder records it",
+        help="the layouts (stable, stable-cf, stable-gap, stable-front, stable-late, stable-late-runs): rebuild the "
+        "layout in history order once its masked slots would pass this share of its slots, in [0, 1] (0: on every "
+        "turn that masks a slot, and under the last five also one that adds a context slot, which answers as "
+        "reselect; 1: only on the first turn and when a turn would run nothing new, and under stable-gap, "
+        "stable-front and stable-late* when new context outgrows its free positions) (default 0.5); a folder "
+        "records it",
     )
     r.add_argument(
         "--max-fresh",

@@ -16,7 +16,8 @@ history's layers 0..r; ``reuse``: turn 1's kept tokens go on; ``stable``: select
 kept tokens in place and run only the new ones, :mod:`gemfilter.stable`; ``stable-cf``: ``stable`` for the
 context's kept tokens, the conversation's run again after them each turn; ``stable-gap``: ``stable-cf``'s order in
 positions with the conversation's slots kept; ``stable-front``: ``stable-gap`` with its free positions before the
-context; ``stable-late``: ``stable-gap`` whose free positions open on the first follow-up that keeps new context).
+context; ``stable-late``: ``stable-gap`` whose free positions open on the first follow-up that keeps new context;
+``stable-late-runs``: ``stable-late`` that writes a newly kept token's run again whole).
 A method's label is its spec, with ``@`` and the protocol (``@reuse``, ``@reselect``, ``@stable``, ...) for prompt
 methods.
 

@@ -130,6 +130,7 @@ class PromptMethod(Method):
         "stable-gap",
         "stable-front",
         "stable-late",
+        "stable-late-runs",
     )
 
 
