@@ -70,6 +70,18 @@ CF_CAPPED_5 = {
     "gf_multikey": REPO / "measured" / "scbench-own-multikey-cf-capped-5",
     "gf_facts": REPO / "measured" / "scbench-own-cf-capped-5",
 }
+#: stable-gap (one forward) and stable-late at layer 5, multi-turn, 4K, seeds 0-9, with full: GF.MultiKey, GF.Facts
+LATE_5 = {
+    "gf_multikey": REPO / "measured" / "scbench-own-multikey-late-5",
+    "gf_facts": REPO / "measured" / "scbench-own-late-5",
+}
+#: --max-holes 1, multi-turn, 4K, with full: stable-late on GF.MultiKey (seeds 0-9); stable-late-runs on GF.MultiKey
+#: (seeds 0-9, then seeds 10-19 with layer 5's reselect on seeds 0-19) and on GF.Facts (seeds 0-9)
+LATE_HOLES_5 = REPO / "measured" / "scbench-own-multikey-late-holes-5"
+RUNS_5 = {
+    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-5",
+    "gf_facts": REPO / "measured" / "scbench-own-runs-5",
+}
 
 
 @pytest.mark.parametrize(
@@ -105,6 +117,11 @@ CF_CAPPED_5 = {
         (CF_HOLES_5, "scbench-own-multikey-cf-holes-5"),
         (CF_CAPPED_5["gf_multikey"], "scbench-own-multikey-cf-capped-5"),
         (CF_CAPPED_5["gf_facts"], "scbench-own-cf-capped-5"),
+        (LATE_5["gf_multikey"], "scbench-own-multikey-late-5"),
+        (LATE_5["gf_facts"], "scbench-own-late-5"),
+        (LATE_HOLES_5, "scbench-own-multikey-late-holes-5"),
+        (RUNS_5["gf_multikey"], "scbench-own-multikey-runs-5"),
+        (RUNS_5["gf_facts"], "scbench-own-runs-5"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -185,6 +202,11 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (CF_HOLES_5, 4096, 10),
         (CF_CAPPED_5["gf_multikey"], 4096, 10),
         (CF_CAPPED_5["gf_facts"], 4096, 10),
+        (LATE_5["gf_multikey"], 4096, 10),
+        (LATE_5["gf_facts"], 4096, 10),
+        (LATE_HOLES_5, 4096, 10),
+        (RUNS_5["gf_multikey"], 4096, 20),
+        (RUNS_5["gf_facts"], 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -295,6 +317,11 @@ def test_multikey_misses_are_another_needle_s_number():
         (CF_HOLES_5, 4096, "gf_multikey", MULTIKEY_SELECT),
         (CF_CAPPED_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY_SELECT),
         (CF_CAPPED_5["gf_facts"], 4096, "gf_facts", FACTS_SELECT),
+        (LATE_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY_SELECT),
+        (LATE_5["gf_facts"], 4096, "gf_facts", FACTS_SELECT),
+        (LATE_HOLES_5, 4096, "gf_multikey", MULTIKEY_SELECT),
+        (RUNS_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY),
+        (RUNS_5["gf_facts"], 4096, "gf_facts", FACTS_SELECT),
     ],
 )
 def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
@@ -1244,3 +1271,130 @@ def test_stable_cf_without_hole_rebuilds_and_capped_gives_what_the_docs_say():
         ("gf_multikey", "stable-gap"): [(i, 3, 0.0) for i in (1, 2, 3, 4, 7, 8, 9)],
         ("gf_facts", "capped"): [(3, 4, 1.0), (8, 2, 0.0)],
     }
+
+
+def laid_out_and_rebuilt(y: dict, full: dict) -> tuple:
+    """(follow-ups laid out, their mean tokens run, their mean time / full), the same for the rebuilt ones (those that
+    ran every kept token)."""
+    out = []
+    for rebuilt in (False, True):
+        picked = [(i, t) for i in y for t in range(1, 5) if (y[i][t]["recomputed"] >= y[i][t]["kept"]) == rebuilt]
+        out += [
+            len(picked),
+            round(sum(y[i][t]["recomputed"] for i, t in picked) / len(picked)),
+            round(sum(y[i][t]["ttft_s"] / full[i][t]["ttft_s"] for i, t in picked) / len(picked), 2),
+        ]
+    return tuple(out)
+
+
+def test_stable_gap_in_one_forward_and_stable_late_give_what_the_docs_say():
+    """stable-gap in one forward and stable-late at layer 5, multi-turn, 4K, seeds 0-9 (full answers as in the select
+    folders: test_full_answers_the_same_in_two_runs): stable-gap answers and runs the tokens of its two-forward run in
+    LAYOUTS_5 on every turn; stable-late's first turn keeps as many tokens as layer 5's reselect and gives its answer;
+    docs/scbench.md's summary, the laid-out and rebuilt follow-ups apart, and where stable-late scores otherwise than
+    reselect."""
+    label = "gemfilter-span-qmax:k=256,layer=5@"
+    reference = {"gf_multikey": MULTIKEY_SELECT, "gf_facts": FACTS_SELECT}
+    got, parts, differ, texts = {}, {}, {}, {}
+    for task, folder in LATE_5.items():
+        here, before = collect(folder), collect(LAYOUTS_5[task])
+        full = turns_by_seed(here, "full", task)
+        reselect = turns_by_seed(collect(reference[task]), label + "reselect", task)
+        two = turns_by_seed(before, label + "stable-gap", task)
+        for protocol in ("stable-gap", "stable-late"):
+            y = turns_by_seed(here, label + protocol, task)
+            got[task, protocol] = follow_ups(y, full)
+            parts[task, protocol] = laid_out_and_rebuilt(y, full)
+        gap, late = turns_by_seed(here, label + "stable-gap", task), turns_by_seed(here, label + "stable-late", task)
+        for i in range(10):
+            for t in range(5):
+                assert gap[i][t]["prediction"] == two[i][t]["prediction"], (task, i, t)
+                assert gap[i][t]["recomputed"] == two[i][t]["recomputed"], (task, i, t)
+            assert late[i][0]["prediction"] == reselect[i][0]["prediction"], (task, i)
+            assert late[i][0]["kept"] == reselect[i][0]["kept"], (task, i)
+        differ[task] = [
+            (i, t, late[i][t]["score"])
+            for i in range(10)
+            for t in range(5)
+            if late[i][t]["score"] != reselect[i][t]["score"]
+        ]
+        texts[task] = sum(late[i][t]["prediction"] == reselect[i][t]["prediction"] for i in range(10) for t in range(5))
+    assert got == {
+        ("gf_multikey", "stable-gap"): (2.21, 19, 161, 18, [50, 100, 100, 100, 100]),
+        ("gf_multikey", "stable-late"): (2.26, 13, 188, 18, [100, 100, 100, 100, 100]),
+        ("gf_facts", "stable-gap"): (2.61, 8, 185, 19, [100, 100, 80, 100, 100]),
+        ("gf_facts", "stable-late"): (2.89, 1, 212, 19, [100, 100, 90, 100, 90]),
+    }
+    assert parts == {
+        ("gf_multikey", "stable-gap"): (22, 85, 1.6, 18, 255, 2.94),
+        ("gf_multikey", "stable-late"): (22, 134, 1.88, 18, 255, 2.73),
+        ("gf_facts", "stable-gap"): (21, 121, 2.13, 19, 256, 3.13),
+        ("gf_facts", "stable-late"): (21, 173, 2.62, 19, 256, 3.2),
+    }
+    assert differ == {"gf_multikey": [(4, 1, 1.0), (5, 1, 1.0)], "gf_facts": []}
+    assert texts == {"gf_multikey": 37, "gf_facts": 40}
+
+
+def test_stable_late_without_hole_rebuilds_and_stable_late_runs_give_what_the_docs_say():
+    """--max-holes 1 at layer 5, multi-turn, 4K: stable-late on GF.MultiKey and stable-late-runs on both tasks
+    (GF.MultiKey's seeds 10-19 beside reselect in the same run): each folder records the share; docs/scbench.md's
+    summary per task and seeds; stable-late's wrong follow-ups, each part of the asked number, are right under
+    stable-late-runs, which loses none on GF.MultiKey; its first turn is reselect's; reselect's seeds 0-9 in the
+    runs folder answer as in the select folder; where it scores otherwise than reselect."""
+    import json
+
+    label = "gemfilter-span-qmax:k=256,layer=5@"
+    for folder in (LATE_HOLES_5, *RUNS_5.values()):
+        assert json.loads((folder / "config.json").read_text())["max_holes"] == 1.0, folder
+    late_folder, runs_folder, facts_folder = (
+        collect(LATE_HOLES_5),
+        collect(RUNS_5["gf_multikey"]),
+        collect(RUNS_5["gf_facts"]),
+    )
+    multikey_select, facts_select = collect(MULTIKEY_SELECT), collect(FACTS_SELECT)
+    full = turns_by_seed(runs_folder, "full", "gf_multikey")
+    late = turns_by_seed(late_folder, label + "stable-late", "gf_multikey")
+    runs = turns_by_seed(runs_folder, label + "stable-late-runs", "gf_multikey")
+    reselect = turns_by_seed(runs_folder, label + "reselect", "gf_multikey")
+    selected = turns_by_seed(multikey_select, label + "reselect", "gf_multikey")
+    facts = turns_by_seed(facts_folder, label + "stable-late-runs", "gf_facts")
+    facts_full = turns_by_seed(facts_folder, "full", "gf_facts")
+    facts_reselect = turns_by_seed(facts_select, label + "reselect", "gf_facts")
+    seen, unseen = range(10), range(10, 20)
+    got = {
+        "late": follow_ups(late, turns_by_seed(late_folder, "full", "gf_multikey")),
+        "runs 0-9": follow_ups(runs, full, seen),
+        "runs 10-19": follow_ups(runs, full, unseen),
+        "reselect 10-19": follow_ups(reselect, full, unseen),
+        "facts runs": follow_ups(facts, facts_full),
+    }
+    assert got == {
+        "late": (1.69, 29, 90, 1, [100, 100, 90, 70, 100]),
+        "runs 0-9": (2.2, 18, 152, 8, [100, 100, 100, 100, 100]),
+        "runs 10-19": (2.03, 21, 137, 6, [100, 100, 100, 100, 100]),
+        "reselect 10-19": (2.76, 0, 255, 40, [100, 90, 100, 100, 100]),
+        "facts runs": (2.87, 3, 219, 18, [100, 100, 90, 90, 90]),
+    }
+    assert all(reselect[i][t]["prediction"] == selected[i][t]["prediction"] for i in seen for t in range(5))
+    assert all(runs[i][0]["prediction"] == reselect[i][0]["prediction"] for i in range(20))
+    wrong = [
+        (i, t, late[i][t]["prediction"].split(".")[0].strip()[:14])
+        for i in seen
+        for t in range(5)
+        if not late[i][t]["score"]
+    ]
+    assert wrong == [(1, 3, "753 numbers"), (2, 2, "2368"), (3, 3, "89988888888888"), (9, 3, "85836845858584")]
+    assert all(
+        part.split()[0] in str(late[i][t]["ground_truth"]) or str(late[i][t]["ground_truth"]).startswith(part[:3])
+        for i, t, part in wrong
+    )
+    assert all(runs[i][t]["score"] for i, t, _ in wrong)
+    assert [(i, t) for i in range(20) for t in range(5) if runs[i][t]["score"] != reselect[i][t]["score"]] == [
+        (i, 1) for i in (4, 5, 18)
+    ]  # right where reselect is wrong
+    assert laid_out_and_rebuilt({i: runs[i] for i in seen}, full)[:3] == (32, 127, 2.03)
+    assert round(sum(runs[i][1]["recomputed"] for i in seen) / 10) == 220
+    assert round(sum(runs[i][1]["ttft_s"] / full[i][1]["ttft_s"] for i in seen) / 10, 2) == 2.81
+    assert laid_out_and_rebuilt(facts, facts_full) == (22, 188, 2.67, 18, 256, 3.13)
+    assert [(i, t) for i in seen for t in range(5) if facts[i][t]["score"] != facts_reselect[i][t]["score"]] == [(0, 3)]
+    assert facts[0][3]["prediction"].startswith(" 7007071.") and not facts[0][3]["ground_truth"].isdigit()
