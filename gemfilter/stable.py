@@ -107,6 +107,17 @@ class Cap:
     holes: str = "capped"
 
 
+def runs_of(indices: list) -> list:
+    """Sorted history indices split into runs of consecutive ones (lists, in order)."""
+    runs = []
+    for h in indices:
+        if runs and h == runs[-1][-1] + 1:
+            runs[-1].append(h)
+        else:
+            runs.append([h])
+    return runs
+
+
 def capped(new: list, cap: Cap) -> list:
     """``new`` (sorted history indices) with at most ``cap.size`` of those below ``cap.asked_from``; every index
     from it on stays, in history order.
@@ -122,14 +133,8 @@ def capped(new: list, cap: Cap) -> list:
     if cap.by == "tokens":
         top = sorted(earlier, key=lambda h: (-scores[h], h))[: cap.size]
     else:
-        runs = []
-        for h in earlier:
-            if runs and h == runs[-1][-1] + 1:
-                runs[-1].append(h)
-            else:
-                runs.append([h])
         top, room = [], cap.size
-        for run in sorted(runs, key=lambda r: (-max(scores[h] for h in r), r[0])):
+        for run in sorted(runs_of(earlier), key=lambda r: (-max(scores[h] for h in r), r[0])):
             if len(run) <= room:
                 top += run
                 room -= len(run)
@@ -177,14 +182,8 @@ class Blind:
 
 def whole_runs(kept: list, fresh: set) -> tuple:
     """(every token of the runs of ``kept`` (sorted history indices) that hold a ``fresh`` one, in history order; those
-    of them not in ``fresh``). A run: indices consecutive in the history."""
-    runs = []
-    for h in kept:
-        if runs and h == runs[-1][-1] + 1:
-            runs[-1].append(h)
-        else:
-            runs.append([h])
-    out = [h for run in runs if any(h in fresh for h in run) for h in run]
+    of them not in ``fresh``). A run: indices consecutive in the history (:func:`runs_of`)."""
+    out = [h for run in runs_of(kept) if any(h in fresh for h in run) for h in run]
     return out, [h for h in out if h not in fresh]
 
 

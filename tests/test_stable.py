@@ -460,7 +460,8 @@ def test_stable_cf_refuses_a_bad_context_boundary():
             gemfilter.Conversation(model, method, protocol="stable-cf", context_tokens=bad)
     with pytest.raises(
         ValueError,
-        match="for protocols stable-cf, stable-gap, stable-front and stable-late only; got 30 with protocol 'stable'",
+        match="for protocols stable-cf, stable-gap, stable-front, stable-late and stable-late-runs only; got 30 with "
+        "protocol 'stable'",
     ):
         gemfilter.Conversation(model, method, protocol="stable", context_tokens=30)
 
