@@ -157,8 +157,8 @@ class Blind:
         implementation = module.config._attn_implementation
         if "flash" in implementation:  # flash kernels take no mask: the hidden slots would be seen
             raise ValueError(
-                f"stable-gap and stable-front write with a mask that {implementation!r} does not take; load the "
-                "model with attn='sdpa', 'eager' or 'banded'"
+                f"the gap layouts (stable-gap, stable-front, stable-late*) write with a mask that {implementation!r} "
+                "does not take; load the model with attn='sdpa', 'eager' or 'banded'"
             )
         q, kv = query.shape[-2], key.shape[-2]
         first = self.total - kv
@@ -343,18 +343,8 @@ class Layout:
             return self._rebuild_gap(history, want, boundary, max_holes, front=front, late=late)
         for s in drop:
             self.valid[s] = False
-        if opening:  # the context's slots come first: cut the conversation's, run it again after the free positions
-            drop_last(self.cache, cut + len(self.ids) - len(context))
-            self._keep_first(len(context))
-            self.closed = False
-            start = len(context)  # a rebuilt layout's context ends at c - 1
-            self.talk_start = 2 * len(context)
-            run = fresh + [h for h in want if h >= boundary]
-            positions = list(range(start, start + len(fresh)))
-            positions += range(self.talk_start, self.talk_start + len(run) - len(fresh))
-            logits = self.write(history[:, run], run, positions)
-            self.answer_from = len(self.ids)
-            return logits, False, len(run)
+        if opening:
+            return self._open_gap(history, fresh + [h for h in want if h >= boundary], len(fresh), len(context), cut)
         drop_last(self.cache, cut)
         # newly kept context before the conversation's new tokens, blind to the conversation's slots, one forward
         start = free - len(fresh) if front else self.talk_start - free
@@ -364,6 +354,20 @@ class Layout:
         logits = self.write(history[:, fresh + talk], fresh + talk, positions, blind=(len(fresh), spoken))
         self.answer_from = len(self.ids)
         return logits, False, len(fresh) + len(talk)
+
+    def _open_gap(self, history: torch.Tensor, run: list, fresh: int, c: int, cut: int) -> tuple:
+        """``stable-late``'s first follow-up with new context: a rebuilt layout's c context slots come first, so the
+        conversation's slots go (with the ``cut`` answer slots the bookkeeping dropped, still in the cache); ``run``
+        (its first ``fresh`` tokens the new context, then every kept conversation token) is written at positions
+        c.. and 2c.., one forward. Returns as :meth:`place`."""
+        drop_last(self.cache, cut + len(self.ids) - c)
+        self._keep_first(c)
+        self.closed = False
+        self.talk_start = 2 * c
+        positions = list(range(c, c + fresh)) + list(range(self.talk_start, self.talk_start + len(run) - fresh))
+        logits = self.write(history[:, run], run, positions)
+        self.answer_from = len(self.ids)
+        return logits, False, len(run)
 
     def _rebuild_gap(
         self, history: torch.Tensor, want: list, boundary: int, max_holes: float, front: bool, late: bool
@@ -421,13 +425,10 @@ class Layout:
         self.ids, self.valid, self.pos = self.ids[:n], self.valid[:n], self.pos[:n]
         self.writes = [(first, min(end, n), valid) for first, end, valid in self.writes if first < n]
 
-    def write(
-        self, tokens: torch.Tensor, ids: list, positions: list, logits: bool = True, blind: tuple = (0, ())
-    ) -> torch.Tensor | None:
+    def write(self, tokens: torch.Tensor, ids: list, positions: list, blind: tuple = (0, ())) -> torch.Tensor:
         """Append ``tokens`` (1, m) as valid slots holding history indices ``ids`` at ``positions``; run them
-        against the valid slots; return the last one's logits (1, V) in float32 (None with ``logits=False``, which
-        runs the decoder without its LM head, whose 262K-row matmul on Gemma 3 270M can be a large share of a
-        short write).
+        against the valid slots; return the last one's logits (1, V) in float32 (the LM head runs on that row alone:
+        its 262K-row matmul on Gemma 3 270M can be a large share of a short write).
 
         blind: (rows, slots): the first ``rows`` of the new tokens do not see the earlier ``slots`` (valid ones),
         which the rest see: two writes in one forward (:class:`Blind`)."""
@@ -458,9 +459,6 @@ class Layout:
             if unseen:  # the attention wrapper hides the slots from the first rows, layer by layer
                 stack.enter_context(wrapped_attention(self.model))
                 run[STATE_KWARG] = Blind(rows, tuple(unseen), len(self.ids))
-            if not logits:
-                self.model.base_model(**run)
-                return None
             out = self.model(**run, logits_to_keep=1)
         return out.logits[:, -1, :].float()
 
