@@ -339,7 +339,7 @@ def converse(
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
     method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable``,
-    ``stable-cf``, ``stable-gap``, ``stable-front`` or ``stable-late``; mode: a name in
+    ``stable-cf``, ``stable-gap``, ``stable-front``, ``stable-late`` or ``stable-late-runs``; mode: a name in
     :data:`eval.scbench.prompts.MODES`; length: the window the first prompt is cut to fit; max_holes: the layouts'
     rebuild share (``stable*``); max_fresh: the cap of ``stable`` and ``stable-cf`` on the earlier tokens a follow-up
     newly keeps, fresh_by how it picks them and fresh_holes which holes its rebuild rule reads (the other protocols
