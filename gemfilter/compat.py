@@ -111,10 +111,14 @@ def unwindowed_cache():
 
 @functools.cache
 def _windowed_recording_layer():
-    """``DynamicSlidingWindowLayer`` whose ``update`` returns only the keys its mask sizes announce while it records
-    the past. 5.24 does so itself; 5.17 returns every recorded key, so a forward after the window is full met a mask
-    for fewer keys than the layer gave (a shape error in sdpa and banded). Slicing keys 5.24 already sliced is a
-    no-op, so one class serves the whole range."""
+    """``DynamicSlidingWindowLayer`` that records the whole past, and whose ``update`` returns only the keys its mask
+    sizes announce. 5.24 slices them itself; 5.17 returns every recorded key, so a forward after the window is full
+    met a mask for fewer keys than the layer gave (a shape error in sdpa and banded). Slicing keys 5.24 already
+    sliced is a no-op, so one class serves the whole range.
+
+    Its ``crop(-n)`` keeps every earlier key: transformers' cuts the record back to the window, so a later cut
+    deeper than what was written since gave back fewer keys than the window held (a shape error on Gemma 3 when
+    ``stable-late`` opened its free positions after a turn that had cut its answer)."""
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
     class WindowedRecordingLayer(DynamicSlidingWindowLayer):
@@ -124,6 +128,12 @@ def _windowed_recording_layer():
                 return keys, values
             visible = self.sliding_window - 1 + key_states.shape[-2]
             return keys[:, :, -visible:, :], values[:, :, -visible:, :]
+
+        def crop(self, max_length: int) -> None:
+            if max_length >= 0 or not self.record_past or not self.is_initialized:
+                return super().crop(max_length)
+            self.keys, self.values = self.keys[:, :, :max_length, :], self.values[:, :, :max_length, :]
+            self.cumulative_length = self.keys.shape[-2]
 
     return WindowedRecordingLayer
 

@@ -16,7 +16,7 @@ named protocols say what a turn keeps of the earlier ones:
   slots of the generation cache, masks the ones this turn drops and runs only the ones it newly keeps
   (:mod:`gemfilter.stable`); an approximation of ``reselect``, rebuilt exactly when its holes pass ``max_holes``.
   ``max_fresh`` caps how many earlier tokens a follow-up newly keeps (the highest-scoring), a further approximation
-  (``stable-cf`` too: there it caps the newly kept context tokens).
+  (every layout: under the context-first ones it caps the newly kept context tokens).
 - ``stable-cf`` (context first; prompt methods; greedy): ``stable`` for the kept tokens of the context alone; the
   kept tokens of the conversation after it (questions and answers) run again each turn after the context's
   slots, in history order, so newly kept context never sits between a question and its answer.
@@ -69,7 +69,7 @@ SELECTING = ("reselect", *LAYOUTS)
 #: the layouts that know where the context ends (``context_tokens``)
 CONTEXT_FIRST = ("stable-cf", "stable-gap", "stable-front", "stable-late", "stable-late-runs")
 #: the layouts whose follow-ups ``max_fresh`` can cap
-CAPPED = ("stable", "stable-cf")
+CAPPED = LAYOUTS
 #: The layouts' rebuild share: a layout whose masked slots pass half of its slots is rebuilt in history order.
 MAX_HOLES = 0.5
 KEEPS = ("answers", "questions", "context")
@@ -135,7 +135,8 @@ def check_max_fresh(max_fresh, protocol: str, name: str = "max_fresh") -> None:
         )
     if protocol not in CAPPED:
         raise ValueError(
-            f"{name} caps the follow-ups of protocols {' and '.join(CAPPED)}; protocol {protocol!r} has no such cap"
+            f"{name} caps the follow-ups of protocols {', '.join(CAPPED[:-1])} and {CAPPED[-1]}; protocol {protocol!r} "
+            "has no such cap"
         )
 
 
@@ -150,13 +151,15 @@ class Conversation:
     rebuilt in history order (0: every turn that masks or adds a slot, which is ``reselect``); context_tokens:
     ``stable-cf``, ``stable-gap``, ``stable-front`` and ``stable-late*`` only, how many of the history's first tokens
     are the context (None: the first :meth:`prefill`'s tokens, or without one, the whole first question); max_fresh:
-    ``stable`` and ``stable-cf`` only, at most this many tokens of the earlier history (under ``stable-cf``, of the
+    the layouts only, at most this many tokens of the earlier history (under the context-first layouts, of the
     context) that a turn newly keeps are added to the layout (the highest-scoring; what it keeps of its question always
-    runs; as many dropped slots stay, so the layout holds k, under ``stable-cf`` as far as the selection drops context
-    slots; a rebuilt turn lays out the whole selection), None for no cap (:meth:`gemfilter.stable.Layout.place`);
-    fresh_by: how the cap picks, ``runs`` (whole runs of consecutive tokens, a span method's sentences) or ``tokens``
-    (single tokens); fresh_holes: which masked slots the rebuild rule reads on a capped turn, ``capped`` (the capped
-    turn's) or ``selection`` (those the whole selection would leave, as without the cap).
+    runs; as many dropped slots stay, so the layout holds k, under the context-first layouts as far as the selection
+    drops context slots; a rebuilt turn lays out the whole selection), None for no cap
+    (:meth:`gemfilter.stable.Layout.place`; under ``stable-late-runs`` a run counts with the held tokens it writes
+    again, :meth:`gemfilter.stable.Layout.place_gap`); fresh_by: how the cap picks, ``runs`` (whole runs of
+    consecutive tokens, a span method's sentences; the only choice under ``stable-late-runs``, which writes whole runs)
+    or ``tokens`` (single tokens); fresh_holes: which masked slots the rebuild rule reads on a capped turn,
+    ``capped`` (the capped turn's) or ``selection`` (those the whole selection would leave, as without the cap).
 
     Example::
 
@@ -221,6 +224,11 @@ class Conversation:
             raise ValueError(f"unknown fresh_by {fresh_by!r}; allowed: {', '.join(FRESH_BY)}")
         if fresh_holes not in FRESH_HOLES:
             raise ValueError(f"unknown fresh_holes {fresh_holes!r}; allowed: {', '.join(FRESH_HOLES)}")
+        if max_fresh is not None and protocol == "stable-late-runs" and fresh_by != "runs":
+            raise ValueError(
+                "stable-late-runs writes a newly kept token's run whole, so its cap takes whole runs: "
+                f"fresh_by='runs', got {fresh_by!r}"
+            )
         self.max_fresh, self.fresh_by, self.fresh_holes = max_fresh, fresh_by, fresh_holes
         self._boundary = context_tokens  # the context-first layouts: history indices below it are the context
         self._layout = None  # stable: the generation cache's slots
@@ -398,8 +406,9 @@ class Conversation:
         # stable-gap, -front, -late: the conversation's slots stay; an answer that left the history has its slots cut
         cut, front = self.keep != "answers", self.protocol == "stable-front"
         late, whole = self.protocol in ("stable-late", "stable-late-runs"), self.protocol == "stable-late-runs"
+        limit = self._cap(scores, self._boundary)  # the cap reads the context's tokens alone
         return layout.place_gap(
-            history, want, self._boundary, self.max_holes, cut_answer=cut, front=front, late=late, whole=whole
+            history, want, self._boundary, self.max_holes, cut, front=front, late=late, whole=whole, limit=limit
         )
 
     def _cap(self, scores, asked_from: int) -> Cap | None:

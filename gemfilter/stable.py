@@ -287,6 +287,7 @@ class Layout:
         front: bool = False,
         late: bool = False,
         whole: bool = False,
+        limit: Cap | None = None,
     ) -> tuple:
         """``stable-gap``: the context's kept tokens as :meth:`place_context_first` lays them, but the conversation's
         slots stay too. A rebuilt layout puts the context at positions 0..c-1 and the conversation from c + gap on
@@ -312,20 +313,18 @@ class Layout:
         whole: ``stable-late-runs``: a newly kept context token brings along the held tokens of its run (the kept
         context tokens consecutive in the history with it): their slots are masked and the whole run is written
         again, in history order at the free positions, so that a kept sentence or number never sits split between
-        its old positions and new ones."""
+        its old positions and new ones.
+
+        limit: a :class:`Cap` on the context a follow-up newly keeps (:meth:`_fresh_context`; ``limit.asked_from`` at
+        ``boundary``), or None."""
         # the cache is cut once below: a sliding-window layer past its window keeps no more than one cut can undo
         cut = len(self.ids) - self.answer_from if cut_answer and self.answer_from < len(self.ids) else 0
         self._keep_first(len(self.ids) - cut)
         held = {h: s for s, h in enumerate(self.ids) if self.valid[s]}
-        wanted = set(want)
-        fresh = [h for h in want if h < boundary and h not in held]
         talk = [h for h in want if h >= boundary and h not in held]
-        drop = [s for h, s in held.items() if h not in wanted]
-        if whole and fresh:
-            fresh, moved = whole_runs([h for h in want if h < boundary], set(fresh))
-            drop += [held[h] for h in moved]
+        fresh, drop, (judged_fresh, judged_drop) = self._fresh_context(want, boundary, held, whole, limit)
         context = [s for s, h in enumerate(self.ids) if h < boundary]
-        holes = sum(not self.valid[s] for s in context) + sum(self.ids[s] < boundary for s in drop)
+        holes = sum(not self.valid[s] for s in context) + sum(self.ids[s] < boundary for s in judged_drop)
         said = [h for h in held if h >= boundary]
         opening = self.closed and bool(fresh)  # stable-late: the free positions open on this turn
         if front:
@@ -336,7 +335,7 @@ class Layout:
             not self.ids
             or not talk
             or (not max_holes and (fresh or drop))
-            or holes > max_holes * (len(context) + len(fresh))
+            or holes > max_holes * (len(context) + len(judged_fresh))
             or len(fresh) > free
             or (said and talk[0] < max(said))
         ):
@@ -354,6 +353,38 @@ class Layout:
         logits = self.write(history[:, fresh + talk], fresh + talk, positions, blind=(len(fresh), spoken))
         self.answer_from = len(self.ids)
         return logits, False, len(fresh) + len(talk)
+
+    def _fresh_context(self, want: list, boundary: int, held: dict, whole: bool, limit: Cap | None) -> tuple:
+        """:meth:`place_gap`'s newly kept context: (the context tokens the follow-up writes, in history order; the
+        held slots it masks; (those two as the rebuild rule reads them)). held: history index -> slot, the valid
+        ones.
+
+        Under ``whole`` a newly kept token's run comes whole (:func:`whole_runs`): its held tokens are written again
+        and their slots masked. Under ``limit`` at most ``limit.size`` tokens are written, as :func:`capped` picks
+        them (under ``whole``, whole runs, each counted with its held tokens); a run the cap leaves out stays where it
+        is, and for each newly kept token it leaves out one context slot the selection drops stays valid, the
+        highest-scoring (ties to the earlier token), as far as there are any. The rebuild rule reads the capped turn,
+        or under ``limit.holes == "selection"`` the whole selection."""
+        wanted = set(want)
+        kept = [h for h in want if h < boundary]
+        fresh = [h for h in kept if h not in held]
+        dropped = [s for h, s in held.items() if h not in wanted]
+        if whole and fresh:
+            fresh, moved = whole_runs(kept, set(fresh))
+        else:
+            moved = []
+        drop = dropped + [held[h] for h in moved]
+        if limit is None or not fresh:
+            return fresh, drop, (fresh, drop)
+        write = capped(fresh, limit)
+        taken = set(write)
+        left_out = sum(h not in held and h not in taken for h in fresh)
+        spare = sorted(
+            (s for s in dropped if self.ids[s] < boundary), key=lambda s: (-limit.scores[self.ids[s]], self.ids[s])
+        )
+        stay = set(spare[:left_out])
+        mask = [s for s in dropped if s not in stay] + [held[h] for h in write if h in held]
+        return write, mask, ((fresh, drop) if limit.holes == "selection" else (write, mask))
 
     def _open_gap(self, history: torch.Tensor, run: list, fresh: int, c: int, cut: int) -> tuple:
         """``stable-late``'s first follow-up with new context: a rebuilt layout's c context slots come first, so the

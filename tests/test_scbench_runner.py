@@ -120,8 +120,11 @@ def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
         ({"methods": ("gemfilter:k=0",)}, "gemfilter: topk=0 must be >= 1"),
         ({"turns": 0}, "--turns must be a whole number >= 1"),
         ({"max_holes": 1.5}, "--max-holes must be a share in \\[0, 1\\]"),
-        ({"max_fresh": 8}, "--max-fresh caps the follow-ups of protocols stable and stable-cf: add one to"),
-        ({"max_fresh": 8, "protocols": ("stable-gap",)}, "--max-fresh caps the follow-ups of protocols stable and"),
+        ({"max_fresh": 8}, "--max-fresh caps the follow-ups of protocols stable, stable-cf, .* and stable-late-runs:"),
+        (
+            {"max_fresh": 8, "protocols": ("stable-gap", "stable-late-runs"), "fresh_by": "tokens"},
+            "--fresh-by tokens: stable-late-runs writes a newly kept token's run whole",
+        ),
         ({"max_fresh": 0, "protocols": ("stable",)}, "--max-fresh is a whole number >= 1"),
         ({"max_fresh": 8, "protocols": ("stable",), "fresh_by": "words"}, "--fresh-by: words; allowed: runs, tokens"),
         ({"max_fresh": 8, "protocols": ("stable",), "fresh_holes": "all"}, "--fresh-holes: all; allowed: capped, sel"),
@@ -506,9 +509,9 @@ def test_stable_gap_rows_run_only_what_the_history_gained_when_nothing_changes(t
     assert [t["recomputed"] for t in gap[1:]] == grown
 
 
-def test_max_fresh_reaches_stable_and_stable_cf_alone_and_names_the_folder(tiny, tmp_path, monkeypatch):
-    """--max-fresh: every stable and stable-cf conversation gets it, no other protocol's does (stable-gap's
-    neither); a folder records it, --fresh-by and
+def test_max_fresh_reaches_the_layouts_alone_and_names_the_folder(tiny, tmp_path, monkeypatch):
+    """--max-fresh: every stable, stable-cf and stable-gap conversation gets it, no other protocol's does; a folder
+    records it, --fresh-by and
     --fresh-holes, a folder written before --max-fresh means no cap and one before --fresh-by single tokens and
     capped holes, and a resume with another value is refused."""
     import json
@@ -524,7 +527,7 @@ def test_max_fresh_reaches_stable_and_stable_cf_alone_and_names_the_folder(tiny,
     }
     out = tmp_path / "out"
     merged = run(RunConfig(**setup, max_fresh=4), out, model_and_tokenizer=tiny, progress=False)
-    expect = {("stable", 4), ("stable-cf", 4), ("stable-gap", "absent"), ("reselect", "absent"), ("full", "absent")}
+    expect = {("stable", 4), ("stable-cf", 4), ("stable-gap", 4), ("reselect", "absent"), ("full", "absent")}
     assert set(seen) == expect  # full: the warm-up
     turns = merged["multi-turn/2048/gemfilter:k=48,layer=2@stable/scbench_mf.jsonl"][0]["turns"]
     assert all(t["recomputed"] <= 4 + t["history_tokens"] - u["history_tokens"] for u, t in zip(turns, turns[1:]))

@@ -5,6 +5,8 @@ References: with max_holes=0 every turn that masks a slot is rebuilt and must eq
 otherwise the answer must be what one forward over every slot computes under :meth:`Layout.attention_mask` (what
 each slot saw when it was written), an independent computation of the layout the incremental cache holds."""
 
+import itertools
+
 import pytest
 import torch
 from tiny_models import BUILDERS, FILTER_LAYER, DotTokenizer
@@ -220,14 +222,17 @@ def test_a_capped_turn_is_rebuilt_by_the_holes_its_rule_reads(max_holes):
     assert seen["capped"] != seen["selection"]
 
 
-@pytest.mark.parametrize("protocol", ["stable", "stable-cf"])
+@pytest.mark.parametrize(
+    "protocol", ["stable", "stable-cf", "stable-gap", "stable-front", "stable-late", "stable-late-runs"]
+)
 @pytest.mark.parametrize("keep", ["answers", "questions"])
 def test_a_cap_no_turn_reaches_is_the_uncapped_layout(keep, protocol):
     """max_fresh at the budget k: no follow-up newly keeps more, so every turn is the protocol's without a cap."""
     model = BUILDERS["llama"]()
     method = get_method("gemfilter-span", layer=FILTER_LAYER["llama"], topk=24)
-    plain = converse(model, method, protocol, keep, max_holes=1.0)
-    capped = converse(model, method, protocol, keep, max_holes=1.0, max_fresh=24)
+    where = {} if protocol == "stable" else {"context_tokens": 30}
+    plain = converse(model, method, protocol, keep, max_holes=1.0, **where)
+    capped = converse(model, method, protocol, keep, max_holes=1.0, max_fresh=24, **where)
     for a, b in zip(plain.turns, capped.turns):
         assert torch.equal(a.new_tokens, b.new_tokens) and (a.kept, a.recomputed) == (b.kept, b.recomputed)
 
@@ -273,9 +278,13 @@ def test_stable_refuses_what_it_cannot_do():
     for bad in (0, True, 1.5, "8"):
         with pytest.raises(ValueError, match="max_fresh is a whole number >= 1"):
             gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol="stable", max_fresh=bad)
-    for protocol in ("reselect", "stable-gap"):
+    for protocol in ("reselect", "reuse"):
         with pytest.raises(ValueError, match=f"protocol '{protocol}' has no such cap"):
             gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol=protocol, max_fresh=8)
+    with pytest.raises(ValueError, match="stable-late-runs writes a newly kept token's run whole, so its cap takes"):
+        gemfilter.Conversation(
+            model, get_method("gemfilter", layer=2), protocol="stable-late-runs", max_fresh=8, fresh_by="tokens"
+        )
     with gemfilter.Conversation(model, get_method("gemfilter", layer=2, topk=12), protocol="stable") as chat:
         with pytest.raises(ValueError, match="decodes greedily"):
             chat.ask(question(0, 30), max_new_tokens=3, do_sample=True)
@@ -521,6 +530,33 @@ def test_a_croppable_cache_cut_back_is_the_cache_of_the_shorter_prefix(family):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_croppable_cache_cut_twice_is_the_cache_of_the_shorter_prefix(family):
+    """Two cuts with a write between them, the second deeper than the write and past a sliding window (stable-late
+    cuts an answer, writes a question, then cuts the whole conversation to open its free positions): the next
+    tokens' logits equal those on a cache that only ever held the shortest prefix. transformers' own crop keeps only
+    the window after a cut, so the second cut gave back fewer keys than the window holds (a shape error)."""
+    from gemfilter.compat import cache_kwargs, croppable_cache, drop_last
+
+    model = BUILDERS[family]()
+    window = getattr(model.config, "sliding_window", None) or 0
+    ids = question(7, max(60, 2 * window + 5))
+    more, then = question(9, 2), question(8, 4)
+    n = ids.shape[1] - 3 - 9
+    with torch.no_grad():
+        cut = croppable_cache(model.config)
+        model(input_ids=ids, use_cache=True, **cache_kwargs(cut))
+        drop_last(cut, 3)
+        model(input_ids=more, use_cache=True, **cache_kwargs(cut))
+        drop_last(cut, more.shape[1] + 9)
+        got = model(input_ids=then, use_cache=True, **cache_kwargs(cut)).logits
+        short = croppable_cache(model.config)
+        model(input_ids=ids[:, :n], use_cache=True, **cache_kwargs(short))
+        want = model(input_ids=then, use_cache=True, **cache_kwargs(short)).logits
+    assert cut.get_seq_length() == n + then.shape[1]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 # ---------------------------------------------- stable-gap, stable-front: the conversation's slots stay
 GAPS = ["stable-gap", "stable-front", "stable-late", "stable-late-runs"]
 
@@ -536,6 +572,25 @@ def layout_mask(model, layout):
     i = torch.arange(mask.shape[-1])
     far = (i[:, None] - i[None, :]) >= window
     return {"full_attention": mask, "sliding_attention": mask.masked_fill(far, torch.finfo(mask.dtype).min)}
+
+
+def assert_one_forward(model, layout, history, turn, t):
+    """Every answer token of ``turn`` (asked on ``history`` (1, L)) is the argmax that one forward over the gap
+    layout's slots gives under Layout.attention_mask() (:func:`layout_mask`) at the layout's positions; the answer's
+    slots follow the turn's last written slot."""
+    answer = turn.new_tokens.tolist()
+    tokens = torch.tensor(
+        [[int(history[0, h]) if h < history.shape[1] else answer[h - history.shape[1]] for h in layout.ids]]
+    )
+    with torch.no_grad():
+        logits = (
+            model(input_ids=tokens, position_ids=torch.tensor([layout.pos]), attention_mask=layout_mask(model, layout))
+            .logits[0]
+            .float()
+        )
+    logits[:, model.generation_config.eos_token_id] = float("-inf")  # min_new_tokens = max_new_tokens
+    for i, token in enumerate(answer):
+        assert int(logits[layout.answer_from - 1 + i].argmax()) == token, (t, i)
 
 
 @pytest.mark.parametrize("protocol", GAPS)
@@ -614,23 +669,7 @@ def test_stable_gap_answers_are_one_forward_over_the_layout_under_its_mask(famil
                 assert sorted(h for h, v in zip(layout.ids, layout.valid) if v and h < history.shape[1]) == sorted(
                     turn.selection.indices[0].tolist()
                 )
-                answer = turn.new_tokens.tolist()
-                tokens = torch.tensor(
-                    [[int(history[0, h]) if h < history.shape[1] else answer[h - history.shape[1]] for h in layout.ids]]
-                )
-                with torch.no_grad():
-                    logits = (
-                        model(
-                            input_ids=tokens,
-                            position_ids=torch.tensor([layout.pos]),
-                            attention_mask=layout_mask(model, layout),
-                        )
-                        .logits[0]
-                        .float()
-                    )
-                logits[:, model.generation_config.eos_token_id] = float("-inf")  # min_new_tokens = max_new_tokens
-                for i, token in enumerate(answer):  # the answer's slots follow the turn's last written slot
-                    assert int(logits[layout.answer_from - 1 + i].argmax()) == token, (t, i)
+                assert_one_forward(model, layout, history, turn, t)
     if protocol.startswith("stable-late"):
         assert opened, "no follow-up opened the free positions: the test would not see them"
     else:
@@ -744,3 +783,58 @@ def test_stable_late_runs_never_splits_a_kept_run(family, keep):
                 split[protocol] += split_runs(chat._layout, 30)
     assert split["stable-late-runs"] == 0
     assert split["stable-late"] > 0, "stable-late split no run here: the test would not see a split"
+
+
+def whole(kept: list, fresh: list) -> list:
+    """Every index of the runs of ``kept`` (sorted; a run: consecutive indices) that hold a ``fresh`` one, sorted."""
+    return sorted(h for h in kept if any(all(x in kept for x in range(min(h, f), max(h, f) + 1)) for f in fresh))
+
+
+@pytest.mark.parametrize("protocol", GAPS)
+@pytest.mark.parametrize("keep", ["answers", "questions"])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_capped_gap_follow_up_writes_what_the_cap_takes(family, keep, protocol):
+    """max_fresh under the gap layouts (runs, max_holes=1): replayed from the selection and the context slots valid
+    before it, a follow-up that is not rebuilt writes what the cap takes (``picked``) of the context tokens it newly
+    keeps (under stable-late-runs each one's whole run of kept context, its held tokens counted), and its new
+    conversation tokens; of the context slots the selection drops, as many stay valid as the cap left out newly kept
+    tokens, the highest-scoring; the answer is still one forward over the layout under its mask. gemfilter at k=16
+    (and k=20 on Gemma 3), caps 1, 6 and 12: the cap binds, and some follow-up writes a run of more than one token."""
+    model = BUILDERS[family]()
+    if family == "gemma3":
+        model = gemfilter.set_attention(model, "banded")
+    boundary, bound, longer = 30, 0, 0
+    for topk, cap in itertools.product((16,) if family == "llama" else (16, 20), (1, 6, 12)):
+        method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=topk)
+        kw = dict(protocol=protocol, keep=keep, max_holes=1.0, max_fresh=cap, fresh_by="runs", context_tokens=boundary)
+        with gemfilter.Conversation(model, method, DotTokenizer(), **kw) as chat:
+            valid, said, closed = set(), set(), False
+            for t, turn, history in asked(chat):
+                want, scores, earlier, _ = replayed(turn, valid, boundary, cap, "runs")
+                context = [h for h in want if h < boundary]
+                if turn.rebuilt:
+                    expect = set(context)
+                else:
+                    runs = whole(context, earlier) if protocol == "stable-late-runs" else earlier
+                    top = picked(runs, cap, "runs", scores)
+                    assert len(top) <= cap, t
+                    left_out = len(set(earlier) - set(top))
+                    bound += left_out > 0
+                    longer += any(h + 1 in top for h in top)
+                    dropped = sorted(valid - set(want), key=lambda h: (-scores[h], h))
+                    expect = (valid & set(want)) | set(top) | set(dropped[:left_out])
+                    if closed and top:  # stable-late opens its free positions: every kept conversation token runs
+                        talk = [h for h in want if h >= boundary]
+                    else:
+                        talk = [h for h in want if h >= boundary and h not in said]
+                    assert turn.recomputed == len(top) + len(talk), t
+                layout = chat._layout
+                valid = {h for h, v in zip(layout.ids, layout.valid) if v and h < boundary}
+                assert valid == expect, t
+                # the conversation's held slots; under keep="questions" the answer's are cut on the next turn
+                said = {h for h, v in zip(layout.ids, layout.valid) if v and boundary <= h}
+                said = said if keep == "answers" else {h for h in said if h < history.shape[1]}
+                closed = layout.closed
+                assert_one_forward(model, layout, history, turn, t)
+    assert bound, "the cap never bound on a follow-up: the test would not see it"
+    assert longer, "no follow-up wrote a run of two tokens or more: the test would not see runs"

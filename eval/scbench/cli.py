@@ -82,11 +82,12 @@ def add_protocol_options(r) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="stable and stable-cf only (the run's other protocols are not capped): a follow-up that is not "
-        "rebuilt adds at most N of the earlier tokens it newly keeps (under stable-cf, of the context's), the "
-        "highest-scoring (what it keeps of its question always runs, and under stable-cf the whole kept "
-        "conversation; as many of the slots it drops stay, up to k), so its write stays short: an approximation, "
-        "measured in docs/scbench.md (default: no cap); a folder records it",
+        help="the layouts (stable*) only; the run's other protocols are not capped: a follow-up that is not "
+        "rebuilt adds at most N of the earlier tokens it newly keeps (under the context-first layouts, of the "
+        "context's), the highest-scoring (what it keeps of its question always runs, and under stable-cf the whole "
+        "kept conversation; as many of the slots it drops stay, up to k; under stable-late-runs a run counts with "
+        "the held tokens it writes again), so its write stays short: an approximation, measured in docs/scbench.md "
+        "(default: no cap); a folder records it",
     )
     r.add_argument(
         "--fresh-by",
