@@ -157,9 +157,8 @@ class Conversation:
     drops context slots; a rebuilt turn lays out the whole selection), None for no cap
     (:meth:`gemfilter.stable.Layout.place`; under ``stable-late-runs`` a run counts with the held tokens it writes
     again, :meth:`gemfilter.stable.Layout.place_gap`); fresh_by: how the cap picks, ``runs`` (whole runs of
-    consecutive tokens, a span method's sentences), ``runs-top`` (the same, but the highest-scoring run joins
-    whatever its length) or ``tokens`` (single tokens; refused under ``stable-late-runs``, which writes whole runs);
-    fresh_holes: which masked slots the rebuild rule reads on a capped turn,
+    consecutive tokens, a span method's sentences; the only choice under ``stable-late-runs``, which writes whole runs)
+    or ``tokens`` (single tokens); fresh_holes: which masked slots the rebuild rule reads on a capped turn,
     ``capped`` (the capped turn's) or ``selection`` (those the whole selection would leave, as without the cap).
 
     Example::
@@ -225,10 +224,10 @@ class Conversation:
             raise ValueError(f"unknown fresh_by {fresh_by!r}; allowed: {', '.join(FRESH_BY)}")
         if fresh_holes not in FRESH_HOLES:
             raise ValueError(f"unknown fresh_holes {fresh_holes!r}; allowed: {', '.join(FRESH_HOLES)}")
-        if max_fresh is not None and protocol == "stable-late-runs" and fresh_by == "tokens":
+        if max_fresh is not None and protocol == "stable-late-runs" and fresh_by != "runs":
             raise ValueError(
                 "stable-late-runs writes a newly kept token's run whole, so its cap takes whole runs: "
-                f"fresh_by='runs' or 'runs-top', got {fresh_by!r}"
+                f"fresh_by='runs', got {fresh_by!r}"
             )
         self.max_fresh, self.fresh_by, self.fresh_holes = max_fresh, fresh_by, fresh_holes
         self._boundary = context_tokens  # the context-first layouts: history indices below it are the context

@@ -84,9 +84,8 @@ from .banded import BandedMask
 from .compat import cache_kwargs, croppable_cache, drop_last, dynamic_cache
 
 #: How :func:`capped` picks the earlier tokens a capped follow-up adds: ``runs`` (whole runs of consecutive newly
-#: kept tokens, a span method's sentences), ``tokens`` (single tokens), or ``runs-top`` (``runs``, but the
-#: highest-scoring run joins whatever its length).
-FRESH_BY = ("runs", "tokens", "runs-top")
+#: kept tokens, a span method's sentences) or ``tokens`` (single tokens).
+FRESH_BY = ("runs", "tokens")
 #: Which holes the rebuild rule reads on a capped follow-up (:class:`Cap`).
 FRESH_HOLES = ("capped", "selection")
 
@@ -126,10 +125,7 @@ def capped(new: list, cap: Cap) -> list:
     ``cap.by``: ``tokens``: the highest ``scores``, ties to the earlier index. ``runs``: the earlier indices split
     into runs of consecutive ones (a sentence a span method newly keeps is one), taken whole from the run with the
     highest score down (ties to the earlier run), each that still fits in what is left of the size; a run longer
-    than it never joins. ``runs-top``: ``runs``, except that the highest-scoring run always joins, even past the size
-    (then no other does): the sentence a turn's question points at can be longer than the size (under
-    ``stable-late-runs`` a run counts with its held tokens). Single tokens cut a kept sentence into pieces the model
-    cannot read (docs/scbench.md)."""
+    than it never joins. Single tokens cut a kept sentence into pieces the model cannot read (docs/scbench.md)."""
     scores, asked_from = cap.scores, cap.asked_from
     earlier = [h for h in new if h < asked_from]
     if len(earlier) <= cap.size:
@@ -138,9 +134,8 @@ def capped(new: list, cap: Cap) -> list:
         top = sorted(earlier, key=lambda h: (-scores[h], h))[: cap.size]
     else:
         top, room = [], cap.size
-        ranked = sorted(runs_of(earlier), key=lambda r: (-max(scores[h] for h in r), r[0]))
-        for i, run in enumerate(ranked):
-            if len(run) <= room or (i == 0 and cap.by == "runs-top"):
+        for run in sorted(runs_of(earlier), key=lambda r: (-max(scores[h] for h in r), r[0])):
+            if len(run) <= room:
                 top += run
                 room -= len(run)
     chosen = set(top)

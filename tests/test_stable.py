@@ -121,9 +121,8 @@ def picked(earlier: list, cap: int, by: str, scores: list) -> list:
         return sorted(earlier, key=lambda h: (-scores[h], h))[:cap]
     starts = [h for h in earlier if h - 1 not in earlier]
     runs = [[h for h in earlier if h >= a and all(x in earlier for x in range(a, h + 1))] for a in starts]
-    ranked = sorted(runs, key=lambda r: (-max(scores[h] for h in r), r[0]))
-    out = list(ranked[0]) if by == "runs-top" else []  # runs-top: the best run joins whatever its length
-    for run in ranked[1:] if by == "runs-top" else ranked:
+    out = []
+    for run in sorted(runs, key=lambda r: (-max(scores[h] for h in r), r[0])):
         if len(out) + len(run) <= cap:
             out += run
     return sorted(out)
@@ -791,37 +790,34 @@ def whole(kept: list, fresh: list) -> list:
     return sorted(h for h in kept if any(all(x in kept for x in range(min(h, f), max(h, f) + 1)) for f in fresh))
 
 
-@pytest.mark.parametrize("by", ["runs", "runs-top"])
 @pytest.mark.parametrize("protocol", GAPS)
 @pytest.mark.parametrize("keep", ["answers", "questions"])
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_a_capped_gap_follow_up_writes_what_the_cap_takes(family, keep, protocol, by):
-    """max_fresh under the gap layouts (runs and runs-top, max_holes=1): replayed from the selection and the context
-    slots valid before it, a follow-up that is not rebuilt writes what the cap takes (``picked``) of the context
-    tokens it newly keeps (under stable-late-runs each one's whole run of kept context, its held tokens counted), and
-    its new conversation tokens; of the context slots the selection drops, as many stay valid as the cap left out
-    newly kept tokens, the highest-scoring; the answer is still one forward over the layout under its mask. gemfilter
-    at k=16 (and k=20 on Gemma 3), caps 1, 6 and 12: the cap binds, some follow-up writes a run of more than one
-    token, and under runs-top one writes past the cap (its best run longer than the cap)."""
+def test_a_capped_gap_follow_up_writes_what_the_cap_takes(family, keep, protocol):
+    """max_fresh under the gap layouts (runs, max_holes=1): replayed from the selection and the context slots valid
+    before it, a follow-up that is not rebuilt writes what the cap takes (``picked``) of the context tokens it newly
+    keeps (under stable-late-runs each one's whole run of kept context, its held tokens counted), and its new
+    conversation tokens; of the context slots the selection drops, as many stay valid as the cap left out newly kept
+    tokens, the highest-scoring; the answer is still one forward over the layout under its mask. gemfilter at k=16
+    (and k=20 on Gemma 3), caps 1, 6 and 12: the cap binds, and some follow-up writes a run of more than one token."""
     model = BUILDERS[family]()
     if family == "gemma3":
         model = gemfilter.set_attention(model, "banded")
-    boundary, bound, longer, past = 30, 0, 0, 0
+    boundary, bound, longer = 30, 0, 0
     for topk, cap in itertools.product((16,) if family == "llama" else (16, 20), (1, 6, 12)):
         method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=topk)
-        kw = dict(protocol=protocol, keep=keep, max_holes=1.0, max_fresh=cap, fresh_by=by, context_tokens=boundary)
+        kw = dict(protocol=protocol, keep=keep, max_holes=1.0, max_fresh=cap, fresh_by="runs", context_tokens=boundary)
         with gemfilter.Conversation(model, method, DotTokenizer(), **kw) as chat:
             valid, said, closed = set(), set(), False
             for t, turn, history in asked(chat):
-                want, scores, earlier, _ = replayed(turn, valid, boundary, cap, by)
+                want, scores, earlier, _ = replayed(turn, valid, boundary, cap, "runs")
                 context = [h for h in want if h < boundary]
                 if turn.rebuilt:
                     expect = set(context)
                 else:
                     runs = whole(context, earlier) if protocol == "stable-late-runs" else earlier
-                    top = picked(runs, cap, by, scores)
-                    assert len(top) <= cap or by == "runs-top", t
-                    past += len(top) > cap
+                    top = picked(runs, cap, "runs", scores)
+                    assert len(top) <= cap, t
                     left_out = len(set(earlier) - set(top))
                     bound += left_out > 0
                     longer += any(h + 1 in top for h in top)
@@ -840,7 +836,5 @@ def test_a_capped_gap_follow_up_writes_what_the_cap_takes(family, keep, protocol
                 said = said if keep == "answers" else {h for h in said if h < history.shape[1]}
                 closed = layout.closed
                 assert_one_forward(model, layout, history, turn, t)
-    # runs-top's best run joins whatever its length, so the cap may leave nothing out on a short conversation
-    assert bound or (by == "runs-top" and past), "the cap never bound on a follow-up: the test would not see it"
+    assert bound, "the cap never bound on a follow-up: the test would not see it"
     assert longer, "no follow-up wrote a run of two tokens or more: the test would not see runs"
-    assert past or by == "runs", "no best run was longer than the cap: the test would not see runs-top"

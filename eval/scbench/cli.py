@@ -94,8 +94,8 @@ def add_protocol_options(r) -> None:
         choices=FRESH_BY,
         default="runs",
         help="with --max-fresh: what the cap takes whole, from the highest-scoring down: runs of consecutive newly "
-        "kept tokens (a span method's sentences), single tokens (measured to cut sentences apart), or runs-top: "
-        "runs, but the highest-scoring run joins even when longer than N (default runs); a folder records it",
+        "kept tokens (a span method's sentences) or single tokens (measured to cut sentences apart) (default runs); "
+        "a folder records it",
     )
     r.add_argument(
         "--fresh-holes",

@@ -84,7 +84,7 @@ class RunConfig(BaseRunConfig):
     per sample; timeout: seconds to wait for the engine (a connection, a chunk); max_holes: the layouts'
     (``stable*``) rebuild share (:class:`gemfilter.Conversation`), part of the identity of a folder that runs one;
     max_fresh: the layouts' cap on the earlier tokens a follow-up newly keeps (None: no cap), part of the identity of
-    a folder that runs one; fresh_by: how that cap picks (``runs``, ``tokens`` or ``runs-top``) and
+    a folder that runs one; fresh_by: how that cap picks (``runs`` or ``tokens``) and
     fresh_holes which holes its rebuild rule reads (``capped`` or ``selection``), part of the identity of a folder
     that caps.
     warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
@@ -181,10 +181,10 @@ def validate(config: RunConfig) -> None:
             f"--max-fresh caps the follow-ups of protocols {', '.join(CAPPED[:-1])} and {CAPPED[-1]}: add one to "
             "--protocols, or leave it out"
         )
-    if config.max_fresh is not None and "stable-late-runs" in config.protocols and config.fresh_by == "tokens":
+    if config.max_fresh is not None and "stable-late-runs" in config.protocols and config.fresh_by != "runs":
         raise ValueError(
             f"--fresh-by {config.fresh_by}: stable-late-runs writes a newly kept token's run whole, so its cap takes "
-            "whole runs (--fresh-by runs or runs-top); run it in a folder of its own"
+            "whole runs (--fresh-by runs); run it in a folder of its own"
         )
     check_max_fresh(config.max_fresh, "stable", "--max-fresh")
     if config.fresh_by not in FRESH_BY:
