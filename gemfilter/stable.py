@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -361,10 +361,12 @@ class Layout:
 
         Under ``whole`` a newly kept token's run comes whole (:func:`whole_runs`): its held tokens are written again
         and their slots masked. Under ``limit`` at most ``limit.size`` tokens are written, as :func:`capped` picks
-        them (under ``whole``, whole runs, each counted with its held tokens); a run the cap leaves out stays where it
-        is, and for each newly kept token it leaves out one context slot the selection drops stays valid, the
-        highest-scoring (ties to the earlier token), as far as there are any. The rebuild rule reads the capped turn,
-        or under ``limit.holes == "selection"`` the whole selection."""
+        them (under ``whole``, whole runs, each counted with its held tokens and ranked by its newly kept tokens'
+        best score: on GF.Facts the run of the last turn's fact, held and gaining a token, outranked the new fact's
+        run and spent the cap); a run the cap leaves out stays where it is, and for each newly kept token it leaves
+        out one context slot the selection drops stays valid, the highest-scoring (ties to the earlier token), as far
+        as there are any. The rebuild rule reads the capped turn, or under ``limit.holes == "selection"`` the whole
+        selection."""
         wanted = set(want)
         kept = [h for h in want if h < boundary]
         fresh = [h for h in kept if h not in held]
@@ -376,7 +378,11 @@ class Layout:
         drop = dropped + [held[h] for h in moved]
         if limit is None or not fresh:
             return fresh, drop, (fresh, drop)
-        write = capped(fresh, limit)
+        if whole:  # a run ranks by its newly kept tokens: a held run that gains a token is not what the turn asks
+            rank = [float("-inf") if h in held else score for h, score in enumerate(limit.scores)]
+            write = capped(fresh, replace(limit, scores=rank))
+        else:
+            write = capped(fresh, limit)
         taken = set(write)
         left_out = sum(h not in held and h not in taken for h in fresh)
         spare = sorted(

@@ -796,10 +796,11 @@ def whole(kept: list, fresh: list) -> list:
 def test_a_capped_gap_follow_up_writes_what_the_cap_takes(family, keep, protocol):
     """max_fresh under the gap layouts (runs, max_holes=1): replayed from the selection and the context slots valid
     before it, a follow-up that is not rebuilt writes what the cap takes (``picked``) of the context tokens it newly
-    keeps (under stable-late-runs each one's whole run of kept context, its held tokens counted), and its new
-    conversation tokens; of the context slots the selection drops, as many stay valid as the cap left out newly kept
-    tokens, the highest-scoring; the answer is still one forward over the layout under its mask. gemfilter at k=16
-    (and k=20 on Gemma 3), caps 1, 6 and 12: the cap binds, and some follow-up writes a run of more than one token."""
+    keeps (under stable-late-runs each one's whole run of kept context, its held tokens counted, ranked by its newly
+    kept tokens' best score), and its new conversation tokens; of the context slots the selection drops, as many
+    stay valid as the cap left out newly kept tokens, the highest-scoring; the answer is still one forward over the
+    layout under its mask. gemfilter at k=16 (and k=20 on Gemma 3), caps 1, 6 and 12: the cap binds, and some
+    follow-up writes a run of more than one token."""
     model = BUILDERS[family]()
     if family == "gemma3":
         model = gemfilter.set_attention(model, "banded")
@@ -815,8 +816,11 @@ def test_a_capped_gap_follow_up_writes_what_the_cap_takes(family, keep, protocol
                 if turn.rebuilt:
                     expect = set(context)
                 else:
-                    runs = whole(context, earlier) if protocol == "stable-late-runs" else earlier
-                    top = picked(runs, cap, "runs", scores)
+                    if protocol == "stable-late-runs":  # whole runs, ranked by their newly kept tokens
+                        rank = [float("-inf") if h in valid else x for h, x in enumerate(scores)]
+                        top = picked(whole(context, earlier), cap, "runs", rank)
+                    else:
+                        top = picked(earlier, cap, "runs", scores)
                     assert len(top) <= cap, t
                     left_out = len(set(earlier) - set(top))
                     bound += left_out > 0
@@ -838,3 +842,31 @@ def test_a_capped_gap_follow_up_writes_what_the_cap_takes(family, keep, protocol
                 assert_one_forward(model, layout, history, turn, t)
     assert bound, "the cap never bound on a follow-up: the test would not see it"
     assert longer, "no follow-up wrote a run of two tokens or more: the test would not see runs"
+
+
+def test_a_capped_whole_run_ranks_by_its_newly_kept_tokens():
+    """stable-late-runs' cap, by hand: a held run (history 10-19, high scores) gains token 20 (low score), so it is
+    written again whole, 11 tokens; a new run 40-44 (middle scores) is newly kept. With a cap of 12, ranked by the
+    run's best score with held tokens counted the held run would take 11 and leave the new run out; ranked by the
+    newly kept tokens, the new run is written and the held run stays where it is. The selection drops held token 5;
+    the cap left out token 20, so 5's slot stays valid."""
+    from gemfilter.stable import Cap
+
+    layout = Layout.__new__(Layout)
+    layout.ids = [5, *range(10, 20), 60]  # slot 0: token 5; slots 1-10: the held run; slot 11: a question token
+    layout.valid, layout.pos = [True] * 12, list(range(12))
+    held = {h: s for s, h in enumerate(layout.ids)}
+    scores = [0.0] * 70
+    scores[5], scores[20] = 0.3, 0.1
+    for h in range(10, 20):
+        scores[h] = 0.9
+    for h in range(40, 45):
+        scores[h] = 0.5
+    want = [*range(10, 21), *range(40, 45), 60]
+    limit = Cap(12, "runs", scores, asked_from=50, holes="capped")  # the context: 0-49
+    write, mask, judged = layout._fresh_context(want, 50, held, whole=True, limit=limit)
+    assert write == list(range(40, 45))
+    assert mask == []  # token 5 stays for the left-out token 20; the held run is not written again
+    assert judged == (write, mask)
+    everything, moved, _ = layout._fresh_context(want, 50, held, whole=True, limit=None)
+    assert everything == [*range(10, 21), *range(40, 45)] and moved == [0, *range(1, 11)]
