@@ -346,9 +346,8 @@ def converse(
     method: a resolved method object (None for ``full``); protocol: ``full``, ``reuse``, ``reselect``, ``stable``,
     ``stable-cf``, ``stable-gap``, ``stable-front``, ``stable-late`` or ``stable-late-runs``; mode: a name in
     :data:`eval.scbench.prompts.MODES`; length: the window the first prompt is cut to fit; max_holes: the layouts'
-    rebuild share (``stable*``); max_fresh: the cap of ``stable`` and ``stable-cf`` on the earlier tokens a follow-up
-    newly keeps, fresh_by how it picks them and fresh_holes which holes its rebuild rule reads (the other protocols
-    ignore all three).
+    rebuild share (``stable*``); max_fresh: the layouts' cap on the earlier tokens a follow-up newly keeps, fresh_by
+    how it picks them and fresh_holes which holes its rebuild rule reads (the other protocols ignore all three).
     """
     import gemfilter
 
