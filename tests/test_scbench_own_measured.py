@@ -82,6 +82,12 @@ RUNS_5 = {
     "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-5",
     "gf_facts": REPO / "measured" / "scbench-own-runs-5",
 }
+#: stable-late-runs at layer 5, --max-holes 1, capped (--max-fresh 64 --fresh-by runs --fresh-holes selection),
+#: multi-turn, 4K, seeds 0-9, with full: GF.MultiKey, GF.Facts
+RUNS_CAPPED_5 = {
+    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-capped-5",
+    "gf_facts": REPO / "measured" / "scbench-own-runs-capped-5",
+}
 
 
 @pytest.mark.parametrize(
@@ -122,6 +128,8 @@ RUNS_5 = {
         (LATE_HOLES_5, "scbench-own-multikey-late-holes-5"),
         (RUNS_5["gf_multikey"], "scbench-own-multikey-runs-5"),
         (RUNS_5["gf_facts"], "scbench-own-runs-5"),
+        (RUNS_CAPPED_5["gf_multikey"], "scbench-own-multikey-runs-capped-5"),
+        (RUNS_CAPPED_5["gf_facts"], "scbench-own-runs-capped-5"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -207,6 +215,8 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (LATE_HOLES_5, 4096, 10),
         (RUNS_5["gf_multikey"], 4096, 20),
         (RUNS_5["gf_facts"], 4096, 10),
+        (RUNS_CAPPED_5["gf_multikey"], 4096, 10),
+        (RUNS_CAPPED_5["gf_facts"], 4096, 10),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -322,6 +332,8 @@ def test_multikey_misses_are_another_needle_s_number():
         (LATE_HOLES_5, 4096, "gf_multikey", MULTIKEY_SELECT),
         (RUNS_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY),
         (RUNS_5["gf_facts"], 4096, "gf_facts", FACTS_SELECT),
+        (RUNS_CAPPED_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY_SELECT),
+        (RUNS_CAPPED_5["gf_facts"], 4096, "gf_facts", FACTS_SELECT),
     ],
 )
 def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
@@ -1398,3 +1410,59 @@ def test_stable_late_without_hole_rebuilds_and_stable_late_runs_give_what_the_do
     assert laid_out_and_rebuilt(facts, facts_full) == (22, 188, 2.67, 18, 256, 3.13)
     assert [(i, t) for i in seen for t in range(5) if facts[i][t]["score"] != facts_reselect[i][t]["score"]] == [(0, 3)]
     assert facts[0][3]["prediction"].startswith(" 7007071.") and not facts[0][3]["ground_truth"].isdigit()
+
+
+def test_stable_late_runs_with_a_cap_gives_what_the_docs_say():
+    """stable-late-runs at layer 5, --max-holes 1, capped at 64 (runs, selection holes), multi-turn, 4K, seeds 0-9:
+    each folder records the setting; docs/scbench.md's summary per task, the laid-out and rebuilt follow-ups apart;
+    where it scores otherwise than reselect (layer 5's, the select folders) and than uncapped stable-late-runs, and
+    what the wrong answers give."""
+    import json
+
+    label = "gemfilter-span-qmax:k=256,layer=5@"
+    reference = {"gf_multikey": MULTIKEY_SELECT, "gf_facts": FACTS_SELECT}
+    got, parts, against_reselect, against_uncapped, wrong = {}, {}, {}, {}, {}
+    for task, folder in RUNS_CAPPED_5.items():
+        stored = json.loads((folder / "config.json").read_text())
+        assert (stored["max_holes"], stored["max_fresh"], stored["fresh_by"], stored["fresh_holes"]) == (
+            1.0,
+            64,
+            "runs",
+            "selection",
+        )
+        here = collect(folder)
+        full = turns_by_seed(here, "full", task)
+        y = turns_by_seed(here, label + "stable-late-runs", task)
+        reselect = turns_by_seed(collect(reference[task]), label + "reselect", task)
+        uncapped = turns_by_seed(collect(RUNS_5[task]), label + "stable-late-runs", task)
+        got[task] = follow_ups(y, full)
+        parts[task] = laid_out_and_rebuilt(y, full)
+        seeds = [(i, t) for i in range(10) for t in range(5)]
+        against_reselect[task] = [
+            (i, t, y[i][t]["score"]) for i, t in seeds if y[i][t]["score"] != reselect[i][t]["score"]
+        ]
+        against_uncapped[task] = [
+            (i, t, y[i][t]["score"]) for i, t in seeds if y[i][t]["score"] != uncapped[i][t]["score"]
+        ]
+        wrong[task] = {
+            (i, t): y[i][t]["prediction"].split("\n")[0].strip()[:20].strip() for i, t in seeds if not y[i][t]["score"]
+        }
+    assert got == {
+        "gf_multikey": (1.77, 31, 95, 1, [100, 100, 100, 80, 100]),
+        "gf_facts": (1.94, 25, 119, 6, [100, 80, 80, 80, 90]),
+    }
+    assert parts == {"gf_multikey": (39, 91, 1.75, 1, 256, 2.62), "gf_facts": (34, 95, 1.83, 6, 256, 2.57)}
+    assert against_reselect == {
+        "gf_multikey": [(4, 1, 1.0), (5, 1, 1.0), (5, 3, 0.0), (8, 3, 0.0)],
+        "gf_facts": [(3, 1, 0.0), (4, 1, 0.0), (4, 2, 0.0), (4, 3, 0.0), (9, 3, 0.0)],
+    }
+    assert against_uncapped["gf_multikey"] == [(5, 3, 0.0), (8, 3, 0.0)]
+    assert wrong["gf_multikey"] == {(5, 3): "73800000000000000000", (8, 3): "87029800000."}
+    assert against_uncapped["gf_facts"] == [(0, 3, 1.0), *against_reselect["gf_facts"]]
+    assert [wrong["gf_facts"][i, t] for i, t, _ in against_reselect["gf_facts"]] == [
+        "to go to the beach.",
+        "the bed. The secret",
+        "caohzbnj.",
+        "to go to the Golden",
+        "1.",
+    ]
