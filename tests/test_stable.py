@@ -507,48 +507,30 @@ def test_a_failed_context_first_turn_leaves_the_conversation_as_it_was(monkeypat
         assert torch.equal(a.new_tokens, b.new_tokens) and a.kept == b.kept and a.recomputed == b.recomputed
 
 
+@pytest.mark.parametrize("twice", [False, True])
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_a_croppable_cache_cut_back_is_the_cache_of_the_shorter_prefix(family):
+def test_a_croppable_cache_cut_back_is_the_cache_of_the_shorter_prefix(family, twice):
     """stable-cf cuts the last turn's slots off its cache (gemfilter.compat.drop_last). Past a sliding window too:
-    the next tokens' logits equal those on a cache that only ever held the shorter prefix."""
-    from gemfilter.compat import cache_kwargs, croppable_cache, drop_last
-
-    model = BUILDERS[family]()
-    window = getattr(model.config, "sliding_window", None) or 0
-    ids = question(7, max(60, 2 * window + 5))
-    n, m = ids.shape[1] - 9, 9
-    then = question(8, 4)
-    with torch.no_grad():
-        cut = croppable_cache(model.config)
-        model(input_ids=ids, use_cache=True, **cache_kwargs(cut))
-        drop_last(cut, m)
-        got = model(input_ids=then, use_cache=True, **cache_kwargs(cut)).logits
-        short = croppable_cache(model.config)
-        model(input_ids=ids[:, :n], use_cache=True, **cache_kwargs(short))
-        want = model(input_ids=then, use_cache=True, **cache_kwargs(short)).logits
-    assert cut.get_seq_length() == n + then.shape[1]
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_a_croppable_cache_cut_twice_is_the_cache_of_the_shorter_prefix(family):
-    """Two cuts with a write between them, the second deeper than the write and past a sliding window (stable-late
-    cuts an answer, writes a question, then cuts the whole conversation to open its free positions): the next
-    tokens' logits equal those on a cache that only ever held the shortest prefix. transformers' own crop keeps only
-    the window after a cut, so the second cut gave back fewer keys than the window holds (a shape error)."""
+    the next tokens' logits equal those on a cache that only ever held the shorter prefix. twice: two cuts with a
+    write between them, the second deeper than the write (stable-late cuts an answer, writes a question, then cuts
+    the whole conversation to open its free positions); transformers' own cut keeps only the window, so the second
+    gave back fewer keys than the window holds (a shape error)."""
     from gemfilter.compat import cache_kwargs, croppable_cache, drop_last
 
     model = BUILDERS[family]()
     window = getattr(model.config, "sliding_window", None) or 0
     ids = question(7, max(60, 2 * window + 5))
     more, then = question(9, 2), question(8, 4)
-    n = ids.shape[1] - 3 - 9
+    n = ids.shape[1] - 9 - (3 if twice else 0)
     with torch.no_grad():
         cut = croppable_cache(model.config)
         model(input_ids=ids, use_cache=True, **cache_kwargs(cut))
-        drop_last(cut, 3)
-        model(input_ids=more, use_cache=True, **cache_kwargs(cut))
-        drop_last(cut, more.shape[1] + 9)
+        if twice:
+            drop_last(cut, 3)
+            model(input_ids=more, use_cache=True, **cache_kwargs(cut))
+            drop_last(cut, more.shape[1] + 9)
+        else:
+            drop_last(cut, 9)
         got = model(input_ids=then, use_cache=True, **cache_kwargs(cut)).logits
         short = croppable_cache(model.config)
         model(input_ids=ids[:, :n], use_cache=True, **cache_kwargs(short))
