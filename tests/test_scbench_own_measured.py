@@ -83,7 +83,7 @@ RUNS_5 = {
     "gf_facts": REPO / "measured" / "scbench-own-runs-5",
 }
 #: stable-late-runs at layer 5, --max-holes 1, capped (--max-fresh 64 --fresh-by runs --fresh-holes selection),
-#: multi-turn, 4K, seeds 0-9, with full: GF.MultiKey, GF.Facts
+#: multi-turn, 4K, seeds 0-9, with full: GF.MultiKey, GF.Facts (then seeds 10-19, with layer 5's reselect on 0-19)
 RUNS_CAPPED_5 = {
     "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-capped-5",
     "gf_facts": REPO / "measured" / "scbench-own-runs-capped-5",
@@ -216,7 +216,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (RUNS_5["gf_multikey"], 4096, 20),
         (RUNS_5["gf_facts"], 4096, 10),
         (RUNS_CAPPED_5["gf_multikey"], 4096, 10),
-        (RUNS_CAPPED_5["gf_facts"], 4096, 10),
+        (RUNS_CAPPED_5["gf_facts"], 4096, 20),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -333,7 +333,7 @@ def test_multikey_misses_are_another_needle_s_number():
         (RUNS_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY),
         (RUNS_5["gf_facts"], 4096, "gf_facts", FACTS_SELECT),
         (RUNS_CAPPED_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY_SELECT),
-        (RUNS_CAPPED_5["gf_facts"], 4096, "gf_facts", FACTS_SELECT),
+        (RUNS_CAPPED_5["gf_facts"], 4096, "gf_facts", FULL),
     ],
 )
 def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
@@ -1416,7 +1416,7 @@ def test_stable_late_runs_with_a_cap_gives_what_the_docs_say():
     """stable-late-runs at layer 5, --max-holes 1, capped at 64 (runs, selection holes), multi-turn, 4K, seeds 0-9:
     each folder records the setting; docs/scbench.md's summary per task, the laid-out and rebuilt follow-ups apart;
     where it scores otherwise than reselect (layer 5's, the select folders) and than uncapped stable-late-runs, and
-    what the wrong answers give."""
+    what the wrong answers give; GF.Facts' seeds 10-19 beside reselect in the same run."""
     import json
 
     label = "gemfilter-span-qmax:k=256,layer=5@"
@@ -1436,7 +1436,7 @@ def test_stable_late_runs_with_a_cap_gives_what_the_docs_say():
         reselect = turns_by_seed(collect(reference[task]), label + "reselect", task)
         uncapped = turns_by_seed(collect(RUNS_5[task]), label + "stable-late-runs", task)
         got[task] = follow_ups(y, full)
-        parts[task] = laid_out_and_rebuilt(y, full)
+        parts[task] = laid_out_and_rebuilt({i: y[i] for i in range(10)}, full)
         seeds = [(i, t) for i in range(10) for t in range(5)]
         against_reselect[task] = [
             (i, t, y[i][t]["score"]) for i, t in seeds if y[i][t]["score"] != reselect[i][t]["score"]
@@ -1451,6 +1451,19 @@ def test_stable_late_runs_with_a_cap_gives_what_the_docs_say():
         "gf_multikey": (1.77, 31, 95, 1, [100, 100, 100, 80, 100]),
         "gf_facts": (1.94, 25, 119, 6, [100, 80, 80, 80, 90]),
     }
+    # GF.Facts' seeds 10-19, which no choice saw, beside reselect in the same run; its seeds 0-9 are the select folder's
+    here = collect(RUNS_CAPPED_5["gf_facts"])
+    full = turns_by_seed(here, "full", "gf_facts")
+    y, beside = (turns_by_seed(here, label + p, "gf_facts") for p in ("stable-late-runs", "reselect"))
+    selected = turns_by_seed(collect(FACTS_SELECT), label + "reselect", "gf_facts")
+    unseen = range(10, 20)
+    assert all(beside[i][t]["prediction"] == selected[i][t]["prediction"] for i in range(10) for t in range(5))
+    assert all(y[i][0]["prediction"] == beside[i][0]["prediction"] for i in range(20))
+    assert (follow_ups(y, full, unseen), follow_ups(beside, full, unseen)) == (
+        (2.15, 23, 132, 9, [100, 70, 100, 90, 70]),
+        (3.13, 0, 256, 40, [100, 80, 80, 100, 70]),
+    )
+    assert [round(100 * sum(full[i][t]["score"] for i in unseen) / 10) for t in range(5)] == [90, 100, 100, 100, 100]
     assert parts == {"gf_multikey": (39, 91, 1.75, 1, 256, 2.62), "gf_facts": (34, 95, 1.83, 6, 256, 2.57)}
     assert against_reselect == {
         "gf_multikey": [(4, 1, 1.0), (5, 1, 1.0), (5, 3, 0.0), (8, 3, 0.0)],
