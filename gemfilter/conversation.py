@@ -124,6 +124,17 @@ def check_max_holes(max_holes, name: str = "max_holes") -> None:
         )
 
 
+def check_whole_runs_cap(max_fresh, fresh_by: str, protocols, name: str = "fresh_by") -> None:
+    """Raise ValueError if ``stable-late-runs`` is among ``protocols`` with a cap (``max_fresh``) that picks single
+    tokens: it writes a newly kept token's run whole, so its cap takes whole runs; ``name`` is how the caller spells
+    ``fresh_by``."""
+    if max_fresh is not None and "stable-late-runs" in protocols and fresh_by != "runs":
+        raise ValueError(
+            f"{name} {fresh_by}: stable-late-runs writes a newly kept token's run whole, so its cap takes whole runs "
+            f"({name} runs)"
+        )
+
+
 def check_max_fresh(max_fresh, protocol: str, name: str = "max_fresh") -> None:
     """Raise ValueError unless ``max_fresh`` is None, or a whole number >= 1 under a protocol in :data:`CAPPED`."""
     if max_fresh is None:
@@ -224,11 +235,7 @@ class Conversation:
             raise ValueError(f"unknown fresh_by {fresh_by!r}; allowed: {', '.join(FRESH_BY)}")
         if fresh_holes not in FRESH_HOLES:
             raise ValueError(f"unknown fresh_holes {fresh_holes!r}; allowed: {', '.join(FRESH_HOLES)}")
-        if max_fresh is not None and protocol == "stable-late-runs" and fresh_by != "runs":
-            raise ValueError(
-                "stable-late-runs writes a newly kept token's run whole, so its cap takes whole runs: "
-                f"fresh_by='runs', got {fresh_by!r}"
-            )
+        check_whole_runs_cap(max_fresh, fresh_by, (protocol,))
         self.max_fresh, self.fresh_by, self.fresh_holes = max_fresh, fresh_by, fresh_holes
         self._boundary = context_tokens  # the context-first layouts: history indices below it are the context
         self._layout = None  # stable: the generation cache's slots

@@ -38,7 +38,15 @@ from dataclasses import dataclass
 from eval.runner import Benchmark, Unit
 from eval.runner import RunConfig as BaseRunConfig
 from eval.runner import run as run_units
-from gemfilter.conversation import CAPPED, CONTEXT_FIRST, LAYOUTS, MAX_HOLES, check_max_fresh, check_max_holes
+from gemfilter.conversation import (
+    CAPPED,
+    CONTEXT_FIRST,
+    LAYOUTS,
+    MAX_HOLES,
+    check_max_fresh,
+    check_max_holes,
+    check_whole_runs_cap,
+)
 from gemfilter.stable import FRESH_BY, FRESH_HOLES
 from gemfilter.toolkit.options import check_against_model
 
@@ -181,14 +189,10 @@ def validate(config: RunConfig) -> None:
             f"--max-fresh caps the follow-ups of protocols {', '.join(CAPPED[:-1])} and {CAPPED[-1]}: add one to "
             "--protocols, or leave it out"
         )
-    if config.max_fresh is not None and "stable-late-runs" in config.protocols and config.fresh_by != "runs":
-        raise ValueError(
-            f"--fresh-by {config.fresh_by}: stable-late-runs writes a newly kept token's run whole, so its cap takes "
-            "whole runs (--fresh-by runs); run it in a folder of its own"
-        )
     check_max_fresh(config.max_fresh, "stable", "--max-fresh")
     if config.fresh_by not in FRESH_BY:
         raise ValueError(f"--fresh-by: {config.fresh_by}; allowed: {', '.join(FRESH_BY)}")
+    check_whole_runs_cap(config.max_fresh, config.fresh_by, config.protocols, "--fresh-by")
     if config.fresh_holes not in FRESH_HOLES:
         raise ValueError(f"--fresh-holes: {config.fresh_holes}; allowed: {', '.join(FRESH_HOLES)}")
     if config.engine is not None:
