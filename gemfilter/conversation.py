@@ -126,12 +126,21 @@ def check_max_holes(max_holes, name: str = "max_holes") -> None:
 
 def check_whole_runs_cap(max_fresh, fresh_by: str, protocols, name: str = "fresh_by") -> None:
     """Raise ValueError if ``stable-late-runs`` is among ``protocols`` with a cap (``max_fresh``) that picks single
-    tokens: it writes a newly kept token's run whole, so its cap takes whole runs; ``name`` is how the caller spells
-    ``fresh_by``."""
-    if max_fresh is not None and "stable-late-runs" in protocols and fresh_by != "runs":
+    tokens: it writes a newly kept token's run whole, so its cap takes whole runs; or if ``runs-new`` is asked with
+    a capped layout that writes no held token again (every other one in :data:`CAPPED`), where it would pick as
+    ``runs``. ``name`` is how the caller spells ``fresh_by``."""
+    if max_fresh is None:
+        return
+    if "stable-late-runs" in protocols and fresh_by == "tokens":
         raise ValueError(
             f"{name} {fresh_by}: stable-late-runs writes a newly kept token's run whole, so its cap takes whole runs "
-            f"({name} runs)"
+            f"({name} runs or runs-new)"
+        )
+    others = [p for p in protocols if p in CAPPED and p != "stable-late-runs"]
+    if fresh_by == "runs-new" and others:
+        raise ValueError(
+            f"{name} runs-new ranks the runs that extend a held one last, and only stable-late-runs writes those; "
+            f"{', '.join(others)} would pick as {name} runs (use runs, or run stable-late-runs alone)"
         )
 
 
@@ -167,10 +176,12 @@ class Conversation:
     runs; as many dropped slots stay, so the layout holds k, under the context-first layouts as far as the selection
     drops context slots; a rebuilt turn lays out the whole selection), None for no cap
     (:meth:`gemfilter.stable.Layout.place`; under ``stable-late-runs`` a run counts with the held tokens it writes
-    again, :meth:`gemfilter.stable.Layout.place_gap`); fresh_by: how the cap picks, ``runs`` (whole runs of
-    consecutive tokens, a span method's sentences; the only choice under ``stable-late-runs``, which writes whole runs)
-    or ``tokens`` (single tokens); fresh_holes: which masked slots the rebuild rule reads on a capped turn,
-    ``capped`` (the capped turn's) or ``selection`` (those the whole selection would leave, as without the cap).
+    again, :meth:`gemfilter.stable.Layout.place_gap`); fresh_by: how the cap picks, ``runs`` (whole runs of consecutive
+    tokens, a span method's sentences), ``tokens`` (single tokens; refused under ``stable-late-runs``, which writes
+    whole runs) or ``runs-new`` (``stable-late-runs`` only: ``runs``, but a run that holds no held token, a sentence the
+    turn keeps anew, ranks before every run that extends a held one); fresh_holes: which masked slots the rebuild rule
+    reads on a capped turn, ``capped`` (the capped turn's) or ``selection`` (those the whole selection would leave, as
+    without the cap).
 
     Example::
 

@@ -74,6 +74,7 @@ is measured (docs/scbench.md).
 from __future__ import annotations
 
 import copy
+import math
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
@@ -84,8 +85,9 @@ from .banded import BandedMask
 from .compat import cache_kwargs, croppable_cache, drop_last, dynamic_cache
 
 #: How :func:`capped` picks the earlier tokens a capped follow-up adds: ``runs`` (whole runs of consecutive newly
-#: kept tokens, a span method's sentences) or ``tokens`` (single tokens).
-FRESH_BY = ("runs", "tokens")
+#: kept tokens, a span method's sentences) or ``tokens`` (single tokens); ``stable-late-runs`` also takes ``runs-new``
+#: (``runs``, but a run that holds no held token ranks first, :meth:`Layout._fresh_context`).
+FRESH_BY = ("runs", "tokens", "runs-new")
 #: Which holes the rebuild rule reads on a capped follow-up (:class:`Cap`).
 FRESH_HOLES = ("capped", "selection")
 
@@ -122,10 +124,11 @@ def capped(new: list, cap: Cap) -> list:
     """``new`` (sorted history indices) with at most ``cap.size`` of those below ``cap.asked_from``; every index
     from it on stays, in history order.
 
-    ``cap.by``: ``tokens``: the highest ``scores``, ties to the earlier index. ``runs``: the earlier indices split
-    into runs of consecutive ones (a sentence a span method newly keeps is one), taken whole from the run with the
-    highest score down (ties to the earlier run), each that still fits in what is left of the size; a run longer
-    than it never joins. Single tokens cut a kept sentence into pieces the model cannot read (docs/scbench.md)."""
+    ``cap.by``: ``tokens``: the highest ``scores``, ties to the earlier index. ``runs`` (and ``runs-new``, whose ranking
+    :meth:`Layout._fresh_context` puts in ``scores``): the earlier indices split into runs of consecutive ones (a
+    sentence a span method newly keeps is one), taken whole from the run with the highest score down (ties to the
+    earlier run), each that still fits in what is left of the size; a run longer than it never joins. Single tokens cut
+    a kept sentence into pieces the model cannot read (docs/scbench.md)."""
     scores, asked_from = cap.scores, cap.asked_from
     earlier = [h for h in new if h < asked_from]
     if len(earlier) <= cap.size:
@@ -359,14 +362,16 @@ class Layout:
         held slots it masks; (those two as the rebuild rule reads them)). held: history index -> slot, the valid
         ones.
 
-        Under ``whole`` a newly kept token's run comes whole (:func:`whole_runs`): its held tokens are written again
-        and their slots masked. Under ``limit`` at most ``limit.size`` tokens are written, as :func:`capped` picks
-        them (under ``whole``, whole runs, each counted with its held tokens and ranked by its newly kept tokens'
-        best score: on GF.Facts the run of the last turn's fact, held and gaining a token, outranked the new fact's
-        run and spent the cap); a run the cap leaves out stays where it is, and for each newly kept token it leaves
-        out one context slot the selection drops stays valid, the highest-scoring (ties to the earlier token), as far
-        as there are any. The rebuild rule reads the capped turn, or under ``limit.holes == "selection"`` the whole
-        selection."""
+        Under ``whole`` a newly kept token's run comes whole (:func:`whole_runs`): its held tokens are written again and
+        their slots masked. Under ``limit`` at most ``limit.size`` tokens are written, as :func:`capped` picks them
+        (under ``whole``, whole runs, each counted with its held tokens and ranked by its newly kept tokens' best score:
+        on GF.Facts the run of the last turn's fact, held and gaining a token, outranked the new fact's run and spent
+        the cap; under ``limit.by == "runs-new"`` every run that holds no held token, a sentence the turn keeps anew,
+        ranks before those that extend a held run: on GF.Facts seed 3 the last turn's passphrase run, gaining the
+        high-scoring word after it, still outranked the asked sentence); a run the cap leaves out stays where it is, and
+        for each newly kept token it leaves out one context slot the selection drops stays valid, the highest-scoring
+        (ties to the earlier token), as far as there are any. The rebuild rule reads the capped turn, or under
+        ``limit.holes == "selection"`` the whole selection."""
         wanted = set(want)
         kept = [h for h in want if h < boundary]
         fresh = [h for h in kept if h not in held]
@@ -380,6 +385,11 @@ class Layout:
             return fresh, drop, (fresh, drop)
         if whole:  # a run ranks by its newly kept tokens: a held run that gains a token is not what the turn asks
             rank = [float("-inf") if h in held else score for h, score in enumerate(limit.scores)]
+            if limit.by == "runs-new":  # a run holding a held token ranks after every run that holds none
+                finite = [x for x in limit.scores if math.isfinite(x)] or [0.0]
+                below = min(finite) - max(finite) - 1.0
+                for h in (h for run in runs_of(fresh) if any(x in held for x in run) for h in run if h not in held):
+                    rank[h] += below
             write = capped(fresh, replace(limit, scores=rank))
         else:
             write = capped(fresh, limit)

@@ -125,6 +125,10 @@ def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
             {"max_fresh": 8, "protocols": ("stable-gap", "stable-late-runs"), "fresh_by": "tokens"},
             "--fresh-by tokens: stable-late-runs writes a newly kept token's run whole",
         ),
+        (
+            {"max_fresh": 8, "protocols": ("stable-gap", "stable-late-runs"), "fresh_by": "runs-new"},
+            "--fresh-by runs-new ranks the runs that extend a held one last, .*; stable-gap would pick as --fresh-by",
+        ),
         ({"max_fresh": 0, "protocols": ("stable",)}, "--max-fresh is a whole number >= 1"),
         ({"max_fresh": 8, "protocols": ("stable",), "fresh_by": "words"}, "--fresh-by: words; allowed: runs, tokens"),
         ({"max_fresh": 8, "protocols": ("stable",), "fresh_holes": "all"}, "--fresh-holes: all; allowed: capped, sel"),

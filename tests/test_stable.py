@@ -285,6 +285,13 @@ def test_stable_refuses_what_it_cannot_do():
         gemfilter.Conversation(
             model, get_method("gemfilter", layer=2), protocol="stable-late-runs", max_fresh=8, fresh_by="tokens"
         )
+    for protocol in ("stable", "stable-gap", "stable-late"):
+        with pytest.raises(
+            ValueError, match=f"runs-new ranks the runs that extend a held one last.*; {protocol} would"
+        ):
+            gemfilter.Conversation(
+                model, get_method("gemfilter", layer=2), protocol=protocol, max_fresh=8, fresh_by="runs-new"
+            )
     with gemfilter.Conversation(model, get_method("gemfilter", layer=2, topk=12), protocol="stable") as chat:
         with pytest.raises(ValueError, match="decodes greedily"):
             chat.ask(question(0, 30), max_new_tokens=3, do_sample=True)
@@ -852,3 +859,27 @@ def test_a_capped_whole_run_ranks_by_its_newly_kept_tokens():
     assert judged == (write, mask)
     everything, moved, _ = layout._fresh_context(want, 50, held, whole=True, limit=None)
     assert everything == [*range(10, 21), *range(40, 45)] and moved == [0, *range(1, 11)]
+
+
+@pytest.mark.parametrize("by, written", [("runs", [*range(10, 21)]), ("runs-new", [*range(40, 45)])])
+def test_runs_new_ranks_a_new_run_before_one_that_extends_a_held_run(by, written):
+    """stable-late-runs' cap, by hand: a held run (history 10-19) gains token 20 with the best score of the turn (the
+    word after the last turn's needle, as on GF.Facts seed 3); a new run 40-44 scores less. With a cap of 12, ``runs``
+    writes the held run again whole (11 tokens) and leaves the new run out; ``runs-new`` writes the new run and
+    leaves the held run where it is (11 more would pass the cap)."""
+    from gemfilter.stable import Cap
+
+    layout = Layout.__new__(Layout)
+    layout.ids = [*range(10, 20), 60]
+    layout.valid, layout.pos = [True] * 11, list(range(11))
+    held = {h: s for s, h in enumerate(layout.ids)}
+    scores = [0.0] * 70
+    scores[20] = 0.95
+    for h in range(10, 20):
+        scores[h] = 0.9
+    for h in range(40, 45):
+        scores[h] = 0.5
+    want = [*range(10, 21), *range(40, 45), 60]
+    write, mask, _ = layout._fresh_context(want, 50, held, True, Cap(12, by, scores, asked_from=50, holes="capped"))
+    assert write == written
+    assert mask == ([held[h] for h in range(10, 20)] if by == "runs" else [])

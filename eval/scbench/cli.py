@@ -94,8 +94,9 @@ def add_protocol_options(r) -> None:
         choices=FRESH_BY,
         default="runs",
         help="with --max-fresh: what the cap takes whole, from the highest-scoring down: runs of consecutive newly "
-        "kept tokens (a span method's sentences) or single tokens (measured to cut sentences apart) (default runs); "
-        "a folder records it",
+        "kept tokens (a span method's sentences) or single tokens (measured to cut sentences apart); runs-new, "
+        "stable-late-runs only: runs, but a sentence the turn keeps anew ranks before a run that extends a held one "
+        "(default runs); a folder records it",
     )
     r.add_argument(
         "--fresh-holes",

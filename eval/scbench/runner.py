@@ -92,7 +92,7 @@ class RunConfig(BaseRunConfig):
     per sample; timeout: seconds to wait for the engine (a connection, a chunk); max_holes: the layouts'
     (``stable*``) rebuild share (:class:`gemfilter.Conversation`), part of the identity of a folder that runs one;
     max_fresh: the layouts' cap on the earlier tokens a follow-up newly keeps (None: no cap), part of the identity of
-    a folder that runs one; fresh_by: how that cap picks (``runs`` or ``tokens``) and
+    a folder that runs one; fresh_by: how that cap picks (:data:`gemfilter.stable.FRESH_BY`) and
     fresh_holes which holes its rebuild rule reads (``capped`` or ``selection``), part of the identity of a folder
     that caps.
     warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
