@@ -15,7 +15,7 @@ from gemfilter.toolkit.io import read_jsonl
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "measured" / "scbench-own"
 DOC = REPO / "docs" / "scbench.md"
-HELD_OUT = range(4, 10)  # the task sizes were chosen looking at seeds 0-3 (full only); 4-9 first ran for the tables
+HELD_OUT = range(4, 20)  # the task sizes were chosen looking at seeds 0-3 (full only); 4-19 first ran for the tables
 
 
 CALIBRATION = REPO / "measured" / "scbench-own-calibration"
@@ -82,8 +82,14 @@ RUNS_5 = {
     "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-5",
     "gf_facts": REPO / "measured" / "scbench-own-runs-5",
 }
+#: the capped stable-late-runs with --fresh-by runs-new (new sentences first), multi-turn, 4K, seeds 0-19, with full
+RUNS_NEW_5 = {
+    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-new-5",
+    "gf_facts": REPO / "measured" / "scbench-own-runs-new-5",
+}
 #: stable-late-runs at layer 5, --max-holes 1, capped (--max-fresh 64 --fresh-by runs --fresh-holes selection),
-#: multi-turn, 4K, seeds 0-9, with full: GF.MultiKey, GF.Facts (then seeds 10-19, with layer 5's reselect on 0-19)
+#: multi-turn, 4K, seeds 0-9, with full: GF.MultiKey (then seeds 10-19), GF.Facts (then seeds 10-19, with layer 5's
+#: reselect on 0-19)
 RUNS_CAPPED_5 = {
     "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-capped-5",
     "gf_facts": REPO / "measured" / "scbench-own-runs-capped-5",
@@ -130,6 +136,8 @@ RUNS_CAPPED_5 = {
         (RUNS_5["gf_facts"], "scbench-own-runs-5"),
         (RUNS_CAPPED_5["gf_multikey"], "scbench-own-multikey-runs-capped-5"),
         (RUNS_CAPPED_5["gf_facts"], "scbench-own-runs-capped-5"),
+        (RUNS_NEW_5["gf_multikey"], "scbench-own-multikey-runs-new-5"),
+        (RUNS_NEW_5["gf_facts"], "scbench-own-runs-new-5"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -169,7 +177,7 @@ def held_out_line(rows_by_label: dict) -> list:
 
 
 def test_held_out_seeds_table_is_computed_from_the_rows():
-    """The mean accuracy over seeds 4-9 alone, per label (GF.Facts, multi-turn, 4K), as the docs show it."""
+    """The mean accuracy over seeds 4-19 alone, per label (GF.Facts, multi-turn, 4K), as the docs show it."""
     rows = {k[2]: v for k, v in collect(ROOT).items() if k[:2] == ("multi-turn", 4096) and k[3] == "gf_facts"}
     assert len(rows) >= 5
     assert held_out_line(rows) == table_lines(docs_block("scbench.md", "scbench-own-held-out"))
@@ -178,7 +186,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
 @pytest.mark.parametrize(
     "folder,length,n",
     [
-        (ROOT, 4096, 10),
+        (ROOT, 4096, 20),
         (CALIBRATION, 4096, 10),
         (FULL, 4096, 20),
         (FULL, 8192, 10),
@@ -215,8 +223,10 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (LATE_HOLES_5, 4096, 10),
         (RUNS_5["gf_multikey"], 4096, 20),
         (RUNS_5["gf_facts"], 4096, 10),
-        (RUNS_CAPPED_5["gf_multikey"], 4096, 10),
+        (RUNS_CAPPED_5["gf_multikey"], 4096, 20),
         (RUNS_CAPPED_5["gf_facts"], 4096, 20),
+        (RUNS_NEW_5["gf_multikey"], 4096, 20),
+        (RUNS_NEW_5["gf_facts"], 4096, 20),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -332,8 +342,10 @@ def test_multikey_misses_are_another_needle_s_number():
         (LATE_HOLES_5, 4096, "gf_multikey", MULTIKEY_SELECT),
         (RUNS_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY),
         (RUNS_5["gf_facts"], 4096, "gf_facts", FACTS_SELECT),
-        (RUNS_CAPPED_5["gf_multikey"], 4096, "gf_multikey", MULTIKEY_SELECT),
+        (RUNS_CAPPED_5["gf_multikey"], 4096, "gf_multikey", RUNS_5["gf_multikey"]),
         (RUNS_CAPPED_5["gf_facts"], 4096, "gf_facts", FULL),
+        (RUNS_NEW_5["gf_multikey"], 4096, "gf_multikey", RUNS_5["gf_multikey"]),
+        (RUNS_NEW_5["gf_facts"], 4096, "gf_facts", RUNS_CAPPED_5["gf_facts"]),
     ],
 )
 def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
@@ -366,7 +378,7 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
 )
 def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, method, task):
     """What the tables' last block reports, read from the rows: reselect runs all its kept tokens (at most k) on
-    every turn; stable's follow-ups run fewer on average (the newly kept ones, or all when it rebuilds): from 31%
+    every turn; stable's follow-ups run fewer on average (the newly kept ones, or all when it rebuilds): from 32%
     of reselect's (gemfilter-span on GF.Facts, multi-request) to 72% (gemfilter on GF.MultiKey, multi-request,
     where seeds 0-9 alone gave 69%). The tables pin the means."""
     found, k = collect(folder), int(method.rsplit("=", 1)[1])
@@ -616,9 +628,10 @@ def test_stable_cf_rows_give_what_the_docs_say():
     ],
 )
 def test_stable_cf_on_gf_facts_gives_what_the_docs_say(method, differ, rebuilt, others):
-    """measured/scbench-own-cf (GF.Facts, multi-turn, 4K, seeds 0-19): full, reselect and stable answer as in
-    measured/scbench-own (seeds 0-9) turn for turn; the follow-ups where stable-cf's score differs from reselect's
-    (each wrong under stable-cf), and those it rebuilt (ran all its kept tokens), as docs/scbench.md gives them."""
+    """measured/scbench-own-cf (GF.Facts, multi-turn, 4K, seeds 0-19): full, reselect and stable answer and run the
+    tokens of measured/scbench-own (seeds 0-19, another two runs) turn for turn; the follow-ups where stable-cf's score
+    differs from reselect's (each wrong under stable-cf), and those it rebuilt (ran all its kept tokens), as
+    docs/scbench.md gives them."""
     here, before = collect(FACTS_CF), collect(ROOT)
 
     def turns(found, label):
@@ -626,8 +639,11 @@ def test_stable_cf_on_gf_facts_gives_what_the_docs_say(method, differ, rebuilt, 
 
     for label in ("full", f"{method}@reselect", f"{method}@stable"):
         a, b = turns(here, label), turns(before, label)
-        assert sorted(b) == list(range(10)) and sorted(a) == list(range(20))
-        assert all([t["prediction"] for t in a[i]] == [t["prediction"] for t in b[i]] for i in b), label
+        assert sorted(b) == sorted(a) == list(range(20))
+        assert all(
+            [(t["prediction"], t["recomputed"]) for t in a[i]] == [(t["prediction"], t["recomputed"]) for t in b[i]]
+            for i in b
+        ), label
     cf, again = turns(here, f"{method}@stable-cf"), turns(here, f"{method}@reselect")
     follow = [(i, t) for i in range(20) for t in range(1, 5)]
     assert [(i, t) for i, t in follow if cf[i][t]["score"] != again[i][t]["score"]] == differ
@@ -1416,7 +1432,8 @@ def test_stable_late_runs_with_a_cap_gives_what_the_docs_say():
     """stable-late-runs at layer 5, --max-holes 1, capped at 64 (runs, selection holes), multi-turn, 4K, seeds 0-9:
     each folder records the setting; docs/scbench.md's summary per task, the laid-out and rebuilt follow-ups apart;
     where it scores otherwise than reselect (layer 5's, the select folders) and than uncapped stable-late-runs, and
-    what the wrong answers give; GF.Facts' seeds 10-19 beside reselect in the same run."""
+    what the wrong answers give; GF.Facts' seeds 10-19 beside reselect in the same run; GF.MultiKey's seeds 10-19
+    against RUNS_5's reselect and uncapped stable-late-runs."""
     import json
 
     label = "gemfilter-span-qmax:k=256,layer=5@"
@@ -1464,6 +1481,17 @@ def test_stable_late_runs_with_a_cap_gives_what_the_docs_say():
         (3.13, 0, 256, 40, [100, 80, 80, 100, 70]),
     )
     assert [round(100 * sum(full[i][t]["score"] for i in unseen) / 10) for t in range(5)] == [90, 100, 100, 100, 100]
+    # GF.MultiKey's seeds 10-19, which no choice saw; reselect and uncapped stable-late-runs from RUNS_5's run
+    here, there = collect(RUNS_CAPPED_5["gf_multikey"]), collect(RUNS_5["gf_multikey"])
+    full, full_there = (turns_by_seed(x, "full", "gf_multikey") for x in (here, there))
+    y = turns_by_seed(here, label + "stable-late-runs", "gf_multikey")
+    beside = {p: turns_by_seed(there, label + p, "gf_multikey") for p in ("reselect", "stable-late-runs")}
+    assert [follow_ups(x, f, unseen) for x, f in ((y, full), (beside["reselect"], full_there))] == [
+        (1.64, 39, 87, 0, [100, 80, 100, 70, 90]),
+        (2.76, 0, 255, 40, [100, 90, 100, 100, 100]),
+    ]
+    assert follow_ups(beside["stable-late-runs"], full_there, unseen) == (2.03, 21, 137, 6, [100] * 5)
+    assert [round(100 * sum(full[i][t]["score"] for i in unseen) / 10) for t in range(5)] == [80, 70, 100, 100, 80]
     assert parts == {"gf_multikey": (39, 91, 1.75, 1, 256, 2.62), "gf_facts": (34, 95, 1.83, 6, 256, 2.57)}
     assert against_reselect == {
         "gf_multikey": [(4, 1, 1.0), (5, 1, 1.0), (5, 3, 0.0), (8, 3, 0.0)],
@@ -1479,3 +1507,60 @@ def test_stable_late_runs_with_a_cap_gives_what_the_docs_say():
         "to go to the Golden",
         "1.",
     ]
+
+
+def runs_new_summary() -> list:
+    """docs/scbench.md's summary of the capped stable-late-runs with --fresh-by runs-new beside --fresh-by runs and
+    reselect (layer 5), per task and seed range, from the rows (:func:`follow_ups`; each against its own run's full)."""
+    label = "gemfilter-span-qmax:k=256,layer=5@"
+    reselect = {"gf_multikey": RUNS_5["gf_multikey"], "gf_facts": RUNS_CAPPED_5["gf_facts"]}
+    names = {"gf_multikey": "GF.MultiKey", "gf_facts": "GF.Facts"}
+    lines = [
+        "| task | seeds | protocol | time / full | within 2× | tokens | all run | per-turn accuracy | mean |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task in ("gf_facts", "gf_multikey"):
+        rows = [
+            ("reselect", reselect[task], "reselect"),
+            ("capped, `runs`", RUNS_CAPPED_5[task], "stable-late-runs"),
+            ("capped, `runs-new`", RUNS_NEW_5[task], "stable-late-runs"),
+        ]
+        for seeds in (range(10), range(10, 20)):
+            for name, folder, protocol in rows:
+                found = collect(folder)
+                y, full = turns_by_seed(found, label + protocol, task), turns_by_seed(found, "full", task)
+                ratio, within, tokens, every, acc = follow_ups(y, full, seeds)
+                lines.append(
+                    f"| {names[task]} | {seeds[0]}–{seeds[-1]} | {name} | {ratio:.2f}× | {within}/40 | {tokens} | "
+                    f"{every} | {'/'.join(map(str, acc))} | {sum(acc) / 5:.1f} |"
+                )
+    return lines
+
+
+def test_stable_late_runs_capped_with_new_sentences_first_gives_what_the_docs_say():
+    """The capped stable-late-runs with --fresh-by runs-new (multi-turn, 4K, seeds 0-19): each folder records the
+    setting; full answers as in the other runs; docs/scbench.md's summary table is the rows' (runs-new, runs and
+    reselect per seed range); on GF.Facts' seeds 0-9, the choice's, it scores reselect's on every turn, and the
+    follow-ups where it scores otherwise than runs, as the docs give them."""
+    import json
+
+    for folder in RUNS_NEW_5.values():
+        stored = json.loads((folder / "config.json").read_text())
+        assert (stored["max_fresh"], stored["fresh_by"], stored["fresh_holes"]) == (64, "runs-new", "selection")
+    block = docs_block("scbench.md", "scbench-own-runs-new-summary")
+    assert runs_new_summary() == [x for x in block.splitlines() if x.startswith("|")]
+    label = "gemfilter-span-qmax:k=256,layer=5@stable-late-runs"
+    differ = {}
+    for task in RUNS_NEW_5:
+        new = turns_by_seed(collect(RUNS_NEW_5[task]), label, task)
+        old = turns_by_seed(collect(RUNS_CAPPED_5[task]), label, task)
+        differ[task] = [
+            (i, t, new[i][t]["score"]) for i in range(20) for t in range(5) if new[i][t]["score"] != old[i][t]["score"]
+        ]
+    assert differ == {
+        "gf_facts": [
+            *[(3, 1, 1.0), (4, 1, 1.0), (4, 2, 1.0), (4, 3, 1.0), (9, 3, 1.0)],  # the choice's seeds: runs' misses
+            *[(10, 2, 0.0), (13, 4, 1.0), (14, 2, 0.0), (14, 4, 0.0), (15, 4, 0.0), (16, 4, 1.0), (19, 1, 1.0)],
+        ],
+        "gf_multikey": [(6, 1, 0.0), (9, 3, 0.0), (12, 1, 0.0)],
+    }
