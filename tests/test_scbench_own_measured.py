@@ -1564,3 +1564,24 @@ def test_stable_late_runs_capped_with_new_sentences_first_gives_what_the_docs_sa
         ],
         "gf_multikey": [(6, 1, 0.0), (9, 3, 0.0), (12, 1, 0.0)],
     }
+
+
+@pytest.mark.slow
+def test_a_runs_new_row_is_what_the_runner_computes_now():
+    """GF.Facts seed 3, the seed runs-new was chosen on: the runner's capped stable-late-runs conversation today gives
+    the committed row's answers and tokens run under --fresh-by runs-new, and turn 2 (San Francisco) right where the
+    --fresh-by runs row has it wrong."""
+    import gemfilter
+    from eval.scbench.generate import make_sample
+    from eval.scbench.runner import converse
+
+    _, model, tok = script_and_model("multikey_kept")
+    sample = make_sample("gf_facts", tok, 4096, seed=3, mode="multi-turn")
+    method = gemfilter.get_method("gemfilter-span-qmax", topk=256, layer=5)
+    kw = dict(max_holes=1.0, max_fresh=64, fresh_by="runs-new", fresh_holes="selection")
+    got = converse(model, tok, method, "stable-late-runs", "multi-turn", 4096, "gf_facts", sample, **kw)["turns"]
+    label = "gemfilter-span-qmax:k=256,layer=5@stable-late-runs"
+    row = turns_by_seed(collect(RUNS_NEW_5["gf_facts"]), label, "gf_facts")[3]
+    runs = turns_by_seed(collect(RUNS_CAPPED_5["gf_facts"]), label, "gf_facts")[3]
+    assert [(t["prediction"], t["recomputed"]) for t in got] == [(t["prediction"], t["recomputed"]) for t in row]
+    assert (got[1]["score"], runs[1]["score"]) == (1.0, 0.0)
