@@ -1564,6 +1564,11 @@ def test_stable_late_runs_capped_with_new_sentences_first_gives_what_the_docs_sa
         ],
         "gf_multikey": [(6, 1, 0.0), (9, 3, 0.0), (12, 1, 0.0)],
     }
+    keys = turns_by_seed(collect(RUNS_NEW_5["gf_multikey"]), label, "gf_multikey")
+    assert [keys[i][1]["prediction"].split(".")[0].strip() for i in (6, 12)] == [
+        keys[i][0]["ground_truth"] for i in (6, 12)
+    ]
+    assert keys[9][3]["prediction"].startswith(" 85836484") and keys[9][3]["ground_truth"] == "8583652"
 
 
 @pytest.mark.slow
