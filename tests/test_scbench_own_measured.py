@@ -1520,15 +1520,16 @@ def runs_new_summary() -> list:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for task in ("gf_facts", "gf_multikey"):
-        rows = [
+        rows = []  # (name, the protocol's turns, its run's full's turns), each folder read once
+        for name, folder, protocol in [
             ("reselect", reselect[task], "reselect"),
             ("capped, `runs`", RUNS_CAPPED_5[task], "stable-late-runs"),
             ("capped, `runs-new`", RUNS_NEW_5[task], "stable-late-runs"),
-        ]
+        ]:
+            found = collect(folder)
+            rows.append((name, turns_by_seed(found, label + protocol, task), turns_by_seed(found, "full", task)))
         for seeds in (range(10), range(10, 20)):
-            for name, folder, protocol in rows:
-                found = collect(folder)
-                y, full = turns_by_seed(found, label + protocol, task), turns_by_seed(found, "full", task)
+            for name, y, full in rows:
                 ratio, within, tokens, every, acc = follow_ups(y, full, seeds)
                 lines.append(
                     f"| {names[task]} | {seeds[0]}–{seeds[-1]} | {name} | {ratio:.2f}× | {within}/40 | {tokens} | "
@@ -1550,12 +1551,15 @@ def test_stable_late_runs_capped_with_new_sentences_first_gives_what_the_docs_sa
     block = docs_block("scbench.md", "scbench-own-runs-new-summary")
     assert runs_new_summary() == [x for x in block.splitlines() if x.startswith("|")]
     label = "gemfilter-span-qmax:k=256,layer=5@stable-late-runs"
-    differ = {}
+    differ, new = {}, {}
     for task in RUNS_NEW_5:
-        new = turns_by_seed(collect(RUNS_NEW_5[task]), label, task)
+        new[task] = turns_by_seed(collect(RUNS_NEW_5[task]), label, task)
         old = turns_by_seed(collect(RUNS_CAPPED_5[task]), label, task)
         differ[task] = [
-            (i, t, new[i][t]["score"]) for i in range(20) for t in range(5) if new[i][t]["score"] != old[i][t]["score"]
+            (i, t, new[task][i][t]["score"])
+            for i in range(20)
+            for t in range(5)
+            if new[task][i][t]["score"] != old[i][t]["score"]
         ]
     assert differ == {
         "gf_facts": [
@@ -1564,7 +1568,7 @@ def test_stable_late_runs_capped_with_new_sentences_first_gives_what_the_docs_sa
         ],
         "gf_multikey": [(6, 1, 0.0), (9, 3, 0.0), (12, 1, 0.0)],
     }
-    keys = turns_by_seed(collect(RUNS_NEW_5["gf_multikey"]), label, "gf_multikey")
+    keys = new["gf_multikey"]
     assert [keys[i][1]["prediction"].split(".")[0].strip() for i in (6, 12)] == [
         keys[i][0]["ground_truth"] for i in (6, 12)
     ]
