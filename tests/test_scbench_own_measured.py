@@ -1575,6 +1575,45 @@ def test_stable_late_runs_capped_with_new_sentences_first_gives_what_the_docs_sa
     assert keys[9][3]["prediction"].startswith(" 85836484") and keys[9][3]["ground_truth"] == "8583652"
 
 
+def paired_against_reselect() -> list:
+    """docs/scbench.md's follow-ups of the stable-late-runs rows (layer 5) against layer 5's reselect on the same
+    seed and turn: how many each answers right where reselect answers wrong, and wrong where it answers right. Greedy
+    answers do not depend on the run, so reselect's rows of one run serve each task. The last column is the
+    two-sided sign test's p over the follow-ups where the two differ (how often so uneven a split comes of chance
+    if neither were the better)."""
+    from math import comb
+
+    label = "gemfilter-span-qmax:k=256,layer=5@"
+    reselect = {"gf_multikey": RUNS_5["gf_multikey"], "gf_facts": RUNS_CAPPED_5["gf_facts"]}
+    lines = [
+        "| task | protocol | seeds | follow-ups | right where `reselect` is wrong | wrong where `reselect` is right "
+        "| sign test p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for task, name in (("gf_facts", "GF.Facts"), ("gf_multikey", "GF.MultiKey")):
+        ref = turns_by_seed(collect(reselect[task]), label + "reselect", task)
+        for protocol, folder in [
+            ("uncapped", RUNS_5[task]),
+            ("capped, `runs`", RUNS_CAPPED_5[task]),
+            ("capped, `runs-new`", RUNS_NEW_5[task]),
+        ]:
+            y = turns_by_seed(collect(folder), label + "stable-late-runs", task)
+            follow = [(i, t) for i in sorted(y) for t in range(1, 5)]
+            gained = sum(y[i][t]["score"] > ref[i][t]["score"] for i, t in follow)
+            lost = sum(y[i][t]["score"] < ref[i][t]["score"] for i, t in follow)
+            n = gained + lost
+            p = min(1.0, 2 * sum(comb(n, j) for j in range(min(gained, lost) + 1)) / 2**n)
+            lines.append(f"| {name} | {protocol} | 0–{max(y)} | {len(follow)} | {gained} | {lost} | {p:.2f} |")
+    return lines
+
+
+def test_stable_late_runs_against_reselect_turn_by_turn_gives_what_the_docs_say():
+    """The paired count of docs/scbench.md (follow-ups gained and lost against reselect, per task and protocol) is
+    the rows'."""
+    block = docs_block("scbench.md", "scbench-own-runs-paired")
+    assert paired_against_reselect() == [x for x in block.splitlines() if x.startswith("|")]
+
+
 @pytest.mark.slow
 def test_a_runs_new_row_is_what_the_runner_computes_now():
     """GF.Facts seed 3, the seed runs-new was chosen on: the runner's capped stable-late-runs conversation today gives
