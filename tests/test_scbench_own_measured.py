@@ -1614,6 +1614,50 @@ def test_stable_late_runs_against_reselect_turn_by_turn_gives_what_the_docs_say(
     assert paired_against_reselect() == [x for x in block.splitlines() if x.startswith("|")]
 
 
+def rebuilt_follow_ups() -> list:
+    """docs/scbench.md's rebuilt follow-ups of the stable-late-runs rows (layer 5): those that ran every kept token,
+    by turn, and the mean time to first token over full's (:func:`follow_ups`' ratio) of those, of the others and of
+    all, with the tokens the others ran."""
+    label = "gemfilter-span-qmax:k=256,layer=5@"
+    lines = [
+        "| task | protocol | seeds | ran every kept token | on turns 2/3/4/5 | time / full, those | time / full, "
+        "the others | time / full, all | tokens, the others |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task, name in (("gf_facts", "GF.Facts"), ("gf_multikey", "GF.MultiKey")):
+        for protocol, folder in [
+            ("uncapped", RUNS_5[task]),
+            ("capped, `runs`", RUNS_CAPPED_5[task]),
+            ("capped, `runs-new`", RUNS_NEW_5[task]),
+        ]:
+            found = collect(folder)
+            y = turns_by_seed(found, label + "stable-late-runs", task)
+            full = turns_by_seed(found, "full", task)
+            follow = [(i, t) for i in sorted(y) for t in range(1, 5)]
+            every = [(i, t) for i, t in follow if y[i][t]["recomputed"] == y[i][t]["kept"]]
+            others = [x for x in follow if x not in every]
+
+            def ratio(picked):
+                if not picked:
+                    return "–"
+                return f"{sum(y[i][t]['ttft_s'] / full[i][t]['ttft_s'] for i, t in picked) / len(picked):.2f}×"
+
+            turns = "/".join(str(sum(t == turn for _, t in every)) for turn in range(1, 5))
+            tokens = round(sum(y[i][t]["recomputed"] for i, t in others) / len(others))
+            lines.append(
+                f"| {name} | {protocol} | 0–{max(y)} | {len(every)} of {len(follow)} | {turns} | {ratio(every)} | "
+                f"{ratio(others)} | {ratio(follow)} | {tokens} |"
+            )
+    return lines
+
+
+def test_stable_late_runs_rebuilt_follow_ups_give_what_the_docs_say():
+    """The rebuilt follow-ups' table of docs/scbench.md (their count by turn, their time and the others') is the
+    rows'."""
+    block = docs_block("scbench.md", "scbench-own-runs-rebuilt")
+    assert rebuilt_follow_ups() == [x for x in block.splitlines() if x.startswith("|")]
+
+
 @pytest.mark.slow
 def test_a_runs_new_row_is_what_the_runner_computes_now():
     """GF.Facts seed 3, the seed runs-new was chosen on: the runner's capped stable-late-runs conversation today gives
