@@ -23,6 +23,7 @@ FULL = REPO / "measured" / "scbench-own-full"
 EIGHT_K = REPO / "measured" / "scbench-own-8k"
 EIGHT_K_METHODS = REPO / "measured" / "scbench-own-8k-methods"  # gemfilter-span-qmax and the cache methods at 8K
 EIGHT_K_SAMPLES = 10  # the 8K run's samples (seeds 0..n-1)
+GEMFILTER = REPO / "measured" / "scbench-own-gemfilter"  # GF.Facts, 4K, gemfilter:k=256 beside full, both modes
 # GF.MultiKey's needle wording was chosen looking at full's first answers on seeds 0-5, its keys' kinds looking at
 # full's multi-request answers on seeds 0-5 (both lengths)
 MULTIKEY_SEEN = range(6)
@@ -100,6 +101,7 @@ RUNS_CAPPED_5 = {
     "folder,name",
     [
         (ROOT, "scbench-own-measured"),
+        (GEMFILTER, "scbench-own-gemfilter"),
         (CALIBRATION, "scbench-own-calibration"),
         (FULL, "scbench-own-full"),
         (EIGHT_K, "scbench-own-8k"),
@@ -197,6 +199,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_METHODS, 4096, 20),
         (MULTIKEY_QMAX, 4096, 10),
         (MULTIKEY_K1024, 4096, 10),
+        (GEMFILTER, 4096, 20),
         (MULTIKEY_CF, 4096, 20),
         (FACTS_CF, 4096, 20),
         (HOLES[0.25], 4096, 10),
@@ -322,6 +325,7 @@ def test_multikey_misses_are_another_needle_s_number():
         (ROOT, 4096, "gf_facts", FULL),
         (EIGHT_K, 8192, "gf_facts", FULL),
         (EIGHT_K_METHODS, 8192, "gf_facts", FULL),
+        (GEMFILTER, 4096, "gf_facts", ROOT),
         (MULTIKEY_METHODS, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_QMAX, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
@@ -366,6 +370,7 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
         (MULTIKEY_K1024, 4096, "gemfilter-span:k=1024", "gf_multikey"),
         (ROOT, 4096, "gemfilter-span:k=256", "gf_facts"),
         (ROOT, 4096, "gemfilter-span-qmax:k=256", "gf_facts"),
+        (GEMFILTER, 4096, "gemfilter:k=256", "gf_facts"),
         (EIGHT_K, 8192, "gemfilter-span:k=256", "gf_facts"),
         (EIGHT_K_METHODS, 8192, "gemfilter-span-qmax:k=256", "gf_facts"),
         (MULTIKEY_METHODS, 4096, "gemfilter-span:k=256", "gf_multikey"),
