@@ -95,6 +95,10 @@ RUNS_CAPPED_5 = {
     "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-capped-5",
     "gf_facts": REPO / "measured" / "scbench-own-runs-capped-5",
 }
+#: layer 5's reselect on seeds 0-19 of each task, beside the stable-late-runs runs
+RESELECT_5 = {"gf_multikey": RUNS_5["gf_multikey"], "gf_facts": RUNS_CAPPED_5["gf_facts"]}
+#: the stable-late-runs runs at layer 5 (--max-holes 1) that the docs set side by side, by name
+LATE_RUNS_5 = [("uncapped", RUNS_5), ("capped, `runs`", RUNS_CAPPED_5), ("capped, `runs-new`", RUNS_NEW_5)]
 
 
 @pytest.mark.parametrize(
@@ -1518,7 +1522,6 @@ def runs_new_summary() -> list:
     """docs/scbench.md's summary of the capped stable-late-runs with --fresh-by runs-new beside --fresh-by runs and
     reselect (layer 5), per task and seed range, from the rows (:func:`follow_ups`; each against its own run's full)."""
     label = "gemfilter-span-qmax:k=256,layer=5@"
-    reselect = {"gf_multikey": RUNS_5["gf_multikey"], "gf_facts": RUNS_CAPPED_5["gf_facts"]}
     names = {"gf_multikey": "GF.MultiKey", "gf_facts": "GF.Facts"}
     lines = [
         "| task | seeds | protocol | time / full | within 2× | tokens | all run | per-turn accuracy | mean |",
@@ -1527,7 +1530,7 @@ def runs_new_summary() -> list:
     for task in ("gf_facts", "gf_multikey"):
         rows = []  # (name, the protocol's turns, its run's full's turns), each folder read once
         for name, folder, protocol in [
-            ("reselect", reselect[task], "reselect"),
+            ("reselect", RESELECT_5[task], "reselect"),
             ("capped, `runs`", RUNS_CAPPED_5[task], "stable-late-runs"),
             ("capped, `runs-new`", RUNS_NEW_5[task], "stable-late-runs"),
         ]:
@@ -1589,19 +1592,15 @@ def paired_against_reselect() -> list:
     from math import comb
 
     label = "gemfilter-span-qmax:k=256,layer=5@"
-    reselect = {"gf_multikey": RUNS_5["gf_multikey"], "gf_facts": RUNS_CAPPED_5["gf_facts"]}
     lines = [
         "| task | protocol | seeds | follow-ups | right where `reselect` is wrong | wrong where `reselect` is right "
         "| sign test p |",
         "|---|---|---|---|---|---|---|",
     ]
     for task, name in (("gf_facts", "GF.Facts"), ("gf_multikey", "GF.MultiKey")):
-        ref = turns_by_seed(collect(reselect[task]), label + "reselect", task)
-        for protocol, folder in [
-            ("uncapped", RUNS_5[task]),
-            ("capped, `runs`", RUNS_CAPPED_5[task]),
-            ("capped, `runs-new`", RUNS_NEW_5[task]),
-        ]:
+        ref = turns_by_seed(collect(RESELECT_5[task]), label + "reselect", task)
+        for protocol, runs in LATE_RUNS_5:
+            folder = runs[task]
             y = turns_by_seed(collect(folder), label + "stable-late-runs", task)
             follow = [(i, t) for i in sorted(y) for t in range(1, 5)]
             gained = sum(y[i][t]["score"] > ref[i][t]["score"] for i, t in follow)
@@ -1630,11 +1629,8 @@ def rebuilt_follow_ups() -> list:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for task, name in (("gf_facts", "GF.Facts"), ("gf_multikey", "GF.MultiKey")):
-        for protocol, folder in [
-            ("uncapped", RUNS_5[task]),
-            ("capped, `runs`", RUNS_CAPPED_5[task]),
-            ("capped, `runs-new`", RUNS_NEW_5[task]),
-        ]:
+        for protocol, runs in LATE_RUNS_5:
+            folder = runs[task]
             found = collect(folder)
             y = turns_by_seed(found, label + "stable-late-runs", task)
             full = turns_by_seed(found, "full", task)
