@@ -59,7 +59,7 @@ from .layers import default_layer
 from .measure import FirstTokenClock, PeakMemory
 from .methods.spec import Method, PromptMethod
 from .selection import QueryTail, Selection, check_causal_decoder, select_cached, sliding_window_of
-from .stable import FRESH_BY, FRESH_HOLES, Cap, Layout
+from .stable import FRESH_BY, FRESH_HOLES, OUTGROWN, REOPENING, Cap, Layout
 
 #: the protocols that answer on a :class:`gemfilter.stable.Layout`
 LAYOUTS = ("stable", "stable-cf", "stable-gap", "stable-front", "stable-late", "stable-late-runs")
@@ -144,6 +144,19 @@ def check_whole_runs_cap(max_fresh, fresh_by: str, protocols, name: str = "fresh
         )
 
 
+def check_outgrown(outgrown: str, protocols, name: str = "outgrown") -> None:
+    """Raise ValueError unless ``outgrown`` is in :data:`gemfilter.stable.OUTGROWN`, and ``reopen`` comes only with
+    protocols that can reopen (:data:`gemfilter.stable.REOPENING`). ``name`` is how the caller spells it."""
+    if outgrown not in OUTGROWN:
+        raise ValueError(f"unknown {name} {outgrown!r}; allowed: {', '.join(OUTGROWN)}")
+    others = [p for p in protocols if p not in REOPENING]
+    if outgrown == "reopen" and others:
+        raise ValueError(
+            f"{name} reopen keeps the context slots before the conversation's first and runs the rest again, which "
+            f"only {', '.join(REOPENING)} lay out; got {', '.join(others)} ({name} rebuild runs every protocol)"
+        )
+
+
 def check_max_fresh(max_fresh, protocol: str, name: str = "max_fresh") -> None:
     """Raise ValueError unless ``max_fresh`` is None, or a whole number >= 1 under a protocol in :data:`CAPPED`."""
     if max_fresh is None:
@@ -181,7 +194,10 @@ class Conversation:
     whole runs) or ``runs-new`` (``stable-late-runs`` only: ``runs``, but a run that holds no held token, a sentence the
     turn keeps anew, ranks before every run that extends a held one); fresh_holes: which masked slots the rebuild rule
     reads on a capped turn, ``capped`` (the capped turn's) or ``selection`` (those the whole selection would leave, as
-    without the cap).
+    without the cap); outgrown: ``stable-gap`` and ``stable-late*`` only, what a follow-up does when its new context
+    outgrows the free positions or a conversation token it newly keeps precedes a held one: ``rebuild`` (every kept
+    token runs again) or ``reopen`` (the context slots before the conversation's first stay, the rest runs again,
+    :meth:`gemfilter.stable.Layout._reopen_gap`).
 
     Example::
 
@@ -202,6 +218,7 @@ class Conversation:
         max_fresh: int | None = None,
         fresh_by: str = "runs",
         fresh_holes: str = "capped",
+        outgrown: str = "rebuild",
     ):
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
@@ -247,7 +264,9 @@ class Conversation:
         if fresh_holes not in FRESH_HOLES:
             raise ValueError(f"unknown fresh_holes {fresh_holes!r}; allowed: {', '.join(FRESH_HOLES)}")
         check_whole_runs_cap(max_fresh, fresh_by, (protocol,))
+        check_outgrown(outgrown, (protocol,))
         self.max_fresh, self.fresh_by, self.fresh_holes = max_fresh, fresh_by, fresh_holes
+        self.outgrown = outgrown
         self._boundary = context_tokens  # the context-first layouts: history indices below it are the context
         self._layout = None  # stable: the generation cache's slots
         self._handle = None  # reuse: apply()'s handle, which forks its caches
@@ -425,8 +444,9 @@ class Conversation:
         cut, front = self.keep != "answers", self.protocol == "stable-front"
         late, whole = self.protocol in ("stable-late", "stable-late-runs"), self.protocol == "stable-late-runs"
         limit = self._cap(scores, self._boundary)  # the cap reads the context's tokens alone
+        reopen = self.outgrown == "reopen"
         return layout.place_gap(
-            history, want, self._boundary, self.max_holes, cut, front=front, late=late, whole=whole, limit=limit
+            history, want, self._boundary, self.max_holes, cut, front, late, whole, limit=limit, reopen=reopen
         )
 
     def _cap(self, scores, asked_from: int) -> Cap | None:

@@ -63,6 +63,14 @@ rotary positions a rebuilt turn (the first) answers as ``reselect`` does, up to 
 takes the free positions just below the lowest one in use: read before the whole context, and the context's slots it
 attends to sit at later positions than its own.
 
+``outgrown``: what a follow-up of ``stable-gap``, ``stable-late`` or ``stable-late-runs`` does when its new context
+outgrows the free positions, or a conversation token it newly keeps precedes a held one. ``rebuild`` (the default)
+runs every kept token again in ``reselect``'s order. ``reopen`` keeps the context slots before the conversation's first
+slot with their keys and values, cuts every later slot off the cache, and runs the context those held, the new
+context and the whole kept conversation, in history order, with free positions after the context again
+(:meth:`Layout._reopen_gap`). On GF.Facts and GF.MultiKey the rebuilt follow-ups of the capped and uncapped
+``stable-late-runs`` took 2.6-3.4x ``full``'s time to first token, the others 1.6-2.0x (docs/scbench.md).
+
 It is an approximation of ``reselect``: a kept slot's keys and values were computed when it was written, against
 the slots valid then, and appended tokens sit after older ones whatever their place in the history. What it
 computes is exactly stated: :meth:`Layout.attention_mask` gives the one mask under which a single forward over
@@ -90,6 +98,12 @@ from .compat import cache_kwargs, croppable_cache, drop_last, dynamic_cache
 FRESH_BY = ("runs", "tokens", "runs-new")
 #: Which holes the rebuild rule reads on a capped follow-up (:class:`Cap`).
 FRESH_HOLES = ("capped", "selection")
+#: What a gap layout's follow-up does when its new context outgrows the free positions, or a conversation token it
+#: newly keeps precedes a held one (:meth:`Layout.place_gap`): ``rebuild`` (every kept token runs again) or
+#: ``reopen`` (:meth:`Layout._reopen_gap`: the context slots before the conversation's first stay).
+OUTGROWN = ("rebuild", "reopen")
+#: The protocols that can reopen: the gap layouts whose free positions lie after the context.
+REOPENING = ("stable-gap", "stable-late", "stable-late-runs")
 
 
 @dataclass(frozen=True)
@@ -291,6 +305,7 @@ class Layout:
         late: bool = False,
         whole: bool = False,
         limit: Cap | None = None,
+        reopen: bool = False,
     ) -> tuple:
         """``stable-gap``: the context's kept tokens as :meth:`place_context_first` lays them, but the conversation's
         slots stay too. A rebuilt layout puts the context at positions 0..c-1 and the conversation from c + gap on
@@ -319,7 +334,11 @@ class Layout:
         its old positions and new ones.
 
         limit: a :class:`Cap` on the context a follow-up newly keeps (:meth:`_fresh_context`; ``limit.asked_from`` at
-        ``boundary``), or None."""
+        ``boundary``), or None.
+
+        reopen: a follow-up whose new context outgrows the free positions, or whose newly kept conversation token
+        precedes a held one, is not rebuilt but reopened (:meth:`_reopen_gap`; not with ``front``), where a context
+        slot before the conversation's first stays valid (where none does, a reopen would run every kept token)."""
         # the cache is cut once below: a sliding-window layer past its window keeps no more than one cut can undo
         cut = len(self.ids) - self.answer_from if cut_answer and self.answer_from < len(self.ids) else 0
         self._keep_first(len(self.ids) - cut)
@@ -334,17 +353,22 @@ class Layout:
             free = min((self.pos[s] for s in context), default=0)
         else:
             free = len(context) if opening else self.talk_start - (max((self.pos[s] for s in context), default=-1) + 1)
+        outgrown = len(fresh) > free or bool(said and talk and talk[0] < max(said))
+        first = next((s for s, h in enumerate(self.ids) if h >= boundary), len(self.ids))  # the conversation's first
+        masked = set(drop)
+        reopens = reopen and outgrown and any(self.valid[s] and s not in masked for s in range(first))
         if (
             not self.ids
             or not talk
             or (not max_holes and (fresh or drop))
             or holes > max_holes * (len(context) + len(judged_fresh))
-            or len(fresh) > free
-            or (said and talk[0] < max(said))
+            or (outgrown and not reopens)
         ):
             return self._rebuild_gap(history, want, boundary, max_holes, front=front, late=late)
         for s in drop:
             self.valid[s] = False
+        if reopens:
+            return self._reopen_gap(history, first, want, boundary, fresh, cut, max_holes)
         if opening:
             return self._open_gap(history, fresh + [h for h in want if h >= boundary], len(fresh), len(context), cut)
         drop_last(self.cache, cut)
@@ -412,6 +436,35 @@ class Layout:
         self.closed = False
         self.talk_start = 2 * c
         positions = list(range(c, c + fresh)) + list(range(self.talk_start, self.talk_start + len(run) - fresh))
+        logits = self.write(history[:, run], run, positions)
+        self.answer_from = len(self.ids)
+        return logits, False, len(run)
+
+    def _reopen_gap(
+        self, history: torch.Tensor, first: int, want: list, boundary: int, fresh: list, cut: int, max_holes: float
+    ) -> tuple:
+        """:meth:`place_gap`'s reopened follow-up (``reopen``), where the layout would otherwise be rebuilt: the context
+        slots before the conversation's first slot (``first``) stay (with their keys, values and positions, the dropped
+        ones masked); every slot from it on is cut off the cache (the conversation's, and the context slots written
+        after it); the context those held and the turn keeps, with what it newly writes (``fresh``), is written in
+        history order at the positions after the staying slots, and every kept conversation token after as many free
+        positions as the context now holds valid slots (an opening, :meth:`_open_gap`, leaves c in all; none with
+        ``max_holes`` 0, where only a conversation out of order reopens, and the layout is ``reselect``'s). One forward,
+        in which the context is read before the conversation, as in the history; it runs the context kept after the
+        conversation's first slot, the new context and the whole conversation, not the staying slots. ``cut``: answer
+        slots the bookkeeping dropped, still in the cache. Returns as :meth:`place`."""
+        stay = sum(self.valid[:first])
+        # the context the cut slots hold and the turn keeps (a cap's spared slots too), and what it newly writes
+        rest = sorted({h for s, h in enumerate(self.ids[first:], first) if self.valid[s] and h < boundary} | set(fresh))
+        talk = [h for h in want if h >= boundary]
+        drop_last(self.cache, cut + len(self.ids) - first)
+        self._keep_first(first)
+        free = stay + len(rest) if max_holes else 0
+        self.closed = self.closed and not free
+        start = max(self.pos, default=-1) + 1
+        self.talk_start = start + len(rest) + free
+        run = rest + talk
+        positions = list(range(start, start + len(rest))) + list(range(self.talk_start, self.talk_start + len(talk)))
         logits = self.write(history[:, run], run, positions)
         self.answer_from = len(self.ids)
         return logits, False, len(run)

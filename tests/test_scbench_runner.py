@@ -132,6 +132,11 @@ def test_a_rerun_resumes_and_another_setup_is_refused(tiny, tmp_path):
         ({"max_fresh": 0, "protocols": ("stable",)}, "--max-fresh is a whole number >= 1"),
         ({"max_fresh": 8, "protocols": ("stable",), "fresh_by": "words"}, "--fresh-by: words; allowed: runs, tokens"),
         ({"max_fresh": 8, "protocols": ("stable",), "fresh_holes": "all"}, "--fresh-holes: all; allowed: capped, sel"),
+        ({"outgrown": "grow", "protocols": ("stable-late",)}, "--outgrown: grow; allowed: rebuild, reopen"),
+        (
+            {"outgrown": "reopen", "protocols": ("reselect", "stable")},
+            "--outgrown reopen: add one of stable-gap, stable-late, stable-late-runs to --protocols",
+        ),
         ({"engine": "http://x"}, "--engine runs full .* not gemfilter:k=48,layer=2@reuse, snapkv:k=64"),
     ],
 )
@@ -552,3 +557,34 @@ def test_max_fresh_reaches_the_layouts_alone_and_names_the_folder(tiny, tmp_path
     with pytest.raises(ValueError, match="max_fresh: None there, 4 now"):
         run(RunConfig(**setup, max_fresh=4), out, model_and_tokenizer=tiny, progress=False)
     assert len(run(RunConfig(**setup), out, model_and_tokenizer=tiny, progress=False)) == 4  # no cap: resumed
+
+
+def test_outgrown_reaches_the_gap_layouts_alone_and_names_the_folder(tiny, tmp_path, monkeypatch):
+    """--outgrown: every stable-gap and stable-late* conversation gets it, no other protocol's does; a folder that runs
+    one records it, a folder written before it means rebuild, and a resume with another value is refused."""
+    import json
+
+    seen = conversations_seen(monkeypatch, "outgrown", "absent")
+    setup = {
+        **BASE,
+        "methods": ("gemfilter:k=48,layer=2",),
+        "protocols": ("reselect", "stable", "stable-gap", "stable-late-runs"),
+        "tasks": ("scbench_mf",),
+        "num_samples": 1,
+        "max_holes": 1.0,
+    }
+    out = tmp_path / "out"
+    run(RunConfig(**setup, outgrown="reopen"), out, model_and_tokenizer=tiny, progress=False)
+    expect = {("stable-gap", "reopen"), ("stable-late-runs", "reopen")}
+    assert set(seen) == expect | {("reselect", "absent"), ("stable", "absent"), ("full", "absent")}  # full: warm-up
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["outgrown"] == "reopen"
+    with pytest.raises(ValueError, match="outgrown: 'reopen' there, 'rebuild' now"):
+        run(RunConfig(**setup), out, model_and_tokenizer=tiny, progress=False)
+    del stored["outgrown"]  # a folder written before --outgrown rebuilt
+    (out / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match="outgrown: 'rebuild' there, 'reopen' now"):
+        run(RunConfig(**setup, outgrown="reopen"), out, model_and_tokenizer=tiny, progress=False)
+    assert len(run(RunConfig(**setup), out, model_and_tokenizer=tiny, progress=False)) == 4  # rebuild: resumed
+    reselect_only = {**setup, "protocols": ("reselect",)}
+    assert "outgrown" not in RunConfig(**reselect_only).identity()

@@ -292,6 +292,11 @@ def test_stable_refuses_what_it_cannot_do():
             gemfilter.Conversation(
                 model, get_method("gemfilter", layer=2), protocol=protocol, max_fresh=8, fresh_by="runs-new"
             )
+    with pytest.raises(ValueError, match="unknown outgrown 'grow'; allowed: rebuild, reopen"):
+        gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol="stable-late", outgrown="grow")
+    for protocol in ("reselect", "stable", "stable-cf", "stable-front"):
+        with pytest.raises(ValueError, match=f"outgrown reopen keeps the context slots .*; got {protocol} \\("):
+            gemfilter.Conversation(model, get_method("gemfilter", layer=2), protocol=protocol, outgrown="reopen")
     with gemfilter.Conversation(model, get_method("gemfilter", layer=2, topk=12), protocol="stable") as chat:
         with pytest.raises(ValueError, match="decodes greedily"):
             chat.ask(question(0, 30), max_new_tokens=3, do_sample=True)
@@ -883,3 +888,66 @@ def test_runs_new_ranks_a_new_run_before_one_that_extends_a_held_run(by, written
     write, mask, _ = layout._fresh_context(want, 50, held, True, Cap(12, by, scores, asked_from=50, holes="capped"))
     assert write == written
     assert mask == ([held[h] for h in range(10, 20)] if by == "runs" else [])
+
+
+REOPENING = ["stable-gap", "stable-late", "stable-late-runs"]
+
+
+@pytest.mark.parametrize("protocol", REOPENING)
+@pytest.mark.parametrize("keep", ["answers", "questions"])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_reopened_follow_up_keeps_the_context_before_the_conversation(family, keep, protocol, monkeypatch):
+    """outgrown="reopen" (max_holes=1, gemfilter at k=12, 20 and 24, which outgrow the free positions here): a follow-up
+    that reopens keeps the context slots before the conversation's first slot (at least one valid), and runs, in one
+    forward, the kept context those do not hold, in history order at the positions right after theirs, then every kept
+    conversation token in history order, after as many free positions as the context holds valid slots; fewer tokens
+    than the selection. After every turn the valid slots are the selection, every context slot sits at a position before
+    every conversation slot, and each answer token is what one forward over the layout's slots gives under
+    Layout.attention_mask() (:func:`assert_one_forward`). The same conversations under outgrown="rebuild" rebuild more
+    turns, so the check sees turns that reopened."""
+    from gemfilter.stable import Layout
+
+    model = BUILDERS[family]()
+    if family == "gemma3":
+        model = gemfilter.set_attention(model, "banded")
+    state, reopened = {}, 0
+    real = Layout._reopen_gap
+
+    def spy(self, history, first, *args):
+        state["before"] = (first, self.pos[:first], [self.ids[s] for s in range(first) if self.valid[s]])
+        return real(self, history, first, *args)
+
+    monkeypatch.setattr(Layout, "_reopen_gap", spy)
+    boundary, rebuilt = 30, {}
+    for outgrown in ("rebuild", "reopen"):
+        rebuilt[outgrown] = 0
+        for topk in (12, 20, 24):
+            method = get_method("gemfilter", layer=FILTER_LAYER[family], topk=topk)
+            where = dict(keep=keep, max_holes=1.0, context_tokens=boundary, outgrown=outgrown)
+            with gemfilter.Conversation(model, method, DotTokenizer(), protocol=protocol, **where) as chat:
+                for t, turn, history in asked(chat):
+                    layout, want = chat._layout, turn.selection.indices[0].tolist()
+                    rebuilt[outgrown] += turn.rebuilt
+                    assert sorted(h for h, v in zip(layout.ids, layout.valid) if v and h < history.shape[1]) == want
+                    talk = [s for s, h in enumerate(layout.ids) if boundary <= h < history.shape[1]]
+                    context = [s for s, h in enumerate(layout.ids) if h < boundary and layout.valid[s]]
+                    if talk and context:
+                        assert max(layout.pos[s] for s in context) < min(layout.pos[s] for s in talk), t
+                    if "before" in state:  # this turn reopened
+                        first, kept_pos, stay = state.pop("before")
+                        reopened += 1
+                        assert not turn.rebuilt and layout.pos[:first] == kept_pos
+                        ran = layout.ids[first : layout.answer_from]
+                        rest = [h for h in want if h < boundary and h not in stay]
+                        spoken = [h for h in want if h >= boundary]
+                        assert ran == rest + spoken, t
+                        start = max(kept_pos) + 1
+                        talk_start = start + len(rest) + len(stay) + len(rest)  # as many free as valid context slots
+                        expect = list(range(start, start + len(rest))) + list(
+                            range(talk_start, talk_start + len(spoken))
+                        )
+                        assert layout.pos[first : layout.answer_from] == expect, t
+                        assert turn.recomputed == len(ran) < len(want), t
+                    assert_one_forward(model, layout, history, turn, t)
+    assert reopened, "no follow-up reopened: the test would not see it"
+    assert rebuilt["reopen"] < rebuilt["rebuild"]

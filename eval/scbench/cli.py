@@ -58,7 +58,7 @@ examples:
 
 def add_protocol_options(r) -> None:
     """The protocols a prompt method runs under, and the layouts' settings (gemfilter.Conversation's)."""
-    from gemfilter.stable import FRESH_BY, FRESH_HOLES
+    from gemfilter.stable import FRESH_BY, FRESH_HOLES, OUTGROWN
 
     r.add_argument(
         "--protocols",
@@ -106,6 +106,16 @@ def add_protocol_options(r) -> None:
         "the capped turn leaves (capped), or those the whole selection would leave, as stable without a cap reads "
         "them, so a turn whose selection moved far is rebuilt as there (selection) (default capped); a folder "
         "records it",
+    )
+    r.add_argument(
+        "--outgrown",
+        choices=OUTGROWN,
+        default="rebuild",
+        help="stable-gap, stable-late and stable-late-runs (the run's other protocols ignore it): what a follow-up "
+        "does when its new context outgrows the free positions or a conversation token it newly keeps precedes a "
+        "held one: run every kept token again in reselect's order (rebuild), or keep the context slots before the "
+        "conversation's first and run the rest again, the context first, with free positions after it again "
+        "(reopen), an approximation measured in docs/scbench.md (default rebuild); a folder records it",
     )
 
 
@@ -215,6 +225,7 @@ def _run(args) -> int:
         max_fresh=args.max_fresh,
         fresh_by=args.fresh_by,
         fresh_holes=args.fresh_holes,
+        outgrown=args.outgrown,
         extra={"attn": args.attn or "model default"},
     )
     if args.threads:

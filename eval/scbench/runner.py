@@ -47,7 +47,7 @@ from gemfilter.conversation import (
     check_max_holes,
     check_whole_runs_cap,
 )
-from gemfilter.stable import FRESH_BY, FRESH_HOLES
+from gemfilter.stable import FRESH_BY, FRESH_HOLES, OUTGROWN, REOPENING
 from gemfilter.toolkit.options import check_against_model
 
 from .engine import converse_engine
@@ -79,6 +79,7 @@ FORMAT_DEFAULTS = {
     "max_fresh": None,
     "fresh_by": "tokens",  # the rule of the first folder that capped (measured/scbench-own-fresh-tokens)
     "fresh_holes": "capped",
+    "outgrown": "rebuild",
 }
 
 
@@ -94,7 +95,9 @@ class RunConfig(BaseRunConfig):
     max_fresh: the layouts' cap on the earlier tokens a follow-up newly keeps (None: no cap), part of the identity of
     a folder that runs one; fresh_by: how that cap picks (:data:`gemfilter.stable.FRESH_BY`) and
     fresh_holes which holes its rebuild rule reads (``capped`` or ``selection``), part of the identity of a folder
-    that caps.
+    that caps; outgrown: what ``stable-gap`` and ``stable-late*`` do when a follow-up's new context outgrows the free
+    positions (:data:`gemfilter.stable.OUTGROWN`: ``rebuild`` or ``reopen``), part of the identity of a folder that
+    runs one.
     warmup: before the first timed conversation, run one untimed ``full`` conversation of two turns (locally): the
     first forward passes of a process pay one-time costs (seconds at 4K on CPU) that would land on the first row.
     """
@@ -111,6 +114,7 @@ class RunConfig(BaseRunConfig):
     max_fresh: int | None = None
     fresh_by: str = "runs"
     fresh_holes: str = "capped"
+    outgrown: str = "rebuild"
 
     def identity(self) -> dict:
         engine = {"engine": self.engine} if self.engine is not None else {}  # a local folder's identity as it was
@@ -125,6 +129,8 @@ class RunConfig(BaseRunConfig):
             own["max_fresh"] = self.max_fresh
             if self.max_fresh is not None:
                 own["fresh_by"], own["fresh_holes"] = self.fresh_by, self.fresh_holes
+        if any(p in REOPENING for p in self.protocols):  # folders before --outgrown rebuilt
+            own["outgrown"] = self.outgrown
         return {
             "model": self.model,
             "topk": self.topk,
@@ -195,6 +201,10 @@ def validate(config: RunConfig) -> None:
     check_whole_runs_cap(config.max_fresh, config.fresh_by, config.protocols, "--fresh-by")
     if config.fresh_holes not in FRESH_HOLES:
         raise ValueError(f"--fresh-holes: {config.fresh_holes}; allowed: {', '.join(FRESH_HOLES)}")
+    if config.outgrown not in OUTGROWN:
+        raise ValueError(f"--outgrown: {config.outgrown}; allowed: {', '.join(OUTGROWN)}")
+    if config.outgrown == "reopen" and not any(p in REOPENING for p in config.protocols):
+        raise ValueError(f"--outgrown reopen: add one of {', '.join(REOPENING)} to --protocols, or leave it out")
     if config.engine is not None:
         from .engine import check_engine_labels
 
@@ -276,7 +286,8 @@ class SCBench(Benchmark):
         elif self.config.warmup:
             warm_up(model, tok, self.config)
 
-        layouts = {k: getattr(self.config, k) for k in ("max_holes", "max_fresh", "fresh_by", "fresh_holes")}
+        settings = ("max_holes", "max_fresh", "fresh_by", "fresh_holes", "outgrown")
+        layouts = {k: getattr(self.config, k) for k in settings}
 
         def predict(unit: Unit) -> dict:
             mode, length, label, task, sample = unit.data
@@ -344,6 +355,7 @@ def converse(
     max_fresh: int | None = None,
     fresh_by: str = "runs",
     fresh_holes: str = "capped",
+    outgrown: str = "rebuild",
 ) -> dict:
     """One sample's conversation as the official runner feeds it: {turns: [...], prefill_s}.
 
@@ -351,7 +363,9 @@ def converse(
     ``stable-cf``, ``stable-gap``, ``stable-front``, ``stable-late`` or ``stable-late-runs``; mode: a name in
     :data:`eval.scbench.prompts.MODES`; length: the window the first prompt is cut to fit; max_holes: the layouts'
     rebuild share (``stable*``); max_fresh: the layouts' cap on the earlier tokens a follow-up newly keeps, fresh_by
-    how it picks them and fresh_holes which holes its rebuild rule reads (the other protocols ignore all three).
+    how it picks them and fresh_holes which holes its rebuild rule reads (the other protocols ignore all three);
+    outgrown: what ``stable-gap`` and ``stable-late*`` do when a follow-up's new context outgrows the free positions
+    (the others ignore it).
     """
     import gemfilter
 
@@ -366,6 +380,8 @@ def converse(
         where["context_tokens"] = context_end(prompts, sample, tok, first)
     if protocol in CAPPED:
         where.update(max_fresh=max_fresh, fresh_by=fresh_by, fresh_holes=fresh_holes)
+    if protocol in REOPENING:
+        where["outgrown"] = outgrown
     with gemfilter.Conversation(model, method, tok, protocol=protocol, keep=keep, max_holes=max_holes, **where) as chat:
         if mode == "multi-request":
             prefill_s = chat.prefill(first)
