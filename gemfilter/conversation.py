@@ -31,6 +31,9 @@ named protocols say what a turn keeps of the earlier ones:
   the kept conversation again after them once.
 - ``stable-late-runs`` (prompt methods; greedy): ``stable-late`` where a newly kept context token brings along the held
   tokens of its run (consecutive in the history), written again whole at the free positions.
+- ``outgrown="reopen"`` (``stable-gap``, ``stable-late*``): a follow-up that would be rebuilt because its new context
+  outgrew the free positions, or its conversation came out of order, keeps the context slots before the
+  conversation's first and runs the rest again (:meth:`gemfilter.stable.Layout.place_gap`).
 
 What stays in the history after a turn (``keep``): ``answers`` (question and answer, as a chat), ``questions``
 (the answer is dropped, from the cache too: SCBench's multi-turn mode, whose next question starts with the

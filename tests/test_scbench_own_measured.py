@@ -95,10 +95,26 @@ RUNS_CAPPED_5 = {
     "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-capped-5",
     "gf_facts": REPO / "measured" / "scbench-own-runs-capped-5",
 }
+#: --outgrown reopen: stable-late-runs at layer 5, --max-holes 1, multi-turn, 4K, seeds 0-19, with full: uncapped, and
+#: capped as RUNS_NEW_5 (--max-fresh 64 --fresh-by runs-new --fresh-holes selection)
+RUNS_REOPEN_5 = {
+    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-reopen-5",
+    "gf_facts": REPO / "measured" / "scbench-own-runs-reopen-5",
+}
+RUNS_NEW_REOPEN_5 = {
+    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-new-reopen-5",
+    "gf_facts": REPO / "measured" / "scbench-own-runs-new-reopen-5",
+}
 #: layer 5's reselect on seeds 0-19 of each task, beside the stable-late-runs runs
 RESELECT_5 = {"gf_multikey": RUNS_5["gf_multikey"], "gf_facts": RUNS_CAPPED_5["gf_facts"]}
 #: the stable-late-runs runs at layer 5 (--max-holes 1) that the docs set side by side, by name
-LATE_RUNS_5 = [("uncapped", RUNS_5), ("capped, `runs`", RUNS_CAPPED_5), ("capped, `runs-new`", RUNS_NEW_5)]
+LATE_RUNS_5 = [
+    ("uncapped", RUNS_5),
+    ("capped, `runs`", RUNS_CAPPED_5),
+    ("capped, `runs-new`", RUNS_NEW_5),
+    ("uncapped, reopen", RUNS_REOPEN_5),
+    ("capped, `runs-new`, reopen", RUNS_NEW_REOPEN_5),
+]
 
 
 @pytest.mark.parametrize(
@@ -144,6 +160,10 @@ LATE_RUNS_5 = [("uncapped", RUNS_5), ("capped, `runs`", RUNS_CAPPED_5), ("capped
         (RUNS_CAPPED_5["gf_facts"], "scbench-own-runs-capped-5"),
         (RUNS_NEW_5["gf_multikey"], "scbench-own-multikey-runs-new-5"),
         (RUNS_NEW_5["gf_facts"], "scbench-own-runs-new-5"),
+        (RUNS_REOPEN_5["gf_multikey"], "scbench-own-multikey-runs-reopen-5"),
+        (RUNS_REOPEN_5["gf_facts"], "scbench-own-runs-reopen-5"),
+        (RUNS_NEW_REOPEN_5["gf_multikey"], "scbench-own-multikey-runs-new-reopen-5"),
+        (RUNS_NEW_REOPEN_5["gf_facts"], "scbench-own-runs-new-reopen-5"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -1518,9 +1538,10 @@ def test_stable_late_runs_with_a_cap_gives_what_the_docs_say():
     ]
 
 
-def runs_new_summary() -> list:
-    """docs/scbench.md's summary of the capped stable-late-runs with --fresh-by runs-new beside --fresh-by runs and
-    reselect (layer 5), per task and seed range, from the rows (:func:`follow_ups`; each against its own run's full)."""
+def late_runs_summary(runs: list) -> list:
+    """A docs/scbench.md summary of stable-late-runs rows (layer 5) beside layer 5's reselect, per task and seed range,
+    from the rows (:func:`follow_ups`; each against its own run's full). runs: (name, {task: folder}) in the table's
+    order; a run gives a seed range's line where it holds every seed of it."""
     label = "gemfilter-span-qmax:k=256,layer=5@"
     names = {"gf_multikey": "GF.MultiKey", "gf_facts": "GF.Facts"}
     lines = [
@@ -1529,21 +1550,26 @@ def runs_new_summary() -> list:
     ]
     for task in ("gf_facts", "gf_multikey"):
         rows = []  # (name, the protocol's turns, its run's full's turns), each folder read once
-        for name, folder, protocol in [
-            ("reselect", RESELECT_5[task], "reselect"),
-            ("capped, `runs`", RUNS_CAPPED_5[task], "stable-late-runs"),
-            ("capped, `runs-new`", RUNS_NEW_5[task], "stable-late-runs"),
-        ]:
-            found = collect(folder)
+        for name, folders in [("reselect", RESELECT_5), *runs]:
+            found = collect(folders[task])
+            protocol = "reselect" if name == "reselect" else "stable-late-runs"
             rows.append((name, turns_by_seed(found, label + protocol, task), turns_by_seed(found, "full", task)))
         for seeds in (range(10), range(10, 20)):
             for name, y, full in rows:
+                if not set(seeds) <= set(y):
+                    continue
                 ratio, within, tokens, every, acc = follow_ups(y, full, seeds)
                 lines.append(
                     f"| {names[task]} | {seeds[0]}–{seeds[-1]} | {name} | {ratio:.2f}× | {within}/40 | {tokens} | "
                     f"{every} | {'/'.join(map(str, acc))} | {sum(acc) / 5:.1f} |"
                 )
     return lines
+
+
+def runs_new_summary() -> list:
+    """docs/scbench.md's summary of the capped stable-late-runs with --fresh-by runs-new beside --fresh-by runs and
+    reselect (layer 5)."""
+    return late_runs_summary([("capped, `runs`", RUNS_CAPPED_5), ("capped, `runs-new`", RUNS_NEW_5)])
 
 
 def test_stable_late_runs_capped_with_new_sentences_first_gives_what_the_docs_say():
