@@ -95,8 +95,17 @@ RUNS_CAPPED_5 = {
     "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-capped-5",
     "gf_facts": REPO / "measured" / "scbench-own-runs-capped-5",
 }
-#: --outgrown reopen: stable-late-runs at layer 5, --max-holes 1, multi-turn, 4K, seeds 0-19, with full: uncapped, and
-#: capped as RUNS_NEW_5 (--max-fresh 64 --fresh-by runs-new --fresh-holes selection)
+#: stable-late-runs at layer 5, --max-holes 1, multi-turn, 4K, seeds 0-19, with full, in one sitting: rebuilding
+#: (--outgrown rebuild, the default) and reopening (--outgrown reopen), uncapped and capped as RUNS_NEW_5 (--max-fresh
+#: 64 --fresh-by runs-new --fresh-holes selection), on both tasks
+RUNS_REBUILD_5 = {
+    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-rebuild-5",
+    "gf_facts": REPO / "measured" / "scbench-own-runs-rebuild-5",
+}
+RUNS_NEW_REBUILD_5 = {
+    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-new-rebuild-5",
+    "gf_facts": REPO / "measured" / "scbench-own-runs-new-rebuild-5",
+}
 RUNS_REOPEN_5 = {
     "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-reopen-5",
     "gf_facts": REPO / "measured" / "scbench-own-runs-reopen-5",
@@ -108,13 +117,15 @@ RUNS_NEW_REOPEN_5 = {
 #: layer 5's reselect on seeds 0-19 of each task, beside the stable-late-runs runs
 RESELECT_5 = {"gf_multikey": RUNS_5["gf_multikey"], "gf_facts": RUNS_CAPPED_5["gf_facts"]}
 #: the stable-late-runs runs at layer 5 (--max-holes 1) that the docs set side by side, by name
-LATE_RUNS_5 = [
-    ("uncapped", RUNS_5),
-    ("capped, `runs`", RUNS_CAPPED_5),
-    ("capped, `runs-new`", RUNS_NEW_5),
+LATE_RUNS_5 = [("uncapped", RUNS_5), ("capped, `runs`", RUNS_CAPPED_5), ("capped, `runs-new`", RUNS_NEW_5)]
+#: the one sitting's rebuilding and reopening runs, side by side
+REOPEN_RUNS_5 = [
+    ("uncapped", RUNS_REBUILD_5),
     ("uncapped, reopen", RUNS_REOPEN_5),
+    ("capped, `runs-new`", RUNS_NEW_REBUILD_5),
     ("capped, `runs-new`, reopen", RUNS_NEW_REOPEN_5),
 ]
+REOPEN_FOLDERS = [folders for _, folders in REOPEN_RUNS_5]
 
 
 @pytest.mark.parametrize(
@@ -164,6 +175,10 @@ LATE_RUNS_5 = [
         (RUNS_REOPEN_5["gf_facts"], "scbench-own-runs-reopen-5"),
         (RUNS_NEW_REOPEN_5["gf_multikey"], "scbench-own-multikey-runs-new-reopen-5"),
         (RUNS_NEW_REOPEN_5["gf_facts"], "scbench-own-runs-new-reopen-5"),
+        (RUNS_REBUILD_5["gf_multikey"], "scbench-own-multikey-runs-rebuild-5"),
+        (RUNS_REBUILD_5["gf_facts"], "scbench-own-runs-rebuild-5"),
+        (RUNS_NEW_REBUILD_5["gf_multikey"], "scbench-own-multikey-runs-new-rebuild-5"),
+        (RUNS_NEW_REBUILD_5["gf_facts"], "scbench-own-runs-new-rebuild-5"),
     ],
 )
 def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
@@ -254,6 +269,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (RUNS_CAPPED_5["gf_facts"], 4096, 20),
         (RUNS_NEW_5["gf_multikey"], 4096, 20),
         (RUNS_NEW_5["gf_facts"], 4096, 20),
+        *((folders[task], 4096, 20) for folders in REOPEN_FOLDERS for task in folders),
     ],
 )
 def test_every_committed_label_holds_samples_0_to_n_of_five_turns(folder, length, n):
@@ -374,6 +390,7 @@ def test_multikey_misses_are_another_needle_s_number():
         (RUNS_CAPPED_5["gf_facts"], 4096, "gf_facts", FULL),
         (RUNS_NEW_5["gf_multikey"], 4096, "gf_multikey", RUNS_5["gf_multikey"]),
         (RUNS_NEW_5["gf_facts"], 4096, "gf_facts", RUNS_CAPPED_5["gf_facts"]),
+        *((folders[task], 4096, task, RESELECT_5[task]) for folders in REOPEN_FOLDERS for task in folders),
     ],
 )
 def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
@@ -1609,12 +1626,12 @@ def test_stable_late_runs_capped_with_new_sentences_first_gives_what_the_docs_sa
     assert keys[9][3]["prediction"].startswith(" 85836484") and keys[9][3]["ground_truth"] == "8583652"
 
 
-def paired_against_reselect() -> list:
-    """docs/scbench.md's follow-ups of the stable-late-runs rows (layer 5) against layer 5's reselect on the same
-    seed and turn: how many each answers right where reselect answers wrong, and wrong where it answers right. Greedy
-    answers do not depend on the run, so reselect's rows of one run serve each task. The last column is the
-    two-sided sign test's p over the follow-ups where the two differ (how often so uneven a split comes of chance
-    if neither were the better)."""
+def paired_against_reselect(runs: list = LATE_RUNS_5) -> list:
+    """docs/scbench.md's follow-ups of the stable-late-runs rows (layer 5; runs: (name, {task: folder}) in the table's
+    order) against layer 5's reselect on the same seed and turn: how many each answers right where reselect answers
+    wrong, and wrong where it answers right. Greedy answers do not depend on the run, so reselect's rows of one run
+    serve each task. The last column is the two-sided sign test's p over the follow-ups where the two differ (how often
+    so uneven a split comes of chance if neither were the better)."""
     from math import comb
 
     label = "gemfilter-span-qmax:k=256,layer=5@"
@@ -1625,9 +1642,8 @@ def paired_against_reselect() -> list:
     ]
     for task, name in (("gf_facts", "GF.Facts"), ("gf_multikey", "GF.MultiKey")):
         ref = turns_by_seed(collect(RESELECT_5[task]), label + "reselect", task)
-        for protocol, runs in LATE_RUNS_5:
-            folder = runs[task]
-            y = turns_by_seed(collect(folder), label + "stable-late-runs", task)
+        for protocol, folders in runs:
+            y = turns_by_seed(collect(folders[task]), label + "stable-late-runs", task)
             follow = [(i, t) for i in sorted(y) for t in range(1, 5)]
             gained = sum(y[i][t]["score"] > ref[i][t]["score"] for i, t in follow)
             lost = sum(y[i][t]["score"] < ref[i][t]["score"] for i, t in follow)
@@ -1637,17 +1653,51 @@ def paired_against_reselect() -> list:
     return lines
 
 
+def test_reopening_where_stable_late_runs_rebuilds_gives_what_the_docs_say():
+    """--outgrown reopen (stable-late-runs, layer 5, --max-holes 1, multi-turn, 4K, seeds 0-19): each folder records
+    it with the rest of its setting (uncapped, or capped as RUNS_NEW_5), and docs/scbench.md's summary beside the
+    rebuilding runs and reselect is the rows'."""
+    import json
+
+    uncapped, capped = (None, None), (64, "runs-new")
+    for folders, outgrown, cap in (
+        (RUNS_REBUILD_5, "rebuild", uncapped),
+        (RUNS_REOPEN_5, "reopen", uncapped),
+        (RUNS_NEW_REBUILD_5, "rebuild", capped),
+        (RUNS_NEW_REOPEN_5, "reopen", capped),
+    ):
+        for folder in folders.values():
+            stored = json.loads((folder / "config.json").read_text())
+            assert (stored["outgrown"], stored["max_holes"]) == (outgrown, 1.0), folder
+            assert (stored.get("max_fresh"), stored.get("fresh_by")) == cap, folder
+    block = docs_block("scbench.md", "scbench-own-reopen-summary")
+    assert late_runs_summary(REOPEN_RUNS_5) == [x for x in block.splitlines() if x.startswith("|")]
+    # the rebuilding runs of this sitting answer as the earlier ones, token for token, on the seeds both hold
+    label = "gemfilter-span-qmax:k=256,layer=5@stable-late-runs"
+    for again, before in ((RUNS_REBUILD_5, RUNS_5), (RUNS_NEW_REBUILD_5, RUNS_NEW_5)):
+        for task in again:
+            now = turns_by_seed(collect(again[task]), label, task)
+            then = turns_by_seed(collect(before[task]), label, task)
+            assert set(then) <= set(now), task
+            for i in then:
+                assert [(t["prediction"], t["recomputed"]) for t in now[i]] == [
+                    (t["prediction"], t["recomputed"]) for t in then[i]
+                ], (task, i)
+
+
 def test_stable_late_runs_against_reselect_turn_by_turn_gives_what_the_docs_say():
     """The paired count of docs/scbench.md (follow-ups gained and lost against reselect, per task and protocol) is
     the rows'."""
     block = docs_block("scbench.md", "scbench-own-runs-paired")
     assert paired_against_reselect() == [x for x in block.splitlines() if x.startswith("|")]
+    block = docs_block("scbench.md", "scbench-own-reopen-paired")
+    assert paired_against_reselect(REOPEN_RUNS_5) == [x for x in block.splitlines() if x.startswith("|")]
 
 
-def rebuilt_follow_ups() -> list:
-    """docs/scbench.md's rebuilt follow-ups of the stable-late-runs rows (layer 5): those that ran every kept token,
-    by turn, and the mean time to first token over full's (:func:`follow_ups`' ratio) of those, of the others and of
-    all, with the tokens the others ran."""
+def rebuilt_follow_ups(runs: list = LATE_RUNS_5) -> list:
+    """docs/scbench.md's rebuilt follow-ups of the stable-late-runs rows (layer 5; runs: (name, {task: folder}) in the
+    table's order): those that ran every kept token, by turn, and the mean time to first token over full's
+    (:func:`follow_ups`' ratio) of those, of the others and of all, with the tokens the others ran."""
     label = "gemfilter-span-qmax:k=256,layer=5@"
     lines = [
         "| task | protocol | seeds | ran every kept token | on turns 2/3/4/5 | time / full, those | time / full, "
@@ -1655,9 +1705,8 @@ def rebuilt_follow_ups() -> list:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for task, name in (("gf_facts", "GF.Facts"), ("gf_multikey", "GF.MultiKey")):
-        for protocol, runs in LATE_RUNS_5:
-            folder = runs[task]
-            found = collect(folder)
+        for protocol, folders in runs:
+            found = collect(folders[task])
             y = turns_by_seed(found, label + "stable-late-runs", task)
             full = turns_by_seed(found, "full", task)
             follow = [(i, t) for i in sorted(y) for t in range(1, 5)]
@@ -1683,6 +1732,8 @@ def test_stable_late_runs_rebuilt_follow_ups_give_what_the_docs_say():
     rows'."""
     block = docs_block("scbench.md", "scbench-own-runs-rebuilt")
     assert rebuilt_follow_ups() == [x for x in block.splitlines() if x.startswith("|")]
+    block = docs_block("scbench.md", "scbench-own-reopen-rebuilt")
+    assert rebuilt_follow_ups(REOPEN_RUNS_5) == [x for x in block.splitlines() if x.startswith("|")]
 
 
 @pytest.mark.slow
