@@ -68,8 +68,9 @@ outgrows the free positions, or a conversation token it newly keeps precedes a h
 runs every kept token again in ``reselect``'s order. ``reopen`` keeps the context slots before the conversation's first
 slot with their keys and values, cuts every later slot off the cache, and runs the context those held, the new
 context and the whole kept conversation, in history order, with free positions after the context again
-(:meth:`Layout._reopen_gap`). On GF.Facts and GF.MultiKey the rebuilt follow-ups of the capped and uncapped
-``stable-late-runs`` took 2.6-3.4x ``full``'s time to first token, the others 1.6-2.0x (docs/scbench.md).
+(:meth:`Layout._reopen_gap`). Measured beside ``rebuild`` on GF.Facts and GF.MultiKey with ``stable-late-runs``
+(docs/scbench.md): it replaced nearly every rebuild, ran fewer tokens, took no less of ``full``'s time, and lost
+answers that rebuilding kept.
 
 It is an approximation of ``reselect``: a kept slot's keys and values were computed when it was written, against
 the slots valid then, and appended tokens sit after older ones whatever their place in the history. What it
@@ -356,7 +357,7 @@ class Layout:
         outgrown = len(fresh) > free or bool(said and talk and talk[0] < max(said))
         first = next((s for s, h in enumerate(self.ids) if h >= boundary), len(self.ids))  # the conversation's first
         masked = set(drop)
-        reopens = reopen and outgrown and any(self.valid[s] and s not in masked for s in range(first))
+        reopens = reopen and not front and outgrown and any(self.valid[s] and s not in masked for s in range(first))
         if (
             not self.ids
             or not talk
