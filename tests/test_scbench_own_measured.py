@@ -18,6 +18,13 @@ DOC = REPO / "docs" / "scbench.md"
 HELD_OUT = range(4, 20)  # the task sizes were chosen looking at seeds 0-3 (full only); 4-19 first ran for the tables
 
 
+def by_task(name: str) -> dict:
+    """{task: folder} of two runs named alike: GF.MultiKey's ``scbench-own-multikey-<name>``, GF.Facts'
+    ``scbench-own-<name>``."""
+    measured = REPO / "measured"
+    return {"gf_multikey": measured / f"scbench-own-multikey-{name}", "gf_facts": measured / f"scbench-own-{name}"}
+
+
 CALIBRATION = REPO / "measured" / "scbench-own-calibration"
 FULL = REPO / "measured" / "scbench-own-full"
 EIGHT_K = REPO / "measured" / "scbench-own-8k"
@@ -59,61 +66,31 @@ MULTIKEY_FRESH = REPO / "measured" / "scbench-own-multikey-fresh"
 FACTS_FRESH_8K = REPO / "measured" / "scbench-own-fresh-8k"
 #: stable-cf and stable-gap at layer 5 (gemfilter-span-qmax:k=256,layer=5), multi-turn, 4K, seeds 0-9, with full:
 #: GF.MultiKey (beside MULTIKEY_SELECT's layer 5) and GF.Facts (beside FACTS_SELECT's)
-LAYOUTS_5 = {
-    "gf_multikey": REPO / "measured" / "scbench-own-multikey-layouts-5",
-    "gf_facts": REPO / "measured" / "scbench-own-layouts-5",
-}
+LAYOUTS_5 = by_task("layouts-5")
 #: stable-cf at layer 5 with no hole rebuilds (--max-holes 1), multi-turn, 4K, seeds 0-9, with full: GF.MultiKey
 #: uncapped; GF.MultiKey capped (--max-fresh 64 --fresh-by runs --fresh-holes selection, beside stable-gap at
 #: --max-holes 1, uncapped); GF.Facts capped
 CF_HOLES_5 = REPO / "measured" / "scbench-own-multikey-cf-holes-5"
-CF_CAPPED_5 = {
-    "gf_multikey": REPO / "measured" / "scbench-own-multikey-cf-capped-5",
-    "gf_facts": REPO / "measured" / "scbench-own-cf-capped-5",
-}
+CF_CAPPED_5 = by_task("cf-capped-5")
 #: stable-gap (one forward) and stable-late at layer 5, multi-turn, 4K, seeds 0-9, with full: GF.MultiKey, GF.Facts
-LATE_5 = {
-    "gf_multikey": REPO / "measured" / "scbench-own-multikey-late-5",
-    "gf_facts": REPO / "measured" / "scbench-own-late-5",
-}
+LATE_5 = by_task("late-5")
 #: --max-holes 1, multi-turn, 4K, with full: stable-late on GF.MultiKey (seeds 0-9); stable-late-runs on GF.MultiKey
 #: (seeds 0-9, then seeds 10-19 with layer 5's reselect on seeds 0-19) and on GF.Facts (seeds 0-9)
 LATE_HOLES_5 = REPO / "measured" / "scbench-own-multikey-late-holes-5"
-RUNS_5 = {
-    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-5",
-    "gf_facts": REPO / "measured" / "scbench-own-runs-5",
-}
+RUNS_5 = by_task("runs-5")
 #: the capped stable-late-runs with --fresh-by runs-new (new sentences first), multi-turn, 4K, seeds 0-19, with full
-RUNS_NEW_5 = {
-    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-new-5",
-    "gf_facts": REPO / "measured" / "scbench-own-runs-new-5",
-}
+RUNS_NEW_5 = by_task("runs-new-5")
 #: stable-late-runs at layer 5, --max-holes 1, capped (--max-fresh 64 --fresh-by runs --fresh-holes selection),
 #: multi-turn, 4K, seeds 0-9, with full: GF.MultiKey (then seeds 10-19), GF.Facts (then seeds 10-19, with layer 5's
 #: reselect on 0-19)
-RUNS_CAPPED_5 = {
-    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-capped-5",
-    "gf_facts": REPO / "measured" / "scbench-own-runs-capped-5",
-}
+RUNS_CAPPED_5 = by_task("runs-capped-5")
 #: stable-late-runs at layer 5, --max-holes 1, multi-turn, 4K, seeds 0-19, with full, in one sitting: rebuilding
 #: (--outgrown rebuild, the default) and reopening (--outgrown reopen), uncapped and capped as RUNS_NEW_5 (--max-fresh
 #: 64 --fresh-by runs-new --fresh-holes selection), on both tasks
-RUNS_REBUILD_5 = {
-    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-rebuild-5",
-    "gf_facts": REPO / "measured" / "scbench-own-runs-rebuild-5",
-}
-RUNS_NEW_REBUILD_5 = {
-    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-new-rebuild-5",
-    "gf_facts": REPO / "measured" / "scbench-own-runs-new-rebuild-5",
-}
-RUNS_REOPEN_5 = {
-    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-reopen-5",
-    "gf_facts": REPO / "measured" / "scbench-own-runs-reopen-5",
-}
-RUNS_NEW_REOPEN_5 = {
-    "gf_multikey": REPO / "measured" / "scbench-own-multikey-runs-new-reopen-5",
-    "gf_facts": REPO / "measured" / "scbench-own-runs-new-reopen-5",
-}
+RUNS_REBUILD_5 = by_task("runs-rebuild-5")
+RUNS_NEW_REBUILD_5 = by_task("runs-new-rebuild-5")
+RUNS_REOPEN_5 = by_task("runs-reopen-5")
+RUNS_NEW_REOPEN_5 = by_task("runs-new-reopen-5")
 #: layer 5's reselect on seeds 0-19 of each task, beside the stable-late-runs runs
 RESELECT_5 = {"gf_multikey": RUNS_5["gf_multikey"], "gf_facts": RUNS_CAPPED_5["gf_facts"]}
 #: the stable-late-runs runs at layer 5 (--max-holes 1) that the docs set side by side, by name
