@@ -373,8 +373,12 @@ class Layout:
         if opening:
             return self._open_gap(history, fresh + [h for h in want if h >= boundary], len(fresh), len(context), cut)
         drop_last(self.cache, cut)
-        # newly kept context before the conversation's new tokens, blind to the conversation's slots, one forward
-        start = free - len(fresh) if front else self.talk_start - free
+        return self._extend_gap(history, fresh, talk, free - len(fresh) if front else self.talk_start - free, boundary)
+
+    def _extend_gap(self, history: torch.Tensor, fresh: list, talk: list, start: int, boundary: int) -> tuple:
+        """:meth:`place_gap`'s follow-up that is neither rebuilt, reopened nor opening: the newly kept context
+        (history indices ``fresh``) at the free positions from ``start``, blind to the conversation's slots, then
+        the new conversation tokens ``talk`` after the last position in use, one forward. Returns as :meth:`place`."""
         spoken = [s for s, h in enumerate(self.ids) if h >= boundary]
         at = max(max(self.pos) + 1, self.talk_start)
         positions = list(range(start, start + len(fresh))) + list(range(at, at + len(talk)))
