@@ -38,6 +38,7 @@ MULTIKEY = REPO / "measured" / "scbench-own-multikey"  # full on GF.MultiKey wit
 MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the same task at 4K, k=256 methods beside
 MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # and gemfilter-span-qmax, multi-request only
 MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
+MULTIKEY_8K = REPO / "measured" / "scbench-own-multikey-8k"  # GF.MultiKey at 8K: gemfilter-span-qmax, both modes
 MULTIKEY_CF = REPO / "measured" / "scbench-own-multikey-cf"  # gemfilter-span-qmax under stable-cf, multi-turn
 FACTS_CF = REPO / "measured" / "scbench-own-cf"  # GF.Facts, the span methods under stable-cf, multi-turn
 #: MULTIKEY_CF's stable-cf conversations at other rebuild shares (--max-holes; MULTIKEY_CF ran 0.5)
@@ -118,6 +119,7 @@ REOPEN_FOLDERS = [folders for _, folders in REOPEN_RUNS_5]
         (MULTIKEY_METHODS, "scbench-own-multikey-methods"),
         (MULTIKEY_QMAX, "scbench-own-multikey-qmax"),
         (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
+        (MULTIKEY_8K, "scbench-own-multikey-8k"),
         (MULTIKEY_CF, "scbench-own-multikey-cf"),
         (FACTS_CF, "scbench-own-cf"),
         (HOLES[0.25], "scbench-own-multikey-holes-0.25"),
@@ -215,6 +217,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_METHODS, 4096, 20),
         (MULTIKEY_QMAX, 4096, 10),
         (MULTIKEY_K1024, 4096, 10),
+        (MULTIKEY_8K, 8192, EIGHT_K_SAMPLES),
         (GEMFILTER, 4096, 20),
         (MULTIKEY_CF, 4096, 20),
         (FACTS_CF, 4096, 20),
@@ -346,6 +349,7 @@ def test_multikey_misses_are_another_needle_s_number():
         (MULTIKEY_METHODS, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_QMAX, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
+        (MULTIKEY_8K, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_CF, 4096, "gf_multikey", MULTIKEY),
         (HOLES[0.25], 4096, "gf_multikey", MULTIKEY),
         (HOLES[1.0], 4096, "gf_multikey", MULTIKEY),
@@ -394,6 +398,7 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
         (MULTIKEY_METHODS, 4096, "gemfilter-span:k=256", "gf_multikey"),
         (MULTIKEY_METHODS, 4096, "gemfilter:k=256", "gf_multikey"),
         (MULTIKEY_QMAX, 4096, "gemfilter-span-qmax:k=256", "gf_multikey"),
+        (MULTIKEY_8K, 8192, "gemfilter-span-qmax:k=256", "gf_multikey"),
         (MULTIKEY_CF, 4096, "gemfilter-span-qmax:k=256", "gf_multikey"),
         (FACTS_CF, 4096, "gemfilter-span:k=256", "gf_facts"),
         (FACTS_CF, 4096, "gemfilter-span-qmax:k=256", "gf_facts"),
