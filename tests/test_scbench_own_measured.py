@@ -39,6 +39,8 @@ MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the sam
 MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # and gemfilter-span-qmax, multi-request only
 MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
 MULTIKEY_8K = REPO / "measured" / "scbench-own-multikey-8k"  # GF.MultiKey at 8K: gemfilter-span-qmax, both modes
+#: GF.MultiKey at 8K, multi-turn, seeds 0-9: layer 5's reselect and uncapped stable-late-runs (--max-holes 1), with full
+MULTIKEY_8K_RUNS_5 = REPO / "measured" / "scbench-own-multikey-8k-runs-5"
 MULTIKEY_CF = REPO / "measured" / "scbench-own-multikey-cf"  # gemfilter-span-qmax under stable-cf, multi-turn
 FACTS_CF = REPO / "measured" / "scbench-own-cf"  # GF.Facts, the span methods under stable-cf, multi-turn
 #: MULTIKEY_CF's stable-cf conversations at other rebuild shares (--max-holes; MULTIKEY_CF ran 0.5)
@@ -120,6 +122,7 @@ REOPEN_FOLDERS = [folders for _, folders in REOPEN_RUNS_5]
         (MULTIKEY_QMAX, "scbench-own-multikey-qmax"),
         (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
         (MULTIKEY_8K, "scbench-own-multikey-8k"),
+        (MULTIKEY_8K_RUNS_5, "scbench-own-multikey-8k-runs-5"),
         (MULTIKEY_CF, "scbench-own-multikey-cf"),
         (FACTS_CF, "scbench-own-cf"),
         (HOLES[0.25], "scbench-own-multikey-holes-0.25"),
@@ -218,6 +221,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_QMAX, 4096, 10),
         (MULTIKEY_K1024, 4096, 10),
         (MULTIKEY_8K, 8192, EIGHT_K_SAMPLES),
+        (MULTIKEY_8K_RUNS_5, 8192, EIGHT_K_SAMPLES),
         (GEMFILTER, 4096, 20),
         (MULTIKEY_CF, 4096, 20),
         (FACTS_CF, 4096, 20),
@@ -350,6 +354,7 @@ def test_multikey_misses_are_another_needle_s_number():
         (MULTIKEY_QMAX, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K, 8192, "gf_multikey", MULTIKEY),
+        (MULTIKEY_8K_RUNS_5, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_CF, 4096, "gf_multikey", MULTIKEY),
         (HOLES[0.25], 4096, "gf_multikey", MULTIKEY),
         (HOLES[1.0], 4096, "gf_multikey", MULTIKEY),
@@ -1737,3 +1742,33 @@ def test_a_runs_new_row_is_what_the_runner_computes_now():
     runs = turns_by_seed(collect(RUNS_CAPPED_5["gf_facts"]), label, "gf_facts")[3]
     assert [(t["prediction"], t["recomputed"]) for t in got] == [(t["prediction"], t["recomputed"]) for t in row]
     assert (got[1]["score"], runs[1]["score"]) == (1.0, 0.0)
+
+
+def multikey_8k_runs_summary() -> list:
+    """docs/scbench.md's summary of layer 5's reselect and uncapped stable-late-runs on GF.MultiKey at 8K (seeds 0-9),
+    in :func:`late_runs_summary`'s columns, from the rows (:func:`follow_ups`, against the run's own full)."""
+    found = collect(MULTIKEY_8K_RUNS_5)
+    full = turns_by_seed(found, "full", "gf_multikey", 8192)
+    lines = [
+        "| task | seeds | protocol | time / full | within 2× | tokens | all run | per-turn accuracy | mean |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for protocol in ("reselect", "stable-late-runs"):
+        y = turns_by_seed(found, f"gemfilter-span-qmax:k=256,layer=5@{protocol}", "gf_multikey", 8192)
+        ratio, within, tokens, every, acc = follow_ups(y, full)
+        lines.append(
+            f"| GF.MultiKey, 8K | 0–9 | {protocol} | {ratio:.2f}× | {within}/40 | {tokens} | {every} | "
+            f"{'/'.join(map(str, acc))} | {sum(acc) / 5:.1f} |"
+        )
+    return lines
+
+
+def test_stable_late_runs_at_8k_gives_what_the_docs_say():
+    """Uncapped stable-late-runs at layer 5 on GF.MultiKey at 8K: the folder records the setting (--max-holes 1, no
+    cap, rebuilding), and docs/scbench.md's summary beside layer 5's reselect is the rows'."""
+    import json
+
+    stored = json.loads((MULTIKEY_8K_RUNS_5 / "config.json").read_text())
+    assert (stored["max_holes"], stored["max_fresh"], stored["outgrown"]) == (1.0, None, "rebuild")
+    block = docs_block("scbench.md", "scbench-own-multikey-8k-runs-5-summary")
+    assert multikey_8k_runs_summary() == [x for x in block.splitlines() if x.startswith("|")]
