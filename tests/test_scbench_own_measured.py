@@ -41,6 +41,9 @@ MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilt
 MULTIKEY_8K = REPO / "measured" / "scbench-own-multikey-8k"  # GF.MultiKey at 8K: gemfilter-span-qmax, both modes
 #: GF.MultiKey at 8K, multi-turn, seeds 0-9: layer 5's reselect and uncapped stable-late-runs (--max-holes 1), with full
 MULTIKEY_8K_RUNS_5 = REPO / "measured" / "scbench-own-multikey-8k-runs-5"
+#: GF.Facts at 8K, multi-turn, seeds 0-9: layer 5's reselect and the capped stable-late-runs with new sentences first
+#: (--max-holes 1 --max-fresh 64 --fresh-by runs-new --fresh-holes selection), with full
+FACTS_8K_RUNS_NEW_5 = REPO / "measured" / "scbench-own-8k-runs-new-5"
 MULTIKEY_CF = REPO / "measured" / "scbench-own-multikey-cf"  # gemfilter-span-qmax under stable-cf, multi-turn
 FACTS_CF = REPO / "measured" / "scbench-own-cf"  # GF.Facts, the span methods under stable-cf, multi-turn
 #: MULTIKEY_CF's stable-cf conversations at other rebuild shares (--max-holes; MULTIKEY_CF ran 0.5)
@@ -123,6 +126,7 @@ REOPEN_FOLDERS = [folders for _, folders in REOPEN_RUNS_5]
         (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
         (MULTIKEY_8K, "scbench-own-multikey-8k"),
         (MULTIKEY_8K_RUNS_5, "scbench-own-multikey-8k-runs-5"),
+        (FACTS_8K_RUNS_NEW_5, "scbench-own-8k-runs-new-5"),
         (MULTIKEY_CF, "scbench-own-multikey-cf"),
         (FACTS_CF, "scbench-own-cf"),
         (HOLES[0.25], "scbench-own-multikey-holes-0.25"),
@@ -222,6 +226,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_K1024, 4096, 10),
         (MULTIKEY_8K, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K_RUNS_5, 8192, EIGHT_K_SAMPLES),
+        (FACTS_8K_RUNS_NEW_5, 8192, EIGHT_K_SAMPLES),
         (GEMFILTER, 4096, 20),
         (MULTIKEY_CF, 4096, 20),
         (FACTS_CF, 4096, 20),
@@ -355,6 +360,7 @@ def test_multikey_misses_are_another_needle_s_number():
         (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K_RUNS_5, 8192, "gf_multikey", MULTIKEY),
+        (FACTS_8K_RUNS_NEW_5, 8192, "gf_facts", EIGHT_K),
         (MULTIKEY_CF, 4096, "gf_multikey", MULTIKEY),
         (HOLES[0.25], 4096, "gf_multikey", MULTIKEY),
         (HOLES[1.0], 4096, "gf_multikey", MULTIKEY),
@@ -1744,31 +1750,45 @@ def test_a_runs_new_row_is_what_the_runner_computes_now():
     assert (got[1]["score"], runs[1]["score"]) == (1.0, 0.0)
 
 
-def multikey_8k_runs_summary() -> list:
-    """docs/scbench.md's summary of layer 5's reselect and uncapped stable-late-runs on GF.MultiKey at 8K (seeds 0-9),
-    in :func:`late_runs_summary`'s columns, from the rows (:func:`follow_ups`, against the run's own full)."""
-    found = collect(MULTIKEY_8K_RUNS_5)
-    full = turns_by_seed(found, "full", "gf_multikey", 8192)
+def late_runs_8k_summary(folder: Path, task: str, protocols: list) -> list:
+    """docs/scbench.md's summary of a layer-5 run at 8K (multi-turn, seeds 0-9) in :func:`late_runs_summary`'s
+    columns, from the rows (:func:`follow_ups`, against the run's own full). protocols: (name in the table, the
+    label's protocol)."""
+    found = collect(folder)
+    full = turns_by_seed(found, "full", task, 8192)
+    names = {"gf_multikey": "GF.MultiKey", "gf_facts": "GF.Facts"}
     lines = [
         "| task | seeds | protocol | time / full | within 2× | tokens | all run | per-turn accuracy | mean |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for protocol in ("reselect", "stable-late-runs"):
-        y = turns_by_seed(found, f"gemfilter-span-qmax:k=256,layer=5@{protocol}", "gf_multikey", 8192)
+    for name, protocol in protocols:
+        y = turns_by_seed(found, f"gemfilter-span-qmax:k=256,layer=5@{protocol}", task, 8192)
         ratio, within, tokens, every, acc = follow_ups(y, full)
         lines.append(
-            f"| GF.MultiKey, 8K | 0–9 | {protocol} | {ratio:.2f}× | {within}/40 | {tokens} | {every} | "
+            f"| {names[task]}, 8K | 0–9 | {name} | {ratio:.2f}× | {within}/40 | {tokens} | {every} | "
             f"{'/'.join(map(str, acc))} | {sum(acc) / 5:.1f} |"
         )
     return lines
 
 
 def test_stable_late_runs_at_8k_gives_what_the_docs_say():
-    """Uncapped stable-late-runs at layer 5 on GF.MultiKey at 8K: the folder records the setting (--max-holes 1, no
-    cap, rebuilding), and docs/scbench.md's summary beside layer 5's reselect is the rows'."""
+    """stable-late-runs at layer 5 at 8K (--max-holes 1, rebuilding): uncapped on GF.MultiKey, capped with new
+    sentences first on GF.Facts. Each folder records its setting, and docs/scbench.md's summary beside layer 5's
+    reselect of the same run is the rows'."""
     import json
 
-    stored = json.loads((MULTIKEY_8K_RUNS_5 / "config.json").read_text())
-    assert (stored["max_holes"], stored["max_fresh"], stored["outgrown"]) == (1.0, None, "rebuild")
-    block = docs_block("scbench.md", "scbench-own-multikey-8k-runs-5-summary")
-    assert multikey_8k_runs_summary() == [x for x in block.splitlines() if x.startswith("|")]
+    label = "gemfilter-span-qmax:k=256,layer=5@reselect"
+    for folder, task, cap, name, block in (
+        (MULTIKEY_8K_RUNS_5, "gf_multikey", (None, None), "stable-late-runs", "scbench-own-multikey-8k-runs-5-summary"),
+        (FACTS_8K_RUNS_NEW_5, "gf_facts", (64, "runs-new"), "capped, `runs-new`", "scbench-own-8k-runs-new-5-summary"),
+    ):
+        stored = json.loads((folder / "config.json").read_text())
+        assert (stored["max_holes"], stored["outgrown"]) == (1.0, "rebuild"), folder
+        assert (stored["max_fresh"], stored.get("fresh_by")) == cap, folder
+        shown = [x for x in docs_block("scbench.md", block).splitlines() if x.startswith("|")]
+        assert late_runs_8k_summary(folder, task, [("reselect", "reselect"), (name, "stable-late-runs")]) == shown
+    # layer 5's reselect at 8K on GF.Facts answers as in the earlier 8K run, seed for seed (greedy, the same prompts)
+    now = turns_by_seed(collect(FACTS_8K_RUNS_NEW_5), label, "gf_facts", 8192)
+    then = turns_by_seed(collect(FACTS_FRESH_8K), label, "gf_facts", 8192)
+    assert set(now) == set(then) == set(range(10))
+    assert all([t["prediction"] for t in now[i]] == [t["prediction"] for t in then[i]] for i in now)
