@@ -1548,16 +1548,30 @@ def test_stable_late_runs_with_a_cap_gives_what_the_docs_say():
     ]
 
 
+#: the head of the layer-5 summaries' tables (:func:`summary_line` gives a row)
+SUMMARY_HEAD = (
+    "| task | seeds | protocol | time / full | within 2× | tokens | all run | per-turn accuracy | mean |",
+    "|---|---|---|---|---|---|---|---|---|",
+)
+TASK_NAMES = {"gf_multikey": "GF.MultiKey", "gf_facts": "GF.Facts"}
+
+
+def summary_line(task: str, name: str, y: dict, full: dict, seeds=range(10)) -> str:
+    """One row of a layer-5 summary: a protocol's turns ({seed: turns}) against its run's full's over ``seeds``
+    (:func:`follow_ups`); task and name as the table shows them."""
+    ratio, within, tokens, every, acc = follow_ups(y, full, seeds)
+    return (
+        f"| {task} | {seeds[0]}–{seeds[-1]} | {name} | {ratio:.2f}× | {within}/40 | {tokens} | {every} | "
+        f"{'/'.join(map(str, acc))} | {sum(acc) / 5:.1f} |"
+    )
+
+
 def late_runs_summary(runs: list) -> list:
     """A docs/scbench.md summary of stable-late-runs rows (layer 5) beside layer 5's reselect, per task and seed range,
     from the rows (:func:`follow_ups`; each against its own run's full). runs: (name, {task: folder}) in the table's
     order; a run gives a seed range's line where it holds every seed of it."""
     label = "gemfilter-span-qmax:k=256,layer=5@"
-    names = {"gf_multikey": "GF.MultiKey", "gf_facts": "GF.Facts"}
-    lines = [
-        "| task | seeds | protocol | time / full | within 2× | tokens | all run | per-turn accuracy | mean |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = list(SUMMARY_HEAD)
     for task in ("gf_facts", "gf_multikey"):
         rows = []  # (name, the protocol's turns, its run's full's turns), each folder read once
         for name, folders in [("reselect", RESELECT_5), *runs]:
@@ -1568,11 +1582,7 @@ def late_runs_summary(runs: list) -> list:
             for name, y, full in rows:
                 if not set(seeds) <= set(y):
                     continue
-                ratio, within, tokens, every, acc = follow_ups(y, full, seeds)
-                lines.append(
-                    f"| {names[task]} | {seeds[0]}–{seeds[-1]} | {name} | {ratio:.2f}× | {within}/40 | {tokens} | "
-                    f"{every} | {'/'.join(map(str, acc))} | {sum(acc) / 5:.1f} |"
-                )
+                lines.append(summary_line(TASK_NAMES[task], name, y, full, seeds))
     return lines
 
 
@@ -1756,19 +1766,18 @@ def late_runs_8k_summary(folder: Path, task: str, protocols: list) -> list:
     label's protocol)."""
     found = collect(folder)
     full = turns_by_seed(found, "full", task, 8192)
-    names = {"gf_multikey": "GF.MultiKey", "gf_facts": "GF.Facts"}
-    lines = [
-        "| task | seeds | protocol | time / full | within 2× | tokens | all run | per-turn accuracy | mean |",
-        "|---|---|---|---|---|---|---|---|---|",
+    return [
+        *SUMMARY_HEAD,
+        *(
+            summary_line(
+                f"{TASK_NAMES[task]}, 8K",
+                name,
+                turns_by_seed(found, f"gemfilter-span-qmax:k=256,layer=5@{protocol}", task, 8192),
+                full,
+            )
+            for name, protocol in protocols
+        ),
     ]
-    for name, protocol in protocols:
-        y = turns_by_seed(found, f"gemfilter-span-qmax:k=256,layer=5@{protocol}", task, 8192)
-        ratio, within, tokens, every, acc = follow_ups(y, full)
-        lines.append(
-            f"| {names[task]}, 8K | 0–9 | {name} | {ratio:.2f}× | {within}/40 | {tokens} | {every} | "
-            f"{'/'.join(map(str, acc))} | {sum(acc) / 5:.1f} |"
-        )
-    return lines
 
 
 def test_stable_late_runs_at_8k_gives_what_the_docs_say():
