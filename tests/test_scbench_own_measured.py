@@ -39,6 +39,9 @@ MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the sam
 MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # and gemfilter-span-qmax, multi-request only
 MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
 MULTIKEY_8K = REPO / "measured" / "scbench-own-multikey-8k"  # GF.MultiKey at 8K: gemfilter-span-qmax, both modes
+#: GF.MultiKey at 8K, both modes, seeds 0-9: gemfilter-span:k=256 under reselect, reuse and stable, and the cache
+#: methods (SnapKV, FastKV, H2O at k=256), with full
+MULTIKEY_8K_METHODS = REPO / "measured" / "scbench-own-multikey-8k-methods"
 #: GF.MultiKey at 8K, multi-turn, seeds 0-9: layer 5's reselect and uncapped stable-late-runs (--max-holes 1), with full
 MULTIKEY_8K_RUNS_5 = REPO / "measured" / "scbench-own-multikey-8k-runs-5"
 #: GF.Facts at 8K, multi-turn, seeds 0-9: layer 5's reselect and the capped stable-late-runs with new sentences first
@@ -125,6 +128,7 @@ REOPEN_FOLDERS = [folders for _, folders in REOPEN_RUNS_5]
         (MULTIKEY_QMAX, "scbench-own-multikey-qmax"),
         (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
         (MULTIKEY_8K, "scbench-own-multikey-8k"),
+        (MULTIKEY_8K_METHODS, "scbench-own-multikey-8k-methods"),
         (MULTIKEY_8K_RUNS_5, "scbench-own-multikey-8k-runs-5"),
         (FACTS_8K_RUNS_NEW_5, "scbench-own-8k-runs-new-5"),
         (MULTIKEY_CF, "scbench-own-multikey-cf"),
@@ -225,6 +229,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_QMAX, 4096, 10),
         (MULTIKEY_K1024, 4096, 10),
         (MULTIKEY_8K, 8192, EIGHT_K_SAMPLES),
+        (MULTIKEY_8K_METHODS, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K_RUNS_5, 8192, EIGHT_K_SAMPLES),
         (FACTS_8K_RUNS_NEW_5, 8192, EIGHT_K_SAMPLES),
         (GEMFILTER, 4096, 20),
@@ -359,6 +364,7 @@ def test_multikey_misses_are_another_needle_s_number():
         (MULTIKEY_QMAX, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K, 8192, "gf_multikey", MULTIKEY),
+        (MULTIKEY_8K_METHODS, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K_RUNS_5, 8192, "gf_multikey", MULTIKEY),
         (FACTS_8K_RUNS_NEW_5, 8192, "gf_facts", EIGHT_K),
         (MULTIKEY_CF, 4096, "gf_multikey", MULTIKEY),
@@ -410,6 +416,7 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
         (MULTIKEY_METHODS, 4096, "gemfilter:k=256", "gf_multikey"),
         (MULTIKEY_QMAX, 4096, "gemfilter-span-qmax:k=256", "gf_multikey"),
         (MULTIKEY_8K, 8192, "gemfilter-span-qmax:k=256", "gf_multikey"),
+        (MULTIKEY_8K_METHODS, 8192, "gemfilter-span:k=256", "gf_multikey"),
         (MULTIKEY_CF, 4096, "gemfilter-span-qmax:k=256", "gf_multikey"),
         (FACTS_CF, 4096, "gemfilter-span:k=256", "gf_facts"),
         (FACTS_CF, 4096, "gemfilter-span-qmax:k=256", "gf_facts"),
@@ -486,6 +493,7 @@ def test_ruler_s_own_rows_give_what_the_goals_say_of_vt_and_multikey():
 KEPT = MULTIKEY_METHODS / "kept-gemfilter-span-k256.jsonl"  # scripts/multikey_kept.py's records, seeds 0-19
 KEPT_QMAX = MULTIKEY_QMAX / "kept-gemfilter-span-qmax-k256.jsonl"
 KEPT_K1024 = MULTIKEY_K1024 / "kept-gemfilter-span-k1024.jsonl"
+KEPT_8K = MULTIKEY_8K_METHODS / "kept-gemfilter-span-k256.jsonl"  # the same at 8K, seeds 0-9
 
 
 @pytest.mark.parametrize(
@@ -500,17 +508,26 @@ KEPT_K1024 = MULTIKEY_K1024 / "kept-gemfilter-span-k1024.jsonl"
         (KEPT_QMAX, MULTIKEY_QMAX, "gemfilter-span-qmax:k=256", 10, {(True, 1.0): 50}, 161),
         # at k=1024: every needle of the sample kept whole in all 50 prompts; 48 right
         (KEPT_K1024, MULTIKEY_K1024, "gemfilter-span:k=1024", 10, {(True, 1.0): 48, (True, 0.0): 2}, 200),
+        # at 8K: kept whole in 30 of 50 prompts; right in 28 of those 30, in none of the 20 others
+        (
+            KEPT_8K,
+            MULTIKEY_8K_METHODS,
+            "gemfilter-span:k=256",
+            10,
+            {(True, 1.0): 28, (True, 0.0): 2, (False, 0.0): 20},
+            111,
+        ),
     ],
 )
 def test_multikey_turns_are_right_where_the_selection_keeps_the_asked_needle(
     path, folder, method, seeds, counts, others
 ):
-    """What the docs say of the span selections on GF.MultiKey (4K, multi-request): in how many of the prompts of
+    """What the docs say of the span selections on GF.MultiKey (multi-request): in how many of the prompts of
     seeds 0..seeds-1 the selection keeps the asked needle whole (and how many other needles in all), and how many of
     those reselect turns are right. The committed rows' scores against the committed selection records."""
-    rows = {
-        int(r["_id"]): r["turns"] for r in collect(folder)[("multi-request", 4096, f"{method}@reselect", "gf_multikey")]
-    }
+    found = collect(folder)
+    (length,) = {key[1] for key in found}  # each folder ran one length
+    rows = {int(r["_id"]): r["turns"] for r in found[("multi-request", length, f"{method}@reselect", "gf_multikey")]}
     records = [x for x in read_jsonl(path, strict=True) if x["seed"] < seeds]
     assert sorted((x["seed"], x["turn"]) for x in records) == [(s, t) for s in range(seeds) for t in range(5)]
     pairs = [(x["asked_whole"], rows[x["seed"]][x["turn"]]["score"]) for x in records]
