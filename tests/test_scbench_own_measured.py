@@ -40,6 +40,9 @@ MULTIKEY = REPO / "measured" / "scbench-own-multikey"  # full on GF.MultiKey wit
 MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the same task at 4K, k=256 methods beside
 MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # and gemfilter-span-qmax, multi-request only
 MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
+#: the same at k=1024 with every method of MULTIKEY_METHODS and gemfilter-span-qmax (reselect, reuse, stable), FastKV
+#: and H2O, multi-request only, seeds 0-9
+MULTIKEY_K1024_METHODS = REPO / "measured" / "scbench-own-multikey-k1024-methods"
 MULTIKEY_8K = REPO / "measured" / "scbench-own-multikey-8k"  # GF.MultiKey at 8K: gemfilter-span-qmax, both modes
 #: GF.MultiKey at 8K, both modes, seeds 0-9: gemfilter-span:k=256 under reselect, reuse and stable, and the cache
 #: methods (SnapKV, FastKV, H2O at k=256), with full
@@ -131,6 +134,7 @@ REOPEN_FOLDERS = [folders for _, folders in REOPEN_RUNS_5]
         (MULTIKEY_METHODS, "scbench-own-multikey-methods"),
         (MULTIKEY_QMAX, "scbench-own-multikey-qmax"),
         (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
+        (MULTIKEY_K1024_METHODS, "scbench-own-multikey-k1024-methods"),
         (MULTIKEY_8K, "scbench-own-multikey-8k"),
         (MULTIKEY_8K_METHODS, "scbench-own-multikey-8k-methods"),
         (MULTIKEY_8K_RUNS_5, "scbench-own-multikey-8k-runs-5"),
@@ -232,6 +236,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_METHODS, 4096, 20),
         (MULTIKEY_QMAX, 4096, 10),
         (MULTIKEY_K1024, 4096, 10),
+        (MULTIKEY_K1024_METHODS, 4096, 10),
         (MULTIKEY_8K, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K_METHODS, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K_RUNS_5, 8192, EIGHT_K_SAMPLES),
@@ -371,6 +376,7 @@ def test_multikey_misses_are_another_needle_s_number():
         (MULTIKEY_METHODS, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_QMAX, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
+        (MULTIKEY_K1024_METHODS, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K_METHODS, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K_RUNS_5, 8192, "gf_multikey", MULTIKEY),
@@ -411,10 +417,24 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
             assert [t["prediction"] for t in row["turns"]] == [t["prediction"] for t in first[i]["turns"]], (mode, i)
 
 
+def test_span_at_k1024_answers_the_same_in_two_runs():
+    """gemfilter-span:k=1024 under reselect and stable ran in MULTIKEY_K1024 and again beside the other methods: the
+    same prompts, greedy decoding, so the same answers turn for turn (the docs compare the two runs' times)."""
+    first, again = collect(MULTIKEY_K1024), collect(MULTIKEY_K1024_METHODS)
+    for protocol in ("reselect", "stable"):
+        key = ("multi-request", 4096, f"gemfilter-span:k=1024@{protocol}", "gf_multikey")
+        a = {r["_id"]: [t["prediction"] for t in r["turns"]] for r in first[key]}
+        b = {r["_id"]: [t["prediction"] for t in r["turns"]] for r in again[key]}
+        assert len(a) == 10 and a == b, protocol
+
+
 @pytest.mark.parametrize(
     "folder,length,method,task",
     [
         (MULTIKEY_K1024, 4096, "gemfilter-span:k=1024", "gf_multikey"),
+        (MULTIKEY_K1024_METHODS, 4096, "gemfilter:k=1024", "gf_multikey"),
+        (MULTIKEY_K1024_METHODS, 4096, "gemfilter-span:k=1024", "gf_multikey"),
+        (MULTIKEY_K1024_METHODS, 4096, "gemfilter-span-qmax:k=1024", "gf_multikey"),
         (ROOT, 4096, "gemfilter-span:k=256", "gf_facts"),
         (ROOT, 4096, "gemfilter-span-qmax:k=256", "gf_facts"),
         (GEMFILTER, 4096, "gemfilter:k=256", "gf_facts"),
@@ -434,8 +454,9 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
 )
 def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, method, task):
     """What the tables' last block reports, read from the rows: reselect runs all its kept tokens (at most k) on
-    every turn; stable's follow-ups run fewer on average (the newly kept ones, or all when it rebuilds): from 32%
-    of reselect's (gemfilter-span on GF.Facts, multi-request) to 87% (gemfilter on GF.MultiKey at 8K,
+    every turn; stable's follow-ups run fewer on average (the newly kept ones, or all when it rebuilds): from 26%
+    of reselect's (gemfilter-span-qmax at k=1024 on GF.MultiKey, multi-request; 32% for gemfilter-span on GF.Facts
+    at k=256) to 87% (gemfilter on GF.MultiKey at 8K,
     multi-request; 72% at 4K, where seeds 0-9 alone gave 69%; on GF.Facts 76% at 8K, 73% at 4K). The tables pin
     the means."""
     found, k = collect(folder), int(method.rsplit("=", 1)[1])
@@ -536,6 +557,8 @@ def test_ruler_s_own_rows_give_what_the_goals_say_of_vt_and_multikey():
 KEPT = MULTIKEY_METHODS / "kept-gemfilter-span-k256.jsonl"  # scripts/multikey_kept.py's records, seeds 0-19
 KEPT_QMAX = MULTIKEY_QMAX / "kept-gemfilter-span-qmax-k256.jsonl"
 KEPT_K1024 = MULTIKEY_K1024 / "kept-gemfilter-span-k1024.jsonl"
+KEPT_K1024_QMAX = MULTIKEY_K1024_METHODS / "kept-gemfilter-span-qmax-k1024.jsonl"
+KEPT_K1024_GEMFILTER = MULTIKEY_K1024_METHODS / "kept-gemfilter-k1024.jsonl"
 KEPT_8K = MULTIKEY_8K_METHODS / "kept-gemfilter-span-k256.jsonl"  # the same at 8K, seeds 0-9
 
 
@@ -551,6 +574,24 @@ KEPT_8K = MULTIKEY_8K_METHODS / "kept-gemfilter-span-k256.jsonl"  # the same at 
         (KEPT_QMAX, MULTIKEY_QMAX, "gemfilter-span-qmax:k=256", 10, {(True, 1.0): 50}, 161),
         # at k=1024: every needle of the sample kept whole in all 50 prompts; 48 right
         (KEPT_K1024, MULTIKEY_K1024, "gemfilter-span:k=1024", 10, {(True, 1.0): 48, (True, 0.0): 2}, 200),
+        # gemfilter-span-qmax at k=1024: every needle kept whole in all 50 prompts; 49 right
+        (
+            KEPT_K1024_QMAX,
+            MULTIKEY_K1024_METHODS,
+            "gemfilter-span-qmax:k=1024",
+            10,
+            {(True, 1.0): 49, (True, 0.0): 1},
+            200,
+        ),
+        # the paper's token-level gemfilter at k=1024: kept whole in 27 of 50 prompts, all 27 right, none of the others
+        (
+            KEPT_K1024_GEMFILTER,
+            MULTIKEY_K1024_METHODS,
+            "gemfilter:k=1024",
+            10,
+            {(True, 1.0): 27, (False, 0.0): 23},
+            101,
+        ),
         # at 8K: kept whole in 30 of 50 prompts; right in 28 of those 30, in none of the 20 others
         (
             KEPT_8K,
