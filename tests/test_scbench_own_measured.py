@@ -364,6 +364,11 @@ def test_multikey_misses_are_another_needle_s_number():
     assert sum(x[2] for x in at_4k) == sum(x[3] for x in at_4k) == 55
 
 
+def answers(found: dict, key: tuple) -> dict:
+    """{sample id: the answers of its turns} of one (mode, length, label, task) of a collected folder."""
+    return {r["_id"]: [t["prediction"] for t in r["turns"]] for r in found[key]}
+
+
 @pytest.mark.parametrize(
     "folder,length,task,reference",
     [
@@ -410,11 +415,11 @@ def test_full_answers_the_same_in_two_runs(folder, length, task, reference):
     every answer is the same: the rows are reproducible, not one draw of a noisy run."""
     here, full_only = collect(folder), collect(reference)
     for mode in sorted({k[0] for k in here}):  # the modes the folder ran
-        first = {r["_id"]: r for r in here[(mode, length, "full", task)]}
-        again = {r["_id"]: r for r in full_only[(mode, length, "full", task)] if r["_id"] in first}
+        first = answers(here, (mode, length, "full", task))
+        again = {i: a for i, a in answers(full_only, (mode, length, "full", task)).items() if i in first}
         assert len(again) == len(first) >= 5
-        for i, row in again.items():
-            assert [t["prediction"] for t in row["turns"]] == [t["prediction"] for t in first[i]["turns"]], (mode, i)
+        for i, turns in again.items():
+            assert turns == first[i], (mode, i)
 
 
 def test_span_at_k1024_answers_the_same_in_two_runs():
@@ -423,9 +428,7 @@ def test_span_at_k1024_answers_the_same_in_two_runs():
     first, again = collect(MULTIKEY_K1024), collect(MULTIKEY_K1024_METHODS)
     for protocol in ("reselect", "stable"):
         key = ("multi-request", 4096, f"gemfilter-span:k=1024@{protocol}", "gf_multikey")
-        a = {r["_id"]: [t["prediction"] for t in r["turns"]] for r in first[key]}
-        b = {r["_id"]: [t["prediction"] for t in r["turns"]] for r in again[key]}
-        assert len(a) == 10 and a == b, protocol
+        assert len(answers(first, key)) == 10 and answers(first, key) == answers(again, key), protocol
 
 
 @pytest.mark.parametrize(
@@ -456,9 +459,8 @@ def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, me
     """What the tables' last block reports, read from the rows: reselect runs all its kept tokens (at most k) on
     every turn; stable's follow-ups run fewer on average (the newly kept ones, or all when it rebuilds): from 26%
     of reselect's (gemfilter-span-qmax at k=1024 on GF.MultiKey, multi-request; 32% for gemfilter-span on GF.Facts
-    at k=256) to 87% (gemfilter on GF.MultiKey at 8K,
-    multi-request; 72% at 4K, where seeds 0-9 alone gave 69%; on GF.Facts 76% at 8K, 73% at 4K). The tables pin
-    the means."""
+    at k=256) to 87% (gemfilter on GF.MultiKey at 8K, multi-request; 72% at 4K, where seeds 0-9 alone gave 69%; on
+    GF.Facts 76% at 8K, 73% at 4K). The tables pin the means."""
     found, k = collect(folder), int(method.rsplit("=", 1)[1])
     for mode in sorted({key[0] for key in found}):  # the modes the folder ran
         reselect = found[(mode, length, f"{method}@reselect", task)]
