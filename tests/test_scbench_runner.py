@@ -195,6 +195,27 @@ def test_report_scores_the_rows_again(tiny, tmp_path, capsys):
     assert capsys.readouterr().err.strip().endswith("error: gemfilter: topk=0 must be >= 1")
 
 
+def test_figure_lines_are_told_apart_by_method_colour_and_protocol_style():
+    """Thirteen lines (a run of every method at one budget) outgrow matplotlib's ten colours: each label gets its own
+    (colour, dash pattern, marker); a method keeps its colour under every protocol and a protocol its style under
+    every method, also past ten methods and for a protocol the table does not name."""
+    from eval.scbench.report import PROTOCOL_STYLES, line_styles
+
+    methods = [f"m{i}:k=8" for i in range(12)]
+    protocols = [*PROTOCOL_STYLES, "stable-new"]
+    labels = [f"{m}@{p}" if p else m for m in methods for p in protocols]
+    styles = line_styles(labels)
+    assert len(set(styles.values())) == len(labels) == 12 * 10
+    for m in methods:  # one colour per method, the 11th taking the 1st's with other markers
+        assert {styles[x][0] for x in labels if x.split("@")[0] == m} == {f"C{methods.index(m) % 10}"}
+    for p in protocols:  # one style per protocol within the first ten methods
+        assert len({styles[f"{m}@{p}" if p else m][1:] for m in methods[:10]}) == 1
+    assert styles["m0:k=8"][1] == styles["m0:k=8@reselect"][1] == "-"  # both solid, told apart by the marker
+    assert styles["m0:k=8"][2] != styles["m0:k=8@reselect"][2]
+    ten = line_styles(["full", "snapkv:k=8", "gemfilter:k=8@reselect", "gemfilter:k=8@stable"])
+    assert [c for c, _, _ in ten.values()] == ["C0", "C1", "C2", "C2"]
+
+
 def test_multi_request_report_shows_the_context_prefill_apart(tiny, tmp_path):
     from eval.scbench.report import collect, markdown, score_table
 

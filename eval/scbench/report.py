@@ -240,6 +240,46 @@ def _recorded(cells: dict, labels: list, head: str, turns: int, field: str, titl
     return lines
 
 
+# Matplotlib's default cycle has ten colours, and a run of every method and protocol draws more lines than that:
+# the colour names the method, the dash pattern and marker its protocol, and the marker moves on past ten methods.
+DASHES = ("-", ":", "--", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2, 2, 2)))
+MARKERS = ("o", "s", "^", "D", "v", "P")
+# (dash pattern, marker shift) of each protocol: a label without one (full, the cache methods) and reselect are
+# both solid, the one with circles, the other with squares
+PROTOCOL_STYLES = {
+    "": (DASHES[0], 0),
+    "reselect": (DASHES[0], 1),
+    "reuse": (DASHES[1], 0),
+    "stable": (DASHES[2], 0),
+    "stable-cf": (DASHES[3], 0),
+    "stable-gap": (DASHES[4], 0),
+    "stable-front": (DASHES[5], 0),
+    "stable-late": (DASHES[6], 0),
+    "stable-late-runs": (DASHES[7], 0),
+}
+
+
+def line_styles(labels) -> dict:
+    """{label: (colour, dash pattern, marker)} for a figure's lines, one distinct triple per label (for up to twenty
+    methods and eight protocols that ``PROTOCOL_STYLES`` does not name).
+
+    labels: method labels as the tables show them, ``METHOD`` or ``METHOD@PROTOCOL``. A method keeps its colour under
+    every protocol (matplotlib's ten ``C0``..``C9``, in the order of ``labels``); a protocol keeps its dash pattern in
+    every figure and, among the first ten methods, its marker (``PROTOCOL_STYLES``; one it does not name gets a
+    pattern of its own, after them); the next ten methods take the colours again with other markers."""
+    split = {label: (label.rsplit("@", 1) + [""])[:2] for label in labels}
+    methods = list(dict.fromkeys(m for m, _ in split.values()))
+    extra = sorted({p for _, p in split.values() if p not in PROTOCOL_STYLES})
+    styles = {**PROTOCOL_STYLES, **{p: (DASHES[i % len(DASHES)], 2 + i // len(DASHES)) for i, p in enumerate(extra)}}
+    shifts = 1 + max(shift for _, shift in styles.values())  # the markers one group of ten methods takes
+    out = {}
+    for label, (method, protocol) in split.items():
+        m = methods.index(method)
+        dashes, shift = styles[protocol]
+        out[label] = (f"C{m % 10}", dashes, MARKERS[(m // 10 * shifts + shift) % len(MARKERS)])
+    return out
+
+
 def figure(table: dict, path) -> None:
     """Accuracy (mean over tasks) against turn, one line per method, one panel per (mode, length); a PNG."""
     import matplotlib
@@ -253,20 +293,24 @@ def figure(table: dict, path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (mode, length) in zip(axes[0], panels):
         cells = {k: v for k, v in table.items() if k[:2] == (mode, length)}
-        for label in dict.fromkeys(k[2] for k in sorted(cells)):
+        labels = list(dict.fromkeys(k[2] for k in sorted(cells)))
+        for label, (color, dashes, marker) in line_styles(labels).items():
             rows = [v["acc"] for k, v in cells.items() if k[2] == label]
             turns = len(rows[0])
             ax.plot(
                 range(1, turns + 1),
                 [100 * sum(r[i] for r in rows) / len(rows) for i in range(turns)],
-                marker="o",
+                color=color,
+                linestyle=dashes,
+                marker=marker,
                 label=label,
             )
         ax.set(title=f"{mode}, {length} tokens", xlabel="turn", ylabel="accuracy (%)", ylim=(-2, 102))
         ax.set_xticks(range(1, turns + 1))
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="best")
-    save_png(fig, path, dpi=110)
+    # beside the panels, not on them: with a dozen lines a legend inside covers the lines it names
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    save_png(fig, path, dpi=110, bbox_inches="tight")  # the legend beside the panels included
     plt.close(fig)
 
 
