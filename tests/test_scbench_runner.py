@@ -216,6 +216,39 @@ def test_figure_lines_are_told_apart_by_method_colour_and_protocol_style():
     assert [c for c, _, _ in ten.values()] == ["C0", "C1", "C2", "C2"]
 
 
+def test_figure_draws_a_label_alike_in_every_panel(monkeypatch, tmp_path):
+    """A label keeps its style across panels, also where the panels hold different labels (a method or a protocol in
+    one mode only)."""
+    import gemfilter.toolkit.io as io
+    from eval.scbench.report import figure
+
+    drawn = []
+    monkeypatch.setattr(io, "save_png", lambda fig, path, **kw: drawn.append(fig))
+    acc = {"acc": [1.0, 0.0]}
+    table = {  # fastkv in one panel only: drawn per panel, the labels after it would change colour
+        ("multi-request", 4096, "fastkv:k=8", "t"): acc,
+        ("multi-request", 4096, "full", "t"): acc,
+        ("multi-request", 4096, "gemfilter:k=8@reselect", "t"): acc,
+        ("multi-turn", 4096, "gemfilter:k=8@reuse", "t"): acc,
+        ("multi-turn", 4096, "gemfilter:k=8@reselect", "t"): acc,
+        ("multi-turn", 4096, "full", "t"): acc,
+    }
+    figure(table, tmp_path / "f.png")
+    panels = [
+        {x.get_label(): (x.get_color(), x.get_linestyle(), x.get_marker()) for x in ax.get_lines()}
+        for ax in drawn[0].axes
+    ]
+    assert [sorted(p) for p in panels] == [
+        ["fastkv:k=8", "full", "gemfilter:k=8@reselect"],
+        ["full", "gemfilter:k=8@reselect", "gemfilter:k=8@reuse"],
+    ]
+    assert (
+        panels[0]["full"] == panels[1]["full"]
+        and panels[0]["gemfilter:k=8@reselect"] == panels[1]["gemfilter:k=8@reselect"]
+    )
+    assert panels[1]["gemfilter:k=8@reuse"][0] == panels[1]["gemfilter:k=8@reselect"][0] != panels[1]["full"][0]
+
+
 def test_multi_request_report_shows_the_context_prefill_apart(tiny, tmp_path):
     from eval.scbench.report import collect, markdown, score_table
 

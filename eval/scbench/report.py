@@ -281,7 +281,8 @@ def line_styles(labels) -> dict:
 
 
 def figure(table: dict, path) -> None:
-    """Accuracy (mean over tasks) against turn, one line per method, one panel per (mode, length); a PNG."""
+    """Accuracy (mean over tasks) against turn, one line per label (method and protocol), one panel per (mode,
+    length); a PNG. A label has the same style in every panel (:func:`line_styles`)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -290,11 +291,12 @@ def figure(table: dict, path) -> None:
     from gemfilter.toolkit.io import save_png
 
     panels = sorted({(k[0], k[1]) for k in table})
+    styles = line_styles(dict.fromkeys(k[2] for k in sorted(table)))  # over all panels: one colour per method
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (mode, length) in zip(axes[0], panels):
         cells = {k: v for k, v in table.items() if k[:2] == (mode, length)}
-        labels = list(dict.fromkeys(k[2] for k in sorted(cells)))
-        for label, (color, dashes, marker) in line_styles(labels).items():
+        for label in dict.fromkeys(k[2] for k in sorted(cells)):
+            color, dashes, marker = styles[label]
             rows = [v["acc"] for k, v in cells.items() if k[2] == label]
             turns = len(rows[0])
             ax.plot(
