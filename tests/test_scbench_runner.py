@@ -200,7 +200,10 @@ def test_figure_lines_are_told_apart_by_method_colour_and_protocol_style():
     (colour, dash pattern, marker); a method keeps its colour under every protocol and a protocol its style under
     every method, also past ten methods and for a protocol the table does not name."""
     from eval.scbench.report import PROTOCOL_STYLES, line_styles
+    from eval.scbench.runner import PROMPT_PROTOCOLS
 
+    # every protocol the runner accepts has a style of its own (a label without one: full and the cache methods)
+    assert list(PROTOCOL_STYLES) == ["", *PROMPT_PROTOCOLS]
     methods = [f"m{i}:k=8" for i in range(12)]
     protocols = [*PROTOCOL_STYLES, "stable-new"]
     labels = [f"{m}@{p}" if p else m for m in methods for p in protocols]
