@@ -38,6 +38,7 @@ MULTIKEY_GEMFILTER_8K = REPO / "measured" / "scbench-own-multikey-gemfilter-8k" 
 MULTIKEY_SEEN = range(6)
 MULTIKEY = REPO / "measured" / "scbench-own-multikey"  # full on GF.MultiKey with keys of distinct kinds
 MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the same task at 4K, k=256 methods beside
+FACTS_K1024_MT = REPO / "measured" / "scbench-own-k1024-multi-turn"  # the k=1024 methods, multi-turn, seeds 0-9
 MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # full, gemfilter-span-qmax:k=256, seeds 0-19
 MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
 #: the same at k=1024 with every method of MULTIKEY_METHODS and gemfilter-span-qmax (reselect, reuse, stable), FastKV
@@ -138,6 +139,7 @@ REOPEN_FOLDERS = [folders for _, folders in REOPEN_RUNS_5]
         (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
         (MULTIKEY_K1024_METHODS, "scbench-own-multikey-k1024-methods"),
         (FACTS_K1024_METHODS, "scbench-own-k1024-methods"),
+        (FACTS_K1024_MT, "scbench-own-k1024-multi-turn"),
         (MULTIKEY_8K, "scbench-own-multikey-8k"),
         (MULTIKEY_8K_METHODS, "scbench-own-multikey-8k-methods"),
         (MULTIKEY_8K_RUNS_5, "scbench-own-multikey-8k-runs-5"),
@@ -241,6 +243,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_K1024, 4096, 10),
         (MULTIKEY_K1024_METHODS, 4096, 20),
         (FACTS_K1024_METHODS, 4096, 20),
+        (FACTS_K1024_MT, 4096, 10),
         (MULTIKEY_8K, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K_METHODS, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K_RUNS_5, 8192, EIGHT_K_SAMPLES),
@@ -387,6 +390,7 @@ def answers(found: dict, key: tuple) -> dict:
         (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024_METHODS, 4096, "gf_multikey", MULTIKEY),
         (FACTS_K1024_METHODS, 4096, "gf_facts", FULL),
+        (FACTS_K1024_MT, 4096, "gf_facts", FULL),
         (MULTIKEY_8K, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K_METHODS, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K_RUNS_5, 8192, "gf_multikey", MULTIKEY),
@@ -449,6 +453,8 @@ def test_span_at_k1024_answers_the_same_in_two_runs():
         (FACTS_K1024_METHODS, 4096, "gemfilter:k=1024", "gf_facts"),
         (FACTS_K1024_METHODS, 4096, "gemfilter-span:k=1024", "gf_facts"),
         (FACTS_K1024_METHODS, 4096, "gemfilter-span-qmax:k=1024", "gf_facts"),
+        (FACTS_K1024_MT, 4096, "gemfilter-span:k=1024", "gf_facts"),
+        (FACTS_K1024_MT, 4096, "gemfilter-span-qmax:k=1024", "gf_facts"),
         (ROOT, 4096, "gemfilter-span:k=256", "gf_facts"),
         (ROOT, 4096, "gemfilter-span-qmax:k=256", "gf_facts"),
         (GEMFILTER, 4096, "gemfilter:k=256", "gf_facts"),
@@ -468,9 +474,9 @@ def test_span_at_k1024_answers_the_same_in_two_runs():
 )
 def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, method, task):
     """What the tables' last block reports, read from the rows: reselect runs all its kept tokens (at most k) on
-    every turn; stable's follow-ups run fewer on average (the newly kept ones, or all when it rebuilds): from 25%
-    of reselect's (gemfilter-span-qmax at k=1024 on GF.Facts, multi-request; 26% on GF.MultiKey; 32% for
-    gemfilter-span on GF.Facts at k=256) to 87% (gemfilter on GF.MultiKey at 8K, multi-request; 72% at 4K, where
+    every turn; stable's follow-ups run fewer on average (the newly kept ones, or all when it rebuilds): from 19%
+    of reselect's (gemfilter-span at k=1024 on GF.Facts, multi-turn; 20% with -qmax there, 25% in multi-request,
+    26% on GF.MultiKey; 32% for gemfilter-span on GF.Facts at k=256) to 87% (gemfilter on GF.MultiKey at 8K, multi-request; 72% at 4K, where
     seeds 0-9 alone gave 69%; on GF.Facts 76% at 8K, 73% at 4K). The tables pin the means."""
     found, k = collect(folder), int(method.rsplit("=", 1)[1])
     for mode in sorted({key[0] for key in found}):  # the modes the folder ran
