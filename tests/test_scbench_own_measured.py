@@ -476,8 +476,9 @@ def test_stable_runs_fewer_tokens_than_reselect_on_follow_ups(folder, length, me
     """What the tables' last block reports, read from the rows: reselect runs all its kept tokens (at most k) on
     every turn; stable's follow-ups run fewer on average (the newly kept ones, or all when it rebuilds): from 19%
     of reselect's (gemfilter-span at k=1024 on GF.Facts, multi-turn; 20% with -qmax there, 25% in multi-request,
-    26% on GF.MultiKey; 32% for gemfilter-span on GF.Facts at k=256) to 87% (gemfilter on GF.MultiKey at 8K, multi-request; 72% at 4K, where
-    seeds 0-9 alone gave 69%; on GF.Facts 76% at 8K, 73% at 4K). The tables pin the means."""
+    26% on GF.MultiKey; 32% for gemfilter-span on GF.Facts at k=256) to 87% (gemfilter on GF.MultiKey at 8K,
+    multi-request; 72% at 4K, where seeds 0-9 alone gave 69%; on GF.Facts 76% at 8K, 73% at 4K). The tables pin the
+    means."""
     found, k = collect(folder), int(method.rsplit("=", 1)[1])
     for mode in sorted({key[0] for key in found}):  # the modes the folder ran
         reselect = found[(mode, length, f"{method}@reselect", task)]
