@@ -38,7 +38,7 @@ MULTIKEY_GEMFILTER_8K = REPO / "measured" / "scbench-own-multikey-gemfilter-8k" 
 MULTIKEY_SEEN = range(6)
 MULTIKEY = REPO / "measured" / "scbench-own-multikey"  # full on GF.MultiKey with keys of distinct kinds
 MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the same task at 4K, k=256 methods beside
-FACTS_K1024_MT = REPO / "measured" / "scbench-own-k1024-multi-turn"  # the k=1024 methods, multi-turn, seeds 0-9
+FACTS_K1024_MT = REPO / "measured" / "scbench-own-k1024-multi-turn"  # the k=1024 methods, multi-turn, seeds 0-19
 MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # full, gemfilter-span-qmax:k=256, seeds 0-19
 MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
 #: the same at k=1024 with every method of MULTIKEY_METHODS and gemfilter-span-qmax (reselect, reuse, stable), FastKV
@@ -243,7 +243,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_K1024, 4096, 10),
         (MULTIKEY_K1024_METHODS, 4096, 20),
         (FACTS_K1024_METHODS, 4096, 20),
-        (FACTS_K1024_MT, 4096, 10),
+        (FACTS_K1024_MT, 4096, 20),
         (MULTIKEY_8K, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K_METHODS, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K_RUNS_5, 8192, EIGHT_K_SAMPLES),
@@ -682,6 +682,44 @@ def test_the_selection_records_are_what_the_script_computes_now():
     script, model, tok = script_and_model("multikey_kept")
     got = script.kept(model, tok, gemfilter.get_method("gemfilter-span", topk=256), 0, 4096)
     assert got == [x for x in read_jsonl(KEPT, strict=True) if x["seed"] == 0]
+
+
+def test_facts_k1024_multi_turn_rows_give_what_the_docs_say():
+    """measured/scbench-own-k1024-multi-turn (GF.Facts, 4K, the k=1024 methods in multi-turn, seeds 0-19, two
+    sittings): the turns reselect gains and loses against full, stable against reselect, stable-qmax's score on each
+    half of the seeds, and the follow-ups' ratios to full's time to first token, as docs/scbench.md gives them."""
+    found = collect(FACTS_K1024_MT)
+
+    def turns(name):
+        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, name, "gf_facts")]}
+
+    def against(a, b):  # (turns a gains over b, turns it loses), over seeds 0-19
+        x, y = turns(a), turns(b)
+        every = [(i, t) for i in range(20) for t in range(5)]
+        return sum(x[i][t]["score"] > y[i][t]["score"] for i, t in every), sum(
+            x[i][t]["score"] < y[i][t]["score"] for i, t in every
+        )
+
+    def ratios(name, seeds):  # the follow-ups: mean ttft over full's mean ttft on the same seeds
+        x, y = turns(name), turns("full")
+        return [
+            round(sum(x[i][t]["ttft_s"] for i in seeds) / sum(y[i][t]["ttft_s"] for i in seeds), 2) for t in range(1, 5)
+        ]
+
+    span, qmax = "gemfilter-span:k=1024@{}", "gemfilter-span-qmax:k=1024@{}"
+    assert against(qmax.format("reselect"), "full") == (3, 0)
+    assert against(span.format("reselect"), "full") == (3, 1)
+    assert against(qmax.format("stable"), qmax.format("reselect")) == (0, 3)
+    assert against(span.format("stable"), span.format("reselect")) == (1, 8)
+    stable = turns(qmax.format("stable"))
+    assert [sum(stable[i][t]["score"] for i in half for t in range(5)) * 2 for half in (range(10), range(10, 20))] == [
+        100,
+        94,
+    ]
+    every = ratios(qmax.format("stable"), range(20))
+    assert (min(every), max(every)) == (2.63, 3.66)
+    both = ratios(span.format("reselect"), range(10, 20)) + ratios(qmax.format("reselect"), range(10, 20))
+    assert (min(both), max(both)) == (10.19, 10.49)
 
 
 def test_multikey_qmax_rows_give_what_the_docs_say():
