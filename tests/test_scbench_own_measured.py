@@ -192,9 +192,26 @@ def test_docs_tables_are_the_scores_of_the_committed_rows(folder, name):
     assert [x for x in lines if x not in shown] == []  # and nothing measured is left out of the docs
 
 
-def turns_by_seed(found: dict, label: str, task: str, length: int = 4096) -> dict:
-    """{seed: the row's turns} of one label's multi-turn rows of ``task`` at ``length`` in a collected folder."""
-    return {int(r["_id"]): r["turns"] for r in found[("multi-turn", length, label, task)]}
+def turns_by_seed(found: dict, label: str, task: str, length: int = 4096, mode: str = "multi-turn") -> dict:
+    """{seed: the row's turns} of one label's ``mode`` rows of ``task`` at ``length`` in a collected folder."""
+    return {int(r["_id"]): r["turns"] for r in found[(mode, length, label, task)]}
+
+
+def gained_lost(x: dict, y: dict, seeds=range(20)) -> tuple:
+    """(turns x answers and y does not, turns y answers and x does not) of two labels' turns ({seed: turns})."""
+    every = [(i, t) for i in seeds for t in range(5)]
+    return sum(x[i][t]["score"] > y[i][t]["score"] for i, t in every), sum(
+        x[i][t]["score"] < y[i][t]["score"] for i, t in every
+    )
+
+
+def turn_ratios(x: dict, full: dict, seeds, first: int = 0) -> list:
+    """Per turn from ``first``: a label's mean time to first token over ``full``'s on the same seeds, as the
+    report's ratio columns give it."""
+    return [
+        round(sum(x[i][t]["ttft_s"] for i in seeds) / sum(full[i][t]["ttft_s"] for i in seeds), 2)
+        for t in range(first, 5)
+    ]
 
 
 def follow_ups(y: dict, full: dict, seeds=range(10)) -> tuple:
@@ -689,36 +706,25 @@ def test_facts_k1024_multi_turn_rows_give_what_the_docs_say():
     sittings): the turns reselect gains and loses against full, stable against reselect, stable-qmax's score on each
     half of the seeds, and the follow-ups' ratios to full's time to first token, as docs/scbench.md gives them."""
     found = collect(FACTS_K1024_MT)
-
-    def turns(name):
-        return {int(r["_id"]): r["turns"] for r in found[("multi-turn", 4096, name, "gf_facts")]}
-
-    def against(a, b):  # (turns a gains over b, turns it loses), over seeds 0-19
-        x, y = turns(a), turns(b)
-        every = [(i, t) for i in range(20) for t in range(5)]
-        return sum(x[i][t]["score"] > y[i][t]["score"] for i, t in every), sum(
-            x[i][t]["score"] < y[i][t]["score"] for i, t in every
-        )
-
-    def ratios(name, seeds):  # the follow-ups: mean ttft over full's mean ttft on the same seeds
-        x, y = turns(name), turns("full")
-        return [
-            round(sum(x[i][t]["ttft_s"] for i in seeds) / sum(y[i][t]["ttft_s"] for i in seeds), 2) for t in range(1, 5)
-        ]
-
     span, qmax = "gemfilter-span:k=1024@{}", "gemfilter-span-qmax:k=1024@{}"
-    assert against(qmax.format("reselect"), "full") == (3, 0)
-    assert against(span.format("reselect"), "full") == (3, 1)
-    assert against(qmax.format("stable"), qmax.format("reselect")) == (0, 3)
-    assert against(span.format("stable"), span.format("reselect")) == (1, 8)
-    stable = turns(qmax.format("stable"))
+    turns = {
+        name: turns_by_seed(found, name, "gf_facts")
+        for name in ("full", *(f.format(p) for f in (span, qmax) for p in ("reselect", "stable")))
+    }
+    assert gained_lost(turns[qmax.format("reselect")], turns["full"]) == (3, 0)
+    assert gained_lost(turns[span.format("reselect")], turns["full"]) == (3, 1)
+    assert gained_lost(turns[qmax.format("stable")], turns[qmax.format("reselect")]) == (0, 3)
+    assert gained_lost(turns[span.format("stable")], turns[span.format("reselect")]) == (1, 8)
+    stable = turns[qmax.format("stable")]
     assert [sum(stable[i][t]["score"] for i in half for t in range(5)) * 2 for half in (range(10), range(10, 20))] == [
         100,
         94,
     ]
-    every = ratios(qmax.format("stable"), range(20))
+    every = turn_ratios(stable, turns["full"], range(20), first=1)
     assert (min(every), max(every)) == (2.63, 3.66)
-    both = ratios(span.format("reselect"), range(10, 20)) + ratios(qmax.format("reselect"), range(10, 20))
+    both = [
+        r for f in (span, qmax) for r in turn_ratios(turns[f.format("reselect")], turns["full"], range(10, 20), first=1)
+    ]
     assert (min(both), max(both)) == (10.19, 10.49)
 
 
@@ -731,21 +737,13 @@ def test_multikey_qmax_rows_give_what_the_docs_say():
     label = "gemfilter-span-qmax:k=256@{}"
 
     def turns(mode, name):
-        return {int(r["_id"]): r["turns"] for r in found[(mode, 4096, name, "gf_multikey")]}
+        return turns_by_seed(found, name, "gf_multikey", mode=mode)
 
     def against(mode, a, b):  # (turns a gains over b, turns it loses), over seeds 0-19
-        x, y = turns(mode, a), turns(mode, b)
-        every = [(i, t) for i in range(20) for t in range(5)]
-        return sum(x[i][t]["score"] > y[i][t]["score"] for i, t in every), sum(
-            x[i][t]["score"] < y[i][t]["score"] for i, t in every
-        )
+        return gained_lost(turns(mode, a), turns(mode, b))
 
     def ratios(mode, name, seeds, first=0):  # per turn: mean ttft over full's mean ttft on the same seeds
-        x, y = turns(mode, name), turns(mode, "full")
-        return [
-            round(sum(x[i][t]["ttft_s"] for i in seeds) / sum(y[i][t]["ttft_s"] for i in seeds), 2)
-            for t in range(first, 5)
-        ]
+        return turn_ratios(turns(mode, name), turns(mode, "full"), seeds, first)
 
     low, high = range(10), range(10, 20)
     assert against("multi-request", label.format("stable"), label.format("reselect")) == (0, 9)
