@@ -1,6 +1,8 @@
 """What a selection keeps of GF.MultiKey's needles: for each multi-request prompt of a sample (the context and one
 question, the prompt ``reselect`` selects from on that turn), whether the asked needle is kept whole, and which other
-needles are.
+needles are. With ``--mode multi-turn`` the prompts are the multi-turn ones (the first prompt, then each follow-up with
+the previous turn's gold answer), so turn t's record is ``reselect``'s selection on turn t of a conversation, and turn
+0's is what ``reuse`` keeps for all five turns.
 
 Writes one JSON line per prompt: {seed, turn, key, asked_whole, value_kept, others_whole}. The numbers in
 docs/scbench.md's GF.MultiKey section come from
@@ -49,22 +51,29 @@ import json
 import re
 
 
-def kept(model, tok, method, seed: int, length: int) -> list:
-    """One record per turn of GF.MultiKey sample ``seed`` sized to ``length`` tokens (multi-request), selected at
-    the method's layer (the model's default when it sets none, as the runner's)."""
+def kept(model, tok, method, seed: int, length: int, mode: str = "multi-request", turns: int | None = None) -> list:
+    """One record per turn of GF.MultiKey sample ``seed`` sized to ``length`` tokens, selected at the method's layer
+    (the model's default when it sets none, as the runner's).
+
+    mode: ``multi-request`` (turn t's prompt is the context and query t) or ``multi-turn`` (turn t's prompt is the
+    first prompt and follow-ups 1..t with the gold answers, what ``reselect`` selects from; turn 0's selection is
+    what ``reuse`` keeps for the whole conversation). turns: only the first ``turns`` turns (default all)."""
     import torch
 
     import gemfilter
     from eval.scbench.generate import make_sample
-    from eval.scbench.prompts import build_prompts, turn_input_ids
+    from eval.scbench.prompts import build_prompts
+    from eval.scbench.runner import feed
 
-    sample = make_sample("gf_multikey", tok, length, seed=seed, mode="multi-request")
-    prompts = build_prompts(sample, "gf_multikey", "multi-request")
+    sample = make_sample("gf_multikey", tok, length, seed=seed, mode=mode)
+    prompts = build_prompts(sample, "gf_multikey", mode)
     layer = method.layer if method.layer is not None else method.default_layer(model)
     needles = re.findall(r"The special magic number for ([\w ]+?) is: (\d+)\.", sample["context"])
     out = []
-    for t in range(len(prompts.follow_ups)):
-        ids = torch.tensor([turn_input_ids(prompts, tok, t)])  # the context, then query t, as the runner feeds it
+    first, pieces = feed(prompts, tok, "gf_multikey", length)
+    for t in range(len(prompts.ground_truth))[:turns]:
+        # turn t's prompt, as the runner feeds it: the context and query t, or the conversation up to question t
+        ids = torch.tensor([first + (pieces[t] if mode == "multi-request" else sum(pieces[:t], []))])
         selection = gemfilter.select_tokens(model, ids, layer=layer, topk=method.topk, method=method, tokenizer=tok)
         text = selection.kept_text(tok)[0]
         gold = sample["multi_turns"][t]["answer"]
@@ -162,6 +171,17 @@ def main(argv=None) -> None:
         action="store_true",
         help="record what the stable layout shows the model on multi-turn turns (not the multi-request selections)",
     )
+    parser.add_argument(
+        "--mode",
+        choices=("multi-request", "multi-turn"),
+        default="multi-request",
+        help="the prompts the selections are made on: multi-request (context and one query, the default) or "
+        "multi-turn (the conversation so far, with gold answers; turn 1's selection is what reuse keeps); "
+        "--stable-layout is always multi-turn",
+    )
+    parser.add_argument(
+        "--turns", type=int, default=None, help="record only the first n turns of each sample (default all five)"
+    )
     parser.add_argument("--method", default="gemfilter-span", help="a prompt method's name (default gemfilter-span)")
     parser.add_argument("--topk", type=int, default=256, help="tokens kept (default 256)")
     parser.add_argument("--length", type=int, default=4096, help="the window samples are sized to (default 4096)")
@@ -180,7 +200,11 @@ def main(argv=None) -> None:
     method = gemfilter.get_method(args.method, topk=args.topk)
     with open(args.out, "w", encoding="utf-8") as f:
         for seed in range(args.seeds):
-            for record in (layout_turns if args.stable_layout else kept)(model, tok, method, seed, args.length):
+            if args.stable_layout:
+                records = layout_turns(model, tok, method, seed, args.length, upto=args.turns)
+            else:
+                records = kept(model, tok, method, seed, args.length, mode=args.mode, turns=args.turns)
+            for record in records:
                 f.write(json.dumps(record) + "\n")
                 f.flush()
 
