@@ -47,6 +47,7 @@ MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilt
 MULTIKEY_K1024_METHODS = REPO / "measured" / "scbench-own-multikey-k1024-methods"
 #: the same labels on GF.MultiKey in multi-turn, seeds 0-19
 MULTIKEY_K1024_MT = REPO / "measured" / "scbench-own-multikey-k1024-multi-turn"
+MULTIKEY_K1024_MT_8K = REPO / "measured" / "scbench-own-multikey-k1024-multi-turn-8k"  # the same at 8K, seeds 0-9
 #: GF.Facts at 4K, the same methods and protocols at k=1024, multi-request only, seeds 0-19
 FACTS_K1024_METHODS = REPO / "measured" / "scbench-own-k1024-methods"
 MULTIKEY_8K = REPO / "measured" / "scbench-own-multikey-8k"  # GF.MultiKey at 8K: gemfilter-span-qmax, both modes
@@ -144,6 +145,7 @@ REOPEN_FOLDERS = [folders for _, folders in REOPEN_RUNS_5]
         (FACTS_K1024_METHODS, "scbench-own-k1024-methods"),
         (FACTS_K1024_MT, "scbench-own-k1024-multi-turn"),
         (MULTIKEY_K1024_MT, "scbench-own-multikey-k1024-multi-turn"),
+        (MULTIKEY_K1024_MT_8K, "scbench-own-multikey-k1024-multi-turn-8k"),
         (MULTIKEY_8K, "scbench-own-multikey-8k"),
         (MULTIKEY_8K_METHODS, "scbench-own-multikey-8k-methods"),
         (MULTIKEY_8K_RUNS_5, "scbench-own-multikey-8k-runs-5"),
@@ -266,6 +268,7 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (FACTS_K1024_METHODS, 4096, 20),
         (FACTS_K1024_MT, 4096, 20),
         (MULTIKEY_K1024_MT, 4096, 20),
+        (MULTIKEY_K1024_MT_8K, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K_METHODS, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K_RUNS_5, 8192, EIGHT_K_SAMPLES),
@@ -414,6 +417,7 @@ def answers(found: dict, key: tuple) -> dict:
         (FACTS_K1024_METHODS, 4096, "gf_facts", FULL),
         (FACTS_K1024_MT, 4096, "gf_facts", FULL),
         (MULTIKEY_K1024_MT, 4096, "gf_multikey", MULTIKEY),
+        (MULTIKEY_K1024_MT_8K, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K_METHODS, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K_RUNS_5, 8192, "gf_multikey", MULTIKEY),
@@ -481,6 +485,10 @@ def test_span_at_k1024_answers_the_same_in_two_runs():
         (MULTIKEY_K1024_MT, 4096, "gemfilter-span:k=1024", "gf_multikey"),
         (MULTIKEY_K1024_MT, 4096, "gemfilter-span-qmax:k=1024", "gf_multikey"),
         (MULTIKEY_K1024_MT, 4096, "gemfilter:k=1024", "gf_multikey"),
+        *(
+            (MULTIKEY_K1024_MT_8K, 8192, f"{m}:k=1024", "gf_multikey")
+            for m in ("gemfilter-span", "gemfilter-span-qmax")
+        ),
         (ROOT, 4096, "gemfilter-span:k=256", "gf_facts"),
         (ROOT, 4096, "gemfilter-span-qmax:k=256", "gf_facts"),
         (GEMFILTER, 4096, "gemfilter:k=256", "gf_facts"),
@@ -691,28 +699,47 @@ KEPT_K1024_FIRST = {
     method: MULTIKEY_K1024_MT / f"kept-first-{method}-k1024.jsonl"
     for method in ("gemfilter", "gemfilter-span", "gemfilter-span-qmax")
 }
+#: the same at 8K, seeds 0-9
+KEPT_K1024_FIRST_8K = {
+    method: MULTIKEY_K1024_MT_8K / f"kept-first-{method}-k1024.jsonl"
+    for method in ("gemfilter", "gemfilter-span", "gemfilter-span-qmax")
+}
 
 
 @pytest.mark.parametrize(
-    "method,every,counts",
+    "folder,records,seeds,method,every,counts",
     [
         # every needle kept on all 20 seeds: 96 of the 100 turns right (reselect: 95), 97 with gemfilter-span (as
         # reselect); the paper's gemfilter keeps all five on no seed, and 28 turns are right
-        ("gemfilter-span-qmax", 20, {(True, 1.0): 96, (True, 0.0): 4}),
-        ("gemfilter-span", 20, {(True, 1.0): 97, (True, 0.0): 3}),
-        ("gemfilter", 0, {(False, 1.0): 28, (False, 0.0): 72}),
+        (MULTIKEY_K1024_MT, KEPT_K1024_FIRST, 20, "gemfilter-span-qmax", 20, {(True, 1.0): 96, (True, 0.0): 4}),
+        (MULTIKEY_K1024_MT, KEPT_K1024_FIRST, 20, "gemfilter-span", 20, {(True, 1.0): 97, (True, 0.0): 3}),
+        (MULTIKEY_K1024_MT, KEPT_K1024_FIRST, 20, "gemfilter", 0, {(False, 1.0): 28, (False, 0.0): 72}),
+        # at 8K, seeds 0-9: -qmax keeps every needle on all 10 and answers all 50 turns; gemfilter-span keeps every
+        # needle on 6, answers all 30 of their turns and 15 of the other 20; gemfilter none, 16 of 50
+        (MULTIKEY_K1024_MT_8K, KEPT_K1024_FIRST_8K, 10, "gemfilter-span-qmax", 10, {(True, 1.0): 50}),
+        (
+            MULTIKEY_K1024_MT_8K,
+            KEPT_K1024_FIRST_8K,
+            10,
+            "gemfilter-span",
+            6,
+            {(True, 1.0): 30, (False, 1.0): 15, (False, 0.0): 5},
+        ),
+        (MULTIKEY_K1024_MT_8K, KEPT_K1024_FIRST_8K, 10, "gemfilter", 0, {(False, 1.0): 16, (False, 0.0): 34}),
     ],
 )
-def test_reuse_answers_where_the_first_selection_keeps_every_needle(method, every, counts):
-    """GF.MultiKey at k=1024 in multi-turn: ``reuse`` answers every turn from its first turn's selection. The
-    records of that selection give in how many samples it keeps all five needles whole, and the reuse rows' turns,
-    split by it, how many are right: (all five kept, score) -> turns."""
-    rows = turns_by_seed(collect(MULTIKEY_K1024_MT), f"{method}:k=1024@reuse", "gf_multikey")
-    records = read_jsonl(KEPT_K1024_FIRST[method], strict=True)
-    assert sorted((x["seed"], x["turn"]) for x in records) == [(i, 0) for i in range(20)]
-    whole = {x["seed"]: x["asked_whole"] and len(x["others_whole"]) == 4 for x in records}
+def test_reuse_answers_where_the_first_selection_keeps_every_needle(folder, records, seeds, method, every, counts):
+    """GF.MultiKey at k=1024 in multi-turn, 4K and 8K: ``reuse`` answers every turn from its first turn's
+    selection. The records of that selection give in how many samples it keeps all five needles whole, and the reuse
+    rows' turns, split by it, how many are right: (all five kept, score) -> turns."""
+    found = collect(folder)
+    (length,) = {key[1] for key in found}  # each folder ran one length
+    rows = turns_by_seed(found, f"{method}:k=1024@reuse", "gf_multikey", length)
+    kept = read_jsonl(records[method], strict=True)
+    assert sorted((x["seed"], x["turn"]) for x in kept) == [(i, 0) for i in range(seeds)]
+    whole = {x["seed"]: x["asked_whole"] and len(x["others_whole"]) == 4 for x in kept}
     assert sum(whole.values()) == every
-    pairs = [(whole[i], rows[i][t]["score"]) for i in range(20) for t in range(5)]
+    pairs = [(whole[i], rows[i][t]["score"]) for i in range(seeds) for t in range(5)]
     assert {k: pairs.count(k) for k in set(pairs)} == counts
 
 
@@ -826,6 +853,39 @@ def test_multikey_k1024_multi_turn_rows_give_what_the_docs_say():
 
     assert missed(qmax.format("stable")) == {"none": 20, "earlier": 14, "zeros": 13, "other": 3}
     assert missed(span.format("stable")) == {"none": 23, "earlier": 14, "zeros": 5, "other": 3}
+
+
+def test_multikey_k1024_multi_turn_at_8k_gives_what_the_docs_say():
+    """measured/scbench-own-multikey-k1024-multi-turn-8k (GF.MultiKey, 8K, the k=1024 methods in multi-turn, seeds
+    0-9): the turns reselect gains and loses against full, reuse and stable against reselect, reuse's per-turn
+    scores and the follow-ups' ratio ranges, as docs/scbench.md gives them."""
+    found = collect(MULTIKEY_K1024_MT_8K)
+    span, qmax = "gemfilter-span:k=1024@{}", "gemfilter-span-qmax:k=1024@{}"
+    turns = {
+        name: turns_by_seed(found, name, "gf_multikey", 8192)
+        for name in ("full", *(f.format(p) for f in (span, qmax) for p in ("reselect", "reuse", "stable")))
+    }
+    seeds = range(EIGHT_K_SAMPLES)
+    assert gained_lost(turns[qmax.format("reselect")], turns["full"], seeds) == (5, 0)
+    assert gained_lost(turns[span.format("reselect")], turns["full"], seeds) == (6, 2)
+    assert gained_lost(turns[qmax.format("reuse")], turns[qmax.format("reselect")], seeds) == (1, 0)
+    assert gained_lost(turns[span.format("reuse")], turns[span.format("reselect")], seeds) == (1, 4)
+    assert gained_lost(turns[qmax.format("stable")], turns[qmax.format("reselect")], seeds) == (0, 24)
+    assert gained_lost(turns[span.format("stable")], turns[span.format("reselect")], seeds) == (0, 21)
+    per_turn = {
+        name: [10 * sum(turns[name][i][t]["score"] for i in seeds) for t in range(5)]
+        for name in (span.format("reuse"), span.format("reselect"))
+    }
+    assert per_turn == {span.format("reuse"): [90, 100, 90, 80, 90], span.format("reselect"): [90, 100, 90, 100, 100]}
+
+    def spread(*names):  # the lowest and highest follow-up ratio to full over the labels
+        every = [r for name in names for r in turn_ratios(turns[name], turns["full"], seeds, first=1)]
+        return min(every), max(every)
+
+    assert spread(span.format("reselect"), qmax.format("reselect")) == (8.43, 8.66)
+    assert spread(qmax.format("reuse")) == (0.82, 0.83)
+    assert spread(qmax.format("stable")) == (1.85, 3.54)
+    assert spread(span.format("stable")) == (1.91, 2.1)
 
 
 def test_multikey_qmax_rows_give_what_the_docs_say():
