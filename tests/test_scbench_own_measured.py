@@ -220,6 +220,26 @@ def turn_ratios(x: dict, full: dict, seeds, first: int = 0) -> list:
     ]
 
 
+SPAN_K1024, QMAX_K1024 = "gemfilter-span:k=1024@{}", "gemfilter-span-qmax:k=1024@{}"
+
+
+def span_k1024_turns(found: dict, task: str, length: int = 4096, protocols=("reselect", "reuse", "stable")) -> dict:
+    """{label: {seed: turns}} of full and the two span selections at k=1024 under each protocol, multi-turn."""
+    names = ("full", *(f.format(p) for f in (SPAN_K1024, QMAX_K1024) for p in protocols))
+    return {name: turns_by_seed(found, name, task, length) for name in names}
+
+
+def ratio_spread(turns: dict, seeds, *names) -> tuple:
+    """(lowest, highest) follow-up ratio to full's time to first token over the labels' turns 2-5."""
+    every = [r for name in names for r in turn_ratios(turns[name], turns["full"], seeds, first=1)]
+    return min(every), max(every)
+
+
+def halves(x: dict) -> list:
+    """A label's accuracy (%) over all turns of seeds 0-9 and of seeds 10-19 ({seed: turns})."""
+    return [sum(x[i][t]["score"] for i in half for t in range(5)) * 2 for half in (range(10), range(10, 20))]
+
+
 def follow_ups(y: dict, full: dict, seeds=range(10)) -> tuple:
     """One protocol's turns ({seed: turns}) against ``full``'s on the same seeds: the mean over the follow-ups of the
     time to first token over full's on the same sample and turn, the follow-ups within 2x, the mean tokens run, the
@@ -693,53 +713,39 @@ def test_multikey_turns_are_right_where_the_selection_keeps_the_asked_needle(
     assert sum(len(x["others_whole"]) for x in records) == others
 
 
-#: scripts/multikey_kept.py --mode multi-turn --turns 1: each method's selection on the first prompt of the multi-turn
-#: conversation at k=1024 (what reuse keeps for all five turns), seeds 0-19
-KEPT_K1024_FIRST = {
-    method: MULTIKEY_K1024_MT / f"kept-first-{method}-k1024.jsonl"
-    for method in ("gemfilter", "gemfilter-span", "gemfilter-span-qmax")
-}
-#: the same at 8K, seeds 0-9
-KEPT_K1024_FIRST_8K = {
-    method: MULTIKEY_K1024_MT_8K / f"kept-first-{method}-k1024.jsonl"
-    for method in ("gemfilter", "gemfilter-span", "gemfilter-span-qmax")
-}
+def kept_first(folder: Path, method: str) -> Path:
+    """scripts/multikey_kept.py --mode multi-turn --turns 1's records in a k=1024 multi-turn folder: the method's
+    selection on the first prompt of each conversation (what reuse keeps for all five turns), the folder's seeds."""
+    return folder / f"kept-first-{method}-k1024.jsonl"
 
 
 @pytest.mark.parametrize(
-    "folder,records,seeds,method,every,counts",
+    "folder,method,every,counts",
     [
         # every needle kept on all 20 seeds: 96 of the 100 turns right (reselect: 95), 97 with gemfilter-span (as
         # reselect); the paper's gemfilter keeps all five on no seed, and 28 turns are right
-        (MULTIKEY_K1024_MT, KEPT_K1024_FIRST, 20, "gemfilter-span-qmax", 20, {(True, 1.0): 96, (True, 0.0): 4}),
-        (MULTIKEY_K1024_MT, KEPT_K1024_FIRST, 20, "gemfilter-span", 20, {(True, 1.0): 97, (True, 0.0): 3}),
-        (MULTIKEY_K1024_MT, KEPT_K1024_FIRST, 20, "gemfilter", 0, {(False, 1.0): 28, (False, 0.0): 72}),
+        (MULTIKEY_K1024_MT, "gemfilter-span-qmax", 20, {(True, 1.0): 96, (True, 0.0): 4}),
+        (MULTIKEY_K1024_MT, "gemfilter-span", 20, {(True, 1.0): 97, (True, 0.0): 3}),
+        (MULTIKEY_K1024_MT, "gemfilter", 0, {(False, 1.0): 28, (False, 0.0): 72}),
         # at 8K, seeds 0-9: -qmax keeps every needle on all 10 and answers all 50 turns; gemfilter-span keeps every
         # needle on 6, answers all 30 of their turns and 15 of the other 20; gemfilter none, 16 of 50
-        (MULTIKEY_K1024_MT_8K, KEPT_K1024_FIRST_8K, 10, "gemfilter-span-qmax", 10, {(True, 1.0): 50}),
-        (
-            MULTIKEY_K1024_MT_8K,
-            KEPT_K1024_FIRST_8K,
-            10,
-            "gemfilter-span",
-            6,
-            {(True, 1.0): 30, (False, 1.0): 15, (False, 0.0): 5},
-        ),
-        (MULTIKEY_K1024_MT_8K, KEPT_K1024_FIRST_8K, 10, "gemfilter", 0, {(False, 1.0): 16, (False, 0.0): 34}),
+        (MULTIKEY_K1024_MT_8K, "gemfilter-span-qmax", 10, {(True, 1.0): 50}),
+        (MULTIKEY_K1024_MT_8K, "gemfilter-span", 6, {(True, 1.0): 30, (False, 1.0): 15, (False, 0.0): 5}),
+        (MULTIKEY_K1024_MT_8K, "gemfilter", 0, {(False, 1.0): 16, (False, 0.0): 34}),
     ],
 )
-def test_reuse_answers_where_the_first_selection_keeps_every_needle(folder, records, seeds, method, every, counts):
+def test_reuse_answers_where_the_first_selection_keeps_every_needle(folder, method, every, counts):
     """GF.MultiKey at k=1024 in multi-turn, 4K and 8K: ``reuse`` answers every turn from its first turn's
     selection. The records of that selection give in how many samples it keeps all five needles whole, and the reuse
     rows' turns, split by it, how many are right: (all five kept, score) -> turns."""
     found = collect(folder)
     (length,) = {key[1] for key in found}  # each folder ran one length
     rows = turns_by_seed(found, f"{method}:k=1024@reuse", "gf_multikey", length)
-    kept = read_jsonl(records[method], strict=True)
-    assert sorted((x["seed"], x["turn"]) for x in kept) == [(i, 0) for i in range(seeds)]
+    kept = read_jsonl(kept_first(folder, method), strict=True)
+    assert sorted((x["seed"], x["turn"]) for x in kept) == [(i, 0) for i in sorted(rows)]  # the rows' seeds, each once
     whole = {x["seed"]: x["asked_whole"] and len(x["others_whole"]) == 4 for x in kept}
     assert sum(whole.values()) == every
-    pairs = [(whole[i], rows[i][t]["score"]) for i in range(seeds) for t in range(5)]
+    pairs = [(whole[i], rows[i][t]["score"]) for i in rows for t in range(5)]
     assert {k: pairs.count(k) for k in set(pairs)} == counts
 
 
@@ -769,34 +775,24 @@ def test_the_selection_records_are_what_the_script_computes_now():
     assert got == [x for x in read_jsonl(KEPT, strict=True) if x["seed"] == 0]
     qmax = gemfilter.get_method("gemfilter-span-qmax", topk=1024)
     got = script.kept(model, tok, qmax, 0, 4096, mode="multi-turn", turns=1)
-    assert got == [x for x in read_jsonl(KEPT_K1024_FIRST["gemfilter-span-qmax"], strict=True) if x["seed"] == 0]
+    assert got == [
+        x for x in read_jsonl(kept_first(MULTIKEY_K1024_MT, "gemfilter-span-qmax"), strict=True) if x["seed"] == 0
+    ]
 
 
 def test_facts_k1024_multi_turn_rows_give_what_the_docs_say():
     """measured/scbench-own-k1024-multi-turn (GF.Facts, 4K, the k=1024 methods in multi-turn, seeds 0-19, two
     sittings): the turns reselect gains and loses against full, stable against reselect, stable-qmax's score on each
     half of the seeds, and the follow-ups' ratios to full's time to first token, as docs/scbench.md gives them."""
-    found = collect(FACTS_K1024_MT)
-    span, qmax = "gemfilter-span:k=1024@{}", "gemfilter-span-qmax:k=1024@{}"
-    turns = {
-        name: turns_by_seed(found, name, "gf_facts")
-        for name in ("full", *(f.format(p) for f in (span, qmax) for p in ("reselect", "stable")))
-    }
+    turns = span_k1024_turns(collect(FACTS_K1024_MT), "gf_facts", protocols=("reselect", "stable"))
+    span, qmax = SPAN_K1024, QMAX_K1024
     assert gained_lost(turns[qmax.format("reselect")], turns["full"]) == (3, 0)
     assert gained_lost(turns[span.format("reselect")], turns["full"]) == (3, 1)
     assert gained_lost(turns[qmax.format("stable")], turns[qmax.format("reselect")]) == (0, 3)
     assert gained_lost(turns[span.format("stable")], turns[span.format("reselect")]) == (1, 8)
-    stable = turns[qmax.format("stable")]
-    assert [sum(stable[i][t]["score"] for i in half for t in range(5)) * 2 for half in (range(10), range(10, 20))] == [
-        100,
-        94,
-    ]
-    every = turn_ratios(stable, turns["full"], range(20), first=1)
-    assert (min(every), max(every)) == (2.63, 3.66)
-    both = [
-        r for f in (span, qmax) for r in turn_ratios(turns[f.format("reselect")], turns["full"], range(10, 20), first=1)
-    ]
-    assert (min(both), max(both)) == (10.19, 10.49)
+    assert halves(turns[qmax.format("stable")]) == [100, 94]
+    assert ratio_spread(turns, range(20), qmax.format("stable")) == (2.63, 3.66)
+    assert ratio_spread(turns, range(10, 20), span.format("reselect"), qmax.format("reselect")) == (10.19, 10.49)
 
 
 def test_multikey_k1024_multi_turn_rows_give_what_the_docs_say():
@@ -804,44 +800,29 @@ def test_multikey_k1024_multi_turn_rows_give_what_the_docs_say():
     0-19): the turns reselect gains and loses against full, reuse and stable against reselect, reuse's score on each
     half of the seeds, the ratios of the follow-ups to full's time to first token, and what stable's missed
     follow-ups answer, as docs/scbench.md gives them."""
-    found = collect(MULTIKEY_K1024_MT)
-    span, qmax = "gemfilter-span:k=1024@{}", "gemfilter-span-qmax:k=1024@{}"
-    turns = {
-        name: turns_by_seed(found, name, "gf_multikey")
-        for name in ("full", *(f.format(p) for f in (span, qmax) for p in ("reselect", "reuse", "stable")))
-    }
+    turns = span_k1024_turns(collect(MULTIKEY_K1024_MT), "gf_multikey")
+    span, qmax = SPAN_K1024, QMAX_K1024
     assert gained_lost(turns[span.format("reselect")], turns["full"]) == (8, 0)
     assert gained_lost(turns[qmax.format("reselect")], turns["full"]) == (6, 0)
     assert gained_lost(turns[span.format("reuse")], turns[span.format("reselect")]) == (0, 0)
     assert gained_lost(turns[qmax.format("reuse")], turns[qmax.format("reselect")]) == (1, 0)
     assert gained_lost(turns[qmax.format("stable")], turns[qmax.format("reselect")]) == (1, 47)
     assert gained_lost(turns[span.format("stable")], turns[span.format("reselect")]) == (0, 42)
-    halves = [
-        [
-            sum(turns[f.format("reuse")][i][t]["score"] for i in half for t in range(5)) * 2
-            for half in (range(10), range(10, 20))
-        ]
-        for f in (span, qmax)
-    ]
-    assert halves == [[98, 96], [98, 94]]
-
-    def spread(*names):  # the lowest and highest follow-up ratio to full over the labels
-        every = [r for name in names for r in turn_ratios(turns[name], turns["full"], range(20), first=1)]
-        return min(every), max(every)
-
-    assert spread(span.format("reselect"), qmax.format("reselect")) == (8.16, 9.27)
-    assert spread(span.format("reuse"), qmax.format("reuse")) == (0.84, 1.01)
-    assert spread(qmax.format("stable")) == (1.84, 3.61)
-    assert spread(span.format("stable")) == (1.68, 2.0)
+    assert [halves(turns[f.format("reuse")]) for f in (span, qmax)] == [[98, 96], [98, 94]]
+    seeds = range(20)
+    assert ratio_spread(turns, seeds, span.format("reselect"), qmax.format("reselect")) == (8.16, 9.27)
+    assert ratio_spread(turns, seeds, span.format("reuse"), qmax.format("reuse")) == (0.84, 1.01)
+    assert ratio_spread(turns, seeds, qmax.format("stable")) == (1.84, 3.61)
+    assert ratio_spread(turns, seeds, span.format("stable")) == (1.68, 2.0)
 
     def missed(name):  # stable's wrong follow-ups: no number, an earlier turn's answer, a 1 and zeros
         out = {"none": 0, "earlier": 0, "zeros": 0, "other": 0}
         for x in turns[name].values():
             for t in range(1, 5):
-                number = re.search(r"\d{5,}", x[t]["prediction"])
                 if x[t]["score"]:
                     continue
-                elif number is None:
+                number = re.search(r"\d{5,}", x[t]["prediction"])
+                if number is None:
                     out["none"] += 1
                 elif number.group()[:7] in [x[s]["ground_truth"] for s in range(t)]:
                     out["earlier"] += 1
@@ -859,12 +840,8 @@ def test_multikey_k1024_multi_turn_at_8k_gives_what_the_docs_say():
     """measured/scbench-own-multikey-k1024-multi-turn-8k (GF.MultiKey, 8K, the k=1024 methods in multi-turn, seeds
     0-9): the turns reselect gains and loses against full, reuse and stable against reselect, reuse's per-turn
     scores and the follow-ups' ratio ranges, as docs/scbench.md gives them."""
-    found = collect(MULTIKEY_K1024_MT_8K)
-    span, qmax = "gemfilter-span:k=1024@{}", "gemfilter-span-qmax:k=1024@{}"
-    turns = {
-        name: turns_by_seed(found, name, "gf_multikey", 8192)
-        for name in ("full", *(f.format(p) for f in (span, qmax) for p in ("reselect", "reuse", "stable")))
-    }
+    turns = span_k1024_turns(collect(MULTIKEY_K1024_MT_8K), "gf_multikey", 8192)
+    span, qmax = SPAN_K1024, QMAX_K1024
     seeds = range(EIGHT_K_SAMPLES)
     assert gained_lost(turns[qmax.format("reselect")], turns["full"], seeds) == (5, 0)
     assert gained_lost(turns[span.format("reselect")], turns["full"], seeds) == (6, 2)
@@ -877,15 +854,10 @@ def test_multikey_k1024_multi_turn_at_8k_gives_what_the_docs_say():
         for name in (span.format("reuse"), span.format("reselect"))
     }
     assert per_turn == {span.format("reuse"): [90, 100, 90, 80, 90], span.format("reselect"): [90, 100, 90, 100, 100]}
-
-    def spread(*names):  # the lowest and highest follow-up ratio to full over the labels
-        every = [r for name in names for r in turn_ratios(turns[name], turns["full"], seeds, first=1)]
-        return min(every), max(every)
-
-    assert spread(span.format("reselect"), qmax.format("reselect")) == (8.43, 8.66)
-    assert spread(qmax.format("reuse")) == (0.82, 0.83)
-    assert spread(qmax.format("stable")) == (1.85, 3.54)
-    assert spread(span.format("stable")) == (1.91, 2.1)
+    assert ratio_spread(turns, seeds, span.format("reselect"), qmax.format("reselect")) == (8.43, 8.66)
+    assert ratio_spread(turns, seeds, qmax.format("reuse")) == (0.82, 0.83)
+    assert ratio_spread(turns, seeds, qmax.format("stable")) == (1.85, 3.54)
+    assert ratio_spread(turns, seeds, span.format("stable")) == (1.91, 2.1)
 
 
 def test_multikey_qmax_rows_give_what_the_docs_say():
@@ -910,7 +882,7 @@ def test_multikey_qmax_rows_give_what_the_docs_say():
     assert against("multi-turn", label.format("stable"), label.format("reselect")) == (0, 25)
     assert against("multi-turn", label.format("reselect"), "full") == (7, 6)
     stable = turns("multi-turn", label.format("stable"))
-    assert [sum(stable[i][t]["score"] for i in half for t in range(5)) * 2 for half in (low, high)] == [62, 68]
+    assert halves(stable) == [62, 68]
     mr = {p: ratios("multi-request", label.format(p), high) for p in ("reselect", "reuse", "stable")}
     assert (min(mr["reselect"]), max(mr["reselect"])) == (2.61, 2.76)
     assert (min(mr["reuse"]), max(mr["reuse"])) == (0.84, 0.87)
