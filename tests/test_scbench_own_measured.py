@@ -40,6 +40,7 @@ MULTIKEY_SEEN = range(6)
 MULTIKEY = REPO / "measured" / "scbench-own-multikey"  # full on GF.MultiKey with keys of distinct kinds
 MULTIKEY_METHODS = REPO / "measured" / "scbench-own-multikey-methods"  # the same task at 4K, k=256 methods beside
 FACTS_K1024_MT = REPO / "measured" / "scbench-own-k1024-multi-turn"  # the k=1024 methods, multi-turn, seeds 0-19
+FACTS_K1024_MT_8K = REPO / "measured" / "scbench-own-k1024-multi-turn-8k"  # the same at 8K, seeds 0-4 so far
 MULTIKEY_QMAX = REPO / "measured" / "scbench-own-multikey-qmax"  # full, gemfilter-span-qmax:k=256, seeds 0-19
 MULTIKEY_K1024 = REPO / "measured" / "scbench-own-multikey-k1024"  # and gemfilter-span at k=1024, multi-request only
 #: the same at k=1024 with every method of MULTIKEY_METHODS and gemfilter-span-qmax (reselect, reuse, stable), FastKV
@@ -48,6 +49,8 @@ MULTIKEY_K1024_METHODS = REPO / "measured" / "scbench-own-multikey-k1024-methods
 #: the same labels on GF.MultiKey in multi-turn, seeds 0-19
 MULTIKEY_K1024_MT = REPO / "measured" / "scbench-own-multikey-k1024-multi-turn"
 MULTIKEY_K1024_MT_8K = REPO / "measured" / "scbench-own-multikey-k1024-multi-turn-8k"  # the same at 8K, seeds 0-9
+#: MULTIKEY_K1024_METHODS' labels at 8K, multi-request, seeds 0-9
+MULTIKEY_K1024_METHODS_8K = REPO / "measured" / "scbench-own-multikey-k1024-methods-8k"
 #: GF.Facts at 4K, the same methods and protocols at k=1024, multi-request only, seeds 0-19
 FACTS_K1024_METHODS = REPO / "measured" / "scbench-own-k1024-methods"
 MULTIKEY_8K = REPO / "measured" / "scbench-own-multikey-8k"  # GF.MultiKey at 8K: gemfilter-span-qmax, both modes
@@ -142,8 +145,10 @@ REOPEN_FOLDERS = [folders for _, folders in REOPEN_RUNS_5]
         (MULTIKEY_QMAX, "scbench-own-multikey-qmax"),
         (MULTIKEY_K1024, "scbench-own-multikey-k1024"),
         (MULTIKEY_K1024_METHODS, "scbench-own-multikey-k1024-methods"),
+        (MULTIKEY_K1024_METHODS_8K, "scbench-own-multikey-k1024-methods-8k"),
         (FACTS_K1024_METHODS, "scbench-own-k1024-methods"),
         (FACTS_K1024_MT, "scbench-own-k1024-multi-turn"),
+        (FACTS_K1024_MT_8K, "scbench-own-k1024-multi-turn-8k"),
         (MULTIKEY_K1024_MT, "scbench-own-multikey-k1024-multi-turn"),
         (MULTIKEY_K1024_MT_8K, "scbench-own-multikey-k1024-multi-turn-8k"),
         (MULTIKEY_8K, "scbench-own-multikey-8k"),
@@ -223,10 +228,12 @@ def turn_ratios(x: dict, full: dict, seeds, first: int = 0) -> list:
 SPAN_K1024, QMAX_K1024 = "gemfilter-span:k=1024@{}", "gemfilter-span-qmax:k=1024@{}"
 
 
-def span_k1024_turns(found: dict, task: str, length: int = 4096, protocols=("reselect", "reuse", "stable")) -> dict:
-    """{label: {seed: turns}} of full and the two span selections at k=1024 under each protocol, multi-turn."""
+def span_k1024_turns(
+    found: dict, task: str, length: int = 4096, protocols=("reselect", "reuse", "stable"), mode: str = "multi-turn"
+) -> dict:
+    """{label: {seed: turns}} of full and the two span selections at k=1024 under each protocol, in one mode."""
     names = ("full", *(f.format(p) for f in (SPAN_K1024, QMAX_K1024) for p in protocols))
-    return {name: turns_by_seed(found, name, task, length) for name in names}
+    return {name: turns_by_seed(found, name, task, length, mode) for name in names}
 
 
 def ratio_spread(turns: dict, seeds, *names) -> tuple:
@@ -285,8 +292,10 @@ def test_held_out_seeds_table_is_computed_from_the_rows():
         (MULTIKEY_QMAX, 4096, 20),
         (MULTIKEY_K1024, 4096, 10),
         (MULTIKEY_K1024_METHODS, 4096, 20),
+        (MULTIKEY_K1024_METHODS_8K, 8192, EIGHT_K_SAMPLES),
         (FACTS_K1024_METHODS, 4096, 20),
         (FACTS_K1024_MT, 4096, 20),
+        (FACTS_K1024_MT_8K, 8192, 5),
         (MULTIKEY_K1024_MT, 4096, 20),
         (MULTIKEY_K1024_MT_8K, 8192, EIGHT_K_SAMPLES),
         (MULTIKEY_8K, 8192, EIGHT_K_SAMPLES),
@@ -434,8 +443,10 @@ def answers(found: dict, key: tuple) -> dict:
         (MULTIKEY_QMAX, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024_METHODS, 4096, "gf_multikey", MULTIKEY),
+        (MULTIKEY_K1024_METHODS_8K, 8192, "gf_multikey", MULTIKEY),
         (FACTS_K1024_METHODS, 4096, "gf_facts", FULL),
         (FACTS_K1024_MT, 4096, "gf_facts", FULL),
+        (FACTS_K1024_MT_8K, 8192, "gf_facts", EIGHT_K),
         (MULTIKEY_K1024_MT, 4096, "gf_multikey", MULTIKEY),
         (MULTIKEY_K1024_MT_8K, 8192, "gf_multikey", MULTIKEY),
         (MULTIKEY_8K, 8192, "gf_multikey", MULTIKEY),
@@ -502,13 +513,17 @@ def test_span_at_k1024_answers_the_same_in_two_runs():
         (FACTS_K1024_METHODS, 4096, "gemfilter-span-qmax:k=1024", "gf_facts"),
         (FACTS_K1024_MT, 4096, "gemfilter-span:k=1024", "gf_facts"),
         (FACTS_K1024_MT, 4096, "gemfilter-span-qmax:k=1024", "gf_facts"),
+        (FACTS_K1024_MT_8K, 8192, "gemfilter-span:k=1024", "gf_facts"),
+        (FACTS_K1024_MT_8K, 8192, "gemfilter-span-qmax:k=1024", "gf_facts"),
         (MULTIKEY_K1024_MT, 4096, "gemfilter-span:k=1024", "gf_multikey"),
         (MULTIKEY_K1024_MT, 4096, "gemfilter-span-qmax:k=1024", "gf_multikey"),
         (MULTIKEY_K1024_MT, 4096, "gemfilter:k=1024", "gf_multikey"),
         *(
-            (MULTIKEY_K1024_MT_8K, 8192, f"{m}:k=1024", "gf_multikey")
+            (folder, 8192, f"{m}:k=1024", "gf_multikey")
+            for folder in (MULTIKEY_K1024_MT_8K, MULTIKEY_K1024_METHODS_8K)
             for m in ("gemfilter-span", "gemfilter-span-qmax")
         ),
+        (MULTIKEY_K1024_METHODS_8K, 8192, "gemfilter:k=1024", "gf_multikey"),
         (ROOT, 4096, "gemfilter-span:k=256", "gf_facts"),
         (ROOT, 4096, "gemfilter-span-qmax:k=256", "gf_facts"),
         (GEMFILTER, 4096, "gemfilter:k=256", "gf_facts"),
@@ -795,6 +810,39 @@ def test_facts_k1024_multi_turn_rows_give_what_the_docs_say():
     assert ratio_spread(turns, range(10, 20), span.format("reselect"), qmax.format("reselect")) == (10.19, 10.49)
 
 
+def test_facts_k1024_multi_turn_at_8k_gives_what_the_docs_say():
+    """measured/scbench-own-k1024-multi-turn-8k (GF.Facts, 8K, the k=1024 methods in multi-turn, seeds 0-4): the
+    turns reselect misses where full answers, stable against reselect, the follow-ups' ratio ranges and where stable
+    rebuilds, as docs/scbench.md gives them."""
+    found = collect(FACTS_K1024_MT_8K)
+    turns = span_k1024_turns(found, "gf_facts", 8192)
+    span, qmax, paper = SPAN_K1024, QMAX_K1024, "gemfilter:k=1024@{}"
+    for p in ("reselect", "stable"):
+        turns[paper.format(p)] = turns_by_seed(found, paper.format(p), "gf_facts", 8192)
+    seeds = range(5)
+
+    def missed(name):  # (seed, turn) of the wrong turns
+        return [(i, t) for i in seeds for t in range(5) if not turns[name][i][t]["score"]]
+
+    assert missed("full") == []
+    assert missed(qmax.format("reselect")) == [(0, 3), (3, 4)]
+    assert missed(span.format("reselect")) == [(0, 3), (4, 2)]
+    assert missed(qmax.format("stable")) == missed(span.format("stable")) == [(0, 3)]
+    assert gained_lost(turns[paper.format("stable")], turns[paper.format("reselect")], seeds) == (0, 6)
+    assert ratio_spread(turns, seeds, span.format("reselect"), qmax.format("reselect")) == (9.16, 10.17)
+    assert ratio_spread(turns, seeds, qmax.format("stable")) == (2.71, 4.18)
+    assert ratio_spread(turns, seeds, span.format("stable")) == (2.25, 2.86)
+    assert ratio_spread(turns, seeds, paper.format("stable")) == (5.07, 9.23)
+
+    def rebuilds(name):  # (seed, turn) of the follow-ups that ran their whole selection again
+        return [
+            (i, t) for i in seeds for t in range(1, 5) if turns[name][i][t]["recomputed"] == turns[name][i][t]["kept"]
+        ]
+
+    assert rebuilds(qmax.format("stable")) == [(4, 4)] and rebuilds(span.format("stable")) == []
+    assert rebuilds(paper.format("stable")) == [(0, 3), (1, 3), (2, 2), (3, 3), (4, 3)]
+
+
 def test_multikey_k1024_multi_turn_rows_give_what_the_docs_say():
     """measured/scbench-own-multikey-k1024-multi-turn (GF.MultiKey, 4K, the k=1024 methods in multi-turn, seeds
     0-19): the turns reselect gains and loses against full, reuse and stable against reselect, reuse's score on each
@@ -858,6 +906,39 @@ def test_multikey_k1024_multi_turn_at_8k_gives_what_the_docs_say():
     assert ratio_spread(turns, seeds, qmax.format("reuse")) == (0.82, 0.83)
     assert ratio_spread(turns, seeds, qmax.format("stable")) == (1.85, 3.54)
     assert ratio_spread(turns, seeds, span.format("stable")) == (1.91, 2.1)
+
+
+def test_multikey_k1024_methods_at_8k_give_what_the_docs_say():
+    """measured/scbench-own-multikey-k1024-methods-8k (GF.MultiKey, 8K, the k=1024 methods in multi-request, seeds
+    0-9): the turns reselect gains and loses against full, stable against reselect, stable's per-turn scores, the
+    ratio ranges to full's time to first token over every turn, and that stable rebuilds on no follow-up, as
+    docs/scbench.md gives them."""
+    found = collect(MULTIKEY_K1024_METHODS_8K)
+    turns = span_k1024_turns(found, "gf_multikey", 8192, mode="multi-request")
+    span, qmax, paper = SPAN_K1024, QMAX_K1024, "gemfilter:k=1024@{}"
+    for p in ("reselect", "stable"):
+        turns[paper.format(p)] = turns_by_seed(found, paper.format(p), "gf_multikey", 8192, "multi-request")
+    seeds = range(EIGHT_K_SAMPLES)
+    assert gained_lost(turns[qmax.format("reselect")], turns["full"], seeds) == (6, 2)
+    assert gained_lost(turns[span.format("reselect")], turns["full"], seeds) == (6, 3)
+    assert gained_lost(turns[paper.format("reselect")], turns["full"], seeds) == (1, 20)
+    assert gained_lost(turns[qmax.format("stable")], turns[qmax.format("reselect")], seeds) == (2, 1)
+    assert gained_lost(turns[span.format("stable")], turns[span.format("reselect")], seeds) == (2, 2)
+    assert gained_lost(turns[paper.format("stable")], turns[paper.format("reselect")], seeds) == (0, 4)
+    per_turn = {name: [10 * sum(turns[name][i][t]["score"] for i in seeds) for t in range(5)] for name in turns}
+    assert per_turn[qmax.format("stable")] == [100, 90, 90, 100, 100]
+    assert all(a >= b for a, b in zip(per_turn[qmax.format("stable")], per_turn[qmax.format("reselect")]))
+
+    def spread(*names):  # over every turn: in multi-request each turn is a request of its own
+        every = [r for name in names for r in turn_ratios(turns[name], turns["full"], seeds)]
+        return min(every), max(every)
+
+    assert spread(*(f.format("reselect") for f in (span, qmax, paper))) == (8.56, 9.48)
+    assert spread(qmax.format("stable")) == (4.48, 4.75)
+    assert spread(span.format("stable")) == (3.57, 3.78)
+    assert spread(paper.format("stable")) == (6.94, 7.51)
+    stable = [turns[f.format("stable")][i][t] for f in (span, qmax, paper) for i in seeds for t in range(1, 5)]
+    assert not any(t["recomputed"] == t["kept"] for t in stable)  # no follow-up ran its whole selection again
 
 
 def test_multikey_qmax_rows_give_what_the_docs_say():
