@@ -226,20 +226,33 @@ def turn_ratios(x: dict, full: dict, seeds, first: int = 0) -> list:
 
 
 SPAN_K1024, QMAX_K1024 = "gemfilter-span:k=1024@{}", "gemfilter-span-qmax:k=1024@{}"
+PAPER_K1024 = "gemfilter:k=1024@{}"
 
 
 def span_k1024_turns(
-    found: dict, task: str, length: int = 4096, protocols=("reselect", "reuse", "stable"), mode: str = "multi-turn"
+    found: dict,
+    task: str,
+    length: int = 4096,
+    protocols=("reselect", "reuse", "stable"),
+    mode: str = "multi-turn",
+    selections=(SPAN_K1024, QMAX_K1024),
 ) -> dict:
-    """{label: {seed: turns}} of full and the two span selections at k=1024 under each protocol, in one mode."""
-    names = ("full", *(f.format(p) for f in (SPAN_K1024, QMAX_K1024) for p in protocols))
+    """{label: {seed: turns}} of full and the selections at k=1024 (the two span ones unless told) under each
+    protocol, in one mode."""
+    names = ("full", *(f.format(p) for f in selections for p in protocols))
     return {name: turns_by_seed(found, name, task, length, mode) for name in names}
 
 
-def ratio_spread(turns: dict, seeds, *names) -> tuple:
-    """(lowest, highest) follow-up ratio to full's time to first token over the labels' turns 2-5."""
-    every = [r for name in names for r in turn_ratios(turns[name], turns["full"], seeds, first=1)]
+def ratio_spread(turns: dict, seeds, *names, first: int = 1) -> tuple:
+    """(lowest, highest) ratio to full's time to first token over the labels' turns from ``first`` (the follow-ups,
+    unless told; in multi-request every turn is a request of its own)."""
+    every = [r for name in names for r in turn_ratios(turns[name], turns["full"], seeds, first)]
     return min(every), max(every)
+
+
+def rebuilds(x: dict, seeds) -> list:
+    """(seed, turn) of a label's follow-ups ({seed: turns}) that ran every token they keep: stable's rebuilds."""
+    return [(i, t) for i in seeds for t in range(1, 5) if x[i][t]["recomputed"] == x[i][t]["kept"]]
 
 
 def halves(x: dict) -> list:
@@ -256,7 +269,7 @@ def follow_ups(y: dict, full: dict, seeds=range(10)) -> tuple:
         round(sum(y[i][t]["ttft_s"] / full[i][t]["ttft_s"] for i, t in follow) / len(follow), 2),
         sum(y[i][t]["ttft_s"] <= 2 * full[i][t]["ttft_s"] for i, t in follow),
         round(sum(y[i][t]["recomputed"] for i, t in follow) / len(follow)),
-        sum(y[i][t]["recomputed"] == y[i][t]["kept"] for i, t in follow),
+        len(rebuilds(y, seeds)),
         [round(100 * sum(y[i][t]["score"] for i in seeds) / len(seeds)) for t in range(5)],
     )
 
@@ -814,11 +827,9 @@ def test_facts_k1024_multi_turn_at_8k_gives_what_the_docs_say():
     """measured/scbench-own-k1024-multi-turn-8k (GF.Facts, 8K, the k=1024 methods in multi-turn, seeds 0-4): the
     turns reselect misses where full answers, stable against reselect, the follow-ups' ratio ranges and where stable
     rebuilds, as docs/scbench.md gives them."""
-    found = collect(FACTS_K1024_MT_8K)
-    turns = span_k1024_turns(found, "gf_facts", 8192)
-    span, qmax, paper = SPAN_K1024, QMAX_K1024, "gemfilter:k=1024@{}"
-    for p in ("reselect", "stable"):
-        turns[paper.format(p)] = turns_by_seed(found, paper.format(p), "gf_facts", 8192)
+    selections = (SPAN_K1024, QMAX_K1024, PAPER_K1024)
+    turns = span_k1024_turns(collect(FACTS_K1024_MT_8K), "gf_facts", 8192, selections=selections)
+    span, qmax, paper = selections
     seeds = range(5)
 
     def missed(name):  # (seed, turn) of the wrong turns
@@ -833,14 +844,9 @@ def test_facts_k1024_multi_turn_at_8k_gives_what_the_docs_say():
     assert ratio_spread(turns, seeds, qmax.format("stable")) == (2.71, 4.18)
     assert ratio_spread(turns, seeds, span.format("stable")) == (2.25, 2.86)
     assert ratio_spread(turns, seeds, paper.format("stable")) == (5.07, 9.23)
-
-    def rebuilds(name):  # (seed, turn) of the follow-ups that ran their whole selection again
-        return [
-            (i, t) for i in seeds for t in range(1, 5) if turns[name][i][t]["recomputed"] == turns[name][i][t]["kept"]
-        ]
-
-    assert rebuilds(qmax.format("stable")) == [(4, 4)] and rebuilds(span.format("stable")) == []
-    assert rebuilds(paper.format("stable")) == [(0, 3), (1, 3), (2, 2), (3, 3), (4, 3)]
+    assert rebuilds(turns[qmax.format("stable")], seeds) == [(4, 4)]
+    assert rebuilds(turns[span.format("stable")], seeds) == []
+    assert rebuilds(turns[paper.format("stable")], seeds) == [(0, 3), (1, 3), (2, 2), (3, 3), (4, 3)]
 
 
 def test_multikey_k1024_multi_turn_rows_give_what_the_docs_say():
@@ -913,11 +919,11 @@ def test_multikey_k1024_methods_at_8k_give_what_the_docs_say():
     0-9): the turns reselect gains and loses against full, stable against reselect, stable's per-turn scores, the
     ratio ranges to full's time to first token over every turn, and that stable rebuilds on no follow-up, as
     docs/scbench.md gives them."""
-    found = collect(MULTIKEY_K1024_METHODS_8K)
-    turns = span_k1024_turns(found, "gf_multikey", 8192, mode="multi-request")
-    span, qmax, paper = SPAN_K1024, QMAX_K1024, "gemfilter:k=1024@{}"
-    for p in ("reselect", "stable"):
-        turns[paper.format(p)] = turns_by_seed(found, paper.format(p), "gf_multikey", 8192, "multi-request")
+    selections = (SPAN_K1024, QMAX_K1024, PAPER_K1024)
+    turns = span_k1024_turns(
+        collect(MULTIKEY_K1024_METHODS_8K), "gf_multikey", 8192, mode="multi-request", selections=selections
+    )
+    span, qmax, paper = selections
     seeds = range(EIGHT_K_SAMPLES)
     assert gained_lost(turns[qmax.format("reselect")], turns["full"], seeds) == (6, 2)
     assert gained_lost(turns[span.format("reselect")], turns["full"], seeds) == (6, 3)
@@ -928,17 +934,11 @@ def test_multikey_k1024_methods_at_8k_give_what_the_docs_say():
     per_turn = {name: [10 * sum(turns[name][i][t]["score"] for i in seeds) for t in range(5)] for name in turns}
     assert per_turn[qmax.format("stable")] == [100, 90, 90, 100, 100]
     assert all(a >= b for a, b in zip(per_turn[qmax.format("stable")], per_turn[qmax.format("reselect")]))
-
-    def spread(*names):  # over every turn: in multi-request each turn is a request of its own
-        every = [r for name in names for r in turn_ratios(turns[name], turns["full"], seeds)]
-        return min(every), max(every)
-
-    assert spread(*(f.format("reselect") for f in (span, qmax, paper))) == (8.56, 9.48)
-    assert spread(qmax.format("stable")) == (4.48, 4.75)
-    assert spread(span.format("stable")) == (3.57, 3.78)
-    assert spread(paper.format("stable")) == (6.94, 7.51)
-    stable = [turns[f.format("stable")][i][t] for f in (span, qmax, paper) for i in seeds for t in range(1, 5)]
-    assert not any(t["recomputed"] == t["kept"] for t in stable)  # no follow-up ran its whole selection again
+    assert ratio_spread(turns, seeds, *(f.format("reselect") for f in selections), first=0) == (8.56, 9.48)
+    assert ratio_spread(turns, seeds, qmax.format("stable"), first=0) == (4.48, 4.75)
+    assert ratio_spread(turns, seeds, span.format("stable"), first=0) == (3.57, 3.78)
+    assert ratio_spread(turns, seeds, paper.format("stable"), first=0) == (6.94, 7.51)
+    assert all(rebuilds(turns[f.format("stable")], seeds) == [] for f in selections)
 
 
 def test_multikey_qmax_rows_give_what_the_docs_say():
@@ -1506,7 +1506,7 @@ def test_stable_at_layer_5_without_rebuilds_and_capped_gives_what_the_docs_say()
     x = before["stable"]  # the no-cap row of the docs' table: tokens run, rebuilt, per-turn accuracy
     assert (
         round(sum(x[i][t]["recomputed"] for i, t in follow) / len(follow)),
-        sum(x[i][t]["recomputed"] == x[i][t]["kept"] for i, t in follow),
+        len(rebuilds(x, range(10))),
         [round(100 * sum(x[i][t]["score"] for i in range(10)) / 10) for t in range(5)],
     ) == (146, 10, [100, 100, 90, 90, 90])
     runs = turns_by_seed(collect(FACTS_FRESH["runs"]), label + "stable", "gf_facts")
@@ -1525,10 +1525,7 @@ def test_stable_at_layer_5_without_rebuilds_and_capped_gives_what_the_docs_say()
     assert [reselect[i][t]["score"] for i, t in [(1, 1), (3, 4), (8, 2)]] == [1.0, 0.0, 1.0]
     assert [(i, t) for i, t in every if sel[i][t]["score"] < runs[i][t]["score"]] == []
     assert [(i, t) for i, t in every if sel[i][t]["score"] > runs[i][t]["score"]] == [(2, 3), (3, 4), (9, 3)]
-    rebuilt = {
-        name: [(i, t) for i, t in follow if y[i][t]["recomputed"] == y[i][t]["kept"]]
-        for name, y in (("s", sel), ("x", x))
-    }
+    rebuilt = {name: rebuilds(y, range(10)) for name, y in (("s", sel), ("x", x))}
     assert len(rebuilt["s"]) == len(rebuilt["x"]) == 10 and sum(t for _, t in rebuilt["s"]) > sum(
         t for _, t in rebuilt["x"]
     )
@@ -1740,7 +1737,7 @@ def test_stable_cf_without_hole_rebuilds_and_capped_gives_what_the_docs_say():
         default = turns_by_seed(found[LAYOUTS_5[task]], label + protocol, task)
         if protocol == "stable-cf":
             assert all(y[i][0]["prediction"] == default[i][0]["prediction"] for i in range(10)), (task, name)
-            assert not any(y[i][t]["recomputed"] == y[i][t]["kept"] for i in range(10) for t in range(1, 5))
+            assert rebuilds(y, range(10)) == []
         differ[task, name] = [
             (i, t, y[i][t]["score"]) for i in range(10) for t in range(5) if y[i][t]["score"] != default[i][t]["score"]
         ]
@@ -2144,7 +2141,7 @@ def rebuilt_follow_ups(runs: list = LATE_RUNS_5) -> list:
             y = turns_by_seed(found, label + "stable-late-runs", task)
             full = turns_by_seed(found, "full", task)
             follow = [(i, t) for i in sorted(y) for t in range(1, 5)]
-            every = [(i, t) for i, t in follow if y[i][t]["recomputed"] == y[i][t]["kept"]]
+            every = rebuilds(y, sorted(y))
             others = [x for x in follow if x not in every]
 
             def ratio(picked):
