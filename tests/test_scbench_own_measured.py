@@ -229,6 +229,8 @@ def turn_ratios(x: dict, full: dict, seeds, first: int = 0) -> list:
 
 SPAN_K1024, QMAX_K1024 = "gemfilter-span:k=1024@{}", "gemfilter-span-qmax:k=1024@{}"
 PAPER_K1024 = "gemfilter:k=1024@{}"
+PROTOCOLS = ("reselect", "reuse", "stable")  # the prompt methods' protocols in the k=1024 runs
+CACHE_K1024 = ("snapkv:k=1024", "fastkv:k=1024", "h2o:k=1024")  # the cache methods beside them (reuse only)
 
 
 def span_k1024_turns(
@@ -833,10 +835,11 @@ def test_facts_k1024_multi_turn_rows_give_what_the_docs_say():
 
 def test_facts_k1024_multi_turn_at_8k_gives_what_the_docs_say():
     """measured/scbench-own-k1024-multi-turn-8k (GF.Facts, 8K, the k=1024 methods in multi-turn, seeds 0-9, two
-    sittings): the turns reselect and stable miss where full answers, stable against reselect, the follow-ups' ratio
-    ranges and where stable rebuilds, as docs/scbench.md gives them."""
+    sittings): the turns reselect and stable miss where full answers, stable against reselect, the ratio ranges of the
+    follow-ups and of the first turn, where stable rebuilds, and the span selections' scores in each sitting, as
+    docs/scbench.md gives them."""
     selections = (SPAN_K1024, QMAX_K1024, PAPER_K1024)
-    turns = span_k1024_turns(collect(FACTS_K1024_MT_8K), "gf_facts", 8192, selections=selections)
+    turns = span_k1024_turns(collect(FACTS_K1024_MT_8K), "gf_facts", 8192, PROTOCOLS, selections=selections)
     span, qmax, paper = selections
     seeds = range(EIGHT_K_SAMPLES)
 
@@ -857,7 +860,22 @@ def test_facts_k1024_multi_turn_at_8k_gives_what_the_docs_say():
     assert ratio_spread(turns, seeds, paper.format("stable")) == (5.45, 7.87)
     assert rebuilds(turns[qmax.format("stable")], seeds) == [(4, 4), (7, 4), (9, 4)]
     assert rebuilds(turns[span.format("stable")], seeds) == []
-    assert [i for i, _ in rebuilds(turns[paper.format("stable")], seeds)] == list(seeds)  # once on every seed
+    once = rebuilds(turns[paper.format("stable")], seeds)
+    assert [i for i, _ in once] == list(seeds) and {t for _, t in once} == {2, 3, 4}  # once a seed, turns 3-5
+    # the first turn: the prompt methods against full, which prefills the whole history
+    first = [turn_ratios(turns[f.format(p)], turns["full"], seeds, 0)[0] for f in selections for p in PROTOCOLS]
+    assert (min(first), max(first)) == (0.66, 0.73)
+    # reuse and the cache methods' follow-ups
+    found = collect(FACTS_K1024_MT_8K)
+    turns |= {name: turns_by_seed(found, name, "gf_facts", 8192) for name in CACHE_K1024}
+    assert ratio_spread(turns, seeds, *(f.format("reuse") for f in selections), *CACHE_K1024) == (0.8, 0.97)
+    # the two sittings: the span selections' accuracy (%) on seeds 0-4 and 5-9
+    for p, scores in (("reselect", [92, 100]), ("stable", [96, 92])):
+        for f in (span, qmax):
+            assert [
+                sum(turns[f.format(p)][i][t]["score"] for i in half for t in range(5)) * 4
+                for half in (range(5), range(5, 10))
+            ] == scores
 
 
 def test_multikey_k1024_multi_turn_rows_give_what_the_docs_say():
@@ -955,8 +973,8 @@ def test_multikey_k1024_methods_at_8k_give_what_the_docs_say():
 def test_facts_k1024_methods_at_8k_give_what_the_docs_say():
     """measured/scbench-own-k1024-methods-8k (GF.Facts, 8K, the k=1024 methods in multi-request, seeds 0-9): the
     turns full misses, reselect against full and stable against reselect, the ratio ranges to full's time to first
-    token over every turn (all seeds, and seeds 1-9 without seed 0's two slow full turns), and that stable rebuilds
-    on no turn, as docs/scbench.md gives them."""
+    token over every turn (all seeds, and seeds 1-9 without seed 0's two slow full turns; reuse and the cache methods
+    too), and that stable rebuilds on no turn, as docs/scbench.md gives them."""
     selections = (SPAN_K1024, QMAX_K1024, PAPER_K1024)
     turns = span_k1024_turns(
         collect(FACTS_K1024_METHODS_8K), "gf_facts", 8192, mode="multi-request", selections=selections
@@ -979,7 +997,14 @@ def test_facts_k1024_methods_at_8k_give_what_the_docs_say():
     assert ratio_spread(turns, seeds, span.format("stable"), first=0) == (2.28, 3.16)
     assert ratio_spread(turns, range(1, 10), span.format("stable"), first=0) == (2.85, 3.16)
     assert ratio_spread(turns, seeds, paper.format("stable"), first=0) == (5.02, 6.94)
+    assert ratio_spread(turns, range(1, 10), paper.format("stable"), first=0) == (6.23, 7.18)
     assert all(rebuilds(turns[f.format("stable")], seeds) == [] for f in selections)
+    # reuse and the cache methods, which have only reuse
+    found = collect(FACTS_K1024_METHODS_8K)
+    others = (*(f.format("reuse") for f in selections), *CACHE_K1024)
+    turns |= {name: turns_by_seed(found, name, "gf_facts", 8192, "multi-request") for name in others}
+    assert ratio_spread(turns, seeds, *others, first=0) == (0.54, 0.87)
+    assert ratio_spread(turns, range(1, 10), *others, first=0) == (0.66, 0.91)
 
 
 def test_multikey_qmax_rows_give_what_the_docs_say():
