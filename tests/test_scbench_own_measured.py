@@ -237,7 +237,7 @@ def span_k1024_turns(
     found: dict,
     task: str,
     length: int = 4096,
-    protocols=("reselect", "reuse", "stable"),
+    protocols=PROTOCOLS,
     mode: str = "multi-turn",
     selections=(SPAN_K1024, QMAX_K1024),
 ) -> dict:
@@ -259,9 +259,12 @@ def rebuilds(x: dict, seeds) -> list:
     return [(i, t) for i in seeds for t in range(1, 5) if x[i][t]["recomputed"] == x[i][t]["kept"]]
 
 
-def halves(x: dict) -> list:
-    """A label's accuracy (%) over all turns of seeds 0-9 and of seeds 10-19 ({seed: turns})."""
-    return [sum(x[i][t]["score"] for i in half for t in range(5)) * 2 for half in (range(10), range(10, 20))]
+def halves(x: dict, n: int = 10) -> list:
+    """A label's accuracy (%) over all turns of seeds 0..n-1 and of seeds n..2n-1 ({seed: turns})."""
+    return [
+        round(100 * sum(x[i][t]["score"] for i in half for t in range(5)) / (5 * n))
+        for half in (range(n), range(n, 2 * n))
+    ]
 
 
 def follow_ups(y: dict, full: dict, seeds=range(10)) -> tuple:
@@ -839,7 +842,8 @@ def test_facts_k1024_multi_turn_at_8k_gives_what_the_docs_say():
     follow-ups and of the first turn, where stable rebuilds, and the span selections' scores in each sitting, as
     docs/scbench.md gives them."""
     selections = (SPAN_K1024, QMAX_K1024, PAPER_K1024)
-    turns = span_k1024_turns(collect(FACTS_K1024_MT_8K), "gf_facts", 8192, PROTOCOLS, selections=selections)
+    found = collect(FACTS_K1024_MT_8K)
+    turns = span_k1024_turns(found, "gf_facts", 8192, selections=selections)
     span, qmax, paper = selections
     seeds = range(EIGHT_K_SAMPLES)
 
@@ -866,16 +870,11 @@ def test_facts_k1024_multi_turn_at_8k_gives_what_the_docs_say():
     first = [turn_ratios(turns[f.format(p)], turns["full"], seeds, 0)[0] for f in selections for p in PROTOCOLS]
     assert (min(first), max(first)) == (0.66, 0.73)
     # reuse and the cache methods' follow-ups
-    found = collect(FACTS_K1024_MT_8K)
     turns |= {name: turns_by_seed(found, name, "gf_facts", 8192) for name in CACHE_K1024}
     assert ratio_spread(turns, seeds, *(f.format("reuse") for f in selections), *CACHE_K1024) == (0.8, 0.97)
     # the two sittings: the span selections' accuracy (%) on seeds 0-4 and 5-9
     for p, scores in (("reselect", [92, 100]), ("stable", [96, 92])):
-        for f in (span, qmax):
-            assert [
-                sum(turns[f.format(p)][i][t]["score"] for i in half for t in range(5)) * 4
-                for half in (range(5), range(5, 10))
-            ] == scores
+        assert [halves(turns[f.format(p)], 5) for f in (span, qmax)] == [scores, scores]
 
 
 def test_multikey_k1024_multi_turn_rows_give_what_the_docs_say():
@@ -976,9 +975,8 @@ def test_facts_k1024_methods_at_8k_give_what_the_docs_say():
     token over every turn (all seeds, and seeds 1-9 without seed 0's two slow full turns; reuse and the cache methods
     too), and that stable rebuilds on no turn, as docs/scbench.md gives them."""
     selections = (SPAN_K1024, QMAX_K1024, PAPER_K1024)
-    turns = span_k1024_turns(
-        collect(FACTS_K1024_METHODS_8K), "gf_facts", 8192, mode="multi-request", selections=selections
-    )
+    found = collect(FACTS_K1024_METHODS_8K)
+    turns = span_k1024_turns(found, "gf_facts", 8192, mode="multi-request", selections=selections)
     span, qmax, paper = selections
     seeds = range(EIGHT_K_SAMPLES)
     assert [(i, t) for i in seeds for t in range(5) if not turns["full"][i][t]["score"]] == [(9, 2)]
@@ -1000,7 +998,6 @@ def test_facts_k1024_methods_at_8k_give_what_the_docs_say():
     assert ratio_spread(turns, range(1, 10), paper.format("stable"), first=0) == (6.23, 7.18)
     assert all(rebuilds(turns[f.format("stable")], seeds) == [] for f in selections)
     # reuse and the cache methods, which have only reuse
-    found = collect(FACTS_K1024_METHODS_8K)
     others = (*(f.format("reuse") for f in selections), *CACHE_K1024)
     turns |= {name: turns_by_seed(found, name, "gf_facts", 8192, "multi-request") for name in others}
     assert ratio_spread(turns, seeds, *others, first=0) == (0.54, 0.87)
